@@ -1,0 +1,6 @@
+//! Public wire types, one module per endpoint family. These match the public
+//! API byte for byte and stay apart from the worker protocol and from the
+//! gateway's internal types.
+
+pub mod chat;
+pub mod models;

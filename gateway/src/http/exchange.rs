@@ -1,0 +1,227 @@
+//! One request and its response on a Pingora session: reading the body
+//! under limits, writing JSON, errors and SSE streams, and noticing a client
+//! that went away.
+
+use crate::error::ApiError;
+use bytes::{Bytes, BytesMut};
+use pingora_core::protocols::http::ServerSession;
+use pingora_http::ResponseHeader;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+pub struct Exchange {
+    pub session: ServerSession,
+    pub request_id: String,
+    pub started: Instant,
+    /// Metric label of the matched route (`-` until routed).
+    pub route: &'static str,
+    /// Metric label of the model (`-` when none applies).
+    pub model: &'static str,
+    /// Status sent (or, for a stream, the status a failure in it carried).
+    pub status: u16,
+    response_started: bool,
+    /// Extra headers every response of this exchange carries (rate limits).
+    pub extra_headers: Vec<(&'static str, String)>,
+}
+
+impl Exchange {
+    pub fn new(session: ServerSession, request_id: String) -> Self {
+        Self {
+            session,
+            request_id,
+            started: Instant::now(),
+            route: "-",
+            model: "-",
+            status: 0,
+            response_started: false,
+            extra_headers: Vec::new(),
+        }
+    }
+
+    pub fn method(&self) -> &http::Method {
+        &self.session.req_header().method
+    }
+
+    pub fn path(&self) -> &str {
+        self.session.req_header().uri.path()
+    }
+
+    pub fn query(&self) -> Option<&str> {
+        self.session.req_header().uri.query()
+    }
+
+    /// A request header's raw value.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.session.get_header(name).map(|v| v.as_bytes())
+    }
+
+    pub fn response_started(&self) -> bool {
+        self.response_started
+    }
+
+    /// Reads the whole body, refusing more than `limit` bytes (413) and a
+    /// body that trickles in slower than `timeout` (408).
+    pub async fn read_body(&mut self, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+        if let Some(len) = self
+            .header("content-length")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            if len > limit {
+                self.session.set_keepalive(None);
+                return Err(ApiError::payload_too_large(limit));
+            }
+        }
+        let read = async {
+            let mut body = BytesMut::new();
+            loop {
+                match self.session.read_request_body().await {
+                    Ok(Some(chunk)) => {
+                        if body.len() + chunk.len() > limit {
+                            return Err(ApiError::payload_too_large(limit));
+                        }
+                        body.extend_from_slice(&chunk);
+                    }
+                    Ok(None) => return Ok(body.freeze()),
+                    Err(e) => {
+                        return Err(ApiError::invalid_json(format!(
+                            "The request body could not be read: {}",
+                            e.etype().as_str()
+                        )))
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(e)) => {
+                self.session.set_keepalive(None);
+                Err(e)
+            }
+            Err(_) => {
+                self.session.set_keepalive(None);
+                Err(ApiError::new(
+                    408,
+                    "request_timeout",
+                    "The request body was not received in time.",
+                ))
+            }
+        }
+    }
+
+    fn response_header(&self, status: u16, content_type: &str) -> Result<ResponseHeader, ApiError> {
+        let mut h = ResponseHeader::build(status, Some(6 + self.extra_headers.len()))
+            .map_err(|_| ApiError::internal("could not build the response header"))?;
+        let set = |h: &mut ResponseHeader, k: &'static str, v: &str| {
+            h.insert_header(k, v)
+                .map_err(|_| ApiError::internal("invalid response header value"))
+        };
+        set(&mut h, "content-type", content_type)?;
+        set(&mut h, "x-request-id", &self.request_id)?;
+        for (k, v) in &self.extra_headers {
+            set(&mut h, k, v)?;
+        }
+        Ok(h)
+    }
+
+    /// Sends a complete response. Write failures mean the client is gone;
+    /// there is nobody left to tell, so they only end the exchange.
+    pub async fn send(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        headers: &[(&str, String)],
+        body: Bytes,
+    ) {
+        self.status = status;
+        self.response_started = true;
+        let Ok(mut h) = self.response_header(status, content_type) else {
+            return;
+        };
+        let _ = h.insert_header("content-length", body.len().to_string());
+        for (k, v) in headers {
+            let _ = h.insert_header(k.to_string(), v.as_str());
+        }
+        if self
+            .session
+            .write_response_header(Box::new(h))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = self.session.write_response_body(body, true).await;
+    }
+
+    pub async fn send_json<T: Serialize>(
+        &mut self,
+        status: u16,
+        value: &T,
+        headers: &[(&str, String)],
+    ) {
+        match serde_json::to_vec(value) {
+            Ok(body) => {
+                self.send(status, "application/json", headers, body.into())
+                    .await
+            }
+            Err(_) => {
+                self.send_error(&ApiError::internal("could not encode the response"))
+                    .await
+            }
+        }
+    }
+
+    pub async fn send_error(&mut self, e: &ApiError) {
+        if e.status >= 500 {
+            tracing::warn!(request_id = %self.request_id, status = e.status, code = %e.code, "request failed: {}", e.message);
+        }
+        let headers = e.headers();
+        self.send(e.status, "application/json", &headers, e.body().into())
+            .await;
+    }
+
+    /// Starts a chunked `text/event-stream` response.
+    pub async fn start_sse(&mut self) -> Result<(), ()> {
+        self.status = 200;
+        self.response_started = true;
+        let mut h = self
+            .response_header(200, "text/event-stream")
+            .map_err(|_| ())?;
+        // Without an explicit chunked encoding Pingora would delimit the body
+        // by closing the connection, losing keep-alive.
+        let _ = h.insert_header("transfer-encoding", "chunked");
+        let _ = h.insert_header("cache-control", "no-cache");
+        self.session
+            .write_response_header(Box::new(h))
+            .await
+            .map_err(|_| ())
+    }
+
+    /// Writes (and flushes) one chunk of a started stream.
+    pub async fn write_chunk(&mut self, data: Bytes) -> Result<(), ()> {
+        self.session
+            .write_response_body(data, false)
+            .await
+            .map_err(|_| ())
+    }
+
+    /// Ends a started stream (the terminating chunk).
+    pub async fn end_stream(&mut self) {
+        let _ = self.session.finish_body().await;
+    }
+
+    /// Resolves when the client closes its connection. Only call once the
+    /// request body has been read.
+    pub async fn client_gone(&mut self) {
+        // Treat a FIN as a disconnect; by default Pingora would wait forever
+        // for a half-closed client.
+        self.session.set_abort_on_close(true);
+        loop {
+            match self.session.read_body_or_idle(true).await {
+                // Extra bytes on an idle request (pipelining): not a disconnect.
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+}

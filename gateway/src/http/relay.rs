@@ -1,0 +1,112 @@
+//! Drives a worker generation to its end while watching the client.
+//!
+//! Events that are already buffered are encoded together and written in one
+//! chunk, so a fast worker costs one write per batch rather than per token.
+//! A client that goes away drops the gRPC stream, which cancels the
+//! worker's generation at once.
+
+use super::exchange::Exchange;
+use crate::error::ApiError;
+use crate::metrics::METRICS;
+use crate::pool::{classify, WorkerCall};
+use bytes::BytesMut;
+use futures::FutureExt;
+use inference_proto::v1 as pb;
+use std::time::Instant;
+
+/// How a relayed generation ended.
+#[derive(Debug)]
+pub enum RelayEnd {
+    /// The worker sent `Finished`; everything was delivered.
+    Finished(pb::Finished),
+    /// The client disconnected; the worker's generation was cancelled.
+    ClientGone,
+    /// The worker failed after the first event.
+    Failed(ApiError),
+}
+
+/// Most events folded into one write.
+const MAX_BATCH: usize = 64;
+
+/// Relays `call` through `encode`, writing what it produces to the client
+/// when `ex` has a started stream. `encode` appends bytes to `out` (or just
+/// accumulates, for non-streaming replies).
+pub async fn relay(
+    ex: &mut Exchange,
+    call: WorkerCall,
+    deadline: tokio::time::Instant,
+    mut encode: impl FnMut(pb::GenerateEvent, &mut BytesMut),
+) -> RelayEnd {
+    // The call's in-flight slot stays in `call` and is released on return.
+    let WorkerCall {
+        first, mut rest, ..
+    } = call;
+    let mut out = BytesMut::with_capacity(1024);
+    let mut finished = finished_of(&first);
+    encode(first, &mut out);
+    let mut last_token_at = Instant::now();
+    let model = ex.model;
+    loop {
+        if !out.is_empty()
+            && ex.response_started()
+            && ex.write_chunk(out.split().freeze()).await.is_err()
+        {
+            return RelayEnd::ClientGone;
+        }
+        if let Some(f) = finished {
+            return RelayEnd::Finished(f);
+        }
+        let next = tokio::select! {
+            biased;
+            next = rest.message() => next,
+            _ = ex.client_gone() => return RelayEnd::ClientGone,
+            _ = tokio::time::sleep_until(deadline) => {
+                return RelayEnd::Failed(ApiError::timeout("The generation exceeded the request deadline."));
+            }
+        };
+        let mut next = next;
+        for _ in 0..MAX_BATCH {
+            match next {
+                Ok(Some(event)) => {
+                    let now = Instant::now();
+                    METRICS
+                        .time_per_output_token
+                        .with_label_values(&[model])
+                        .observe(now.duration_since(last_token_at).as_secs_f64());
+                    last_token_at = now;
+                    finished = finished_of(&event);
+                    encode(event, &mut out);
+                    if finished.is_some() {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    return RelayEnd::Failed(ApiError::upstream(
+                        "The model worker ended the stream before finishing.",
+                    ))
+                }
+                Err(status) => {
+                    let mut e = classify(&status).error;
+                    // After the first token the client cannot be retried
+                    // transparently: every failure is a 502-class upstream error.
+                    if e.status < 500 {
+                        e = ApiError::upstream(e.message);
+                    }
+                    tracing::warn!(request_id = %ex.request_id, "worker failed mid-stream: {status}");
+                    return RelayEnd::Failed(e);
+                }
+            }
+            match rest.message().now_or_never() {
+                Some(n) => next = n,
+                None => break,
+            }
+        }
+    }
+}
+
+fn finished_of(event: &pb::GenerateEvent) -> Option<pb::Finished> {
+    match &event.event {
+        Some(pb::generate_event::Event::Finished(f)) => Some(*f),
+        _ => None,
+    }
+}

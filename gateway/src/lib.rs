@@ -1,0 +1,18 @@
+//! The inference gateway: a Pingora edge in front of per-model gRPC worker
+//! pools. See ARCHITECTURE.md for the request path and the code map.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod parse;
+pub mod pool;
+pub mod routes;
+pub mod server;
+pub mod translate;
+pub mod usage;
+pub mod validate;

@@ -1,0 +1,190 @@
+//! JSON bodies into typed requests, with errors that name the field.
+//!
+//! Serde alone says *what* went wrong; `serde_path_to_error` adds *where*,
+//! which becomes the envelope's `param` in dot notation (`messages.0.content`).
+
+use crate::error::ApiError;
+use serde::de::DeserializeOwned;
+use serde_path_to_error::{Path, Segment};
+
+/// Parses a request body. Failures map to 400 with a stable `code`:
+/// `invalid_json` (syntax, with line and column), `unknown_parameter`,
+/// `missing_required_parameter`, `invalid_type` or `invalid_value`.
+pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_json(
+            "The request body is empty; send a JSON object.",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    // Bounded recursion is serde_json's default (128 levels): deeply nested
+    // input fails cleanly as a syntax error instead of exhausting the stack.
+    let value = serde_path_to_error::deserialize(&mut de).map_err(classify)?;
+    de.end().map_err(|e| {
+        ApiError::invalid_json(format!(
+            "Invalid JSON body: trailing characters at line {} column {}.",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    Ok(value)
+}
+
+fn classify(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = dot_path(e.path());
+    let inner = e.into_inner();
+    let msg = inner.to_string();
+    match inner.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            ApiError::invalid_json(format!(
+                "Invalid JSON body at line {} column {}: {}",
+                inner.line(),
+                inner.column(),
+                strip_position(&msg)
+            ))
+        }
+        serde_json::error::Category::Io => {
+            ApiError::invalid_json("The request body could not be read.")
+        }
+        serde_json::error::Category::Data => {
+            if let Some(field) = between(&msg, "unknown field `", "`") {
+                return ApiError::unknown_parameter(join(&path, field));
+            }
+            if let Some(field) = between(&msg, "missing field `", "`") {
+                return ApiError::missing_parameter(join(&path, field));
+            }
+            if msg.starts_with("unknown variant") {
+                // Internally tagged enums report the object; the culprit is its `type`.
+                return ApiError::invalid_value(
+                    join(&path, "type"),
+                    format!(
+                        "Invalid value for '{}': {}",
+                        join(&path, "type"),
+                        strip_position(&msg)
+                    ),
+                );
+            }
+            let param = if path.is_empty() {
+                "body".to_string()
+            } else {
+                path
+            };
+            if msg.starts_with("invalid type") || msg.starts_with("data did not match") {
+                ApiError::invalid_type(
+                    param.clone(),
+                    format!("Invalid type for '{param}': {}", strip_position(&msg)),
+                )
+            } else {
+                ApiError::invalid_value(
+                    param.clone(),
+                    format!("Invalid value for '{param}': {}", strip_position(&msg)),
+                )
+            }
+        }
+    }
+}
+
+/// `messages[0].content` → `messages.0.content`.
+fn dot_path(path: &Path) -> String {
+    let mut out = String::new();
+    for seg in path.iter() {
+        let piece = match seg {
+            Segment::Seq { index } => index.to_string(),
+            Segment::Map { key } => key.clone(),
+            Segment::Enum { variant } => variant.clone(),
+            Segment::Unknown => continue,
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// Appends `field` unless the path already ends with it (serde_path_to_error
+/// includes the offending key for unknown fields and enum tags).
+fn join(path: &str, field: &str) -> String {
+    if path == field || path.ends_with(&format!(".{field}")) {
+        path.to_string()
+    } else if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let rest = s.strip_prefix(start)?;
+    rest.find(end).map(|i| &rest[..i])
+}
+
+/// serde_json appends " at line L column C"; the message states it once.
+fn strip_position(msg: &str) -> &str {
+    msg.rfind(" at line ").map_or(msg, |i| &msg[..i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::chat::ChatCompletionRequest;
+
+    fn err(body: &str) -> ApiError {
+        json_body::<ChatCompletionRequest>(body.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn syntax_error_names_the_position() {
+        let e = err("{\"model\": \"base\",\n \"messages\": [}");
+        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_json"));
+        assert!(e.message.contains("line 2"), "{}", e.message);
+    }
+
+    #[test]
+    fn empty_body_is_invalid_json() {
+        assert_eq!(err("  ").code, "invalid_json");
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_named() {
+        let e = err(r#"{"model":"base","messages":[],"max_token":3}"#);
+        assert_eq!(e.code, "unknown_parameter");
+        assert_eq!(e.param.as_deref(), Some("max_token"));
+    }
+
+    #[test]
+    fn wrong_type_names_the_dot_path() {
+        let e = err(r#"{"model":"base","messages":[{"role":"user","content":5}]}"#);
+        assert_eq!(e.code, "invalid_type");
+        assert_eq!(e.param.as_deref(), Some("messages.0.content"));
+        let e = err(r#"{"model":"base","messages":[],"temperature":"hot"}"#);
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_type", Some("temperature"))
+        );
+    }
+
+    #[test]
+    fn unknown_part_type_points_at_type() {
+        let e =
+            err(r#"{"model":"base","messages":[{"role":"user","content":[{"type":"video"}]}]}"#);
+        assert_eq!(e.code, "invalid_value");
+        assert_eq!(e.param.as_deref(), Some("messages.0.content.0.type"));
+    }
+
+    #[test]
+    fn deep_nesting_fails_cleanly() {
+        let deep = format!(
+            "{{\"model\":\"base\",\"metadata\":{}{}}}",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert_eq!(err(&deep).status, 400);
+    }
+
+    #[test]
+    fn trailing_garbage_is_rejected() {
+        let e = json_body::<ChatCompletionRequest>(br#"{"model":"base"} x"#).unwrap_err();
+        assert_eq!(e.code, "invalid_json");
+    }
+}

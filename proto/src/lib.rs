@@ -1,0 +1,11 @@
+//! The worker protocol, generated from `inference/v1/worker.proto`.
+//!
+//! The gateway is the client, each model worker a server. The package is
+//! versioned; changes are additive only.
+
+pub mod v1 {
+    tonic::include_proto!("inference.v1");
+
+    /// gRPC metadata key that carries an [`ErrorReason`] name on a failed call.
+    pub const ERROR_REASON_METADATA: &str = "x-error-reason";
+}
