@@ -3,28 +3,28 @@
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::pool::Pools;
+use crate::pool::{PoolSpec, Pools};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub struct App {
     pub config: Config,
     pub auth: Authenticator,
-    pub pools: Pools,
+    pub pools: Arc<Pools>,
 }
 
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         let auth = Authenticator::from_config(&config.keys)?;
-        let pools = Pools::new(
-            config
-                .models
-                .iter()
-                .map(|(model, pool)| (model.clone(), pool.workers.clone())),
-        )?;
+        let pools = Pools::new(config.models.iter().map(|(model, pool)| PoolSpec {
+            model: model.clone(),
+            workers: pool.workers.clone(),
+            policy: pool.policy,
+        }))?;
         Ok(Self {
             config,
             auth,
-            pools,
+            pools: Arc::new(pools),
         })
     }
 

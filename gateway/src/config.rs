@@ -19,6 +19,10 @@ pub struct Config {
     /// SIGTERM: how long open streams may take to finish.
     #[serde(default = "default_grace")]
     pub grace_period_seconds: u64,
+    /// SIGTERM: how long `/readyz` fails before the drain waits only for
+    /// in-flight work (gives load balancers time to notice).
+    #[serde(default = "default_readiness_drain")]
+    pub readiness_drain_millis: u64,
     /// Largest request body accepted (413 beyond). The default fits a
     /// 1M-token prompt with room for JSON escaping.
     #[serde(default = "default_max_body")]
@@ -71,8 +75,13 @@ impl Default for StoreConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelPool {
-    /// gRPC addresses of this model's workers (`host:port`, scheme optional).
+    /// gRPC addresses of this model's workers: `host:port`, `http://host:port`,
+    /// or `dns://name:port` (re-resolved every few seconds).
     pub workers: Vec<String>,
+    /// `prefix_affinity` (default: requests sharing a prefix or session stick
+    /// to one worker while its load allows) or `least_loaded`.
+    #[serde(default)]
+    pub policy: crate::pool::Policy,
 }
 
 fn default_listen() -> String {
@@ -86,6 +95,9 @@ fn default_threads() -> usize {
 }
 fn default_grace() -> u64 {
     10
+}
+fn default_readiness_drain() -> u64 {
+    2000
 }
 fn default_max_body() -> usize {
     16 * 1024 * 1024
@@ -114,6 +126,7 @@ impl Config {
             admin_listen: default_admin_listen(),
             threads: default_threads(),
             grace_period_seconds: default_grace(),
+            readiness_drain_millis: default_readiness_drain(),
             max_body_bytes: default_max_body(),
             max_header_bytes: default_max_header(),
             read_timeout_seconds: default_read_timeout(),

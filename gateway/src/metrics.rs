@@ -2,9 +2,10 @@
 //! OpenTelemetry GenAI conventions where they exist (`gen_ai_*`).
 
 use prometheus::{
-    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
-    register_int_gauge_with_registry, Encoder, HistogramVec, IntCounterVec, IntGauge, Registry,
-    TextEncoder,
+    register_gauge_vec_with_registry, register_histogram_vec_with_registry,
+    register_int_counter_vec_with_registry, register_int_gauge_vec_with_registry,
+    register_int_gauge_with_registry, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -21,6 +22,13 @@ pub struct Metrics {
     /// Worker call failures by model and reason.
     pub worker_errors: IntCounterVec,
     pub open_streams: IntGauge,
+    /// 1 while a worker is selectable (healthy, not draining, circuit closed).
+    pub worker_up: IntGaugeVec,
+    /// 1 while a worker's circuit breaker is open.
+    pub worker_circuit_open: IntGaugeVec,
+    /// (running + queued) / capacity over a model's pool, as the workers
+    /// report it: the autoscaling signal for worker Deployments.
+    pub worker_load_ratio: GaugeVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -77,6 +85,24 @@ impl Metrics {
             open_streams: register_int_gauge_with_registry!(
                 "gateway_open_streams",
                 "Streaming responses currently open.",
+                registry
+            )?,
+            worker_up: register_int_gauge_vec_with_registry!(
+                "gateway_worker_up",
+                "1 while the worker is selectable.",
+                &["model", "worker"],
+                registry
+            )?,
+            worker_circuit_open: register_int_gauge_vec_with_registry!(
+                "gateway_worker_circuit_open",
+                "1 while the worker's circuit breaker is open.",
+                &["model", "worker"],
+                registry
+            )?,
+            worker_load_ratio: register_gauge_vec_with_registry!(
+                "gateway_worker_load_ratio",
+                "Reported (running + queued) / capacity over the model's pool.",
+                &["model"],
                 registry
             )?,
             registry,

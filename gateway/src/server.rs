@@ -5,22 +5,28 @@ use crate::app::App;
 use crate::config::Config;
 use crate::http::admin::AdminApp;
 use crate::http::app::PublicApp;
+use crate::lifecycle;
 use async_trait::async_trait;
 use pingora_core::server::configuration::ServerConf;
-use pingora_core::server::{Server, ShutdownWatch};
+use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora_core::services::background::{background_service, BackgroundService};
 use pingora_core::services::listening::Service;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub fn run(config: Config) -> anyhow::Result<()> {
     let conf = ServerConf {
         threads: config.threads,
-        // Pingora waits 300 s on SIGTERM by default; ours is configured.
-        grace_period_seconds: Some(config.grace_period_seconds),
-        graceful_shutdown_timeout_seconds: Some(config.grace_period_seconds),
+        // Pingora would sleep the whole grace period (300 s by default) after
+        // SIGTERM. `DrainingSignal` waits for in-flight work itself, so
+        // Pingora only needs a short tail to flush the last bytes.
+        grace_period_seconds: Some(1),
+        graceful_shutdown_timeout_seconds: Some(2),
         ..ServerConf::default()
+    };
+    let drain = DrainingSignal {
+        readiness_delay: Duration::from_millis(config.readiness_drain_millis),
+        grace: Duration::from_secs(config.grace_period_seconds),
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
@@ -28,15 +34,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen.clone();
     let app = Arc::new(App::new(config)?);
+    let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
 
     let mut public = Service::new("public".into(), PublicApp(app));
     public.add_tcp(&listen);
-    let mut admin = Service::new(
-        "admin".into(),
-        AdminApp {
-            draining: Arc::new(AtomicBool::new(false)),
-        },
-    );
+    let mut admin = Service::new("admin".into(), AdminApp);
     admin.threads = Some(1);
     admin.add_tcp(&admin_listen);
     let announcer = background_service(
@@ -49,7 +51,64 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.add_service(public);
     server.add_service(admin);
     server.add_service(announcer);
-    server.run_forever()
+    server.add_service(pool_maintainer);
+    server.run(RunArgs {
+        shutdown_signal: Box::new(drain),
+    });
+    Ok(())
+}
+
+/// SIGTERM: fail readiness, keep serving until in-flight work is done (or
+/// the grace period ends), then hand over to Pingora's graceful close.
+/// SIGINT stops at once.
+struct DrainingSignal {
+    /// How long readiness fails before we stop waiting for new traffic to
+    /// dry up (load balancers poll readiness every few seconds).
+    readiness_delay: Duration,
+    grace: Duration,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for DrainingSignal {
+    async fn recv(&self) -> ShutdownSignal {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers; shutting down");
+            return ShutdownSignal::FastShutdown;
+        };
+        tokio::select! {
+            _ = int.recv() => return ShutdownSignal::FastShutdown,
+            _ = term.recv() => {}
+        }
+        tracing::info!(in_flight = lifecycle::in_flight(), "SIGTERM: draining");
+        lifecycle::start_draining();
+        let started = tokio::time::Instant::now();
+        tokio::time::sleep(self.readiness_delay.min(self.grace)).await;
+        let left = self.grace.saturating_sub(started.elapsed());
+        let idle = lifecycle::wait_idle(left).await;
+        tracing::info!(
+            idle,
+            in_flight = lifecycle::in_flight(),
+            "drain finished; closing"
+        );
+        ShutdownSignal::GracefulTerminate
+    }
+}
+
+/// Discovery and active health checks of every worker pool.
+struct PoolMaintainer(Arc<crate::pool::Pools>);
+
+#[async_trait]
+impl BackgroundService for PoolMaintainer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.maintain() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
 }
 
 /// Prints `gateway listening on ADDR admin=ADDR` once the public port

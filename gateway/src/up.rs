@@ -50,6 +50,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             model.id.to_string(),
             ModelPool {
                 workers: vec![addr],
+                policy: Default::default(),
             },
         );
     }

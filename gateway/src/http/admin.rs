@@ -8,14 +8,11 @@ use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::ShutdownWatch;
 use pingora_http::ResponseHeader;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub struct AdminApp {
-    /// Set when the gateway starts draining: readiness fails first, so the
-    /// load balancer stops sending traffic before listeners close.
-    pub draining: Arc<AtomicBool>,
-}
+/// Readiness fails as soon as the gateway starts draining, so the load
+/// balancer stops sending traffic before listeners close.
+pub struct AdminApp;
 
 #[async_trait]
 impl HttpServerApp for AdminApp {
@@ -27,7 +24,7 @@ impl HttpServerApp for AdminApp {
         if !matches!(session.read_request().await, Ok(true)) {
             return None;
         }
-        let ready = !self.draining.load(Ordering::Relaxed) && !*shutdown.borrow();
+        let ready = !crate::lifecycle::is_draining() && !*shutdown.borrow();
         let (status, content_type, body): (u16, &str, Bytes) = match session.req_header().uri.path()
         {
             "/metrics" => (200, "text/plain; version=0.0.4", METRICS.render().into()),

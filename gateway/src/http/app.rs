@@ -29,7 +29,10 @@ impl HttpServerApp for PublicApp {
             Ok(Ok(true)) => {}
             _ => return None,
         }
-        session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        let _in_flight = crate::lifecycle::InFlight::begin();
+        let closing = *shutdown.borrow() || crate::lifecycle::is_draining();
+        // While draining, answer but close the connection afterwards.
+        session.set_keepalive(if closing { None } else { Some(60) });
         let mut ex = Exchange::new(session, crate::translate::new_id("req_"));
 
         if let Err(e) = handle(app, &mut ex).await {

@@ -1,14 +1,18 @@
-//! One worker address: its gRPC channel, in-flight count and passive health.
+//! One worker address: its gRPC channel, in-flight count, the load it
+//! reports, and its health (active checks plus a circuit breaker fed by
+//! passive failures).
 
 use inference_proto::v1::worker_client::WorkerClient;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
-/// Consecutive failures that eject a worker from selection for a while.
-const EJECT_AFTER_FAILURES: u32 = 3;
-const EJECT_FOR: Duration = Duration::from_secs(5);
+/// Consecutive failures that open the circuit.
+const OPEN_AFTER_FAILURES: u32 = 3;
+/// First open period; doubles on each re-open up to `MAX_OPEN`.
+const BASE_OPEN: Duration = Duration::from_secs(2);
+const MAX_OPEN: Duration = Duration::from_secs(30);
 
 pub struct WorkerEndpoint {
     addr: String,
@@ -17,9 +21,19 @@ pub struct WorkerEndpoint {
     /// runtime, and Pingora's runtimes exist only once the server runs.
     channel: OnceLock<Channel>,
     inflight: Arc<AtomicU32>,
+    // ---- reported by the worker (Info), refreshed by the health loop ------
+    running: AtomicU32,
+    queued: AtomicU32,
+    capacity: AtomicU32,
+    draining: AtomicBool,
+    /// Last active health check passed. Starts true so that a fresh gateway
+    /// serves before its first check completes.
+    healthy: AtomicBool,
+    // ---- circuit breaker ---------------------------------------------------
     consecutive_failures: AtomicU32,
-    /// Milliseconds since `epoch` until which the worker is ejected.
-    ejected_until_ms: AtomicU64,
+    times_opened: AtomicU32,
+    /// Milliseconds since `epoch` until which the circuit is open.
+    open_until_ms: AtomicU64,
     epoch: Instant,
 }
 
@@ -33,8 +47,9 @@ impl WorkerEndpoint {
         let endpoint = Endpoint::from_shared(uri)?
             .connect_timeout(super::CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
+            // Keepalive pings detect a silently dead worker (no FIN, no RST).
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(3))
             .keep_alive_while_idle(true)
             .http2_adaptive_window(true);
         Ok(Self {
@@ -42,8 +57,14 @@ impl WorkerEndpoint {
             endpoint,
             channel: OnceLock::new(),
             inflight: Arc::new(AtomicU32::new(0)),
+            running: AtomicU32::new(0),
+            queued: AtomicU32::new(0),
+            capacity: AtomicU32::new(0),
+            draining: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
-            ejected_until_ms: AtomicU64::new(0),
+            times_opened: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         })
     }
@@ -52,15 +73,34 @@ impl WorkerEndpoint {
         &self.addr
     }
 
-    pub fn client(&self) -> WorkerClient<Channel> {
-        let channel = self
-            .channel
-            .get_or_init(|| self.endpoint.clone().connect_lazy());
-        WorkerClient::new(channel.clone())
+    pub fn channel(&self) -> Channel {
+        self.channel
+            .get_or_init(|| self.endpoint.clone().connect_lazy())
+            .clone()
     }
 
+    pub fn client(&self) -> WorkerClient<Channel> {
+        WorkerClient::new(self.channel())
+    }
+
+    /// Requests this gateway has in flight on the worker.
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Selection score: our own in-flight requests (fresh) plus the queue
+    /// the worker last reported (includes other gateways' load).
+    pub fn load_score(&self) -> u32 {
+        self.inflight() + self.queued.load(Ordering::Relaxed)
+    }
+
+    /// (running, queued, capacity) as last reported.
+    pub fn reported_load(&self) -> (u32, u32, u32) {
+        (
+            self.running.load(Ordering::Relaxed),
+            self.queued.load(Ordering::Relaxed),
+            self.capacity.load(Ordering::Relaxed),
+        )
     }
 
     /// Takes an in-flight slot, released when the returned guard drops.
@@ -69,21 +109,55 @@ impl WorkerEndpoint {
         InflightSlot(self.inflight.clone())
     }
 
+    /// Selectable: passing health checks, not draining, circuit not open.
     pub fn is_available(&self) -> bool {
-        self.now_ms() >= self.ejected_until_ms.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::Relaxed)
+            && !self.draining.load(Ordering::Relaxed)
+            && !self.circuit_open()
+    }
+
+    pub fn circuit_open(&self) -> bool {
+        self.now_ms() < self.open_until_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     pub fn record_success(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.times_opened.store(0, Ordering::Relaxed);
     }
 
-    /// Passive outlier detection: a run of failures ejects the worker.
+    /// A worker fault (never a client error). A run of them opens the
+    /// circuit; after the open period one request probes it (half-open),
+    /// and a failed probe re-opens it for twice as long.
     pub fn record_failure(&self) {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= EJECT_AFTER_FAILURES {
-            let until = self.now_ms() + EJECT_FOR.as_millis() as u64;
-            self.ejected_until_ms.store(until, Ordering::Relaxed);
-            tracing::warn!(worker = %self.addr, failures = n, "worker ejected");
+        if n >= OPEN_AFTER_FAILURES {
+            let times = self.times_opened.fetch_add(1, Ordering::Relaxed).min(4);
+            let open_for = (BASE_OPEN * 2u32.pow(times)).min(MAX_OPEN);
+            let until = self.now_ms() + open_for.as_millis() as u64;
+            self.open_until_ms.store(until, Ordering::Relaxed);
+            tracing::warn!(worker = %self.addr, failures = n, open_for_ms = open_for.as_millis() as u64, "circuit opened");
+        }
+    }
+
+    /// Result of an active check (gRPC health plus Info).
+    pub fn record_check(&self, healthy: bool, load: Option<(u32, u32, u32, bool)>) {
+        let was = self.healthy.swap(healthy, Ordering::Relaxed);
+        if was != healthy {
+            tracing::info!(worker = %self.addr, healthy, "worker health changed");
+        }
+        if let Some((running, queued, capacity, draining)) = load {
+            self.running.store(running, Ordering::Relaxed);
+            self.queued.store(queued, Ordering::Relaxed);
+            self.capacity.store(capacity, Ordering::Relaxed);
+            self.draining.store(draining, Ordering::Relaxed);
+        }
+        if healthy && self.circuit_open() && self.consecutive_failures.load(Ordering::Relaxed) == 0
+        {
+            self.open_until_ms.store(0, Ordering::Relaxed);
         }
     }
 
@@ -98,5 +172,45 @@ pub struct InflightSlot(Arc<AtomicU32>);
 impl Drop for InflightSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn circuit_opens_after_consecutive_failures_and_success_resets() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        assert!(e.is_available());
+        e.record_failure();
+        e.record_failure();
+        assert!(e.is_available());
+        e.record_failure();
+        assert!(!e.is_available() && e.circuit_open());
+        e.record_success();
+        // Success resets the count; the open period still has to pass.
+        assert_eq!(e.consecutive_failures.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn draining_or_unhealthy_workers_are_not_selectable() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        e.record_check(true, Some((1, 0, 8, true)));
+        assert!(!e.is_available());
+        e.record_check(false, Some((1, 0, 8, false)));
+        assert!(!e.is_available());
+        e.record_check(true, Some((1, 2, 8, false)));
+        assert!(e.is_available());
+        assert_eq!(e.load_score(), 2);
+    }
+
+    #[test]
+    fn inflight_slot_is_released_on_drop() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let slot = e.acquire();
+        assert_eq!(e.inflight(), 1);
+        drop(slot);
+        assert_eq!(e.inflight(), 0);
     }
 }

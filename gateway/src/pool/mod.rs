@@ -1,21 +1,41 @@
-//! Worker pools, one per model: connections, selection, and the call that
-//! retries on another worker until the first event arrives.
+//! Worker pools, one per model: membership (discovery), health, selection,
+//! and the call that retries on another worker until the first event.
 //!
 //! After the first event a generation is committed to its worker: a failure
 //! then reaches the client as an error frame, never as a silent retry (the
 //! client already saw tokens).
 
+mod discovery;
 mod endpoint;
+mod health;
+pub mod select;
 
 pub use endpoint::WorkerEndpoint;
+pub use select::Policy;
 
 use crate::error::ApiError;
 use crate::metrics::METRICS;
+use discovery::Target;
 use inference_proto::v1 as pb;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tonic::{Code, Status, Streaming};
+
+/// How many distinct workers one request may try before the first token.
+const MAX_ATTEMPTS: usize = 3;
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Active health checks and load polling.
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// DNS re-resolution of `dns://` targets.
+const RESOLVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// One model's configured workers and selection policy.
+pub struct PoolSpec {
+    pub model: String,
+    pub workers: Vec<String>,
+    pub policy: Policy,
+}
 
 /// All pools, by model id.
 pub struct Pools {
@@ -23,14 +43,18 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn new(models: impl IntoIterator<Item = (String, Vec<String>)>) -> anyhow::Result<Self> {
+    pub fn new(specs: impl IntoIterator<Item = PoolSpec>) -> anyhow::Result<Self> {
         let mut by_model = HashMap::new();
-        for (model, addrs) in models {
-            let endpoints = addrs
-                .iter()
-                .map(|a| WorkerEndpoint::new(a).map(Arc::new))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            by_model.insert(model.clone(), Arc::new(WorkerPool { model, endpoints }));
+        for spec in specs {
+            let targets: Vec<Target> = spec.workers.iter().map(|w| Target::parse(w)).collect();
+            let pool = WorkerPool {
+                model: spec.model.clone(),
+                policy: spec.policy,
+                endpoints: RwLock::new(Arc::new(Vec::new())),
+                targets,
+            };
+            pool.set_members(discovery::resolve_blocking(&pool.targets))?;
+            by_model.insert(spec.model, Arc::new(pool));
         }
         Ok(Self { by_model })
     }
@@ -38,12 +62,42 @@ impl Pools {
     pub fn get(&self, model: &str) -> Option<&Arc<WorkerPool>> {
         self.by_model.get(model)
     }
+
+    /// Runs discovery and health checks until the process ends. Started once
+    /// per gateway as a background service.
+    pub async fn maintain(&self) {
+        let mut check = tokio::time::interval(CHECK_INTERVAL);
+        let mut resolve = tokio::time::interval(RESOLVE_INTERVAL);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = check.tick() => {
+                    let all = self.by_model.values().map(|p| p.check_all());
+                    futures::future::join_all(all).await;
+                }
+                _ = resolve.tick() => {
+                    for pool in self.by_model.values() {
+                        if pool.targets.iter().any(|t| matches!(t, Target::Dns(_))) {
+                            let members = discovery::resolve(&pool.targets).await;
+                            if let Err(e) = pool.set_members(members) {
+                                tracing::warn!(model = %pool.model, "bad worker address: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The workers of one model.
 pub struct WorkerPool {
     model: String,
-    endpoints: Vec<Arc<WorkerEndpoint>>,
+    policy: Policy,
+    targets: Vec<Target>,
+    /// Replaced as a whole when membership changes; readers take a snapshot.
+    endpoints: RwLock<Arc<Vec<Arc<WorkerEndpoint>>>>,
 }
 
 /// A running generation: the first event (already received) and the rest.
@@ -54,24 +108,92 @@ pub struct WorkerCall {
     _slot: endpoint::InflightSlot,
 }
 
-/// How many distinct workers one request may try before the first token.
-const MAX_ATTEMPTS: usize = 3;
-/// How long to wait for a worker to accept a call and send its first event
-/// is bounded by the request deadline; connecting is bounded separately.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
-
 impl WorkerPool {
+    fn snapshot(&self) -> Arc<Vec<Arc<WorkerEndpoint>>> {
+        match self.endpoints.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the membership, keeping the state (channel, health, load)
+    /// of workers that stay.
+    fn set_members(&self, addrs: Vec<String>) -> anyhow::Result<()> {
+        let current = self.snapshot();
+        if current.len() == addrs.len() && current.iter().zip(&addrs).all(|(e, a)| e.addr() == a) {
+            return Ok(());
+        }
+        let mut next = Vec::with_capacity(addrs.len());
+        for addr in &addrs {
+            match current.iter().find(|e| e.addr() == addr) {
+                Some(e) => next.push(e.clone()),
+                None => next.push(Arc::new(WorkerEndpoint::new(addr)?)),
+            }
+        }
+        for gone in current
+            .iter()
+            .filter(|e| !addrs.iter().any(|a| a == e.addr()))
+        {
+            let _ = METRICS
+                .worker_up
+                .remove_label_values(&[&self.model, gone.addr()]);
+            let _ = METRICS
+                .worker_circuit_open
+                .remove_label_values(&[&self.model, gone.addr()]);
+        }
+        tracing::info!(model = %self.model, workers = ?addrs, "worker pool membership");
+        let mut guard = match self.endpoints.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *guard = Arc::new(next);
+        Ok(())
+    }
+
+    async fn check_all(&self) {
+        let endpoints = self.snapshot();
+        futures::future::join_all(endpoints.iter().map(|e| health::check(e))).await;
+        let (mut load, mut capacity) = (0u64, 0u64);
+        for e in endpoints.iter() {
+            let (running, queued, cap) = e.reported_load();
+            load += u64::from(running + queued);
+            capacity += u64::from(cap);
+            METRICS
+                .worker_up
+                .with_label_values(&[&self.model, e.addr()])
+                .set(i64::from(e.is_available()));
+            METRICS
+                .worker_circuit_open
+                .with_label_values(&[&self.model, e.addr()])
+                .set(i64::from(e.circuit_open()));
+        }
+        let ratio = if capacity == 0 {
+            0.0
+        } else {
+            load as f64 / capacity as f64
+        };
+        METRICS
+            .worker_load_ratio
+            .with_label_values(&[&self.model])
+            .set(ratio);
+    }
+
     /// Starts a generation on the best available worker, retrying elsewhere
     /// on worker faults until the first event has arrived.
     pub async fn generate(&self, request: pb::GenerateRequest) -> Result<WorkerCall, ApiError> {
+        let endpoints = self.snapshot();
+        let key = select::affinity_key(&request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error: Option<ApiError> = None;
-        while tried.len() < MAX_ATTEMPTS.min(self.endpoints.len()) {
-            let Some(index) = self.pick(&tried) else {
+        while tried.len() < MAX_ATTEMPTS {
+            let candidates: Vec<usize> = (0..endpoints.len())
+                .filter(|i| !tried.contains(i) && endpoints[*i].is_available())
+                .collect();
+            let Some(index) = select::pick(self.policy, &endpoints, &candidates, key) else {
                 break;
             };
             tried.push(index);
-            let endpoint = &self.endpoints[index];
+            let endpoint = &endpoints[index];
             let slot = endpoint.acquire();
             match Self::start(endpoint, request.clone()).await {
                 Ok((first, rest)) => {
@@ -100,7 +222,7 @@ impl WorkerPool {
             }
         }
         Err(match last_error {
-            Some(e) if e.status == 502 => e,
+            Some(e) if e.status == 502 || e.status == 504 => e,
             _ => ApiError::overloaded(format!(
                 "No worker of model '{}' is available right now; retry shortly.",
                 self.model
@@ -117,44 +239,6 @@ impl WorkerPool {
         match rest.message().await? {
             Some(first) => Ok((first, rest)),
             None => Err(Status::internal("worker ended the stream without an event")),
-        }
-    }
-
-    /// Power of two choices over in-flight requests, among healthy workers
-    /// not yet tried. Ejected workers are used only when nothing else is left.
-    fn pick(&self, tried: &[usize]) -> Option<usize> {
-        let candidates: Vec<usize> = (0..self.endpoints.len())
-            .filter(|i| !tried.contains(i))
-            .collect();
-        let healthy: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|&i| self.endpoints[i].is_available())
-            .collect();
-        let set = if healthy.is_empty() {
-            &candidates
-        } else {
-            &healthy
-        };
-        match set.len() {
-            0 => None,
-            1 => Some(set[0]),
-            n => {
-                use rand::Rng;
-                let mut rng = rand::rng();
-                let a = set[rng.random_range(0..n)];
-                let mut b = set[rng.random_range(0..n - 1)];
-                if b == a {
-                    b = set[n - 1];
-                }
-                Some(
-                    if self.endpoints[a].inflight() <= self.endpoints[b].inflight() {
-                        a
-                    } else {
-                        b
-                    },
-                )
-            }
         }
     }
 }
@@ -259,5 +343,25 @@ mod tests {
         assert!(f.try_elsewhere && f.worker_fault);
         let f = classify(&Status::internal("boom"));
         assert_eq!(f.error.status, 502);
+    }
+
+    #[test]
+    fn membership_changes_keep_surviving_workers() {
+        let pools = Pools::new([PoolSpec {
+            model: "base".into(),
+            workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            policy: Policy::LeastLoaded,
+        }])
+        .unwrap();
+        let pool = pools.get("base").unwrap();
+        let kept = pool.snapshot()[0].clone();
+        let _slot = kept.acquire();
+        pool.set_members(vec!["127.0.0.1:1".into(), "127.0.0.1:3".into()])
+            .unwrap();
+        let now = pool.snapshot();
+        assert_eq!(now.len(), 2);
+        assert!(Arc::ptr_eq(&now[0], &kept));
+        assert_eq!(now[0].inflight(), 1);
+        assert_eq!(now[1].addr(), "127.0.0.1:3");
     }
 }

@@ -40,12 +40,14 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<ChatPlan, ApiError> {
             .ok_or_else(|| ApiError::missing_parameter(format!("messages.{i}.role")))?;
         match role {
             "system" | "developer" | "user" | "assistant" | "tool" => {}
-            other => return Err(ApiError::invalid_value(
-                format!("messages.{i}.role"),
-                format!(
+            other => {
+                return Err(ApiError::invalid_value(
+                    format!("messages.{i}.role"),
+                    format!(
                     "Invalid role '{other}'; expected system, developer, user, assistant or tool."
                 ),
-            )),
+                ))
+            }
         }
         if role == "tool" && m.tool_call_id.is_none() {
             return Err(ApiError::missing_parameter(format!(
