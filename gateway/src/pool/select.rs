@@ -71,7 +71,7 @@ fn bounded_rendezvous(
         .iter()
         .map(|&i| (rendezvous_weight(key, endpoints[i].addr()), i))
         .collect();
-    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    ranked.sort_unstable_by_key(|&(weight, _)| std::cmp::Reverse(weight));
     ranked
         .into_iter()
         .find(|&(_, i)| endpoints[i].load_score() < bound.max(1))
