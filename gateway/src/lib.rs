@@ -10,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod output_check;
 pub mod parse;
 pub mod pool;
 pub mod redis_conn;

@@ -7,11 +7,10 @@ use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use crate::http::relay::{relay, RelayEnd};
 use crate::metrics::METRICS;
-use crate::translate::chat::{to_worker, ChatAggregate, ChatStreamEncoder};
-use crate::translate::{new_id, sse_data};
+use crate::translate::chat::{output_format, to_worker, ChatAggregate, ChatStreamEncoder};
+use crate::translate::{new_id, sse_error};
 use crate::{parse, usage, validate};
 use bytes::BytesMut;
-use serde::Serialize;
 
 pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Result<(), ApiError> {
     // 1. Read and parse.
@@ -33,6 +32,7 @@ pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Resu
         ))
     })?;
     let work = to_worker(&req, &plan, &ex.request_id);
+    let format = output_format(&req);
     drop(req);
     let deadline = tokio::time::Instant::now() + app.request_timeout();
     let call = tokio::time::timeout_at(deadline, pool.generate(work))
@@ -46,7 +46,7 @@ pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Resu
     // 4. Relay: SSE chunks, or one aggregated body.
     let id = new_id("chatcmpl-");
     if plan.stream {
-        let mut encoder = ChatStreamEncoder::new(id, plan.model.id, plan.include_usage);
+        let mut encoder = ChatStreamEncoder::new(id, plan.model.id, plan.include_usage, format);
         let mut first = BytesMut::new();
         encoder.start(&mut first);
         if ex.start_sse().await.is_err() || ex.write_chunk(first.freeze()).await.is_err() {
@@ -59,13 +59,16 @@ pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Resu
         match end {
             RelayEnd::Finished(f) => {
                 usage::record(plan.model, &f.usage.unwrap_or_default());
+                if let Some(e) = encoder.failure() {
+                    ex.status = e.status;
+                }
                 ex.end_stream().await;
             }
             RelayEnd::ClientGone => ex.status = 499,
             RelayEnd::Failed(e) => {
                 // The status line is long gone: the failure travels in-band.
                 let mut frame = BytesMut::new();
-                sse_data(&mut frame, &ErrorFrame { error: e.wire() });
+                sse_error(&mut frame, &e);
                 let _ = ex.write_chunk(frame.freeze()).await;
                 ex.end_stream().await;
                 ex.status = e.status;
@@ -76,7 +79,7 @@ pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Resu
         match relay(ex, call, deadline, |event, _| aggregate.push(event)).await {
             RelayEnd::Finished(f) => {
                 usage::record(plan.model, &f.usage.unwrap_or_default());
-                let completion = aggregate.into_completion(id, plan.model.id, &plan);
+                let completion = aggregate.into_completion(id, plan.model.id, &plan, &format)?;
                 ex.send_json(200, &completion, &[]).await;
             }
             RelayEnd::ClientGone => ex.status = 499,
@@ -84,9 +87,4 @@ pub async fn create(app: &App, ex: &mut Exchange, _principal: Principal) -> Resu
         }
     }
     Ok(())
-}
-
-#[derive(Serialize)]
-struct ErrorFrame<'a> {
-    error: crate::error::WireError<'a>,
 }

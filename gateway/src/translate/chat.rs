@@ -4,12 +4,13 @@
 //! events into one `chat.completion`; `ChatStreamEncoder` turns them into
 //! `chat.completion.chunk` SSE frames in the order clients rely on.
 
-use super::{finish_reason, now_unix, sse_data};
+use super::{finish_reason, now_unix, sse_data, sse_error};
 use crate::api::chat::{
     AssistantMessage, ChatChunk, ChatCompletion, ChatCompletionRequest, ChatUsage, Choice,
     ChunkChoice, CompletionTokensDetails, ContentPart, Delta, FunctionCall, FunctionChunk,
     MessageContent, PromptTokensDetails, ToolCall, ToolCallChunk, UsageField,
 };
+use crate::output_check::{self, OutputFormat};
 use crate::validate::chat::ChatPlan;
 use bytes::BytesMut;
 use inference_proto::v1 as pb;
@@ -106,6 +107,22 @@ pub fn to_worker(
             effort: req.reasoning_effort.clone().unwrap_or_default(),
         }),
         cache_key: req.prompt_cache_key.clone().unwrap_or_default(),
+    }
+}
+
+/// The output format to check the finished reply against.
+pub fn output_format(req: &ChatCompletionRequest) -> OutputFormat {
+    let Some(f) = &req.response_format else {
+        return OutputFormat::Text;
+    };
+    match f.kind.as_deref() {
+        Some("json_object") => OutputFormat::JsonObject,
+        Some("json_schema") => f
+            .json_schema
+            .as_ref()
+            .and_then(|s| s.schema.clone())
+            .map_or(OutputFormat::JsonObject, OutputFormat::JsonSchema),
+        _ => OutputFormat::Text,
     }
 }
 
@@ -215,15 +232,26 @@ impl ChatAggregate {
         }
     }
 
-    pub fn into_completion(self, id: String, model: &str, plan: &ChatPlan) -> ChatCompletion {
+    /// The reply, or a 500 when a normally finished reply does not match
+    /// the requested output format.
+    pub fn into_completion(
+        self,
+        id: String,
+        model: &str,
+        plan: &ChatPlan,
+        format: &OutputFormat,
+    ) -> Result<ChatCompletion, crate::error::ApiError> {
         let finished = self.finished.unwrap_or_default();
+        if finished.reason == pb::finished::Reason::Stop as i32 {
+            output_check::check(format, &self.content, model)?;
+        }
         let usage = usage(&finished.usage.unwrap_or_default());
         let content = if self.content.is_empty() && !self.tool_calls.is_empty() {
             None
         } else {
             Some(self.content)
         };
-        ChatCompletion {
+        Ok(ChatCompletion {
             id,
             object: "chat.completion",
             created: now_unix(),
@@ -248,7 +276,7 @@ impl ChatAggregate {
             thought: Vec::new(),
             tool_thought: Vec::new(),
             executable_data: Vec::new(),
-        }
+        })
     }
 }
 
@@ -260,17 +288,30 @@ pub struct ChatStreamEncoder {
     include_usage: bool,
     /// Tool-call indices whose header (`id`, `type`, `name`) was already sent.
     announced_calls: Vec<u32>,
+    /// Structured output is checked at the end, so its text is kept.
+    format: OutputFormat,
+    text: String,
+    failure: Option<crate::error::ApiError>,
 }
 
 impl ChatStreamEncoder {
-    pub fn new(id: String, model: &str, include_usage: bool) -> Self {
+    pub fn new(id: String, model: &str, include_usage: bool, format: OutputFormat) -> Self {
         Self {
             id,
             model: model.to_owned(),
             created: now_unix(),
             include_usage,
             announced_calls: Vec::new(),
+            format,
+            text: String::new(),
+            failure: None,
         }
+    }
+
+    /// Set when the finished reply failed the output check; the stream then
+    /// ended with an error frame instead of a finish.
+    pub fn failure(&self) -> Option<&crate::error::ApiError> {
+        self.failure.as_ref()
     }
 
     fn chunk(&self, out: &mut BytesMut, delta: Delta<'_>, finish: Option<&'static str>) {
@@ -311,14 +352,19 @@ impl ChatStreamEncoder {
     pub fn event(&mut self, event: &pb::GenerateEvent, out: &mut BytesMut) {
         use pb::generate_event::Event;
         match &event.event {
-            Some(Event::Text(t)) if !t.text.is_empty() => self.chunk(
-                out,
-                Delta {
-                    content: Some(&t.text),
-                    ..Default::default()
-                },
-                None,
-            ),
+            Some(Event::Text(t)) if !t.text.is_empty() => {
+                if self.format != OutputFormat::Text {
+                    self.text.push_str(&t.text);
+                }
+                self.chunk(
+                    out,
+                    Delta {
+                        content: Some(&t.text),
+                        ..Default::default()
+                    },
+                    None,
+                )
+            }
             Some(Event::Reasoning(r)) if !r.text.is_empty() => self.chunk(
                 out,
                 Delta {
@@ -376,8 +422,16 @@ impl ChatStreamEncoder {
         }
     }
 
-    /// `delta:{}` with `finish_reason`, the usage chunk when asked, `[DONE]`.
-    fn finish(&self, f: &pb::Finished, out: &mut BytesMut) {
+    /// `delta:{}` with `finish_reason`, the usage chunk when asked, `[DONE]`;
+    /// or, when the reply fails its output check, one error frame.
+    fn finish(&mut self, f: &pb::Finished, out: &mut BytesMut) {
+        if f.reason == pb::finished::Reason::Stop as i32 {
+            if let Err(e) = output_check::check(&self.format, &self.text, &self.model) {
+                sse_error(out, &e);
+                self.failure = Some(e);
+                return;
+            }
+        }
         self.chunk(out, Delta::default(), Some(finish_reason(f.reason)));
         if self.include_usage {
             let usage = usage(&f.usage.unwrap_or_default());
@@ -448,7 +502,7 @@ mod tests {
 
     #[test]
     fn stream_order_role_content_finish_usage_done() {
-        let mut enc = ChatStreamEncoder::new("chatcmpl-1".into(), "base", true);
+        let mut enc = ChatStreamEncoder::new("chatcmpl-1".into(), "base", true, OutputFormat::Text);
         let mut out = BytesMut::new();
         enc.start(&mut out);
         enc.event(
@@ -490,7 +544,7 @@ mod tests {
 
     #[test]
     fn tool_call_header_once_then_fragments() {
-        let mut enc = ChatStreamEncoder::new("c".into(), "base", false);
+        let mut enc = ChatStreamEncoder::new("c".into(), "base", false, OutputFormat::Text);
         let mut out = BytesMut::new();
         let delta = |id: &str, name: &str, frag: &str| {
             ev(Event::ToolCall(pb::ToolCallDelta {
@@ -534,7 +588,11 @@ mod tests {
             reason: pb::finished::Reason::ToolCalls as i32,
             usage: None,
         })));
-        let c = serde_json::to_value(agg.into_completion("id".into(), "base", &plan)).unwrap();
+        let c = serde_json::to_value(
+            agg.into_completion("id".into(), "base", &plan, &OutputFormat::Text)
+                .unwrap(),
+        )
+        .unwrap();
         let m = &c["choices"][0]["message"];
         assert!(m["content"].is_null());
         assert!(m["reasoning_content"].is_null());

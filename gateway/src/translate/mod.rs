@@ -24,6 +24,21 @@ pub fn sse_data<T: Serialize>(out: &mut BytesMut, value: &T) {
     out.extend_from_slice(b"\n\n");
 }
 
+/// Appends the in-band failure of a chat stream that already started:
+/// `data: {"error":{message,type,param,code,status}}`.
+pub fn sse_error(out: &mut BytesMut, error: &crate::error::ApiError) {
+    #[derive(Serialize)]
+    struct ErrorFrame<'a> {
+        error: crate::error::WireError<'a>,
+    }
+    sse_data(
+        out,
+        &ErrorFrame {
+            error: error.wire(),
+        },
+    );
+}
+
 /// Appends one `event: <type>\ndata: {json}\n\n` frame (Responses streams).
 pub fn sse_event<T: Serialize>(out: &mut BytesMut, event: &str, value: &T) {
     out.extend_from_slice(b"event: ");
