@@ -1,30 +1,53 @@
 //! The gateway's shared state: configuration, keys, worker pools. One
 //! instance per process, shared by every request.
 
-use crate::auth::Authenticator;
+use crate::accounts::cache::Accounts;
 use crate::config::Config;
+use crate::limits::Limiter;
 use crate::pool::{PoolSpec, Pools};
+use crate::redis_conn::RedisHandle;
+use crate::runs::Runs;
+use crate::store::ResponseStore;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub struct App {
     pub config: Config,
-    pub auth: Authenticator,
+    /// Keys, organisations and plans (config keys, plus Redis when configured).
+    pub accounts: Arc<Accounts>,
+    /// Plan limits: the local stage plus Redis (or the in-process store).
+    pub limiter: Arc<Limiter>,
     pub pools: Arc<Pools>,
+    /// Stored responses and run event logs: Redis when `store.redis_url`
+    /// is set, else in-process.
+    pub store: Arc<dyn ResponseStore>,
+    /// Runs owned by this replica: leases, heartbeat, sweeper.
+    pub runs: Arc<Runs>,
 }
 
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Self> {
-        let auth = Authenticator::from_config(&config.keys)?;
+        // Connects lazily, inside the server's runtime.
+        let redis = match &config.store.redis_url {
+            Some(url) => Some(Arc::new(RedisHandle::new(url, &config.store.key_prefix)?)),
+            None => None,
+        };
+        let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);
+        let limiter = Arc::new(Limiter::from_config(&config, redis));
         let pools = Pools::new(config.models.iter().map(|(model, pool)| PoolSpec {
             model: model.clone(),
             workers: pool.workers.clone(),
             policy: pool.policy,
         }))?;
+        let store = crate::store::from_config(&config.store)?;
+        let runs = Arc::new(Runs::new(store.clone(), &config.store));
         Ok(Self {
             config,
-            auth,
+            accounts,
+            limiter,
             pools: Arc::new(pools),
+            store,
+            runs,
         })
     }
 

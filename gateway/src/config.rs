@@ -40,7 +40,83 @@ pub struct Config {
     pub keys: Vec<StaticKey>,
     #[serde(default)]
     pub store: StoreConfig,
+    /// Named plans (`[plans.NAME]`); a plan set in Redis with `gateway plans
+    /// set` takes precedence over the one of the same name here.
+    #[serde(default)]
+    pub plans: BTreeMap<String, PlanConfig>,
+    /// Organisation settings for the embedded mode (`[orgs.NAME]`); with
+    /// Redis, `gateway orgs ...` manages them there.
+    #[serde(default)]
+    pub orgs: BTreeMap<String, OrgConfig>,
+    #[serde(default)]
+    pub limits: LimitsConfig,
     pub models: BTreeMap<String, ModelPool>,
+}
+
+/// One plan's limits per organisation and model; 0 means unlimited.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    #[serde(default)]
+    pub rpm: u32,
+    #[serde(default)]
+    pub tpm: u64,
+    #[serde(default)]
+    pub max_concurrent: u32,
+    /// Output tokens reserved on admission when a request sets no `max_tokens`.
+    #[serde(default)]
+    pub default_max_tokens: u32,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrgConfig {
+    #[serde(default)]
+    pub blocked: bool,
+    #[serde(default)]
+    pub blocked_reason: String,
+    /// Spending budget in US dollars; past it requests get 402.
+    pub budget_usd: Option<f64>,
+}
+
+/// What the limiter does when Redis (the global truth) cannot be reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreFailure {
+    /// Keep serving under this replica's own in-process limits (the default:
+    /// an outage of the limiter store must not take the API down).
+    #[default]
+    FailOpenLocal,
+    /// Refuse generation requests with 503 until Redis is back.
+    FailClosed,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(default)]
+    pub on_store_failure: OnStoreFailure,
+    /// How long a key looked up in Redis is trusted before it is read again
+    /// (revocations also arrive at once over pub/sub; this bounds a missed one).
+    #[serde(default = "default_key_cache_ttl")]
+    pub key_cache_ttl_ms: u64,
+    /// Plan of keys that name none.
+    #[serde(default = "default_plan_name")]
+    pub default_plan: String,
+    /// Safety net for a concurrency slot whose release was lost (replica crash).
+    #[serde(default = "default_concurrency_ttl")]
+    pub concurrency_ttl_seconds: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            on_store_failure: OnStoreFailure::default(),
+            key_cache_ttl_ms: default_key_cache_ttl(),
+            default_plan: default_plan_name(),
+            concurrency_ttl_seconds: default_concurrency_ttl(),
+        }
+    }
 }
 
 /// A key from the config file, stored as the sha256 of the secret.
@@ -52,6 +128,16 @@ pub struct StaticKey {
     pub org: String,
     #[serde(default)]
     pub name: String,
+    /// Plan name; absent = `limits.default_plan`.
+    #[serde(default)]
+    pub plan: Option<String>,
+    /// Scopes (`models.read`, `chat.write`, `responses.write`,
+    /// `responses.read`, `planner`); absent = all of them.
+    #[serde(default)]
+    pub scopes: Option<Vec<String>>,
+    /// Model allow-list; absent = every model.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +147,24 @@ pub struct StoreConfig {
     pub redis_url: Option<String>,
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
+    /// How long stored responses (object, input items, event log) are kept.
+    #[serde(default = "default_storage_window")]
+    pub storage_window_seconds: u64,
+    /// A run whose lease is not renewed within this is taken for dead and
+    /// failed by another replica's sweeper.
+    #[serde(default = "default_lease_millis")]
+    pub lease_millis: u64,
+    /// How often a replica renews the leases of its runs (one round trip).
+    #[serde(default = "default_heartbeat_millis")]
+    pub heartbeat_millis: u64,
+    /// How often a replica looks for runs with expired leases.
+    #[serde(default = "default_sweep_millis")]
+    pub sweep_interval_millis: u64,
+    /// While a background run's worker is quiet, how often its owner checks
+    /// for a cancel from another replica (between batches it learns of it
+    /// from every write).
+    #[serde(default = "default_cancel_poll_millis")]
+    pub cancel_poll_millis: u64,
 }
 
 impl Default for StoreConfig {
@@ -68,8 +172,29 @@ impl Default for StoreConfig {
         Self {
             redis_url: None,
             key_prefix: default_key_prefix(),
+            storage_window_seconds: default_storage_window(),
+            lease_millis: default_lease_millis(),
+            heartbeat_millis: default_heartbeat_millis(),
+            sweep_interval_millis: default_sweep_millis(),
+            cancel_poll_millis: default_cancel_poll_millis(),
         }
     }
+}
+
+fn default_storage_window() -> u64 {
+    30 * 24 * 3600
+}
+fn default_lease_millis() -> u64 {
+    10_000
+}
+fn default_heartbeat_millis() -> u64 {
+    2_000
+}
+fn default_sweep_millis() -> u64 {
+    1_000
+}
+fn default_cancel_poll_millis() -> u64 {
+    150
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +239,15 @@ fn default_request_timeout() -> u64 {
 fn default_org() -> String {
     "org-default".into()
 }
+fn default_key_cache_ttl() -> u64 {
+    5000
+}
+fn default_plan_name() -> String {
+    "default".into()
+}
+fn default_concurrency_ttl() -> u64 {
+    900
+}
 fn default_key_prefix() -> String {
     "igw:".into()
 }
@@ -133,6 +267,9 @@ impl Config {
             request_timeout_seconds: default_request_timeout(),
             keys: Vec::new(),
             store: StoreConfig::default(),
+            plans: BTreeMap::new(),
+            orgs: BTreeMap::new(),
+            limits: LimitsConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -176,6 +313,13 @@ impl Config {
         for k in &self.keys {
             if k.sha256.len() != 64 || !k.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 bail!("keys[].sha256 must be 64 hex digits (see `gateway hash-key`)");
+            }
+        }
+        for k in &self.keys {
+            for s in k.scopes.iter().flatten() {
+                if crate::accounts::Scope::parse(s).is_none() {
+                    bail!("keys[].scopes: unknown scope '{s}'");
+                }
             }
         }
         if self.threads == 0 {

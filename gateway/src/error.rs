@@ -54,6 +54,12 @@ impl ApiError {
         self
     }
 
+    /// Replaces the human-readable message (code and param stay).
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
     pub fn with_retry_after(mut self, secs: u64) -> Self {
         self.retry_after_secs = Some(secs);
         self
@@ -149,6 +155,39 @@ impl ApiError {
         )
     }
 
+    /// 415: a JSON body was sent under another content type (or none).
+    pub fn unsupported_media_type(content_type: Option<&str>) -> Self {
+        let got = match content_type {
+            Some(ct) => format!("'{ct}'"),
+            None => "no Content-Type header".to_string(),
+        };
+        Self::new(
+            415,
+            "unsupported_media_type",
+            format!("The request body must be JSON sent with 'Content-Type: application/json'; got {got}."),
+        )
+    }
+
+    /// 408: the client did not send its request (or body) in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(408, "request_timeout", message)
+    }
+
+    /// 431: the request's header block is over the configured limit.
+    pub fn headers_too_large(limit: usize) -> Self {
+        Self::new(
+            431,
+            "request_header_fields_too_large",
+            format!("Request headers exceed the limit of {limit} bytes."),
+        )
+    }
+
+    /// 409: the request conflicts with the current state of a resource
+    /// (e.g. chaining on a response that has not finished).
+    pub fn conflict(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self::new(409, code, message)
+    }
+
     pub fn rate_limited(message: impl Into<String>, retry_after_secs: u64) -> Self {
         Self::new(429, "rate_limit_exceeded", message).with_retry_after(retry_after_secs)
     }
@@ -192,7 +231,13 @@ impl ApiError {
     /// Response headers this error carries beyond the content type.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let mut headers = Vec::with_capacity(2);
-        if let Some(secs) = self.retry_after_secs {
+        // 429 and 503 always tell the client when to come back (spec 7).
+        let retry_after = match (self.retry_after_secs, self.status) {
+            (Some(secs), _) => Some(secs),
+            (None, 429 | 503) => Some(1),
+            (None, _) => None,
+        };
+        if let Some(secs) = retry_after {
             headers.push(("retry-after", secs.to_string()));
         }
         if !self.retryable() {
@@ -313,6 +358,118 @@ mod tests {
         let bad = ApiError::invalid_value("temperature", "too hot");
         assert_eq!(bad.headers(), vec![("x-should-retry", "false".to_string())]);
         assert!(ApiError::new(409, "conflict", "wait").headers().is_empty());
+    }
+
+    /// One row per status the gateway sends: the envelope's `type` and
+    /// `status`, and the retry headers the SDKs act on.
+    #[test]
+    fn every_status_of_the_table() {
+        let cases: Vec<(ApiError, &str, Option<&str>, Option<&str>)> = vec![
+            // (error, type, retry-after, x-should-retry)
+            (
+                ApiError::invalid_value("temperature", "m"),
+                "invalid_request_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::invalid_api_key(),
+                "authentication_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::permission_denied("m"),
+                "permission_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::model_not_found("x"),
+                "invalid_request_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::request_timeout("m"),
+                "invalid_request_error",
+                None,
+                None,
+            ),
+            (
+                ApiError::conflict("response_not_finished", "m"),
+                "invalid_request_error",
+                None,
+                None,
+            ),
+            (
+                ApiError::payload_too_large(10),
+                "invalid_request_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::unsupported_media_type(Some("text/plain")),
+                "invalid_request_error",
+                None,
+                Some("false"),
+            ),
+            (
+                ApiError::rate_limited("m", 7),
+                "rate_limit_error",
+                Some("7"),
+                None,
+            ),
+            (
+                ApiError::new(429, "rate_limit_exceeded", "m"),
+                "rate_limit_error",
+                Some("1"),
+                None,
+            ),
+            (
+                ApiError::headers_too_large(10),
+                "invalid_request_error",
+                None,
+                Some("false"),
+            ),
+            (ApiError::internal("m"), "server_error", None, None),
+            (ApiError::upstream("m"), "server_error", None, None),
+            (ApiError::overloaded("m"), "server_error", Some("1"), None),
+            (
+                ApiError::new(503, "server_overloaded", "m"),
+                "server_error",
+                Some("1"),
+                None,
+            ),
+            (ApiError::timeout("m"), "server_error", None, None),
+        ];
+        for (e, ty, retry_after, should_retry) in cases {
+            let v = body(&e);
+            assert_eq!(v["error"]["type"], ty, "{e}");
+            assert_eq!(v["error"]["status"], e.status, "{e}");
+            assert_eq!(v["error"]["code"], e.code.as_ref(), "{e}");
+            assert!(v["error"]["message"].is_string(), "{e}");
+            assert!(
+                v["error"].get("param").is_some(),
+                "param is always present: {e}"
+            );
+            let headers = e.headers();
+            let get = |k: &str| {
+                headers
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.as_str())
+            };
+            assert_eq!(get("retry-after"), retry_after, "{e}");
+            assert_eq!(get("x-should-retry"), should_retry, "{e}");
+        }
+        // 402 is the unwrapped shape and is never retried.
+        let blocked = ApiError::blocked("over budget", 2);
+        assert_eq!(
+            blocked.headers(),
+            vec![("x-should-retry", "false".to_string())]
+        );
+        assert_eq!(body(&blocked)["code"], 402);
     }
 
     #[test]

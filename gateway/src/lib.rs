@@ -1,6 +1,7 @@
 //! The inference gateway: a Pingora edge in front of per-model gRPC worker
 //! pools. See ARCHITECTURE.md for the request path and the code map.
 
+pub mod accounts;
 pub mod api;
 pub mod app;
 pub mod auth;
@@ -9,13 +10,16 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod output_check;
 pub mod parse;
 pub mod pool;
 pub mod redis_conn;
 pub mod routes;
+pub mod runs;
 pub mod server;
+pub mod store;
 pub mod translate;
 pub mod usage;
 pub mod validate;

@@ -30,6 +30,14 @@ enum Command {
     Up(up::UpArgs),
     /// Print the sha256 digest that `keys[].sha256` in the config expects.
     HashKey { key: String },
+    /// API keys in Redis: create (printed once), list, revoke.
+    Keys(gateway::accounts::admin::KeysArgs),
+    /// Organisations in Redis: block, unblock, budget, show.
+    Orgs(gateway::accounts::admin::OrgsArgs),
+    /// Plans in Redis: set, show.
+    Plans(gateway::accounts::admin::PlansArgs),
+    /// Token usage and cost of an organisation, per day, key and model.
+    Usage(gateway::accounts::admin::UsageArgs),
 }
 
 fn main() {
@@ -48,6 +56,10 @@ fn main() {
             println!("{}", gateway::auth::hash_key_hex(&key));
             Ok(())
         }
+        Command::Keys(args) => args.run(),
+        Command::Orgs(args) => args.run(),
+        Command::Plans(args) => args.run(),
+        Command::Usage(args) => args.run(),
     };
     if let Err(e) = result {
         eprintln!("gateway: {e:#}");

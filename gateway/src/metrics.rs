@@ -2,10 +2,10 @@
 //! OpenTelemetry GenAI conventions where they exist (`gen_ai_*`).
 
 use prometheus::{
-    register_gauge_vec_with_registry, register_histogram_vec_with_registry,
-    register_int_counter_vec_with_registry, register_int_gauge_vec_with_registry,
-    register_int_gauge_with_registry, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Registry, TextEncoder,
+    register_counter_vec_with_registry, register_gauge_vec_with_registry,
+    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, CounterVec, Encoder,
+    GaugeVec, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -29,6 +29,21 @@ pub struct Metrics {
     /// (running + queued) / capacity over a model's pool, as the workers
     /// report it: the autoscaling signal for worker Deployments.
     pub worker_load_ratio: GaugeVec,
+    /// Admission decisions by model, stage (`local`, `global`, `memory`)
+    /// and outcome (`admitted`, `requests`, `tokens`, `concurrency`, `budget`).
+    pub limiter_decisions: IntCounterVec,
+    /// Tokens by organisation, key id, model and type.
+    pub org_tokens: IntCounterVec,
+    /// Cost in US dollars by organisation, key id and model.
+    pub org_cost: CounterVec,
+    /// Round trips to the response store by operation (Redis only).
+    pub store_round_trips: IntCounterVec,
+    /// Latency of response-store round trips by operation.
+    pub store_duration: HistogramVec,
+    /// Stored-response runs this replica owns (lease held).
+    pub runs_owned: IntGauge,
+    /// Runs ended by a sweeper after their owner's lease expired.
+    pub runs_lost: prometheus::IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -103,6 +118,47 @@ impl Metrics {
                 "gateway_worker_load_ratio",
                 "Reported (running + queued) / capacity over the model's pool.",
                 &["model"],
+                registry
+            )?,
+            limiter_decisions: register_int_counter_vec_with_registry!(
+                "gateway_rate_limit_decisions_total",
+                "Admission decisions by model, stage and outcome.",
+                &["model", "stage", "decision"],
+                registry
+            )?,
+            org_tokens: register_int_counter_vec_with_registry!(
+                "gateway_usage_tokens_total",
+                "Tokens billed, by organisation, key id, model and token type.",
+                &["org", "key_id", "gen_ai_request_model", "gen_ai_token_type"],
+                registry
+            )?,
+            org_cost: register_counter_vec_with_registry!(
+                "gateway_usage_cost_usd_total",
+                "Cost billed in US dollars, by organisation, key id and model.",
+                &["org", "key_id", "gen_ai_request_model"],
+                registry
+            )?,
+            store_round_trips: register_int_counter_vec_with_registry!(
+                "gateway_store_round_trips_total",
+                "Round trips to the response store by operation.",
+                &["op"],
+                registry
+            )?,
+            store_duration: register_histogram_vec_with_registry!(
+                "gateway_store_duration_seconds",
+                "Latency of response-store round trips by operation.",
+                &["op"],
+                LATENCY_BUCKETS.to_vec(),
+                registry
+            )?,
+            runs_owned: register_int_gauge_with_registry!(
+                "gateway_response_runs_owned",
+                "Stored-response runs this replica owns.",
+                registry
+            )?,
+            runs_lost: prometheus::register_int_counter_with_registry!(
+                "gateway_response_runs_lost_total",
+                "Runs failed by a sweeper after their owner's lease expired.",
                 registry
             )?,
             registry,

@@ -11,12 +11,43 @@ use serde_path_to_error::{Path, Segment};
 /// `invalid_json` (syntax, with line and column), `unknown_parameter`,
 /// `missing_required_parameter`, `invalid_type` or `invalid_value`.
 pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let text = match std::str::from_utf8(body) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(ApiError::invalid_json(format!(
+                "The request body is not valid UTF-8 (invalid byte at offset {}); send JSON encoded as UTF-8.",
+                e.valid_up_to()
+            )))
+        }
+    };
+    // A byte-order mark is legal UTF-8 but not JSON; some clients send one.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.bytes().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::invalid_json(
             "The request body is empty; send a JSON object.",
         ));
     }
-    let mut de = serde_json::Deserializer::from_slice(body);
+    // Serde would also read a struct from a JSON array (by position); a
+    // request body is an object, and saying so is clearer than any error
+    // about element counts.
+    let first = text.trim_start().as_bytes().first().copied();
+    if first != Some(b'{')
+        && matches!(
+            first,
+            Some(b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n')
+        )
+    {
+        return Err(ApiError::invalid_type(
+            "body",
+            "The request body must be a JSON object.",
+        ));
+    }
+    // Fast path: plain serde. Only a failing body pays for a second pass
+    // that tracks the path of the culprit.
+    if let Ok(value) = serde_json::from_str(text) {
+        return Ok(value);
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
     // Bounded recursion is serde_json's default (128 levels): deeply nested
     // input fails cleanly as a syntax error instead of exhausting the stack.
     let value = serde_path_to_error::deserialize(&mut de).map_err(classify)?;
@@ -180,6 +211,28 @@ mod tests {
             "]".repeat(10_000)
         );
         assert_eq!(err(&deep).status, 400);
+    }
+
+    #[test]
+    fn invalid_utf8_is_invalid_json_with_offset() {
+        let e = json_body::<ChatCompletionRequest>(b"{\"model\":\"ba\xffse\"}").unwrap_err();
+        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_json"));
+        assert!(e.message.contains("offset 12"), "{}", e.message);
+    }
+
+    #[test]
+    fn byte_order_mark_is_tolerated() {
+        let r = json_body::<ChatCompletionRequest>("\u{feff}{\"model\":\"base\"}".as_bytes());
+        assert_eq!(r.unwrap().model.as_deref(), Some("base"));
+    }
+
+    #[test]
+    fn non_object_bodies_are_invalid_type() {
+        for body in ["[]", "5", "\"x\"", "null"] {
+            let e = err(body);
+            assert_eq!((e.status, e.code.as_ref()), (400, "invalid_type"), "{body}");
+            assert_eq!(e.param.as_deref(), Some("body"));
+        }
     }
 
     #[test]

@@ -51,6 +51,12 @@ impl RedisHandle {
         format!("{}{kind}:{{{id}}}{suffix}", self.prefix)
     }
 
+    /// The client, for callers that need a dedicated connection (blocking
+    /// reads such as `XREAD BLOCK` would stall the shared one).
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

@@ -35,6 +35,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let admin_listen = config.admin_listen.clone();
     let app = Arc::new(App::new(config)?);
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
+    let runs_maintainer = background_service("response runs", RunsMaintainer(app.runs.clone()));
+    let key_invalidations =
+        background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
 
     let mut public = Service::new("public".into(), PublicApp(app));
     public.add_tcp(&listen);
@@ -52,6 +55,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.add_service(admin);
     server.add_service(announcer);
     server.add_service(pool_maintainer);
+    server.add_service(runs_maintainer);
+    server.add_service(key_invalidations);
     server.run(RunArgs {
         shutdown_signal: Box::new(drain),
     });
@@ -106,6 +111,32 @@ impl BackgroundService for PoolMaintainer {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         tokio::select! {
             _ = self.0.maintain() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Lease heartbeat and sweeper of stored response runs.
+struct RunsMaintainer(Arc<crate::runs::Runs>);
+
+#[async_trait]
+impl BackgroundService for RunsMaintainer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.maintain() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Applies key revocations and org/plan changes published by the admin CLI.
+struct KeyInvalidations(Arc<crate::accounts::cache::Accounts>);
+
+#[async_trait]
+impl BackgroundService for KeyInvalidations {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.listen_for_invalidations() => {}
             _ = shutdown.changed() => {}
         }
     }

@@ -32,16 +32,7 @@ pub struct UpArgs {
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
-    let worker_bin = std::env::current_exe()?
-        .parent()
-        .context("locating the gateway executable")?
-        .join("worker");
-    if !worker_bin.exists() {
-        bail!(
-            "the worker binary is missing at {}; build it with `cargo build --release --bins`",
-            worker_bin.display()
-        );
-    }
+    let worker_bin = locate_worker()?;
     let mut models = BTreeMap::new();
     for model in MODELS {
         let addr = free_loopback_addr()?;
@@ -61,6 +52,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             sha256: gateway::auth::hash_key_hex(&args.dev_key),
             org: "org-local".into(),
             name: "dev".into(),
+            plan: None,
+            scopes: None,
+            models: None,
         }],
         store: StoreConfig::default(),
         models,
@@ -75,6 +69,42 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         args.listen, args.dev_key
     );
     gateway::server::run(config)
+}
+
+/// The `worker` executable next to this one. Under `cargo run` (the
+/// README's command builds only the gateway's package) a missing worker is
+/// built with the same cargo and profile first, so one command is enough.
+fn locate_worker() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("locating the gateway executable")?;
+    let worker = dir.join("worker");
+    if worker.exists() {
+        return Ok(worker);
+    }
+    let (Some(cargo), Some(manifest_dir)) = (
+        std::env::var_os("CARGO"),
+        std::env::var_os("CARGO_MANIFEST_DIR"),
+    ) else {
+        bail!(
+            "the worker binary is missing at {}; build it with `cargo build --release --bins`",
+            worker.display()
+        );
+    };
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(manifest_dir)
+        .args(["build", "-p", "worker", "--bin", "worker"]);
+    if dir.file_name().is_some_and(|name| name == "release") {
+        build.arg("--release");
+    }
+    println!("Building the worker binary (first run)...");
+    let status = build
+        .status()
+        .context("running cargo to build the worker")?;
+    if !status.success() || !worker.exists() {
+        bail!("building the worker failed; run `cargo build --release --bins`");
+    }
+    Ok(worker)
 }
 
 fn free_loopback_addr() -> anyhow::Result<String> {

@@ -1,9 +1,19 @@
 //! Usage accounting at the end of a generation: token counters by model
 //! and type, and the cost from the spec's price table.
+//!
+//! Per organisation, key, model and day, the counters live in Redis (added
+//! by the limiter's settle script in the same round trip, see
+//! `limits/settle.lua`) and in Prometheus ([`record_account`]);
+//! `gateway usage` reads them back ([`read_usage`]).
 
+use crate::auth::Principal;
 use crate::catalog::ModelSpec;
+use crate::limits::TokenUsage;
 use crate::metrics::METRICS;
+use crate::redis_conn::RedisHandle;
 use inference_proto::v1 as pb;
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Records a finished generation's tokens.
 pub fn record(model: &ModelSpec, usage: &pb::Usage) {
@@ -44,9 +54,150 @@ pub fn cost_usd(model: &ModelSpec, usage: &pb::Usage) -> f64 {
         / 1_000_000.0
 }
 
+/// Prometheus counters of one settled request, by organisation, key and model.
+pub fn record_account(model: &ModelSpec, who: &Principal, u: &TokenUsage, cost_nano: i64) {
+    let fresh_input = u.input.saturating_sub(u.cached_input);
+    let visible_output = u.output.saturating_sub(u.reasoning);
+    for (kind, n) in [
+        ("input", fresh_input),
+        ("cached_input", u.cached_input),
+        ("output", visible_output),
+        ("reasoning", u.reasoning),
+    ] {
+        if n > 0 {
+            METRICS
+                .org_tokens
+                .with_label_values(&[&who.org, &who.key_id, model.id, kind])
+                .inc_by(n);
+        }
+    }
+    if cost_nano > 0 {
+        METRICS
+            .org_cost
+            .with_label_values(&[&who.org, &who.key_id, model.id])
+            .inc_by(cost_nano as f64 / 1e9);
+    }
+}
+
+/// The UTC calendar day of `t`, `YYYY-MM-DD` (the usage counters' key).
+pub fn utc_day(t: SystemTime) -> String {
+    let days = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86_400)
+        .unwrap_or(0) as i64;
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Days since 1970-01-01 to (year, month, day) (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// (year, month, day) to days since 1970-01-01.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses `YYYY-MM-DD` into days since the epoch.
+pub fn parse_day(s: &str) -> Option<i64> {
+    let mut it = s.trim().splitn(3, '-');
+    let y: i64 = it.next()?.parse().ok()?;
+    let m: u32 = it.next()?.parse().ok()?;
+    let d: u32 = it.next()?.parse().ok()?;
+    ((1..=12).contains(&m) && (1..=31).contains(&d)).then(|| days_from_civil(y, m, d))
+}
+
+/// One row of `gateway usage`: a day, key and model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    pub requests: i64,
+    pub input: i64,
+    pub cached_input: i64,
+    pub output: i64,
+    pub reasoning: i64,
+    pub cost_nano: i64,
+}
+
+/// Usage of `org` from day `since` (days since the epoch) to today, by
+/// (day, key id, model).
+pub async fn read_usage(
+    redis: &RedisHandle,
+    org: &str,
+    since: i64,
+    today: i64,
+) -> anyhow::Result<BTreeMap<(String, String, String), UsageRow>> {
+    let mut conn = redis.conn().await?;
+    let mut out = BTreeMap::new();
+    for day in since..=today {
+        let (y, m, d) = civil_from_days(day);
+        let day = format!("{y:04}-{m:02}-{d:02}");
+        let key = crate::limits::redis_lua::RedisLimits::usage_key(redis, org, &day);
+        let h: BTreeMap<String, i64> = redis::AsyncCommands::hgetall(&mut conn, key).await?;
+        for (field, n) in h {
+            let mut parts = field.rsplitn(3, '|');
+            let (Some(counter), Some(model), Some(key_id)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let row: &mut UsageRow = out
+                .entry((day.clone(), key_id.to_owned(), model.to_owned()))
+                .or_default();
+            match counter {
+                "requests" => row.requests += n,
+                "input" => row.input += n,
+                "cached_input" => row.cached_input += n,
+                "output" => row.output += n,
+                "reasoning" => row.reasoning += n,
+                "cost_nano" => row.cost_nano += n,
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Today as days since the epoch (UTC).
+pub fn today() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| (d.as_secs() / 86_400) as i64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn days_round_trip() {
+        assert_eq!(utc_day(UNIX_EPOCH), "1970-01-01");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_392_000); // 2026-11-23
+        assert_eq!(utc_day(t), "2026-11-23");
+        assert_eq!(parse_day("2026-11-23"), Some(1_795_392_000 / 86_400));
+        assert_eq!(
+            parse_day("2024-02-29").map(civil_from_days),
+            Some((2024, 2, 29))
+        );
+        assert_eq!(parse_day("2026-13-01"), None);
+        assert_eq!(parse_day("yesterday"), None);
+    }
 
     #[test]
     fn cost_matches_the_price_table() {

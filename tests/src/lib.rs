@@ -1,1 +1,63 @@
+//! The end-to-end harness: starts the real `gateway` and `worker` binaries on
+//! free loopback ports and talks to them the way clients do.
+//!
+//! Every end-to-end test file (`tests/tests/*.rs`) builds on this small API:
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use harness::{Stack, json};
+//! let stack = Stack::start()?; // one zero-delay synthetic worker per model + a gateway
+//! let reply = stack
+//!     .client()
+//!     .post_json("/chat/completions", &json!({"model": "base", "messages": [{"role": "user", "content": "hi"}]}))
+//!     .await?;
+//! assert_eq!(reply.status, 200);
+//! let info = stack.worker("base").info().await?; // the worker's own counters, over gRPC
+//! assert_eq!(info.counters.unwrap_or_default().completed, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Stack`] / [`StackBuilder`]: workers per model, gateway options, Redis.
+//! - [`Worker`] / [`WorkerOpts`]: one `worker serve` process (latency flags, kill,
+//!   SIGTERM, restart on the same port, gRPC `Info`).
+//! - [`Gateway`] / [`GatewayOpts`]: one `gateway serve` process with a generated
+//!   TOML config; [`GatewayOpts::extra_toml`] lets a feature add its own config
+//!   without changing the harness.
+//! - [`Client`]: reqwest with the key set; [`Reply`] for plain answers,
+//!   [`SseStream`] for event streams, [`raw`] for byte-level HTTP/1.1.
+//! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
+//! - [`procfs`]: CPU time and memory of a child from `/proc`.
+//!
+//! The harness never runs cargo: the test command builds the binaries once
+//! (`cargo build --release --workspace --bins`) and the harness finds them in
+//! the target directory ([`bins`]). Children are killed when their handle is
+//! dropped, and by the kernel if the test process dies (`PR_SET_PDEATHSIG`).
+//! Their stdout and stderr go to a log file whose tail is printed when a test
+//! fails while the process is alive.
 
+pub mod bins;
+pub mod client;
+pub mod gateway;
+pub mod process;
+pub mod procfs;
+pub mod raw;
+pub mod redis_scope;
+pub mod stack;
+pub mod worker;
+
+pub use client::{assert_envelope, assert_error, chat_body, Client, Reply, SseFrame, SseStream};
+pub use gateway::{hash_key, Gateway, GatewayOpts, TestKey};
+pub use redis_scope::RedisScope;
+pub use serde_json::{json, Value};
+pub use stack::{Stack, StackBuilder, MODELS};
+pub use worker::{Worker, WorkerOpts};
+
+/// A random lowercase hex string of `n` characters, for key prefixes and keys.
+pub fn random_hex(n: usize) -> String {
+    let mut s = String::with_capacity(n + 16);
+    while s.len() < n {
+        s.push_str(&format!("{:016x}", rand::random::<u64>()));
+    }
+    s.truncate(n);
+    s
+}

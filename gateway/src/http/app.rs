@@ -27,6 +27,28 @@ impl HttpServerApp for PublicApp {
         let read_timeout = Duration::from_secs(app.config.read_timeout_seconds);
         match tokio::time::timeout(read_timeout, session.read_request()).await {
             Ok(Ok(true)) => {}
+            // A request head that cannot be parsed still gets an answer.
+            Ok(Err(e)) if *e.etype() == pingora_core::ErrorType::InvalidHTTPHeader => {
+                let err = if e.to_string().contains("larger than") {
+                    ApiError::headers_too_large(app.config.max_header_bytes)
+                } else {
+                    ApiError::new(
+                        400,
+                        "invalid_request",
+                        "The HTTP request head is malformed.",
+                    )
+                };
+                session.set_keepalive(None);
+                let mut ex = Exchange::new(session, crate::translate::new_id("req_"));
+                ex.send_error(&err).await;
+                METRICS
+                    .requests
+                    .with_label_values(&["-", "-", status_label(err.status)])
+                    .inc();
+                return None;
+            }
+            // Closed, failed, or too slow to send its head (a silent or
+            // slowloris client, or an idle keep-alive connection): close.
             _ => return None,
         }
         let _in_flight = crate::lifecycle::InFlight::begin();
@@ -76,11 +98,7 @@ fn check_header_size(ex: &Exchange, limit: usize) -> Result<(), ApiError> {
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
     if size > limit {
-        return Err(ApiError::new(
-            431,
-            "request_header_fields_too_large",
-            format!("Request headers exceed the limit of {limit} bytes."),
-        ));
+        return Err(ApiError::headers_too_large(limit));
     }
     Ok(())
 }

@@ -59,6 +59,23 @@ impl Exchange {
         self.response_started
     }
 
+    /// Reads a JSON request body: the content type must say JSON (415
+    /// otherwise, see [`is_json_content_type`]), then [`Self::read_body`].
+    pub async fn read_json_body(
+        &mut self,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, ApiError> {
+        let content_type = self.header("content-type");
+        if !content_type.is_some_and(is_json_content_type) {
+            let shown = content_type.map(|v| String::from_utf8_lossy(v).into_owned());
+            // The unread body would be taken for the next request.
+            self.session.set_keepalive(None);
+            return Err(ApiError::unsupported_media_type(shown.as_deref()));
+        }
+        self.read_body(limit, timeout).await
+    }
+
     /// Reads the whole body, refusing more than `limit` bytes (413) and a
     /// body that trickles in slower than `timeout` (408).
     pub async fn read_body(&mut self, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
@@ -100,9 +117,7 @@ impl Exchange {
             }
             Err(_) => {
                 self.session.set_keepalive(None);
-                Err(ApiError::new(
-                    408,
-                    "request_timeout",
+                Err(ApiError::request_timeout(
                     "The request body was not received in time.",
                 ))
             }
@@ -222,6 +237,58 @@ impl Exchange {
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => return,
             }
+        }
+    }
+}
+
+/// Whether a `Content-Type` announces a JSON body: `application/json` or a
+/// `+json` subtype, in any case, with an optional `charset` that must be
+/// UTF-8 (JSON on the wire is UTF-8, RFC 8259). The public API's SDKs always
+/// send `application/json`; anything else (a form post from `curl -d`
+/// without `-H`, a missing header) gets 415 with a message that says what
+/// to send, rather than a confusing parse error.
+pub fn is_json_content_type(value: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(value) else {
+        return false;
+    };
+    let mut parts = value.split(';');
+    let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let json = media == "application/json"
+        || (media.starts_with("application/") && media.ends_with("+json"));
+    json && parts.all(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        !k.trim().eq_ignore_ascii_case("charset")
+            || matches!(
+                v.trim().trim_matches('"').to_ascii_lowercase().as_str(),
+                "utf-8" | "utf8"
+            )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json_content_type;
+
+    #[test]
+    fn json_content_types() {
+        for ok in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            "application/json;charset=\"UTF-8\"",
+            "application/vnd.api+json",
+        ] {
+            assert!(is_json_content_type(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "",
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/json; charset=utf-16",
+            "application/jsonx",
+        ] {
+            assert!(!is_json_content_type(bad.as_bytes()), "{bad}");
         }
     }
 }

@@ -65,7 +65,7 @@ pub async fn relay(
             }
         };
         let mut next = next;
-        for _ in 0..MAX_BATCH {
+        for i in 0..MAX_BATCH {
             match next {
                 Ok(Some(event)) => {
                     let now = Instant::now();
@@ -81,26 +81,45 @@ pub async fn relay(
                     }
                 }
                 Ok(None) => {
+                    flush(ex, &mut out).await;
                     return RelayEnd::Failed(ApiError::upstream(
                         "The model worker ended the stream before finishing.",
-                    ))
+                    ));
                 }
                 Err(status) => {
-                    let mut e = classify(&status).error;
+                    // What this batch already encoded precedes the failure.
+                    flush(ex, &mut out).await;
                     // After the first token the client cannot be retried
-                    // transparently: every failure is a 502-class upstream error.
-                    if e.status < 500 {
-                        e = ApiError::upstream(e.message);
-                    }
+                    // transparently: whatever the worker's reason (overload,
+                    // draining, a dropped connection), it is a 502 upstream
+                    // failure, never a 503 that invites a blind retry.
+                    let classified = classify(&status).error;
+                    let e = if classified.status == 502 || classified.status == 504 {
+                        classified
+                    } else {
+                        ApiError::upstream(classified.message)
+                    };
                     tracing::warn!(request_id = %ex.request_id, "worker failed mid-stream: {status}");
                     return RelayEnd::Failed(e);
                 }
+            }
+            // The batch is full: fetching another event here would drop it.
+            if i + 1 == MAX_BATCH {
+                break;
             }
             match rest.message().now_or_never() {
                 Some(n) => next = n,
                 None => break,
             }
         }
+    }
+}
+
+/// Writes what is buffered, if a stream is open (a write failure only means
+/// the client is gone; the caller is already ending the relay).
+async fn flush(ex: &mut Exchange, out: &mut BytesMut) {
+    if !out.is_empty() && ex.response_started() {
+        let _ = ex.write_chunk(out.split().freeze()).await;
     }
 }
 

@@ -51,7 +51,13 @@ impl WorkerEndpoint {
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(3))
             .keep_alive_while_idle(true)
-            .http2_adaptive_window(true);
+            // Large flow-control windows: h2 counts small unread DATA frames
+            // against a budget of half the connection window, and a gateway
+            // that falls behind for a moment with hundreds of token streams
+            // on one channel would otherwise GOAWAY its own worker
+            // connection ("too_many_data_frames"), failing every stream.
+            .initial_connection_window_size(Some(64 * 1024 * 1024))
+            .initial_stream_window_size(Some(4 * 1024 * 1024));
         Ok(Self {
             addr: addr.to_owned(),
             endpoint,
@@ -114,6 +120,12 @@ impl WorkerEndpoint {
         self.healthy.load(Ordering::Relaxed)
             && !self.draining.load(Ordering::Relaxed)
             && !self.circuit_open()
+    }
+
+    /// Passing health checks and not draining, whatever the circuit says
+    /// (the pool's panic mode, when every circuit is open).
+    pub fn is_selectable_ignoring_circuit(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 
     pub fn circuit_open(&self) -> bool {
@@ -203,6 +215,22 @@ mod tests {
         e.record_check(true, Some((1, 2, 8, false)));
         assert!(e.is_available());
         assert_eq!(e.load_score(), 2);
+    }
+
+    #[test]
+    fn an_open_circuit_leaves_a_healthy_worker_selectable_only_in_panic_mode() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        for _ in 0..OPEN_AFTER_FAILURES {
+            e.record_failure();
+        }
+        assert!(!e.is_available() && e.is_selectable_ignoring_circuit());
+        e.record_check(false, None);
+        assert!(!e.is_selectable_ignoring_circuit());
+        e.record_check(true, Some((0, 0, 8, true)));
+        assert!(
+            !e.is_selectable_ignoring_circuit(),
+            "draining is never selectable"
+        );
     }
 
     #[test]

@@ -186,9 +186,21 @@ impl WorkerPool {
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error: Option<ApiError> = None;
         while tried.len() < MAX_ATTEMPTS {
-            let candidates: Vec<usize> = (0..endpoints.len())
+            let mut candidates: Vec<usize> = (0..endpoints.len())
                 .filter(|i| !tried.contains(i) && endpoints[*i].is_available())
                 .collect();
+            if candidates.is_empty() {
+                // Panic mode: every circuit is open, yet active checks pass.
+                // Failures on all workers at once are more likely the
+                // requests' doing (one that fails the engine everywhere) than
+                // every worker's; refusing everyone would turn a few bad
+                // requests into an outage of the model.
+                candidates = (0..endpoints.len())
+                    .filter(|i| {
+                        !tried.contains(i) && endpoints[*i].is_selectable_ignoring_circuit()
+                    })
+                    .collect();
+            }
             let Some(index) = select::pick(self.policy, &endpoints, &candidates, key) else {
                 break;
             };

@@ -1,11 +1,13 @@
-//! Routing: method and path to handler. Every known route authenticates
-//! first; an unknown route is a 404 in the standard envelope.
+//! Routing: method and path to handler. Every known route authorizes first
+//! (`accounts::authorize`: key 401, organisation 402, scope 403); an
+//! unknown route is a 404 in the standard envelope.
 
 pub mod chat;
 pub mod models;
+pub mod responses;
 
+use crate::accounts::{authorize, Scope};
 use crate::app::App;
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use http::Method;
@@ -18,20 +20,64 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         ["v1", "chat", "completions"] => {
             ex.route = "chat.completions";
             allow(&method, Method::POST, &path)?;
-            let principal = authenticate(app, ex)?;
-            chat::create(app, ex, principal).await
+            let account = authorize(app, ex, Scope::ChatWrite).await?;
+            chat::create(app, ex, account).await
         }
         ["v1", "models"] => {
             ex.route = "models.list";
             allow(&method, Method::GET, &path)?;
-            authenticate(app, ex)?;
+            authorize(app, ex, Scope::ModelsRead).await?;
             models::list(ex).await
         }
         ["v1", "models", id] => {
             ex.route = "models.retrieve";
             allow(&method, Method::GET, &path)?;
-            authenticate(app, ex)?;
+            authorize(app, ex, Scope::ModelsRead).await?;
             models::retrieve(ex, id).await
+        }
+        ["v1", "responses"] => {
+            ex.route = "responses.create";
+            allow(&method, Method::POST, &path)?;
+            let account = authorize(app, ex, Scope::ResponsesWrite).await?;
+            responses::create(app, ex, account).await
+        }
+        ["v1", "responses", id] => {
+            if method == Method::DELETE {
+                ex.route = "responses.delete";
+            } else {
+                ex.route = "responses.retrieve";
+                allow(&method, Method::GET, &path)?;
+            }
+            let principal = authorize(app, ex, Scope::ResponsesRead)
+                .await?
+                .principal
+                .clone();
+            let id = id.to_string();
+            if method == Method::DELETE {
+                responses::delete(app, ex, principal, &id).await
+            } else {
+                responses::retrieve(app, ex, principal, &id).await
+            }
+        }
+        ["v1", "responses", id, "cancel"] => {
+            ex.route = "responses.cancel";
+            allow(&method, Method::POST, &path)?;
+            let principal = authorize(app, ex, Scope::ResponsesRead)
+                .await?
+                .principal
+                .clone();
+            let id = id.to_string();
+            responses::cancel(app, ex, principal, &id).await
+        }
+        ["v1", "responses", id, "input_items"] => {
+            ex.route = "responses.input_items";
+            allow(&method, Method::GET, &path)?;
+            let principal = authorize(app, ex, Scope::ResponsesRead)
+                .await?
+                .principal
+                .clone();
+            let id = id.to_string();
+            responses::input_items(app, ex, principal, &id).await
         }
         _ => Err(ApiError::route_not_found(method.as_str(), &path)),
     }
@@ -43,8 +89,4 @@ fn allow(method: &Method, expected: Method, path: &str) -> Result<(), ApiError> 
     } else {
         Err(ApiError::method_not_allowed(method.as_str(), path))
     }
-}
-
-fn authenticate(app: &App, ex: &Exchange) -> Result<Principal, ApiError> {
-    app.auth.authenticate(ex.header("authorization"))
 }

@@ -459,7 +459,7 @@ mod tests {
 
     fn plan(body: &str) -> (ChatCompletionRequest, ChatPlan) {
         let req: ChatCompletionRequest = json_body(body.as_bytes()).unwrap();
-        let plan = validate(&req).unwrap();
+        let plan = validate(&req, &Default::default()).unwrap();
         (req, plan)
     }
 

@@ -2,6 +2,7 @@
 //! module per API family, plus the small pieces both share.
 
 pub mod chat;
+pub mod responses;
 
 use bytes::{BufMut, BytesMut};
 use inference_proto::v1 as pb;

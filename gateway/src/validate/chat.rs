@@ -1,8 +1,36 @@
 //! Rules for `POST /v1/chat/completions`.
+//!
+//! Parsing (`parse.rs` into `api::chat`) already rejected unknown top-level
+//! fields and wrong JSON types. Here every accepted field is either honoured
+//! (carried into the [`ChatPlan`] or the worker request), checked and
+//! refused with a clear 400 when this service cannot serve it, or — only
+//! where ignoring it cannot change the reply — accepted and ignored:
+//!
+//! | field | what happens |
+//! |---|---|
+//! | `model`, `messages` | required; unknown model → 404 `model_not_found` |
+//! | `temperature` 0..2, `top_p` 0..1, `seed`, `presence_penalty`/`frequency_penalty` -2..2, `stop` (≤ 4) | honoured by the worker |
+//! | `max_tokens`, `max_completion_tokens` ≥ 1 | honoured; the latter wins when both are set |
+//! | `tools`, `tool_choice`, `parallel_tool_calls`, `response_format` | honoured (see `common`) |
+//! | `stream`, `stream_options` | honoured; `stream_options` needs `stream: true` |
+//! | `enable_thinking`, `reasoning_effort`, `thinking_budget` | honoured; the effort wins over `enable_thinking` (`none` = off); the budget applies on `base` only (a hard cap; 0 turns reasoning off) and is ignored on the other two (their budget is fixed), so switching models keeps a request valid (spec 9.3) |
+//! | `prompt_cache_key` | honoured (worker prefix cache) |
+//! | `n` | 1 only; `n > 1` → 400 `unsupported_value` |
+//! | `logprobs: true`, `top_logprobs > 0`, non-empty `logit_bias` | 400 `unsupported_parameter` (ranges checked first) |
+//! | `modalities` other than `["text"]`, `audio` | 400 `unsupported_value` / `unsupported_parameter` |
+//! | `web_search_options` | 400 `unsupported_parameter` (no hosted tools) |
+//! | `verbosity` other than `medium` | 400 `unsupported_value` |
+//! | `functions`, `function_call` (deprecated) | 400 `unsupported_parameter`: use `tools`/`tool_choice` |
+//! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); with it, 400 `unsupported_parameter` until the planner ships |
+//! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction`, `agents` | checked, then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
 
-use crate::api::chat::{ChatCompletionRequest, ContentPart, MessageContent};
+use super::common::{
+    self, check_at_least, check_range, check_tool_type, FormatKind, FormatSpec, FunctionSpec,
+};
+use crate::api::chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent};
 use crate::catalog::{self, ModelSpec};
 use crate::error::ApiError;
+use serde_json::Value;
 
 /// What validation learned that later stages need.
 #[derive(Debug, Clone)]
@@ -12,12 +40,28 @@ pub struct ChatPlan {
     pub include_usage: bool,
     /// Reasoning was requested (`reasoning_content` is then a string, else null).
     pub reasoning: bool,
+    /// Hard cap on reasoning tokens; 0 = the model's default (always 0 on
+    /// models whose budget is not configurable).
     pub reasoning_budget: u32,
+    /// 0 = up to the remaining context window.
     pub max_tokens: u32,
     pub stop: Vec<String>,
+    /// The output format asked for.
+    pub format: FormatKind,
 }
 
-pub fn validate(req: &ChatCompletionRequest) -> Result<ChatPlan, ApiError> {
+/// Request facts that live outside the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatHeaders<'a> {
+    /// `x-session-id`: groups a session; required by planner mode.
+    pub session_id: Option<&'a str>,
+}
+
+/// Checks a parsed request against every rule of the chat contract.
+pub fn validate(
+    req: &ChatCompletionRequest,
+    headers: &ChatHeaders<'_>,
+) -> Result<ChatPlan, ApiError> {
     let model_id = req
         .model
         .as_deref()
@@ -33,90 +77,141 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<ChatPlan, ApiError> {
             "'messages' must contain at least one message.",
         ));
     }
-    for (i, m) in messages.iter().enumerate() {
-        let role = m
-            .role
-            .as_deref()
-            .ok_or_else(|| ApiError::missing_parameter(format!("messages.{i}.role")))?;
-        match role {
-            "system" | "developer" | "user" | "assistant" | "tool" => {}
-            other => {
-                return Err(ApiError::invalid_value(
-                    format!("messages.{i}.role"),
-                    format!(
-                    "Invalid role '{other}'; expected system, developer, user, assistant or tool."
-                ),
-                ))
-            }
-        }
-        if role == "tool" && m.tool_call_id.is_none() {
-            return Err(ApiError::missing_parameter(format!(
-                "messages.{i}.tool_call_id"
-            )));
-        }
-        if m.content.is_none()
-            && !(role == "assistant" && m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()))
-        {
-            return Err(ApiError::missing_parameter(format!("messages.{i}.content")));
-        }
-        if let Some(MessageContent::Parts(parts)) = &m.content {
-            for (j, part) in parts.iter().enumerate() {
-                if let ContentPart::ImageUrl { .. } = part {
-                    if !model.image_input {
-                        return Err(ApiError::invalid_value(
-                            format!("messages.{i}.content.{j}"),
-                            format!(
-                                "Model '{}' does not accept image input; use 'base'.",
-                                model.id
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-    }
+    let input_bytes = check_messages(messages, model)?;
+
+    // ---- sampling -------------------------------------------------------------
     if let Some(t) = req.temperature {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::invalid_value(
-                "temperature",
-                format!("'temperature' must be between 0 and 2, got {t}."),
-            ));
-        }
+        check_range("temperature", t, 0.0, 2.0)?;
     }
     if let Some(p) = req.top_p {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(ApiError::invalid_value(
-                "top_p",
-                format!("'top_p' must be between 0 and 1, got {p}."),
-            ));
-        }
+        check_range("top_p", p, 0.0, 1.0)?;
     }
-    let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(v), _) => positive_u32("max_completion_tokens", v)?,
-        (None, Some(v)) => positive_u32("max_tokens", v)?,
-        (None, None) => 0,
+    if let Some(p) = req.presence_penalty {
+        check_range("presence_penalty", p, -2.0, 2.0)?;
+    }
+    if let Some(p) = req.frequency_penalty {
+        check_range("frequency_penalty", p, -2.0, 2.0)?;
+    }
+    let max_completion = req
+        .max_completion_tokens
+        .map(|v| check_at_least("max_completion_tokens", v, 1))
+        .transpose()?;
+    let max_tokens = req
+        .max_tokens
+        .map(|v| check_at_least("max_tokens", v, 1))
+        .transpose()?;
+    let (max_output, output_param) = match (max_completion, max_tokens) {
+        (Some(v), _) => (Some(v), "max_completion_tokens"),
+        (None, v) => (v, "max_tokens"),
     };
-    let stop = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+    let stop = match &req.stop {
+        None => Vec::new(),
+        Some(s) => s.clone().into_vec(),
+    };
     if stop.len() > 4 {
         return Err(ApiError::invalid_value(
             "stop",
-            "'stop' takes at most 4 sequences.",
+            format!("'stop' takes at most 4 sequences, got {}.", stop.len()),
         ));
     }
-    let reasoning = req.enable_thinking.unwrap_or(false);
-    let reasoning_budget = match req.thinking_budget {
-        Some(b) if !(0..=16384).contains(&b) => {
-            return Err(ApiError::invalid_value(
-                "thinking_budget",
-                format!("'thinking_budget' must be between 0 and 16384, got {b}."),
-            ))
+    if let Some(i) = stop.iter().position(String::is_empty) {
+        return Err(ApiError::invalid_value(
+            if matches!(req.stop, Some(crate::api::chat::StopSequences::One(_))) {
+                "stop".to_string()
+            } else {
+                format!("stop.{i}")
+            },
+            "A stop sequence cannot be empty.",
+        ));
+    }
+    check_unservable(req)?;
+
+    // ---- tools and formats ----------------------------------------------------
+    let tool_names = check_tools(req)?;
+    check_tool_choice(req.tool_choice.as_ref(), &tool_names)?;
+    let format = match &req.response_format {
+        None => FormatKind::Text,
+        Some(f) => {
+            let schema = f.json_schema.as_ref();
+            common::check_format(&FormatSpec {
+                prefix: "response_format",
+                schema_prefix: "response_format.json_schema",
+                kind: f.kind.as_deref(),
+                has_schema_object: schema.is_some(),
+                name: schema.and_then(|s| s.name.as_deref()),
+                schema: schema.and_then(|s| s.schema.as_ref()),
+                strict: schema.and_then(|s| s.strict).unwrap_or(false),
+            })?
         }
-        Some(b) => b as u32,
-        None => 0,
     };
+
+    // ---- reasoning ------------------------------------------------------------
+    if let Some(effort) = req.reasoning_effort.as_deref() {
+        common::check_reasoning_effort("reasoning_effort", effort)?;
+    }
+    let reasoning = match req.reasoning_effort.as_deref() {
+        Some("none") => false,
+        Some(_) => true,
+        None => req.enable_thinking.unwrap_or(false),
+    };
+    let budget = req
+        .thinking_budget
+        .map(|b| common::check_thinking_budget("thinking_budget", b))
+        .transpose()?
+        .unwrap_or(0);
+    let reasoning_budget = if model.reasoning_budget { budget } else { 0 };
+    // The budget is a hard cap: 0 where it applies allows no reasoning at all
+    // (the worker protocol reads a 0 budget as "the model's default").
+    let reasoning = reasoning && !(model.reasoning_budget && req.thinking_budget == Some(0));
+
+    // ---- extensions and ignored fields -----------------------------------------
+    if req.planner_mode == Some(true) {
+        if headers.session_id.is_none_or(|s| s.trim().is_empty()) {
+            return Err(ApiError::missing_parameter("x-session-id").with_message(
+                "Planner mode resumes a plan by session: send the 'x-session-id' header with 'planner_mode': true.",
+            ));
+        }
+        return Err(unsupported_parameter(
+            "planner_mode",
+            "Planner mode is not available on this deployment yet; send the request without 'planner_mode'.",
+        ));
+    }
+    if let Some(agents) = &req.agents {
+        if let Some(i) = agents.iter().position(|a| a.trim().is_empty()) {
+            return Err(ApiError::invalid_value(
+                format!("agents.{i}"),
+                "An agent address cannot be empty.",
+            ));
+        }
+    }
+    if let Some(m) = &req.metadata {
+        common::check_metadata("metadata", m)?;
+    }
+    if let Some(tier) = req.service_tier.as_deref() {
+        if !["auto", "default", "flex", "scale", "priority"].contains(&tier) {
+            return Err(ApiError::invalid_value(
+                "service_tier",
+                format!("Invalid value for 'service_tier': '{tier}'. Supported values are: 'auto', 'default', 'flex', 'scale' and 'priority'."),
+            ));
+        }
+    }
+    if let Some(p) = &req.prediction {
+        check_prediction(p)?;
+    }
+    let stream = req.stream.unwrap_or(false);
+    if req.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid_value(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true.",
+        ));
+    }
+
+    // ---- the context window ---------------------------------------------------
+    common::check_context_window(model, input_bytes, max_output, "messages", output_param)?;
+
     Ok(ChatPlan {
         model,
-        stream: req.stream.unwrap_or(false),
+        stream,
         include_usage: req
             .stream_options
             .as_ref()
@@ -124,19 +219,456 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<ChatPlan, ApiError> {
             .unwrap_or(false),
         reasoning,
         reasoning_budget,
-        max_tokens,
+        max_tokens: max_output.unwrap_or(0),
         stop,
+        format,
     })
 }
 
-fn positive_u32(param: &str, v: i64) -> Result<u32, ApiError> {
-    if v < 1 {
-        return Err(ApiError::invalid_value(
-            param,
-            format!("'{param}' must be at least 1, got {v}."),
+/// Roles, content and the tool-call bookkeeping of the conversation.
+/// Returns the number of text bytes the messages carry (for the early
+/// context check).
+fn check_messages(messages: &[ChatMessage], model: &ModelSpec) -> Result<usize, ApiError> {
+    let mut bytes = 0usize;
+    // Ids of the tool calls of the latest assistant message that made some.
+    let mut open_calls: Vec<&str> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m
+            .role
+            .as_deref()
+            .ok_or_else(|| ApiError::missing_parameter(format!("messages.{i}.role")))?;
+        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(ApiError::invalid_value(
+                format!("messages.{i}.role"),
+                format!(
+                    "Invalid value for 'messages.{i}.role': '{role}'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'."
+                ),
+            ));
+        }
+        let has_calls = m.tool_calls.as_ref().is_some_and(|t| !t.is_empty());
+        if m.tool_calls.is_some() && role != "assistant" {
+            return Err(ApiError::invalid_value(
+                format!("messages.{i}.tool_calls"),
+                format!("'tool_calls' is only allowed on assistant messages, not on '{role}'."),
+            ));
+        }
+        match &m.content {
+            None if role == "assistant" && (has_calls || m.refusal.is_some()) => {}
+            None => return Err(ApiError::missing_parameter(format!("messages.{i}.content"))),
+            Some(MessageContent::Text(t)) => bytes += t.len(),
+            Some(MessageContent::Parts(parts)) => {
+                if parts.is_empty() && role != "assistant" {
+                    return Err(ApiError::invalid_value(
+                        format!("messages.{i}.content"),
+                        "An array of content parts must hold at least one part.",
+                    ));
+                }
+                for (j, part) in parts.iter().enumerate() {
+                    bytes += check_part(i, j, role, part, model)?;
+                }
+            }
+        }
+        if let Some(r) = &m.reasoning_content {
+            bytes += r.len();
+        }
+        if let Some(name) = &m.name {
+            if name.is_empty() {
+                return Err(ApiError::invalid_value(
+                    format!("messages.{i}.name"),
+                    "'name' cannot be empty.",
+                ));
+            }
+        }
+        match role {
+            "assistant" => {
+                open_calls.clear();
+                for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+                    let p = format!("messages.{i}.tool_calls.{j}");
+                    if call.id.is_empty() {
+                        return Err(ApiError::invalid_value(
+                            format!("{p}.id"),
+                            "A tool call id cannot be empty.",
+                        ));
+                    }
+                    if call.kind != "function" {
+                        return Err(ApiError::invalid_value(
+                            format!("{p}.type"),
+                            format!(
+                                "Invalid value for '{p}.type': '{}'. Only 'function' tool calls are supported.",
+                                call.kind
+                            ),
+                        ));
+                    }
+                    common::check_name(&format!("{p}.function.name"), &call.function.name)?;
+                    bytes += call.function.arguments.len() + call.function.name.len();
+                    open_calls.push(&call.id);
+                }
+            }
+            "tool" => {
+                let id = m.tool_call_id.as_deref().ok_or_else(|| {
+                    ApiError::missing_parameter(format!("messages.{i}.tool_call_id"))
+                })?;
+                if !open_calls.contains(&id) {
+                    return Err(ApiError::invalid_value(
+                        format!("messages.{i}.tool_call_id"),
+                        format!(
+                            "A message with role 'tool' must answer a tool call of the preceding assistant message; no call has id '{id}'."
+                        ),
+                    ));
+                }
+            }
+            _ => open_calls.clear(),
+        }
+    }
+    Ok(bytes)
+}
+
+/// One content part: which kinds each role may send, and image input only on
+/// models that take it. Returns the part's text bytes.
+fn check_part(
+    i: usize,
+    j: usize,
+    role: &str,
+    part: &ContentPart,
+    model: &ModelSpec,
+) -> Result<usize, ApiError> {
+    let param = format!("messages.{i}.content.{j}");
+    let kind_not_allowed = |kind: &str| {
+        ApiError::invalid_value(
+            format!("{param}.type"),
+            format!("Content parts of type '{kind}' are not allowed on '{role}' messages."),
+        )
+    };
+    match part {
+        ContentPart::Text { text } => Ok(text.len()),
+        ContentPart::Refusal { refusal } => {
+            if role != "assistant" {
+                return Err(kind_not_allowed("refusal"));
+            }
+            Ok(refusal.len())
+        }
+        ContentPart::ImageUrl { image_url } => {
+            if role != "user" {
+                return Err(kind_not_allowed("image_url"));
+            }
+            if !model.image_input {
+                return Err(ApiError::invalid_value(
+                    param,
+                    format!(
+                        "Model '{}' does not accept image input; only 'base' does.",
+                        model.id
+                    ),
+                ));
+            }
+            let url = image_url.url.as_str();
+            let scheme_ok = url.starts_with("https://")
+                || url.starts_with("http://")
+                || url.starts_with("data:image/");
+            if !scheme_ok {
+                return Err(ApiError::invalid_value(
+                    format!("{param}.image_url.url"),
+                    "An image URL must be an 'https://' URL or a 'data:image/...;base64,' URL.",
+                ));
+            }
+            if let Some(detail) = image_url.detail.as_deref() {
+                if !["auto", "low", "high"].contains(&detail) {
+                    return Err(ApiError::invalid_value(
+                        format!("{param}.image_url.detail"),
+                        format!("Invalid value for '{param}.image_url.detail': '{detail}'. Supported values are: 'auto', 'low' and 'high'."),
+                    ));
+                }
+            }
+            Ok(0)
+        }
+        ContentPart::InputAudio { .. } | ContentPart::File { .. } => {
+            let kind = if matches!(part, ContentPart::File { .. }) {
+                "file"
+            } else {
+                "input_audio"
+            };
+            if role != "user" {
+                return Err(kind_not_allowed(kind));
+            }
+            Err(ApiError::new(
+                400,
+                "unsupported_value",
+                format!("Content parts of type '{kind}' are not supported; send text (or images to 'base')."),
+            )
+            .with_param(format!("{param}.type")))
+        }
+    }
+}
+
+/// Public parameters this service accepts but cannot serve: refused clearly
+/// rather than ignored, because ignoring them would change the reply.
+fn check_unservable(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    if let Some(n) = req.n {
+        if n < 1 {
+            return Err(ApiError::invalid_value(
+                "n",
+                format!("'n' must be at least 1, got {n}."),
+            ));
+        }
+        if n > 1 {
+            return Err(ApiError::new(
+                400,
+                "unsupported_value",
+                format!("'n' = {n} is not supported: this service returns one choice per request. Send 'n' = 1 and repeat the request for more."),
+            )
+            .with_param("n"));
+        }
+    }
+    if let Some(bias) = &req.logit_bias {
+        match bias {
+            Value::Null => {}
+            Value::Object(map) => {
+                for (token, v) in map {
+                    let p = format!("logit_bias.{token}");
+                    if token.parse::<u32>().is_err() {
+                        return Err(ApiError::invalid_value(
+                            p,
+                            format!("'logit_bias' keys are token ids; '{token}' is not one."),
+                        ));
+                    }
+                    match v.as_f64() {
+                        Some(b) => check_range(&p, b, -100.0, 100.0)?,
+                        None => {
+                            return Err(ApiError::invalid_type(
+                                p.as_str(),
+                                format!("'{p}' must be a number between -100 and 100."),
+                            ))
+                        }
+                    }
+                }
+                if !map.is_empty() {
+                    return Err(unsupported_parameter(
+                        "logit_bias",
+                        "'logit_bias' is not supported: token ids differ between the models behind this service.",
+                    ));
+                }
+            }
+            _ => {
+                return Err(ApiError::invalid_type(
+                    "logit_bias",
+                    "'logit_bias' must be an object mapping token ids to numbers.",
+                ))
+            }
+        }
+    }
+    if let Some(k) = req.top_logprobs {
+        if !(0..=20).contains(&k) {
+            return Err(ApiError::invalid_value(
+                "top_logprobs",
+                format!("'top_logprobs' must be between 0 and 20, got {k}."),
+            ));
+        }
+        if k > 0 && req.logprobs != Some(true) {
+            return Err(ApiError::invalid_value(
+                "top_logprobs",
+                "'top_logprobs' requires 'logprobs' to be true.",
+            ));
+        }
+    }
+    if req.logprobs == Some(true) {
+        return Err(unsupported_parameter(
+            "logprobs",
+            "'logprobs' is not supported by this service; send 'logprobs': false or omit it.",
         ));
     }
-    u32::try_from(v).map_err(|_| ApiError::invalid_value(param, format!("'{param}' is too large.")))
+    if let Some(modalities) = &req.modalities {
+        if let Some(i) = modalities.iter().position(|m| m != "text") {
+            return Err(ApiError::new(
+                400,
+                "unsupported_value",
+                format!(
+                    "Only the 'text' output modality is supported, not '{}'.",
+                    modalities[i]
+                ),
+            )
+            .with_param(format!("modalities.{i}")));
+        }
+    }
+    if req.audio.as_ref().is_some_and(|a| !a.is_null()) {
+        return Err(unsupported_parameter(
+            "audio",
+            "Audio output is not supported; the models reply in text.",
+        ));
+    }
+    if req
+        .web_search_options
+        .as_ref()
+        .is_some_and(|a| !a.is_null())
+    {
+        return Err(unsupported_parameter(
+            "web_search_options",
+            "Web search is not available; tools are function tools that the caller executes.",
+        ));
+    }
+    if let Some(v) = req.verbosity.as_deref() {
+        match v {
+            "medium" => {}
+            "low" | "high" => {
+                return Err(ApiError::new(
+                    400,
+                    "unsupported_value",
+                    format!("'verbosity' = '{v}' is not supported; only 'medium' is."),
+                )
+                .with_param("verbosity"))
+            }
+            _ => {
+                return Err(ApiError::invalid_value(
+                    "verbosity",
+                    format!("Invalid value for 'verbosity': '{v}'. Supported values are: 'low', 'medium' and 'high'."),
+                ))
+            }
+        }
+    }
+    for (field, value, use_instead) in [
+        ("functions", &req.functions, "tools"),
+        ("function_call", &req.function_call, "tool_choice"),
+    ] {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(unsupported_parameter(
+                field,
+                &format!("'{field}' is deprecated and not supported; use '{use_instead}'."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Tool definitions; returns their names (for `tool_choice`).
+fn check_tools(req: &ChatCompletionRequest) -> Result<Vec<&str>, ApiError> {
+    let mut names = Vec::new();
+    for (i, tool) in req.tools.iter().flatten().enumerate() {
+        check_tool_type(&format!("tools.{i}.type"), tool.kind.as_deref())?;
+        let prefix = format!("tools.{i}.function");
+        let f = tool
+            .function
+            .as_ref()
+            .ok_or_else(|| ApiError::missing_parameter(prefix.as_str()))?;
+        common::check_function_tool(&FunctionSpec {
+            prefix: &prefix,
+            name: f.name.as_deref(),
+            parameters: f.parameters.as_ref(),
+            strict: f.strict.unwrap_or(false),
+        })?;
+        let name = f.name.as_deref().unwrap_or_default();
+        if names.contains(&name) {
+            return Err(ApiError::invalid_value(
+                format!("{prefix}.name"),
+                format!("Tool names must be unique; '{name}' appears twice."),
+            ));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// `tool_choice`: `auto|none|required` or `{type:"function", function:{name}}`
+/// naming one of `tools`.
+fn check_tool_choice(choice: Option<&Value>, tools: &[&str]) -> Result<(), ApiError> {
+    let no_tools = |what: &str| {
+        ApiError::invalid_value(
+            "tool_choice",
+            format!("'tool_choice' {what} requires 'tools' to be set."),
+        )
+    };
+    match choice {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" | "none" => Ok(()),
+            "required" if tools.is_empty() => Err(no_tools("'required'")),
+            "required" => Ok(()),
+            other => Err(ApiError::invalid_value(
+                "tool_choice",
+                format!("Invalid value for 'tool_choice': '{other}'. Supported values are: 'auto', 'none', 'required', or an object naming a function."),
+            )),
+        },
+        Some(Value::Object(o)) => {
+            match o.get("type") {
+                Some(Value::String(t)) if t == "function" => {}
+                Some(Value::String(t)) => {
+                    return Err(ApiError::invalid_value(
+                        "tool_choice.type",
+                        format!("Invalid value for 'tool_choice.type': '{t}'. Only 'function' is supported."),
+                    ))
+                }
+                Some(_) => {
+                    return Err(ApiError::invalid_type(
+                        "tool_choice.type",
+                        "'tool_choice.type' must be a string.",
+                    ))
+                }
+                None => return Err(ApiError::missing_parameter("tool_choice.type")),
+            }
+            let name = match o.get("function") {
+                Some(Value::Object(f)) => match f.get("name") {
+                    Some(Value::String(n)) => n.as_str(),
+                    Some(_) => {
+                        return Err(ApiError::invalid_type(
+                            "tool_choice.function.name",
+                            "'tool_choice.function.name' must be a string.",
+                        ))
+                    }
+                    None => return Err(ApiError::missing_parameter("tool_choice.function.name")),
+                },
+                Some(_) => {
+                    return Err(ApiError::invalid_type(
+                        "tool_choice.function",
+                        "'tool_choice.function' must be an object with a 'name'.",
+                    ))
+                }
+                None => return Err(ApiError::missing_parameter("tool_choice.function")),
+            };
+            if tools.is_empty() {
+                return Err(no_tools("naming a function"));
+            }
+            if !tools.contains(&name) {
+                return Err(ApiError::invalid_value(
+                    "tool_choice",
+                    format!("'tool_choice' names the function '{name}', which is not in 'tools'."),
+                ));
+            }
+            Ok(())
+        }
+        Some(_) => Err(ApiError::invalid_type(
+            "tool_choice",
+            "'tool_choice' must be a string ('auto', 'none', 'required') or an object.",
+        )),
+    }
+}
+
+/// `prediction` (predicted outputs) only speeds up a reply that matches it;
+/// ignoring it never changes the reply, so its shape is checked and it is
+/// otherwise ignored.
+fn check_prediction(p: &Value) -> Result<(), ApiError> {
+    match p {
+        Value::Null => Ok(()),
+        Value::Object(o) => match o.get("type") {
+            Some(Value::String(t)) if t == "content" => match o.get("content") {
+                Some(Value::String(_)) | Some(Value::Array(_)) => Ok(()),
+                None => Err(ApiError::missing_parameter("prediction.content")),
+                Some(_) => Err(ApiError::invalid_type(
+                    "prediction.content",
+                    "'prediction.content' must be a string or an array of text parts.",
+                )),
+            },
+            Some(_) => Err(ApiError::invalid_value(
+                "prediction.type",
+                "Invalid value for 'prediction.type'; the supported value is 'content'.",
+            )),
+            None => Err(ApiError::missing_parameter("prediction.type")),
+        },
+        _ => Err(ApiError::invalid_type(
+            "prediction",
+            "'prediction' must be an object.",
+        )),
+    }
+}
+
+fn unsupported_parameter(param: &str, message: &str) -> ApiError {
+    ApiError::new(400, "unsupported_parameter", message).with_param(param)
 }
 
 #[cfg(test)]
@@ -144,8 +676,17 @@ mod tests {
     use super::*;
     use crate::parse::json_body;
 
+    fn check_with(body: &str, session: Option<&str>) -> Result<ChatPlan, ApiError> {
+        validate(
+            &json_body::<ChatCompletionRequest>(body.as_bytes())?,
+            &ChatHeaders {
+                session_id: session,
+            },
+        )
+    }
+
     fn check(body: &str) -> Result<ChatPlan, ApiError> {
-        validate(&json_body::<ChatCompletionRequest>(body.as_bytes())?)
+        check_with(body, None)
     }
 
     #[test]
@@ -154,6 +695,7 @@ mod tests {
             check(r#"{"model":"base","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
         assert_eq!(plan.model.id, "base");
         assert!(!plan.stream && !plan.reasoning);
+        assert_eq!(plan.format, FormatKind::Text);
     }
 
     #[test]
@@ -161,39 +703,6 @@ mod tests {
         let e =
             check(r#"{"model":"nope","messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
         assert_eq!((e.status, e.code.as_ref()), (404, "model_not_found"));
-    }
-
-    #[test]
-    fn bounds_name_their_param() {
-        for (body, param) in [
-            (
-                r#"{"model":"base","messages":[{"role":"user","content":"x"}],"temperature":2.5}"#,
-                "temperature",
-            ),
-            (
-                r#"{"model":"base","messages":[{"role":"user","content":"x"}],"top_p":-0.1}"#,
-                "top_p",
-            ),
-            (
-                r#"{"model":"base","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"model":"base","messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]}"#,
-                "stop",
-            ),
-            (
-                r#"{"model":"base","messages":[{"role":"user","content":"x"}],"thinking_budget":16385}"#,
-                "thinking_budget",
-            ),
-            (
-                r#"{"model":"base","messages":[{"role":"tool","content":"x"}]}"#,
-                "messages.0.tool_call_id",
-            ),
-        ] {
-            let e = check(body).unwrap_err();
-            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}");
-        }
     }
 
     #[test]
@@ -208,5 +717,89 @@ mod tests {
         ))
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages.0.content.0"));
+    }
+
+    #[test]
+    fn thinking_budget_applies_on_base_only() {
+        let body = |model: &str| {
+            format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"x"}}],"enable_thinking":true,"thinking_budget":512}}"#
+            )
+        };
+        let plan = check(&body("base")).unwrap();
+        assert_eq!((plan.reasoning, plan.reasoning_budget), (true, 512));
+        for model in ["base-mini", "base-ultra"] {
+            let plan = check(&body(model)).unwrap();
+            assert_eq!(
+                (plan.reasoning, plan.reasoning_budget),
+                (true, 0),
+                "{model}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_zero_thinking_budget_turns_reasoning_off_where_it_applies() {
+        let body = |model: &str| {
+            format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"x"}}],"reasoning_effort":"high","thinking_budget":0}}"#
+            )
+        };
+        assert!(!check(&body("base")).unwrap().reasoning);
+        for model in ["base-mini", "base-ultra"] {
+            let plan = check(&body(model)).unwrap();
+            assert_eq!(
+                (plan.reasoning, plan.reasoning_budget),
+                (true, 0),
+                "{model}"
+            );
+        }
+    }
+
+    #[test]
+    fn reasoning_effort_wins_over_enable_thinking() {
+        let plan = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"enable_thinking":true,"reasoning_effort":"none"}"#).unwrap();
+        assert!(!plan.reasoning);
+        let plan = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low"}"#).unwrap();
+        assert!(plan.reasoning);
+    }
+
+    #[test]
+    fn planner_mode_needs_a_session_and_is_not_served_yet() {
+        let body =
+            r#"{"model":"base","messages":[{"role":"user","content":"x"}],"planner_mode":true}"#;
+        let e = check(body).unwrap_err();
+        assert_eq!(
+            (e.status, e.code.as_ref(), e.param.as_deref()),
+            (400, "missing_required_parameter", Some("x-session-id"))
+        );
+        let e = check_with(body, Some("sess-1")).unwrap_err();
+        assert_eq!(
+            (e.status, e.code.as_ref(), e.param.as_deref()),
+            (400, "unsupported_parameter", Some("planner_mode"))
+        );
+        assert!(check(
+            r#"{"model":"base","messages":[{"role":"user","content":"x"}],"planner_mode":false}"#
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn tool_round_trip_is_valid() {
+        let body = r#"{"model":"base","messages":[
+            {"role":"user","content":"weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"call_1","content":"sunny"}
+        ],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{}}}}],
+        "tool_choice":{"type":"function","function":{"name":"get_weather"}}}"#;
+        check(body).unwrap();
+    }
+
+    #[test]
+    fn strict_json_schema_format_is_planned() {
+        let plan = check(r#"{"model":"base-mini","messages":[{"role":"user","content":"x"}],
+            "response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,
+            "schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],"additionalProperties":false}}}}"#).unwrap();
+        assert_eq!(plan.format, FormatKind::JsonSchema);
     }
 }

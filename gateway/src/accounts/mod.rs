@@ -1,0 +1,265 @@
+//! Keys, organisations, plans and permissions: who is calling and what they
+//! may do.
+//!
+//! The request path asks one question here, [`authorize`]: the bearer key is
+//! hashed and resolved to an [`Account`] (401 if unknown or revoked), the
+//! organisation's status is checked (402 when blocked), then the key's scope
+//! for the endpoint family (403). Once the body names a model,
+//! [`Account::check_model`] applies the key's model allow-list (403).
+//!
+//! Keys live as sha256 digests only: in the config file (the embedded mode)
+//! and in Redis (`gateway keys create`). Redis lookups are cached for
+//! `limits.key_cache_ttl_ms`; a revocation is also broadcast over pub/sub so
+//! every replica drops the key at once (see [`cache`]).
+
+pub mod admin;
+pub mod cache;
+pub mod store;
+
+use crate::app::App;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::http::exchange::Exchange;
+use crate::limits::Plan;
+use std::sync::Arc;
+
+/// One endpoint family a key may be allowed to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Scope {
+    /// `GET /v1/models`, `GET /v1/models/{id}`.
+    ModelsRead = 1,
+    /// `POST /v1/chat/completions`.
+    ChatWrite = 2,
+    /// `POST /v1/responses`.
+    ResponsesWrite = 4,
+    /// Retrieve, delete, cancel and list input items of stored responses.
+    ResponsesRead = 8,
+    /// `planner_mode: true` on chat completions.
+    Planner = 16,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 5] = [
+        Scope::ModelsRead,
+        Scope::ChatWrite,
+        Scope::ResponsesWrite,
+        Scope::ResponsesRead,
+        Scope::Planner,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::ModelsRead => "models.read",
+            Scope::ChatWrite => "chat.write",
+            Scope::ResponsesWrite => "responses.write",
+            Scope::ResponsesRead => "responses.read",
+            Scope::Planner => "planner",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s.trim())
+    }
+}
+
+/// A set of scopes (a bit per [`Scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    pub const ALL: Scopes = Scopes(31);
+    pub const NONE: Scopes = Scopes(0);
+
+    pub fn contains(self, s: Scope) -> bool {
+        self.0 & s as u8 != 0
+    }
+
+    pub fn with(self, s: Scope) -> Scopes {
+        Scopes(self.0 | s as u8)
+    }
+
+    /// Parses a comma-separated list; `None` names the first unknown scope.
+    pub fn parse_list(list: &str) -> Result<Scopes, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .try_fold(Scopes::NONE, |acc, s| {
+                Scope::parse(s)
+                    .map(|x| acc.with(x))
+                    .ok_or_else(|| s.to_owned())
+            })
+    }
+
+    /// The comma-separated form stored in Redis and printed by `keys list`.
+    pub fn to_list(self) -> String {
+        Scope::ALL
+            .into_iter()
+            .filter(|s| self.contains(*s))
+            .map(Scope::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// An organisation's standing, as the request path needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OrgStatus {
+    pub blocked: bool,
+    pub blocked_reason: String,
+    /// Spending budget in nano-dollars (1e-9 USD); checked atomically
+    /// against the org's spend by the limiter on admission.
+    pub budget_nano: Option<i64>,
+}
+
+/// Everything the gateway knows about a key: its principal, grants, plan
+/// and organisation. Shared (`Arc`) from the key cache.
+#[derive(Debug, Clone)]
+pub struct Account {
+    pub principal: Principal,
+    pub scopes: Scopes,
+    /// Model allow-list; `None` = every model.
+    pub models: Option<Box<[Box<str>]>>,
+    pub plan_name: Arc<str>,
+    pub plan: Plan,
+    pub org: OrgStatus,
+}
+
+impl Account {
+    /// 403 unless the key may call this scope.
+    pub fn check_scope(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.scopes.contains(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::permission_denied(format!(
+                "This API key lacks the '{}' permission required for this request.",
+                scope.as_str()
+            )))
+        }
+    }
+
+    /// 403 unless the key's model allow-list (if any) names `model`.
+    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        match &self.models {
+            Some(list) if !list.iter().any(|m| &**m == model) => Err(ApiError::permission_denied(
+                format!("This API key is not allowed to use the model '{model}'."),
+            )
+            .with_param("model")),
+            _ => Ok(()),
+        }
+    }
+
+    /// 402 in the blocked-account shape for a blocked organisation.
+    pub fn check_org(&self) -> Result<(), ApiError> {
+        if self.org.blocked {
+            let reason = if self.org.blocked_reason.is_empty() {
+                "account_blocked"
+            } else {
+                &self.org.blocked_reason
+            };
+            return Err(ApiError::blocked(reason, BLOCKED_EV));
+        }
+        Ok(())
+    }
+}
+
+/// `ev` of the 402 body for an organisation blocked by the operator.
+pub const BLOCKED_EV: i64 = 1;
+/// `ev` of the 402 body for an organisation past its spending budget.
+pub const OVER_BUDGET_EV: i64 = 2;
+
+/// The 402 for an organisation past its spending budget.
+pub fn over_budget() -> ApiError {
+    ApiError::blocked("budget_exceeded", OVER_BUDGET_EV)
+}
+
+/// The request path's access check, in order: authenticate the bearer key
+/// (401), the organisation's standing (402), the key's permission for
+/// `scope` (403). Call it before reading the body; once the body names a
+/// model, call [`Account::check_model`]. Every route uses this one entry.
+pub async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
+    let account = app
+        .accounts
+        .authenticate(ex.header("authorization"))
+        .await?;
+    account.check_org()?;
+    account.check_scope(scope)?;
+    Ok(account)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(scopes: Scopes, models: Option<&[&str]>, org: OrgStatus) -> Account {
+        Account {
+            principal: Principal {
+                org: "org-a".into(),
+                key_name: "k".into(),
+                key_id: "0123456789ab".into(),
+            },
+            scopes,
+            models: models.map(|m| m.iter().map(|s| (*s).into()).collect()),
+            plan_name: "default".into(),
+            plan: Plan::default(),
+            org,
+        }
+    }
+
+    #[test]
+    fn scopes_parse_and_print() {
+        let s = Scopes::parse_list("chat.write, models.read").unwrap();
+        assert!(s.contains(Scope::ChatWrite) && s.contains(Scope::ModelsRead));
+        assert!(!s.contains(Scope::Planner));
+        assert_eq!(s.to_list(), "models.read,chat.write");
+        assert_eq!(Scopes::parse_list("chat.write,admin"), Err("admin".into()));
+        assert_eq!(
+            Scopes::parse_list(&Scopes::ALL.to_list()).unwrap(),
+            Scopes::ALL
+        );
+    }
+
+    #[test]
+    fn missing_scope_or_model_is_403_permission_error() {
+        let a = account(
+            Scopes::NONE.with(Scope::ChatWrite),
+            Some(&["base-mini"]),
+            OrgStatus::default(),
+        );
+        assert!(a.check_scope(Scope::ChatWrite).is_ok());
+        let e = a.check_scope(Scope::ResponsesWrite).unwrap_err();
+        assert_eq!(
+            (e.status, e.code.as_ref(), e.error_type()),
+            (403, "permission_denied", "permission_error")
+        );
+        assert!(a.check_model("base-mini").is_ok());
+        let e = a.check_model("base-ultra").unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (403, Some("model")));
+        assert!(account(Scopes::ALL, None, OrgStatus::default())
+            .check_model("base-ultra")
+            .is_ok());
+    }
+
+    #[test]
+    fn blocked_org_is_402_unwrapped() {
+        let a = account(
+            Scopes::ALL,
+            None,
+            OrgStatus {
+                blocked: true,
+                blocked_reason: "payment_overdue".into(),
+                budget_nano: None,
+            },
+        );
+        let e = a.check_org().unwrap_err();
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(e.status, 402);
+        assert!(v.get("error").is_none());
+        assert_eq!(v["code"], 402);
+        assert_eq!(v["ev"], BLOCKED_EV);
+        assert_eq!(v["data"]["reason"], "payment_overdue");
+        let v: serde_json::Value = serde_json::from_slice(&over_budget().body()).unwrap();
+        assert_eq!(v["ev"], OVER_BUDGET_EV);
+        assert_eq!(v["data"]["reason"], "budget_exceeded");
+    }
+}

@@ -1,0 +1,637 @@
+//! Wire types of the Responses API (`/v1/responses` and its sub-resources),
+//! exactly as the public API spells them. Nothing here knows about workers
+//! or the store; `translate::responses` maps these to the worker protocol.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The body of `POST /v1/responses`. Unknown top-level fields are rejected
+/// (`unknown_parameter`); the accepted set is the full public parameter set,
+/// what the Codex CLI sends, and the spec's extensions. Nested objects
+/// tolerate unknown fields so that clients can echo back items they received.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateResponseRequest {
+    pub model: Option<String>,
+    pub input: Option<Input>,
+    pub instructions: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<Value>,
+    pub background: Option<bool>,
+    pub store: Option<bool>,
+    pub previous_response_id: Option<String>,
+    pub conversation: Option<Value>,
+    pub max_output_tokens: Option<i64>,
+    pub max_tool_calls: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_logprobs: Option<i64>,
+    pub tools: Option<Vec<ResponseTool>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub text: Option<TextParam>,
+    /// The chat-completions spelling; `text.format` wins when both are given.
+    pub response_format: Option<FormatParam>,
+    pub reasoning: Option<ReasoningParam>,
+    pub metadata: Option<BTreeMap<String, Value>>,
+    pub include: Option<Vec<String>>,
+    pub prompt_cache_key: Option<String>,
+    pub prompt_cache_retention: Option<String>,
+    pub prompt: Option<Value>,
+    pub client_metadata: Option<Value>,
+    pub truncation: Option<String>,
+    pub service_tier: Option<String>,
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub seed: Option<i64>,
+    // ---- extensions of the spec -------------------------------------------
+    pub enable_thinking: Option<bool>,
+    pub thinking_budget: Option<i64>,
+}
+
+/// `input`: one string (a user message) or a list of items.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        string_or_seq(
+            d,
+            Input::Text,
+            Input::Items,
+            "a string or an array of input items",
+        )
+    }
+}
+
+/// One input item. The easy form `{role, content}` has no `type`; typed
+/// items are `message`, `function_call`, `function_call_output`,
+/// `item_reference` and `reasoning`. One flat struct keeps error paths
+/// exact (`input.2.call_id`); validation checks what each type requires.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct InputItem {
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<ItemContent>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+    /// `function_call_output.output`: a string (or, rarely, content parts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Vec<SummaryPart>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encrypted_content: Option<String>,
+}
+
+/// A message's `content`: a string or a list of parts.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ItemContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for ItemContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        string_or_seq(
+            d,
+            ItemContent::Text,
+            ItemContent::Parts,
+            "a string or an array of content parts",
+        )
+    }
+}
+
+/// A string or an array, without `untagged` (which would hide the inner
+/// error and its path: `input.2.content.0.type` must stay exact).
+fn string_or_seq<'de, D, T, E>(
+    d: D,
+    text: fn(String) -> T,
+    seq: fn(Vec<E>) -> T,
+    expecting: &'static str,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    E: Deserialize<'de>,
+{
+    struct V<T, E> {
+        text: fn(String) -> T,
+        seq: fn(Vec<E>) -> T,
+        expecting: &'static str,
+    }
+    impl<'de, T, E: Deserialize<'de>> serde::de::Visitor<'de> for V<T, E> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(self.expecting)
+        }
+        fn visit_str<Er>(self, v: &str) -> Result<T, Er> {
+            Ok((self.text)(v.to_owned()))
+        }
+        fn visit_string<Er>(self, v: String) -> Result<T, Er> {
+            Ok((self.text)(v))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<T, A::Error> {
+            let items = Vec::<E>::deserialize(serde::de::value::SeqAccessDeserializer::new(a))?;
+            Ok((self.seq)(items))
+        }
+    }
+    d.deserialize_any(V {
+        text,
+        seq,
+        expecting,
+    })
+}
+
+/// A content part of an input message. `type` selects the variant; image,
+/// file and audio parts parse so that validation can name them precisely.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    InputText {
+        text: String,
+    },
+    OutputText {
+        text: String,
+        #[serde(default)]
+        annotations: Vec<Value>,
+    },
+    Refusal {
+        refusal: String,
+    },
+    InputImage {},
+    InputFile {},
+    InputAudio {},
+}
+
+/// A tool: the flat responses shape `{type, name, parameters, strict,
+/// description}` or the nested chat shape `{type, function:{...}}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResponseTool {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+    pub function: Option<NestedFunction>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NestedFunction {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// `text`: `{format, verbosity}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TextParam {
+    pub format: Option<FormatParam>,
+    pub verbosity: Option<String>,
+}
+
+/// `text.format` (flat) or `response_format` (chat shape, with the schema
+/// under `json_schema`). Both spellings are read by one struct.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FormatParam {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<Value>,
+    pub strict: Option<bool>,
+    pub json_schema: Option<Box<FormatParam>>,
+}
+
+/// `reasoning`: `{effort, summary}` (`generate_summary` is the old name).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ReasoningParam {
+    pub effort: Option<String>,
+    pub summary: Option<String>,
+    pub generate_summary: Option<String>,
+}
+
+// ---- replies ----------------------------------------------------------------
+
+/// The response object, as returned by create, retrieve and cancel, embedded
+/// in stream events, and stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ResponseObject {
+    pub id: String,
+    pub object: String,
+    pub created_at: u64,
+    pub status: String,
+    pub background: bool,
+    pub error: Option<ResponseError>,
+    pub incomplete_details: Option<IncompleteDetails>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+    pub model: String,
+    pub output: Vec<OutputItem>,
+    pub parallel_tool_calls: bool,
+    pub previous_response_id: Option<String>,
+    pub reasoning: Reasoning,
+    pub store: bool,
+    pub temperature: Option<f64>,
+    pub text: Value,
+    pub tool_choice: Value,
+    pub tools: Vec<Value>,
+    pub top_p: Option<f64>,
+    pub truncation: String,
+    pub usage: Option<ResponseUsage>,
+    pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub prompt_cache_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub user: Option<String>,
+}
+
+impl ResponseObject {
+    /// Whether `status` is one a run ends in.
+    pub fn is_terminal(&self) -> bool {
+        is_terminal_status(&self.status)
+    }
+}
+
+/// `completed`, `failed`, `cancelled` and `incomplete` end a run.
+pub fn is_terminal_status(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ResponseError {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IncompleteDetails {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Reasoning {
+    pub effort: Option<String>,
+    pub summary: Option<String>,
+}
+
+/// Usage in the responses shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ResponseUsage {
+    pub input_tokens: u32,
+    pub input_tokens_details: InputTokensDetails,
+    pub output_tokens: u32,
+    pub output_tokens_details: OutputTokensDetails,
+    pub total_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct InputTokensDetails {
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct OutputTokensDetails {
+    pub reasoning_tokens: u32,
+}
+
+/// An output item.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputItem {
+    Message {
+        id: String,
+        status: String,
+        role: String,
+        content: Vec<OutputText>,
+    },
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: String,
+    },
+    Reasoning {
+        id: String,
+        summary: Vec<SummaryPart>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<String>,
+    },
+}
+
+impl OutputItem {
+    pub fn id(&self) -> &str {
+        match self {
+            OutputItem::Message { id, .. }
+            | OutputItem::FunctionCall { id, .. }
+            | OutputItem::Reasoning { id, .. } => id,
+        }
+    }
+}
+
+/// An `output_text` part: `annotations` is always present (clients require it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutputText {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
+    pub annotations: Vec<Value>,
+    #[serde(default)]
+    pub logprobs: Vec<Value>,
+}
+
+impl OutputText {
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "output_text".into(),
+            text,
+            annotations: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+}
+
+/// `{type:"summary_text", text}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SummaryPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
+}
+
+impl SummaryPart {
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "summary_text".into(),
+            text,
+        }
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+#[derive(Debug, Serialize)]
+pub struct DeletedResponse<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub deleted: bool,
+}
+
+/// `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Serialize)]
+pub struct InputItemList<'a> {
+    pub object: &'static str,
+    pub data: &'a [Value],
+    pub first_id: Option<&'a str>,
+    pub last_id: Option<&'a str>,
+    pub has_more: bool,
+}
+
+/// A stream event's payload. Serialized inside [`Sequenced`], which adds
+/// `sequence_number`; `type` repeats the SSE `event:` name.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type")]
+pub enum StreamEvent<'a> {
+    #[serde(rename = "response.created")]
+    Created { response: &'a ResponseObject },
+    #[serde(rename = "response.queued")]
+    Queued { response: &'a ResponseObject },
+    #[serde(rename = "response.in_progress")]
+    InProgress { response: &'a ResponseObject },
+    #[serde(rename = "response.completed")]
+    Completed { response: &'a ResponseObject },
+    #[serde(rename = "response.failed")]
+    Failed { response: &'a ResponseObject },
+    #[serde(rename = "response.incomplete")]
+    Incomplete { response: &'a ResponseObject },
+    #[serde(rename = "response.output_item.added")]
+    OutputItemAdded {
+        output_index: usize,
+        item: &'a OutputItem,
+    },
+    #[serde(rename = "response.output_item.done")]
+    OutputItemDone {
+        output_index: usize,
+        item: &'a OutputItem,
+    },
+    #[serde(rename = "response.content_part.added")]
+    ContentPartAdded {
+        item_id: &'a str,
+        output_index: usize,
+        content_index: usize,
+        part: &'a OutputText,
+    },
+    #[serde(rename = "response.content_part.done")]
+    ContentPartDone {
+        item_id: &'a str,
+        output_index: usize,
+        content_index: usize,
+        part: &'a OutputText,
+    },
+    #[serde(rename = "response.output_text.delta")]
+    OutputTextDelta {
+        item_id: &'a str,
+        output_index: usize,
+        content_index: usize,
+        delta: &'a str,
+        logprobs: [(); 0],
+    },
+    #[serde(rename = "response.output_text.done")]
+    OutputTextDone {
+        item_id: &'a str,
+        output_index: usize,
+        content_index: usize,
+        text: &'a str,
+        logprobs: [(); 0],
+    },
+    #[serde(rename = "response.reasoning_summary_part.added")]
+    ReasoningSummaryPartAdded {
+        item_id: &'a str,
+        output_index: usize,
+        summary_index: usize,
+        part: &'a SummaryPart,
+    },
+    #[serde(rename = "response.reasoning_summary_part.done")]
+    ReasoningSummaryPartDone {
+        item_id: &'a str,
+        output_index: usize,
+        summary_index: usize,
+        part: &'a SummaryPart,
+    },
+    #[serde(rename = "response.reasoning_summary_text.delta")]
+    ReasoningSummaryTextDelta {
+        item_id: &'a str,
+        output_index: usize,
+        summary_index: usize,
+        delta: &'a str,
+    },
+    #[serde(rename = "response.reasoning_summary_text.done")]
+    ReasoningSummaryTextDone {
+        item_id: &'a str,
+        output_index: usize,
+        summary_index: usize,
+        text: &'a str,
+    },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta {
+        item_id: &'a str,
+        output_index: usize,
+        delta: &'a str,
+    },
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone {
+        item_id: &'a str,
+        output_index: usize,
+        name: &'a str,
+        arguments: &'a str,
+    },
+}
+
+impl StreamEvent<'_> {
+    /// The event name (`event:` line and `type` field).
+    pub fn name(&self) -> &'static str {
+        match self {
+            StreamEvent::Created { .. } => "response.created",
+            StreamEvent::Queued { .. } => "response.queued",
+            StreamEvent::InProgress { .. } => "response.in_progress",
+            StreamEvent::Completed { .. } => "response.completed",
+            StreamEvent::Failed { .. } => "response.failed",
+            StreamEvent::Incomplete { .. } => "response.incomplete",
+            StreamEvent::OutputItemAdded { .. } => "response.output_item.added",
+            StreamEvent::OutputItemDone { .. } => "response.output_item.done",
+            StreamEvent::ContentPartAdded { .. } => "response.content_part.added",
+            StreamEvent::ContentPartDone { .. } => "response.content_part.done",
+            StreamEvent::OutputTextDelta { .. } => "response.output_text.delta",
+            StreamEvent::OutputTextDone { .. } => "response.output_text.done",
+            StreamEvent::ReasoningSummaryPartAdded { .. } => {
+                "response.reasoning_summary_part.added"
+            }
+            StreamEvent::ReasoningSummaryPartDone { .. } => "response.reasoning_summary_part.done",
+            StreamEvent::ReasoningSummaryTextDelta { .. } => {
+                "response.reasoning_summary_text.delta"
+            }
+            StreamEvent::ReasoningSummaryTextDone { .. } => "response.reasoning_summary_text.done",
+            StreamEvent::FunctionCallArgumentsDelta { .. } => {
+                "response.function_call_arguments.delta"
+            }
+            StreamEvent::FunctionCallArgumentsDone { .. } => {
+                "response.function_call_arguments.done"
+            }
+        }
+    }
+}
+
+/// An event with its `sequence_number` (from 0, strictly increasing).
+#[derive(Debug, Serialize)]
+pub struct Sequenced<'a> {
+    #[serde(flatten)]
+    pub event: StreamEvent<'a>,
+    pub sequence_number: u64,
+}
+
+/// Terminal event names: a stream ends after one of these.
+pub fn is_terminal_event(name: &str) -> bool {
+    matches!(
+        name,
+        "response.completed" | "response.failed" | "response.incomplete"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_accepts_string_easy_and_typed_items() {
+        let r: CreateResponseRequest = serde_json::from_str(
+            r#"{"model":"base","input":[
+                {"role":"user","content":"hi"},
+                {"type":"message","role":"assistant","id":"msg_1","content":[{"type":"output_text","text":"yo","annotations":[]}]},
+                {"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"},
+                {"type":"function_call_output","call_id":"call_1","output":"42"},
+                {"type":"item_reference","id":"msg_0"},
+                {"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"t"}]}
+            ]}"#,
+        )
+        .unwrap();
+        let Some(Input::Items(items)) = r.input else {
+            panic!("items")
+        };
+        assert_eq!(items.len(), 6);
+        assert_eq!(items[2].call_id.as_deref(), Some("call_1"));
+        let r: CreateResponseRequest =
+            serde_json::from_str(r#"{"model":"base","input":"hello"}"#).unwrap();
+        assert!(matches!(r.input, Some(Input::Text(ref t)) if t == "hello"));
+    }
+
+    #[test]
+    fn codex_fields_are_accepted_and_typos_are_not() {
+        let ok: Result<CreateResponseRequest, _> = serde_json::from_str(
+            r#"{"model":"base","input":"x","include":["reasoning.encrypted_content"],"prompt_cache_key":"k",
+                "client_metadata":{"a":"b"},"reasoning":{"effort":"low","summary":"auto"},"store":false,
+                "truncation":"auto","service_tier":"auto","user":"u","safety_identifier":"s","top_logprobs":0,
+                "stream_options":{"include_obfuscation":false},"text":{"verbosity":"low"},"max_tool_calls":3}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        let bad: Result<CreateResponseRequest, _> =
+            serde_json::from_str(r#"{"model":"base","input":"x","max_output_token":3}"#);
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `max_output_token`"));
+    }
+
+    #[test]
+    fn events_carry_type_and_sequence_number() {
+        let part = OutputText::new(String::new());
+        let e = Sequenced {
+            event: StreamEvent::ContentPartAdded {
+                item_id: "msg_1",
+                output_index: 0,
+                content_index: 0,
+                part: &part,
+            },
+            sequence_number: 3,
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["type"], "response.content_part.added");
+        assert_eq!(v["sequence_number"], 3);
+        assert_eq!(
+            v["part"],
+            serde_json::json!({"type":"output_text","text":"","annotations":[],"logprobs":[]})
+        );
+        assert_eq!(e.event.name(), "response.content_part.added");
+    }
+
+    #[test]
+    fn output_items_round_trip() {
+        let item = OutputItem::FunctionCall {
+            id: "fc_1".into(),
+            call_id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+            status: "completed".into(),
+        };
+        let v = serde_json::to_value(&item).unwrap();
+        assert_eq!(v["type"], "function_call");
+        let back: OutputItem = serde_json::from_value(v).unwrap();
+        assert_eq!(back, item);
+    }
+}

@@ -1,0 +1,114 @@
+//! The `x-ratelimit-*` headers every generation response carries once it
+//! has been through admission: limit, remaining and reset, for requests and
+//! for tokens, in the form the widely used API sends (`1s`, `6m0s`, `12ms`).
+//! A limit the plan leaves unlimited gets no headers.
+
+use super::{Admission, Plan};
+
+pub fn rate_limit_headers(plan: &Plan, a: &Admission) -> Vec<(&'static str, String)> {
+    let mut h = Vec::with_capacity(6);
+    if plan.rpm > 0 {
+        let limit = u64::from(plan.rpm);
+        h.push(("x-ratelimit-limit-requests", limit.to_string()));
+        h.push((
+            "x-ratelimit-remaining-requests",
+            limit.saturating_sub(a.used_requests).to_string(),
+        ));
+        h.push((
+            "x-ratelimit-reset-requests",
+            format_duration_ms(a.reset_requests_ms),
+        ));
+    }
+    if plan.tpm > 0 {
+        h.push(("x-ratelimit-limit-tokens", plan.tpm.to_string()));
+        h.push((
+            "x-ratelimit-remaining-tokens",
+            plan.tpm.saturating_sub(a.used_tokens).to_string(),
+        ));
+        h.push((
+            "x-ratelimit-reset-tokens",
+            format_duration_ms(a.reset_tokens_ms),
+        ));
+    }
+    if a.retry_after_ms > 0 && a.verdict != super::Verdict::Admitted {
+        h.push(("retry-after-ms", a.retry_after_ms.to_string()));
+    }
+    h
+}
+
+/// Go-style durations: `0s`, `12ms`, `1s`, `8.64s`, `6m0s`, `1h2m3s`.
+pub fn format_duration_ms(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let hours = ms / 3_600_000;
+    let minutes = (ms / 60_000) % 60;
+    let millis = ms % 60_000;
+    let secs = if millis.is_multiple_of(1000) {
+        format!("{}s", millis / 1000)
+    } else {
+        let s = format!("{}.{:03}", millis / 1000, millis % 1000);
+        format!("{}s", s.trim_end_matches('0'))
+    };
+    match (hours, minutes) {
+        (0, 0) => secs,
+        (0, m) => format!("{m}m{secs}"),
+        (h, m) => format!("{h}h{m}m{secs}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::Verdict;
+
+    #[test]
+    fn durations_look_like_the_reference_api() {
+        for (ms, s) in [
+            (0, "0s"),
+            (12, "12ms"),
+            (999, "999ms"),
+            (1000, "1s"),
+            (8640, "8.64s"),
+            (1500, "1.5s"),
+            (59_999, "59.999s"),
+            (60_000, "1m0s"),
+            (360_000, "6m0s"),
+            (61_250, "1m1.25s"),
+            (3_723_000, "1h2m3s"),
+        ] {
+            assert_eq!(format_duration_ms(ms), s, "{ms}");
+        }
+    }
+
+    #[test]
+    fn six_headers_for_a_limited_plan_none_for_unlimited() {
+        let plan = Plan {
+            rpm: 60,
+            tpm: 1000,
+            max_concurrent: 0,
+            default_max_tokens: 0,
+        };
+        let a = Admission {
+            verdict: Verdict::Admitted,
+            used_requests: 3,
+            used_tokens: 250,
+            reset_requests_ms: 59_980,
+            reset_tokens_ms: 12,
+            retry_after_ms: 0,
+        };
+        let h = rate_limit_headers(&plan, &a);
+        let get = |k: &str| h.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-ratelimit-limit-requests"), Some("60"));
+        assert_eq!(get("x-ratelimit-remaining-requests"), Some("57"));
+        assert_eq!(get("x-ratelimit-reset-requests"), Some("59.98s"));
+        assert_eq!(get("x-ratelimit-limit-tokens"), Some("1000"));
+        assert_eq!(get("x-ratelimit-remaining-tokens"), Some("750"));
+        assert_eq!(get("x-ratelimit-reset-tokens"), Some("12ms"));
+        assert_eq!(h.len(), 6);
+        assert!(rate_limit_headers(&Plan::default(), &a).is_empty());
+    }
+}

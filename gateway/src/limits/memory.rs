@@ -1,0 +1,221 @@
+//! The in-process [`LimitStore`]: the same sliding windows, in-flight
+//! deadlines, spend and daily usage as the Redis scripts, for the embedded
+//! mode (no Redis) and as the fail-open fallback of one replica.
+
+use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
+use async_trait::async_trait;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Instant;
+
+pub struct MemoryLimits {
+    inner: Mutex<Inner>,
+    epoch: Instant,
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// By "org\nmodel".
+    windows: HashMap<String, Window>,
+    spend_nano: HashMap<String, i64>,
+    /// By "org\nday": counter name ("<key id>|<model>|<counter>") -> value.
+    usage: HashMap<String, HashMap<String, i64>>,
+}
+
+#[derive(Default)]
+struct Window {
+    requests: VecDeque<u64>,
+    /// (admitted ms, entry id) in admission order; sizes in `token_of`.
+    tokens: VecDeque<(u64, String)>,
+    token_of: HashMap<String, u64>,
+    token_sum: u64,
+    /// Request id -> deadline ms.
+    in_flight: HashMap<String, u64>,
+}
+
+impl Window {
+    fn expire(&mut self, now: u64) {
+        let edge = now.saturating_sub(WINDOW_MS);
+        while self.requests.front().is_some_and(|t| *t <= edge) {
+            self.requests.pop_front();
+        }
+        while self.tokens.front().is_some_and(|(t, _)| *t <= edge) {
+            if let Some((_, id)) = self.tokens.pop_front() {
+                if let Some(n) = self.token_of.remove(&id) {
+                    self.token_sum = self.token_sum.saturating_sub(n);
+                }
+            }
+        }
+        self.in_flight.retain(|_, deadline| *deadline > now);
+    }
+
+    fn reset_ms(newest: Option<u64>, now: u64) -> u64 {
+        newest.map_or(0, |t| (t + WINDOW_MS).saturating_sub(now))
+    }
+}
+
+impl MemoryLimits {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// The admission decision (never fails; the trait method wraps it).
+    pub fn admit_now(&self, r: &AdmitRequest<'_>) -> Admission {
+        let now = self.now_ms();
+        let Ok(mut inner) = self.inner.lock() else {
+            // A poisoned lock means a panic elsewhere; admit rather than wedge.
+            return admitted_without_state();
+        };
+        let spent = inner.spend_nano.get(r.org).copied().unwrap_or(0);
+        let w = inner
+            .windows
+            .entry(format!("{}\n{}", r.org, r.model))
+            .or_default();
+        w.expire(now);
+        let plan = &r.plan;
+        let used_req = w.requests.len() as u64;
+        let mut verdict = Verdict::Admitted;
+        let mut retry = 0;
+        if r.budget_nano.is_some_and(|b| spent >= b) {
+            verdict = Verdict::OverBudget;
+        } else if plan.max_concurrent > 0
+            && w.in_flight.len() as u64 >= u64::from(plan.max_concurrent)
+        {
+            verdict = Verdict::Concurrency;
+            retry = 1000;
+        } else if plan.rpm > 0 && used_req >= u64::from(plan.rpm) {
+            verdict = Verdict::Requests;
+            retry = Window::reset_ms(w.requests.front().copied(), now);
+        } else if plan.tpm > 0 && w.token_sum + r.tokens > plan.tpm {
+            verdict = Verdict::Tokens;
+            retry = WINDOW_MS;
+            if r.tokens <= plan.tpm {
+                let need = w.token_sum + r.tokens - plan.tpm;
+                let mut freed = 0;
+                for (t, id) in &w.tokens {
+                    freed += w.token_of.get(id).copied().unwrap_or(0);
+                    if freed >= need {
+                        retry = Window::reset_ms(Some(*t), now);
+                        break;
+                    }
+                }
+            }
+        }
+        if verdict == Verdict::Admitted {
+            if plan.rpm > 0 {
+                w.requests.push_back(now);
+            }
+            if plan.tpm > 0 {
+                w.tokens.push_back((now, r.request_id.to_owned()));
+                w.token_of.insert(r.request_id.to_owned(), r.tokens);
+                w.token_sum += r.tokens;
+            }
+            if plan.max_concurrent > 0 {
+                w.in_flight
+                    .insert(r.request_id.to_owned(), now + r.in_flight_ttl_ms);
+            }
+        }
+        Admission {
+            verdict,
+            used_requests: if plan.rpm > 0 {
+                w.requests.len() as u64
+            } else {
+                0
+            },
+            used_tokens: if plan.tpm > 0 { w.token_sum } else { 0 },
+            reset_requests_ms: Window::reset_ms(w.requests.back().copied(), now),
+            reset_tokens_ms: Window::reset_ms(w.tokens.back().map(|(t, _)| *t), now),
+            retry_after_ms: retry,
+        }
+    }
+
+    /// A counter of the day's usage (for tests and the embedded mode).
+    pub fn usage_counter(&self, org: &str, day: &str, field: &str) -> i64 {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|i| {
+                i.usage
+                    .get(&format!("{org}\n{day}"))
+                    .and_then(|h| h.get(field).copied())
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn admitted_without_state() -> Admission {
+    Admission {
+        verdict: Verdict::Admitted,
+        used_requests: 0,
+        used_tokens: 0,
+        reset_requests_ms: 0,
+        reset_tokens_ms: 0,
+        retry_after_ms: 0,
+    }
+}
+
+#[async_trait]
+impl LimitStore for MemoryLimits {
+    async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
+        Ok(self.admit_now(r))
+    }
+
+    async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()> {
+        let now = self.now_ms();
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("limiter state poisoned"))?;
+        if let Some(w) = inner.windows.get_mut(&format!("{}\n{}", s.org, s.model)) {
+            w.in_flight.remove(s.request_id);
+            if s.reserved_tokens > 0 {
+                match w.token_of.get_mut(s.request_id) {
+                    Some(n) => {
+                        w.token_sum = (w.token_sum + s.actual_tokens).saturating_sub(*n);
+                        *n = s.actual_tokens;
+                    }
+                    None if s.actual_tokens > s.reserved_tokens => {
+                        let extra = s.actual_tokens - s.reserved_tokens;
+                        let id = format!("{}:x", s.request_id);
+                        w.tokens.push_back((now, id.clone()));
+                        w.token_of.insert(id, extra);
+                        w.token_sum += extra;
+                    }
+                    None => {}
+                }
+            }
+        }
+        if let Some(u) = s.usage {
+            let counters = inner
+                .usage
+                .entry(format!("{}\n{}", s.org, s.day))
+                .or_default();
+            let prefix = format!("{}|{}|", s.key_id, s.model);
+            for (name, n) in [
+                ("requests", 1),
+                ("input", u.input as i64),
+                ("cached_input", u.cached_input as i64),
+                ("output", u.output as i64),
+                ("reasoning", u.reasoning as i64),
+                ("cost_nano", s.cost_nano),
+            ] {
+                if n > 0 {
+                    *counters.entry(format!("{prefix}{name}")).or_default() += n;
+                }
+            }
+        }
+        if s.cost_nano > 0 {
+            *inner.spend_nano.entry(s.org.to_owned()).or_default() += s.cost_nano;
+        }
+        Ok(())
+    }
+}

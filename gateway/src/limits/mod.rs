@@ -1,0 +1,1074 @@
+//! Plan limits per organisation and model: requests per minute, tokens per
+//! minute (input plus output) and concurrent requests.
+//!
+//! Two stages:
+//! 1. [`local`]: `governor` and an in-flight counter in this process, a
+//!    cheap first filter sized at the plan's full allowance, so it never
+//!    refuses what the global stage would admit (one replica may
+//!    legitimately take everything).
+//! 2. The global truth, a [`LimitStore`]: atomic Lua scripts in Redis
+//!    ([`redis_lua`]), one round trip to admit and one to settle, exact
+//!    across replicas; or, without Redis, the in-process [`memory`] store
+//!    with the same semantics.
+//!
+//! Tokens are reserved on admission (input estimate plus `max_tokens`, or
+//! the plan's default) and settled to real usage when the request ends. The
+//! [`Reservation`] guard settles on drop, so a request abandoned anywhere
+//! (client gone, task dropped) cannot leak its reservation or its
+//! concurrency slot; the in-flight entry also carries a deadline as a last
+//! safety net.
+//!
+//! When Redis cannot be reached, `limits.on_store_failure` decides:
+//! `fail_open_local` (default) admits under this replica's in-process
+//! limits; `fail_closed` answers 503.
+
+pub mod headers;
+pub mod local;
+pub mod memory;
+pub mod redis_lua;
+
+use crate::accounts::Account;
+use crate::catalog::ModelSpec;
+use crate::config::{Config, OnStoreFailure, PlanConfig};
+use crate::error::ApiError;
+use crate::http::exchange::Exchange;
+use crate::metrics::METRICS;
+use crate::redis_conn::RedisHandle;
+use async_trait::async_trait;
+use inference_proto::v1 as pb;
+use local::{LocalEntry, LocalStage};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Length of the sliding windows of "per minute" limits.
+pub const WINDOW_MS: u64 = 60_000;
+
+/// A plan's limits for one organisation and model; 0 means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub rpm: u32,
+    pub tpm: u64,
+    pub max_concurrent: u32,
+    /// Output tokens reserved when a request sets no `max_tokens`.
+    pub default_max_tokens: u32,
+}
+
+impl Plan {
+    pub fn is_unlimited(&self) -> bool {
+        self.rpm == 0 && self.tpm == 0 && self.max_concurrent == 0
+    }
+}
+
+impl From<&PlanConfig> for Plan {
+    fn from(p: &PlanConfig) -> Self {
+        Self {
+            rpm: p.rpm,
+            tpm: p.tpm,
+            max_concurrent: p.max_concurrent,
+            default_max_tokens: p.default_max_tokens,
+        }
+    }
+}
+
+/// Output tokens reserved when neither the request nor the plan says.
+pub const FALLBACK_MAX_TOKENS: u32 = 4096;
+
+/// One admission question to a [`LimitStore`].
+#[derive(Debug, Clone)]
+pub struct AdmitRequest<'a> {
+    pub org: &'a str,
+    pub model: &'a str,
+    pub request_id: &'a str,
+    /// Tokens to reserve (input estimate plus output allowance).
+    pub tokens: u64,
+    pub plan: Plan,
+    pub budget_nano: Option<i64>,
+    pub in_flight_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Admitted,
+    Requests,
+    Tokens,
+    Concurrency,
+    OverBudget,
+}
+
+impl Verdict {
+    fn label(self) -> &'static str {
+        match self {
+            Verdict::Admitted => "admitted",
+            Verdict::Requests => "requests",
+            Verdict::Tokens => "tokens",
+            Verdict::Concurrency => "concurrency",
+            Verdict::OverBudget => "budget",
+        }
+    }
+}
+
+/// A store's answer: the verdict and the window state after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub verdict: Verdict,
+    pub used_requests: u64,
+    pub used_tokens: u64,
+    /// Time until the request window is back to its full allowance.
+    pub reset_requests_ms: u64,
+    pub reset_tokens_ms: u64,
+    /// On refusal: when a retry can succeed (as far as the store can tell).
+    pub retry_after_ms: u64,
+}
+
+impl Admission {
+    fn unlimited() -> Self {
+        Self {
+            verdict: Verdict::Admitted,
+            used_requests: 0,
+            used_tokens: 0,
+            reset_requests_ms: 0,
+            reset_tokens_ms: 0,
+            retry_after_ms: 0,
+        }
+    }
+}
+
+/// Token usage of one request, as billed. `output` includes `reasoning`;
+/// `input` includes `cached_input`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub input: u64,
+    pub cached_input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl TokenUsage {
+    pub fn from_worker(u: &pb::Usage) -> Self {
+        Self {
+            input: u.prompt_tokens.into(),
+            cached_input: u.cached_prompt_tokens.into(),
+            output: u.completion_tokens.into(),
+            reasoning: u.reasoning_tokens.into(),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.input + self.output
+    }
+}
+
+/// The end of an admitted request, for [`LimitStore::settle`].
+#[derive(Debug, Clone)]
+pub struct Settlement<'a> {
+    pub org: &'a str,
+    pub model: &'a str,
+    pub key_id: &'a str,
+    pub request_id: &'a str,
+    /// Tokens reserved in the token window (0 = tokens not limited).
+    pub reserved_tokens: u64,
+    /// Tokens to count in the window instead.
+    pub actual_tokens: u64,
+    /// Usage to add to the day's counters (`None`: nothing ran).
+    pub usage: Option<TokenUsage>,
+    pub cost_nano: i64,
+    /// UTC day of the usage counters, `YYYY-MM-DD`.
+    pub day: &'a str,
+}
+
+/// The global count of admissions: Redis, or in-process for the embedded mode.
+#[async_trait]
+pub trait LimitStore: Send + Sync {
+    async fn admit(&self, req: &AdmitRequest<'_>) -> anyhow::Result<Admission>;
+    /// Returns once the settlement is applied (it may share a round trip
+    /// with others).
+    async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()>;
+    /// Waits until every settlement handed over so far has been applied.
+    async fn flush(&self) {}
+}
+
+/// The admission gate the request path calls.
+pub struct Limiter {
+    local: LocalStage,
+    /// Redis, when configured.
+    global: Option<Arc<dyn LimitStore>>,
+    /// The embedded store, and the fail-open fallback when Redis is down.
+    memory: Arc<memory::MemoryLimits>,
+    policy: OnStoreFailure,
+    in_flight_ttl_ms: u64,
+    /// While now < this (ms since `epoch`), Redis is considered down and not
+    /// asked (so an outage costs one timeout per second, not per request).
+    global_down_until: AtomicU64,
+    epoch: Instant,
+}
+
+/// How long Redis is left alone after a failure.
+const GLOBAL_RETRY_MS: u64 = 1000;
+
+/// Which store holds a reservation (settle goes back to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Global,
+    Memory,
+}
+
+impl Limiter {
+    pub fn from_config(config: &Config, redis: Option<Arc<RedisHandle>>) -> Self {
+        Self::new(
+            redis.map(|r| Arc::new(redis_lua::RedisLimits::new(r)) as Arc<dyn LimitStore>),
+            config.limits.on_store_failure,
+            config.limits.concurrency_ttl_seconds.max(1) * 1000,
+        )
+    }
+
+    pub fn new(
+        global: Option<Arc<dyn LimitStore>>,
+        policy: OnStoreFailure,
+        in_flight_ttl_ms: u64,
+    ) -> Self {
+        Self {
+            local: LocalStage::default(),
+            global,
+            memory: Arc::new(memory::MemoryLimits::default()),
+            policy,
+            in_flight_ttl_ms,
+            global_down_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Admits a request of `account` to `model` or refuses it: 429
+    /// `rate_limit_exceeded` (with `retry-after`), 402 over budget, or 503
+    /// when Redis is down under `fail_closed`. Adds the `x-ratelimit-*`
+    /// headers to `ex` either way, so every later response carries them.
+    /// `input_estimate` is the prompt's token estimate
+    /// ([`estimate_input_tokens`]); `max_tokens` 0 means the request set none.
+    pub async fn admit(
+        self: &Arc<Self>,
+        ex: &mut Exchange,
+        account: &Arc<Account>,
+        model: &'static ModelSpec,
+        input_estimate: u64,
+        max_tokens: u32,
+    ) -> Result<Reservation, ApiError> {
+        let request_id = ex.request_id.clone();
+        let (result, headers) = self
+            .admit_request(account, model, request_id, input_estimate, max_tokens)
+            .await;
+        ex.extra_headers.extend(headers);
+        result
+    }
+
+    /// [`Limiter::admit`] without an HTTP exchange: the decision and the
+    /// rate-limit headers to send with whatever response follows.
+    pub async fn admit_request(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        model: &'static ModelSpec,
+        request_id: String,
+        input_estimate: u64,
+        max_tokens: u32,
+    ) -> (Result<Reservation, ApiError>, Vec<(&'static str, String)>) {
+        let plan = account.plan;
+        let output_allowance = match (max_tokens, plan.default_max_tokens) {
+            (0, 0) => FALLBACK_MAX_TOKENS,
+            (0, d) => d,
+            (m, _) => m,
+        };
+        let tokens = input_estimate + u64::from(output_allowance);
+        let org = &account.principal.org;
+
+        // Stage 1: this process.
+        let local = self.local.entry(org, model.id, &plan);
+        if let Err(refusal) = local.check(&plan, tokens) {
+            METRICS
+                .limiter_decisions
+                .with_label_values(&[model.id, "local", refusal.verdict.label()])
+                .inc();
+            let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
+            return (Err(refusal.into_error(tokens, &plan)), headers);
+        }
+
+        // Stage 2: the global count (nothing to count for an unlimited plan
+        // without a budget: no round trip).
+        let req = AdmitRequest {
+            org,
+            model: model.id,
+            request_id: &request_id,
+            tokens,
+            plan,
+            budget_nano: account.org.budget_nano,
+            in_flight_ttl_ms: self.in_flight_ttl_ms,
+        };
+        let asked = if plan.is_unlimited() && req.budget_nano.is_none() {
+            let holder = if self.global.is_some() {
+                Holder::Global
+            } else {
+                Holder::Memory
+            };
+            Ok((Admission::unlimited(), holder))
+        } else {
+            self.ask_store(&req).await
+        };
+        let (admission, holder) = match asked {
+            Ok(a) => a,
+            Err(e) => {
+                local.release();
+                return (Err(e), Vec::new());
+            }
+        };
+        METRICS
+            .limiter_decisions
+            .with_label_values(&[model.id, holder.label(), admission.verdict.label()])
+            .inc();
+        let headers = headers::rate_limit_headers(&plan, &admission);
+        let result = match admission.verdict {
+            Verdict::Admitted => Ok(Reservation {
+                limiter: self.clone(),
+                account: account.clone(),
+                model,
+                request_id,
+                input_estimate,
+                reserved_tokens: if plan.tpm > 0 { tokens } else { 0 },
+                holder,
+                local,
+                output_seen: 0,
+                started: false,
+                done: false,
+            }),
+            verdict => {
+                local.release();
+                Err(match verdict {
+                    Verdict::OverBudget => crate::accounts::over_budget(),
+                    _ => refusal_error(verdict, tokens, &plan, admission.retry_after_ms),
+                })
+            }
+        };
+        (result, headers)
+    }
+
+    async fn ask_store(&self, req: &AdmitRequest<'_>) -> Result<(Admission, Holder), ApiError> {
+        let Some(global) = &self.global else {
+            return Ok((self.memory.admit_now(req), Holder::Memory));
+        };
+        if self.now_ms() >= self.global_down_until.load(Ordering::Relaxed) {
+            match global.admit(req).await {
+                Ok(a) => return Ok((a, Holder::Global)),
+                Err(e) => {
+                    tracing::warn!("limiter store unreachable: {e:#}");
+                    self.global_down_until
+                        .store(self.now_ms() + GLOBAL_RETRY_MS, Ordering::Relaxed);
+                }
+            }
+        }
+        match self.policy {
+            OnStoreFailure::FailOpenLocal => Ok((self.memory.admit_now(req), Holder::Memory)),
+            OnStoreFailure::FailClosed => Err(ApiError::new(
+                503,
+                "service_unavailable",
+                "Rate limiting is temporarily unavailable. Retry shortly.",
+            )
+            .with_retry_after(1)),
+        }
+    }
+
+    /// Waits until queued settlements have reached the store.
+    pub async fn flush(&self) {
+        if let Some(g) = &self.global {
+            g.flush().await;
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    async fn settle(&self, s: &Settlement<'_>, holder: Holder) {
+        let result = match (holder, &self.global) {
+            (Holder::Global, Some(g)) => g.settle(s).await,
+            _ => self.memory.settle(s).await,
+        };
+        if let Err(e) = result {
+            // The in-flight entry's deadline and the window expire it anyway.
+            tracing::warn!(request_id = s.request_id, "settling limits failed: {e:#}");
+        }
+    }
+}
+
+impl Holder {
+    fn label(self) -> &'static str {
+        match self {
+            Holder::Global => "global",
+            Holder::Memory => "memory",
+        }
+    }
+}
+
+/// The 429 for a refusal, with `retry-after` in whole seconds (at least 1).
+fn refusal_error(verdict: Verdict, tokens: u64, plan: &Plan, retry_after_ms: u64) -> ApiError {
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    let message = match verdict {
+        Verdict::Requests => format!(
+            "Rate limit reached: {} requests per minute. Retry after {secs}s.",
+            plan.rpm
+        ),
+        Verdict::Tokens if tokens > plan.tpm => format!(
+            "Request too large: it needs {tokens} tokens (input estimate plus max_tokens), the limit is {} tokens per minute. Lower max_tokens or shorten the input.",
+            plan.tpm
+        ),
+        Verdict::Tokens => format!(
+            "Rate limit reached: {} tokens per minute; this request reserves {tokens}. Retry after {secs}s.",
+            plan.tpm
+        ),
+        _ => format!(
+            "Too many concurrent requests: the limit is {}. Retry when one finishes.",
+            plan.max_concurrent
+        ),
+    };
+    ApiError::rate_limited(message, secs)
+}
+
+/// How an admitted request ended, for settling.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// The worker finished and reported usage.
+    Finished(&'a pb::Usage),
+    /// Nothing ran on a worker (no capacity, rejected before generating):
+    /// the reservation is released and nothing is billed.
+    NotRun,
+    /// The client went away or the worker failed mid-way: billed as the
+    /// input estimate plus the output relayed so far.
+    Abandoned,
+}
+
+/// An admitted request's hold on its limits. Settle it with
+/// [`Reservation::settle`]; dropping it unsettled settles in the
+/// background, billing the input estimate plus the output seen so far if
+/// the generation had started ([`Reservation::mark_started`]).
+pub struct Reservation {
+    limiter: Arc<Limiter>,
+    account: Arc<Account>,
+    model: &'static ModelSpec,
+    request_id: String,
+    input_estimate: u64,
+    reserved_tokens: u64,
+    holder: Holder,
+    local: Arc<LocalEntry>,
+    output_seen: u64,
+    started: bool,
+    done: bool,
+}
+
+impl Reservation {
+    /// The generation reached a worker (an abandoned request is then billed).
+    pub fn mark_started(&mut self) {
+        self.started = true;
+    }
+
+    /// Counts output relayed to the client, billed if the request is
+    /// abandoned before the worker reports usage.
+    pub fn observe_output(&mut self, tokens: u64) {
+        self.output_seen += tokens;
+    }
+
+    /// Settles now: releases the concurrency slot, corrects the token
+    /// window to real usage, and records usage (per model and per account)
+    /// and cost. The one place a finished generation is accounted.
+    pub async fn settle(mut self, outcome: Outcome<'_>) {
+        self.done = true;
+        let usage = match outcome {
+            Outcome::Finished(u) => {
+                crate::usage::record(self.model, u);
+                Some(TokenUsage::from_worker(u))
+            }
+            Outcome::NotRun => None,
+            Outcome::Abandoned => {
+                self.started = true;
+                self.abandoned_usage()
+            }
+        };
+        self.settle_with(usage).await;
+    }
+
+    fn abandoned_usage(&self) -> Option<TokenUsage> {
+        self.started.then_some(TokenUsage {
+            input: self.input_estimate,
+            cached_input: 0,
+            output: self.output_seen,
+            reasoning: 0,
+        })
+    }
+
+    async fn settle_with(&self, usage: Option<TokenUsage>) {
+        self.local.release();
+        let cost_nano = usage.map(|u| cost_nano(self.model, &u)).unwrap_or(0);
+        if let Some(u) = &usage {
+            crate::usage::record_account(self.model, &self.account.principal, u, cost_nano);
+        }
+        let day = crate::usage::utc_day(std::time::SystemTime::now());
+        let settlement = Settlement {
+            org: &self.account.principal.org,
+            model: self.model.id,
+            key_id: &self.account.principal.key_id,
+            request_id: &self.request_id,
+            reserved_tokens: self.reserved_tokens,
+            actual_tokens: usage.map(|u| u.total()).unwrap_or(0),
+            usage,
+            cost_nano,
+            day: &day,
+        };
+        self.limiter.settle(&settlement, self.holder).await;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let usage = self.abandoned_usage();
+        let this = Reservation {
+            limiter: self.limiter.clone(),
+            account: self.account.clone(),
+            model: self.model,
+            request_id: std::mem::take(&mut self.request_id),
+            input_estimate: self.input_estimate,
+            reserved_tokens: self.reserved_tokens,
+            holder: self.holder,
+            local: self.local.clone(),
+            output_seen: self.output_seen,
+            started: self.started,
+            done: true,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { this.settle_with(usage).await });
+            }
+            // No runtime (process teardown): release locally; the global
+            // entries expire by their deadlines.
+            Err(_) => this.local.release(),
+        }
+    }
+}
+
+/// Cost in nano-dollars (exact: every price is a whole number of
+/// nano-dollars per token). Cached input at the cached rate, the rest of
+/// the input at the input rate, output (reasoning included) at the output rate.
+pub fn cost_nano(model: &ModelSpec, u: &TokenUsage) -> i64 {
+    let nano = |usd_per_million: f64| (usd_per_million * 1000.0).round() as i64;
+    let fresh = u.input.saturating_sub(u.cached_input) as i64;
+    fresh * nano(model.price.input)
+        + u.cached_input as i64 * nano(model.price.cached_input)
+        + u.output as i64 * nano(model.price.output)
+}
+
+/// A cheap upper-side estimate of a prompt's tokens from its JSON body:
+/// about four bytes per token. Settling corrects it to the real count.
+pub fn estimate_input_tokens(body_len: usize) -> u64 {
+    (body_len as u64).div_ceil(4).max(1)
+}
+
+/// A refusal that happened before any store was asked.
+#[derive(Debug)]
+pub(crate) struct LocalRefusal {
+    pub verdict: Verdict,
+    pub retry_after: Duration,
+}
+
+impl LocalRefusal {
+    fn snapshot(&self, plan: &Plan) -> Admission {
+        let ms = self.retry_after.as_millis() as u64;
+        Admission {
+            verdict: self.verdict,
+            used_requests: if self.verdict == Verdict::Requests {
+                plan.rpm.into()
+            } else {
+                0
+            },
+            used_tokens: if self.verdict == Verdict::Tokens {
+                plan.tpm
+            } else {
+                0
+            },
+            reset_requests_ms: ms,
+            reset_tokens_ms: ms,
+            retry_after_ms: ms,
+        }
+    }
+
+    fn into_error(self, tokens: u64, plan: &Plan) -> ApiError {
+        refusal_error(
+            self.verdict,
+            tokens,
+            plan,
+            self.retry_after.as_millis() as u64,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_in_nano_dollars_matches_the_price_table() {
+        let base = crate::catalog::find("base").unwrap();
+        let u = TokenUsage {
+            input: 1_000_000,
+            cached_input: 400_000,
+            output: 200_000,
+            reasoning: 50_000,
+        };
+        // 600k * 0.50 + 400k * 0.05 + 200k (reasoning included) * 1.90 = 0.70 USD
+        assert_eq!(cost_nano(base, &u), 700_000_000);
+        let mini = crate::catalog::find("base-mini").unwrap();
+        let one_each = TokenUsage {
+            input: 2,
+            cached_input: 1,
+            output: 1,
+            reasoning: 0,
+        };
+        assert_eq!(cost_nano(mini, &one_each), 180 + 18 + 450);
+        // Agrees with the float formula in usage.rs.
+        let pb_usage = pb::Usage {
+            prompt_tokens: 1_000_000,
+            cached_prompt_tokens: 400_000,
+            completion_tokens: 200_000,
+            reasoning_tokens: 50_000,
+            image_tokens: 0,
+        };
+        assert!((crate::usage::cost_usd(base, &pb_usage) - 0.7).abs() < 1e-12);
+    }
+
+    fn account(plan: Plan) -> Arc<Account> {
+        Arc::new(Account {
+            principal: crate::auth::Principal {
+                org: "org-drop".into(),
+                key_name: "k".into(),
+                key_id: "0123456789ab".into(),
+            },
+            scopes: crate::accounts::Scopes::ALL,
+            models: None,
+            plan_name: "p".into(),
+            plan,
+            org: Default::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_dropped_reservation_releases_its_slot_and_tokens() {
+        let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
+        let plan = Plan {
+            rpm: 0,
+            tpm: 1000,
+            max_concurrent: 1,
+            default_max_tokens: 0,
+        };
+        let acc = account(plan);
+        let base = crate::catalog::find("base").unwrap();
+        let (r, headers) = limiter
+            .admit_request(&acc, base, "r1".into(), 100, 800)
+            .await;
+        let mut reservation = r.unwrap();
+        assert!(headers
+            .iter()
+            .any(|(k, v)| *k == "x-ratelimit-remaining-tokens" && v == "100"));
+        // Busy: one in flight, 900 of 1000 tokens reserved.
+        let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 10, 1).await;
+        assert_eq!(r.err().map(|e| e.status), Some(429));
+        assert!(headers.iter().any(|(k, _)| *k == "retry-after-ms"));
+        // The request is abandoned mid-stream: dropped, never settled.
+        reservation.mark_started();
+        reservation.observe_output(5);
+        drop(reservation);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (r, headers) = limiter
+            .admit_request(&acc, base, "r3".into(), 10, 800)
+            .await;
+        assert!(r.is_ok(), "slot and unused tokens are back");
+        // 100 input estimate + 5 output billed for r1, 810 reserved by r3.
+        assert!(
+            headers
+                .iter()
+                .any(|(k, v)| *k == "x-ratelimit-remaining-tokens" && v == "85"),
+            "{headers:?}"
+        );
+    }
+
+    #[test]
+    fn refusal_messages_and_retry_after() {
+        let plan = Plan {
+            rpm: 10,
+            tpm: 100,
+            max_concurrent: 2,
+            default_max_tokens: 0,
+        };
+        let e = refusal_error(Verdict::Requests, 5, &plan, 1500);
+        assert_eq!(
+            (e.status, e.code.as_ref(), e.error_type()),
+            (429, "rate_limit_exceeded", "rate_limit_error")
+        );
+        assert_eq!(e.retry_after_secs, Some(2));
+        assert_eq!(
+            refusal_error(Verdict::Concurrency, 5, &plan, 0).retry_after_secs,
+            Some(1)
+        );
+        assert!(refusal_error(Verdict::Tokens, 500, &plan, 60_000)
+            .message
+            .contains("too large"));
+    }
+}
+
+/// The hot-path benchmark: gateway CPU of authentication (warm key cache)
+/// plus admission and settlement against the real Redis, and the Redis
+/// commands each request costs. Run:
+/// `cargo test --release -p gateway --lib bench_ -- --ignored --nocapture`
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::accounts::cache::Accounts;
+    use crate::accounts::store::tests::{cleanup, test_redis};
+    use crate::accounts::store::AccountStore;
+    use crate::accounts::Scopes;
+
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// This thread's user-mode CPU (our code, without the kernel's share).
+    fn thread_user_cpu() -> Duration {
+        // SAFETY: getrusage writes into the struct we own.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        Duration::new(ru.ru_utime.tv_sec as u64, ru.ru_utime.tv_usec as u32 * 1000)
+    }
+
+    async fn evalsha_calls(redis: &RedisHandle) -> u64 {
+        let mut conn = redis.conn().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
+    #[test]
+    #[ignore = "benchmark; run with --ignored --nocapture"]
+    fn bench_hot_path_auth_and_limits() {
+        // One thread runs everything the gateway does (including the Redis
+        // connection's driver task), so its CPU clock is the gateway's cost.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let redis = test_redis();
+            let mut config = Config::defaults();
+            config.limits.key_cache_ttl_ms = 600_000;
+            let store = AccountStore::new(redis.clone());
+            let plan = Plan {
+                rpm: 10_000_000,
+                tpm: 10_000_000_000,
+                max_concurrent: 100_000,
+                default_max_tokens: 0,
+            };
+            store.set_plan("bench", &plan).await.unwrap();
+            let (secret, _) = store
+                .create_key("org-bench", "bench", "bench", Scopes::ALL, None)
+                .await
+                .unwrap();
+            let header = format!("Bearer {secret}");
+            let accounts = Accounts::from_config(&config, Some(redis.clone())).unwrap();
+            let limiter = Arc::new(Limiter::from_config(&config, Some(redis.clone())));
+            let model = crate::catalog::find("base").unwrap();
+            let usage = pb::Usage {
+                prompt_tokens: 20,
+                cached_prompt_tokens: 0,
+                completion_tokens: 30,
+                reasoning_tokens: 0,
+                image_tokens: 0,
+            };
+            let one = |i: usize| {
+                let accounts = &accounts;
+                let limiter = &limiter;
+                let header = &header;
+                let usage = &usage;
+                async move {
+                    let account = accounts.authenticate(Some(header.as_bytes())).await.unwrap();
+                    account.check_org().unwrap();
+                    account.check_model(model.id).unwrap();
+                    let (r, headers) = limiter
+                        .admit_request(&account, model, format!("req_bench{i}"), 25, 64)
+                        .await;
+                    assert_eq!(headers.len(), 6);
+                    r.unwrap().settle(Outcome::Finished(usage)).await;
+                }
+            };
+            for i in 0..500 {
+                one(i).await;
+            }
+            let n = 5000;
+            let calls_before = evalsha_calls(&redis).await;
+            let (cpu0, user0, wall0) = (thread_cpu(), thread_user_cpu(), Instant::now());
+            for i in 0..n {
+                one(1000 + i).await;
+            }
+            limiter.flush().await;
+            let (cpu, user, wall) = (
+                thread_cpu() - cpu0,
+                thread_user_cpu() - user0,
+                wall0.elapsed(),
+            );
+            let calls = evalsha_calls(&redis).await - calls_before;
+
+            // The same with 64 requests in flight (a loaded gateway: the
+            // multiplexed connection then writes many commands per syscall).
+            let (cpu2, user2) = (thread_cpu(), thread_user_cpu());
+            let mut in_flight = futures::stream::FuturesUnordered::new();
+            for i in 0..n {
+                in_flight.push(one(100_000 + i));
+                if in_flight.len() >= 64 {
+                    futures::StreamExt::next(&mut in_flight).await;
+                }
+            }
+            while futures::StreamExt::next(&mut in_flight).await.is_some() {}
+            limiter.flush().await;
+            let (loaded_cpu, loaded_user) = (thread_cpu() - cpu2, thread_user_cpu() - user2);
+
+            // A bare PING round trip through the same connection: the floor.
+            let mut conn = redis.conn().await.unwrap();
+            let cpu3 = thread_cpu();
+            for _ in 0..n {
+                let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+            }
+            let ping_cpu = thread_cpu() - cpu3;
+
+            // Authentication alone (warm cache).
+            let cpu1 = thread_cpu();
+            for _ in 0..n {
+                let a = accounts.authenticate(Some(header.as_bytes())).await.unwrap();
+                std::hint::black_box(a);
+            }
+            let auth_cpu = thread_cpu() - cpu1;
+            let us = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+            println!(
+                "hot path, per request over {n}: auth+admit+settle {:.2} µs gateway CPU one at a time \
+                 ({:.2} µs user mode, the rest is the kernel's socket work), {:.2} µs with 64 in flight \
+                 ({:.2} µs user mode); auth alone {:.2} µs; one bare Redis PING round trip {:.2} µs; \
+                 {:.1} µs wall; {:.2} Redis scripts (round trips) per request",
+                us(cpu),
+                us(user),
+                us(loaded_cpu),
+                us(loaded_user),
+                us(auth_cpu),
+                us(ping_cpu),
+                us(wall),
+                calls as f64 / n as f64,
+            );
+            cleanup(&redis).await;
+        });
+    }
+}
+
+/// One behavioural suite that every [`LimitStore`] must pass.
+#[cfg(test)]
+pub(crate) mod tests_shared {
+    use super::*;
+
+    fn req<'a>(
+        model: &'a str,
+        rid: &'a str,
+        tokens: u64,
+        plan: Plan,
+        budget: Option<i64>,
+    ) -> AdmitRequest<'a> {
+        AdmitRequest {
+            org: "org-suite",
+            model,
+            request_id: rid,
+            tokens,
+            plan,
+            budget_nano: budget,
+            in_flight_ttl_ms: 60_000,
+        }
+    }
+
+    fn settlement<'a>(
+        model: &'a str,
+        rid: &'a str,
+        reserved: u64,
+        usage: Option<TokenUsage>,
+        cost: i64,
+    ) -> Settlement<'a> {
+        Settlement {
+            org: "org-suite",
+            model,
+            key_id: "k1",
+            request_id: rid,
+            reserved_tokens: reserved,
+            actual_tokens: usage.map(|u| u.total()).unwrap_or(0),
+            usage,
+            cost_nano: cost,
+            day: "2026-11-23",
+        }
+    }
+
+    async fn settle_now(store: &dyn LimitStore, s: Settlement<'_>) {
+        store.settle(&s).await.unwrap();
+        store.flush().await;
+    }
+
+    pub(crate) async fn suite(store: &dyn LimitStore) {
+        // Requests and concurrency on `base`.
+        let plan = Plan {
+            rpm: 3,
+            tpm: 1000,
+            max_concurrent: 2,
+            default_max_tokens: 0,
+        };
+        let a = store
+            .admit(&req("base", "r1", 300, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Admitted);
+        assert_eq!((a.used_requests, a.used_tokens), (1, 300));
+        assert!((59_000..=60_000).contains(&a.reset_requests_ms), "{a:?}");
+        assert!((59_000..=60_000).contains(&a.reset_tokens_ms), "{a:?}");
+        let a = store
+            .admit(&req("base", "r2", 300, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.verdict, a.used_requests, a.used_tokens),
+            (Verdict::Admitted, 2, 600)
+        );
+        // Third concurrent request: refused, and a refusal records nothing.
+        let a = store
+            .admit(&req("base", "r3", 100, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.verdict, a.used_requests, a.used_tokens),
+            (Verdict::Concurrency, 2, 600)
+        );
+        assert!(a.retry_after_ms > 0);
+
+        // r1 ends having used 100 tokens: slot and 200 tokens come back.
+        let used = TokenUsage {
+            input: 100,
+            cached_input: 10,
+            output: 0,
+            reasoning: 5,
+        };
+        settle_now(store, settlement("base", "r1", 300, Some(used), 777)).await;
+        let a = store
+            .admit(&req("base", "r3", 600, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.verdict, a.used_requests, a.used_tokens),
+            (Verdict::Admitted, 3, 1000)
+        );
+
+        // Both in flight end without running; the request window is full.
+        settle_now(store, settlement("base", "r2", 300, None, 0)).await;
+        settle_now(store, settlement("base", "r3", 600, None, 0)).await;
+        let a = store
+            .admit(&req("base", "r4", 1, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Requests);
+        assert_eq!(a.used_tokens, 100);
+        assert!((59_000..=60_000).contains(&a.retry_after_ms), "{a:?}");
+
+        // Tokens on `base-mini`, a model of its own.
+        let plan = Plan {
+            rpm: 0,
+            tpm: 1000,
+            max_concurrent: 0,
+            default_max_tokens: 0,
+        };
+        let a = store
+            .admit(&req("base-mini", "t1", 800, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.verdict, a.used_requests, a.used_tokens),
+            (Verdict::Admitted, 0, 800)
+        );
+        let a = store
+            .admit(&req("base-mini", "t2", 300, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Tokens);
+        assert!((59_000..=60_000).contains(&a.retry_after_ms), "{a:?}");
+        let a = store
+            .admit(&req("base-mini", "t3", 1001, plan, None))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Tokens);
+        // t1 used only 500: 300 more fit.
+        let half = TokenUsage {
+            input: 250,
+            cached_input: 0,
+            output: 250,
+            reasoning: 0,
+        };
+        settle_now(store, settlement("base-mini", "t1", 800, Some(half), 0)).await;
+        let a = store
+            .admit(&req("base-mini", "t2", 300, plan, None))
+            .await
+            .unwrap();
+        assert_eq!((a.verdict, a.used_tokens), (Verdict::Admitted, 800));
+        // A request that used more than it reserved counts in full.
+        let over = TokenUsage {
+            input: 100,
+            cached_input: 0,
+            output: 400,
+            reasoning: 0,
+        };
+        settle_now(store, settlement("base-mini", "t2", 300, Some(over), 0)).await;
+        let a = store
+            .admit(&req("base-mini", "t4", 1, plan, None))
+            .await
+            .unwrap();
+        assert_eq!((a.verdict, a.used_tokens), (Verdict::Tokens, 1000));
+        let a = store
+            .admit(&req("base-mini", "t4", 0, plan, None))
+            .await
+            .unwrap();
+        assert_eq!((a.verdict, a.used_tokens), (Verdict::Admitted, 1000));
+
+        // Budget: r1 cost 777 nano-dollars.
+        let open = Plan::default();
+        let a = store
+            .admit(&req("base-ultra", "b1", 1, open, Some(777)))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::OverBudget);
+        let a = store
+            .admit(&req("base-ultra", "b2", 1, open, Some(778)))
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Admitted);
+    }
+}

@@ -1,0 +1,763 @@
+//! The Responses API: `POST /v1/responses` (the request path, top to
+//! bottom), retrieve (with replay of a background run's events), delete,
+//! cancel, and input item listing.
+
+use crate::accounts::Account;
+use crate::api::responses::{
+    is_terminal_status, ContentPart, CreateResponseRequest, DeletedResponse, InputItem,
+    InputItemList, ItemContent, ResponseObject,
+};
+use crate::app::App;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::http::exchange::Exchange;
+use crate::http::relay::{relay, RelayEnd};
+use crate::limits::{estimate_input_tokens, Outcome};
+use crate::metrics::METRICS;
+use crate::runs::background::BackgroundRun;
+use crate::store::{NewResponse, WriteOutcome};
+use crate::translate::new_id;
+use crate::translate::responses::{new_object, output_as_input, to_worker, Frame, ResponseEncoder};
+use crate::{lifecycle, parse, validate};
+use bytes::BytesMut;
+use inference_proto::v1 as pb;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a follower waits for new events before checking the run's status.
+const FOLLOW_WAIT: Duration = Duration::from_secs(1);
+
+pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
+    let principal = account.principal.clone();
+    // 1. Read, parse and validate; check the key may use this model.
+    let body = ex
+        .read_json_body(app.config.max_body_bytes, app.read_timeout())
+        .await?;
+    let req: CreateResponseRequest = parse::json_body(&body)?;
+    let input_estimate = estimate_input_tokens(body.len());
+    drop(body);
+    let plan = validate::responses::validate(&req)?;
+    ex.model = plan.model.id;
+    account.check_model(plan.model.id)?;
+    if plan.background && lifecycle::is_draining() {
+        return Err(ApiError::overloaded(
+            "This gateway replica is shutting down and takes no new background runs; retry.",
+        ));
+    }
+    let pool = app.pools.get(plan.model.id).cloned().ok_or_else(|| {
+        ApiError::overloaded(format!(
+            "Model '{}' has no workers configured.",
+            plan.model.id
+        ))
+    })?;
+
+    // 2. The conversation: the stored chain, then this input.
+    let mut context = match &req.previous_response_id {
+        Some(prev) => previous_conversation(app, &principal, prev).await?,
+        None => Vec::new(),
+    };
+    let input_items = resolve_items(&plan.items, &context)?;
+    context.extend(input_items.iter().cloned());
+
+    // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
+    let mut reservation = app
+        .limiter
+        .admit(
+            ex,
+            &account,
+            plan.model,
+            input_estimate,
+            plan.max_output_tokens,
+        )
+        .await?;
+
+    // 4. Translate; store the new response (with its run lease).
+    let work = to_worker(&req, &plan, &context, &ex.request_id);
+    let id = new_id("resp_");
+    let status = if plan.background {
+        "queued"
+    } else {
+        "in_progress"
+    };
+    let object = new_object(id.clone(), &req, &plan, status);
+    drop(req);
+    if plan.store {
+        let created = app
+            .store
+            .create(NewResponse {
+                org: &principal.org,
+                object: &object,
+                input_items: &input_items,
+                context: &context,
+                lease_until_ms: Some(app.runs.lease_until_ms()),
+            })
+            .await;
+        if let Err(e) = created {
+            reservation.settle(Outcome::NotRun).await;
+            return Err(e);
+        }
+    }
+    let encoder = ResponseEncoder::new(object.clone(), plan.format.clone());
+
+    // 5a. Background: the run goes on without this request.
+    if plan.background {
+        let run = BackgroundRun {
+            runs: app.runs.clone(),
+            pools: app.pools.clone(),
+            model: plan.model,
+            work,
+            encoder,
+            ownership: app.runs.own(&id),
+            reservation,
+            timeout: app.request_timeout(),
+            output_seen: 0,
+        };
+        tokio::spawn(run.drive());
+        if plan.stream {
+            return follow(app, ex, &id, None).await;
+        }
+        ex.send_json(200, &object, &[]).await;
+        return Ok(());
+    }
+
+    // 5b. In the foreground: relay to this client.
+    let ownership = plan.store.then(|| app.runs.own(&id));
+    let mut encoder = encoder;
+    let deadline = tokio::time::Instant::now() + app.request_timeout();
+    let call = match tokio::time::timeout_at(deadline, pool.generate(work)).await {
+        Ok(Ok(call)) => call,
+        Ok(Err(e)) => {
+            reservation.settle(Outcome::NotRun).await;
+            end_stored(app, &plan, &mut encoder, Some(&e), ownership).await;
+            return Err(e);
+        }
+        Err(_) => {
+            reservation.settle(Outcome::NotRun).await;
+            let e = ApiError::timeout("No worker answered before the request deadline.");
+            end_stored(app, &plan, &mut encoder, Some(&e), ownership).await;
+            return Err(e);
+        }
+    };
+    reservation.mark_started();
+    let mut output_seen = 0u64;
+    METRICS
+        .time_to_first_token
+        .with_label_values(&[plan.model.id])
+        .observe(ex.started.elapsed().as_secs_f64());
+
+    let mut frames = Vec::new();
+    encoder.start(&mut frames);
+    let result = if plan.stream {
+        let mut first = BytesMut::new();
+        for f in frames.drain(..) {
+            f.write_sse(&mut first);
+        }
+        if ex.start_sse().await.is_err() || ex.write_chunk(first.freeze()).await.is_err() {
+            reservation.settle(Outcome::Abandoned).await;
+            ex.status = 499;
+            cancel_stored(app, &plan, &mut encoder, ownership).await;
+            return Ok(());
+        }
+        METRICS.open_streams.inc();
+        let end = relay(ex, call, deadline, |event, out| {
+            output_seen += u64::from(is_output(&event));
+            encoder.event(event, &mut frames);
+            for f in frames.drain(..) {
+                f.write_sse(out);
+            }
+        })
+        .await;
+        METRICS.open_streams.dec();
+        reservation.observe_output(output_seen);
+        match end {
+            RelayEnd::Finished(f) => {
+                let u = f.usage.unwrap_or_default();
+                reservation.settle(Outcome::Finished(&u)).await;
+                if let Some(e) = &encoder.object.error {
+                    ex.status = if e.code == "output_validation_failed" {
+                        500
+                    } else {
+                        502
+                    };
+                }
+                ex.end_stream().await;
+                Ok(())
+            }
+            RelayEnd::ClientGone => {
+                reservation.settle(Outcome::Abandoned).await;
+                ex.status = 499;
+                cancel_stored(app, &plan, &mut encoder, ownership).await;
+                return Ok(());
+            }
+            RelayEnd::Failed(e) => {
+                reservation.settle(Outcome::Abandoned).await;
+                // The status line is long gone: the failure travels in-band.
+                encoder.fail(&e, &mut frames);
+                let mut out = BytesMut::new();
+                for f in frames.drain(..) {
+                    f.write_sse(&mut out);
+                }
+                let _ = ex.write_chunk(out.freeze()).await;
+                ex.end_stream().await;
+                ex.status = e.status;
+                Ok(())
+            }
+        }
+    } else {
+        frames.clear();
+        let end = relay(ex, call, deadline, |event, _| {
+            output_seen += u64::from(is_output(&event));
+            encoder.event(event, &mut frames);
+            frames.clear();
+        })
+        .await;
+        reservation.observe_output(output_seen);
+        match end {
+            RelayEnd::Finished(f) => {
+                let u = f.usage.unwrap_or_default();
+                reservation.settle(Outcome::Finished(&u)).await;
+                Ok(())
+            }
+            RelayEnd::ClientGone => {
+                reservation.settle(Outcome::Abandoned).await;
+                ex.status = 499;
+                cancel_stored(app, &plan, &mut encoder, ownership).await;
+                return Ok(());
+            }
+            RelayEnd::Failed(e) => {
+                reservation.settle(Outcome::Abandoned).await;
+                encoder.fail(&e, &mut frames);
+                Err(e)
+            }
+        }
+    };
+    end_stored(app, &plan, &mut encoder, None, ownership).await;
+    match result {
+        Err(e) => Err(e),
+        Ok(()) if plan.stream => Ok(()),
+        Ok(()) => match &encoder.object.error {
+            // A reply that failed its output check is a server error, never a success.
+            Some(err) if err.code == "output_validation_failed" => Err(ApiError::new(
+                500,
+                "output_validation_failed",
+                err.message.clone(),
+            )),
+            _ => {
+                ex.send_json(200, &encoder.object, &[]).await;
+                Ok(())
+            }
+        },
+    }
+}
+
+/// Whether a worker event carries generated output (about one token each).
+fn is_output(event: &pb::GenerateEvent) -> bool {
+    use pb::generate_event::Event;
+    matches!(
+        event.event,
+        Some(Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_))
+    )
+}
+
+/// Writes the final object of a foreground stored response (failing it
+/// first when `error` is given) and gives up its lease.
+async fn end_stored(
+    app: &App,
+    plan: &validate::responses::ResponsePlan,
+    encoder: &mut ResponseEncoder,
+    error: Option<&ApiError>,
+    ownership: Option<crate::runs::Ownership>,
+) {
+    if let Some(e) = error {
+        encoder.fail(e, &mut Vec::new());
+    }
+    if !plan.store {
+        return;
+    }
+    let id = encoder.object.id.clone();
+    if let Err(e) = app.store.write(&id, Some(&encoder.object), &[]).await {
+        tracing::warn!(response_id = %id, "could not store the final response: {}", e.message);
+        // The lease stays; once it expires a sweeper fails the response.
+        return;
+    }
+    if let Some(o) = ownership {
+        o.release().await;
+    }
+}
+
+/// A foreground client went away: its generation stopped, so the stored
+/// response ends `cancelled`.
+async fn cancel_stored(
+    app: &App,
+    plan: &validate::responses::ResponsePlan,
+    encoder: &mut ResponseEncoder,
+    ownership: Option<crate::runs::Ownership>,
+) {
+    encoder.object.status = "cancelled".into();
+    end_stored(app, plan, encoder, None, ownership).await;
+}
+
+/// The conversation a `previous_response_id` continues: its context and
+/// its output. Missing, expired or another org's → 404; unfinished → 409.
+async fn previous_conversation(
+    app: &App,
+    principal: &Principal,
+    prev: &str,
+) -> Result<Vec<InputItem>, ApiError> {
+    let conv = app
+        .store
+        .conversation(&principal.org, prev)
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                404,
+                "previous_response_not_found",
+                format!("Previous response with id '{prev}' not found."),
+            )
+            .with_param("previous_response_id")
+        })?;
+    if !conv.object.is_terminal() {
+        return Err(ApiError::new(
+            409,
+            "previous_response_not_finished",
+            format!(
+                "Previous response '{prev}' is still {}; retry once it has finished.",
+                conv.object.status
+            ),
+        )
+        .with_param("previous_response_id"));
+    }
+    let mut items = conv.context;
+    items.extend(conv.object.output.iter().map(output_as_input));
+    Ok(items)
+}
+
+/// This request's items as stored and listed: typed, with ids, string
+/// content as parts, and item references replaced by the items they name
+/// (looked up in the conversation being continued).
+fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<InputItem>, ApiError> {
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let kind = item.kind.as_deref().unwrap_or("message");
+        if kind == "item_reference" {
+            let wanted = item.id.as_deref().unwrap_or_default();
+            let found = context
+                .iter()
+                .chain(out.iter())
+                .find(|c: &&InputItem| c.id.as_deref() == Some(wanted))
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::invalid_value(
+                        format!("input.{i}.id"),
+                        format!(
+                            "Item '{wanted}' was not found in the conversation being continued."
+                        ),
+                    )
+                })?;
+            out.push(found);
+            continue;
+        }
+        let mut item = item.clone();
+        item.kind = Some(kind.to_owned());
+        match kind {
+            "message" => {
+                if item.id.is_none() {
+                    item.id = Some(new_id("msg_"));
+                }
+                if let Some(ItemContent::Text(t)) = &item.content {
+                    let part = if item.role.as_deref() == Some("assistant") {
+                        ContentPart::OutputText {
+                            text: t.clone(),
+                            annotations: Vec::new(),
+                        }
+                    } else {
+                        ContentPart::InputText { text: t.clone() }
+                    };
+                    item.content = Some(ItemContent::Parts(vec![part]));
+                }
+                item.status.get_or_insert_with(|| "completed".into());
+            }
+            "function_call" => {
+                item.id.get_or_insert_with(|| new_id("fc_"));
+                item.status.get_or_insert_with(|| "completed".into());
+            }
+            "function_call_output" => {
+                item.id.get_or_insert_with(|| new_id("fco_"));
+                item.status.get_or_insert_with(|| "completed".into());
+            }
+            _ => {
+                item.id.get_or_insert_with(|| new_id("rs_"));
+            }
+        }
+        out.push(item);
+    }
+    Ok(out)
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "response_not_found",
+        format!("Response with id '{id}' not found."),
+    )
+}
+
+/// `GET /v1/responses/{id}` (`?stream=true&starting_after=N` for background runs).
+pub async fn retrieve(
+    app: &App,
+    ex: &mut Exchange,
+    principal: Principal,
+    id: &str,
+) -> Result<(), ApiError> {
+    let query = Query::parse(ex.query());
+    let stream = query.bool("stream")?.unwrap_or(false);
+    let starting_after = query.u64("starting_after")?;
+    let object = app
+        .store
+        .get(&principal.org, id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    if !stream {
+        ex.send_json(200, &object, &[]).await;
+        return Ok(());
+    }
+    if !object.background {
+        return Err(ApiError::invalid_value(
+            "stream",
+            "Only responses created with 'background': true can be streamed on retrieve.",
+        ));
+    }
+    follow(app, ex, id, starting_after).await
+}
+
+/// Streams a background run's event log: the stored events after `after`,
+/// then live ones until the terminal event.
+async fn follow(
+    app: &App,
+    ex: &mut Exchange,
+    id: &str,
+    after: Option<u64>,
+) -> Result<(), ApiError> {
+    // A request body (normally empty) must be consumed before watching
+    // the connection for a disconnect.
+    ex.read_body(app.config.max_body_bytes, app.read_timeout())
+        .await
+        .ok();
+    let mut follower = app.store.follow(id, after).await?;
+    if ex.start_sse().await.is_err() {
+        ex.status = 499;
+        return Ok(());
+    }
+    METRICS.open_streams.inc();
+    let mut status_was_terminal = false;
+    loop {
+        let batch = tokio::select! {
+            batch = follower.next_batch(FOLLOW_WAIT) => batch,
+            _ = ex.client_gone() => {
+                ex.status = 499;
+                break;
+            }
+        };
+        match batch {
+            Ok(frames) if frames.is_empty() => {
+                // Nothing new: stop once the run is over (or gone).
+                if status_was_terminal {
+                    break;
+                }
+                match app.store.status(id).await {
+                    Ok(Some(s)) if !is_terminal_status(&s) => {}
+                    Ok(Some(_)) => status_was_terminal = true,
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+            }
+            Ok(frames) => {
+                let mut out = BytesMut::new();
+                let mut done = false;
+                for f in &frames {
+                    f.write_sse(&mut out);
+                    if f.is_terminal() {
+                        done = true;
+                        break;
+                    }
+                }
+                if ex.write_chunk(out.freeze()).await.is_err() {
+                    ex.status = 499;
+                    break;
+                }
+                if done {
+                    break;
+                }
+            }
+            Err(e) => {
+                let mut out = BytesMut::new();
+                error_event(&mut out, &e);
+                let _ = ex.write_chunk(out.freeze()).await;
+                ex.status = e.status;
+                break;
+            }
+        }
+    }
+    METRICS.open_streams.dec();
+    ex.end_stream().await;
+    Ok(())
+}
+
+/// `event: error` with `{type:"error", code, message, param, sequence_number}`.
+fn error_event(out: &mut BytesMut, e: &ApiError) {
+    let data = serde_json::json!({
+        "type": "error",
+        "code": e.code,
+        "message": e.message,
+        "param": e.param,
+        "sequence_number": 0,
+    });
+    Frame {
+        seq: 0,
+        name: "error".into(),
+        data: data.to_string(),
+    }
+    .write_sse(out);
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete(
+    app: &App,
+    ex: &mut Exchange,
+    principal: Principal,
+    id: &str,
+) -> Result<(), ApiError> {
+    if !app.store.delete(&principal.org, id).await? {
+        return Err(not_found(id));
+    }
+    let _ = app.store.release_lease(id).await;
+    ex.send_json(
+        200,
+        &DeletedResponse {
+            id,
+            object: "response",
+            deleted: true,
+        },
+        &[],
+    )
+    .await;
+    Ok(())
+}
+
+/// `POST /v1/responses/{id}/cancel`: a running background response ends
+/// `cancelled`, exactly once; its owner (on any replica) notices and stops
+/// the generation.
+pub async fn cancel(
+    app: &App,
+    ex: &mut Exchange,
+    principal: Principal,
+    id: &str,
+) -> Result<(), ApiError> {
+    let object = app
+        .store
+        .get(&principal.org, id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    let not_cancellable = |o: &ResponseObject| {
+        ApiError::new(
+            400,
+            "response_not_cancellable",
+            if o.background {
+                format!("Response '{id}' is already {}; only a queued or in-progress background response can be cancelled.", o.status)
+            } else {
+                format!("Response '{id}' was not created with 'background': true; only background responses can be cancelled.")
+            },
+        )
+    };
+    if !object.background || object.is_terminal() {
+        return Err(not_cancellable(&object));
+    }
+    let mut cancelled = object;
+    cancelled.status = "cancelled".into();
+    match app.store.terminate(id, &cancelled).await? {
+        WriteOutcome::Written => {
+            ex.send_json(200, &cancelled, &[]).await;
+            Ok(())
+        }
+        WriteOutcome::AlreadyTerminal => {
+            let now = app.store.get(&principal.org, id).await?;
+            Err(not_cancellable(now.as_ref().unwrap_or(&cancelled)))
+        }
+        WriteOutcome::Gone => Err(not_found(id)),
+    }
+}
+
+/// `GET /v1/responses/{id}/input_items?after&limit&order&include`.
+pub async fn input_items(
+    app: &App,
+    ex: &mut Exchange,
+    principal: Principal,
+    id: &str,
+) -> Result<(), ApiError> {
+    let query = Query::parse(ex.query());
+    let limit = query.u64("limit")?.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid_value(
+            "limit",
+            format!("'limit' must be between 1 and 100, got {limit}."),
+        ));
+    }
+    let order = query.get("order").unwrap_or("desc");
+    if order != "asc" && order != "desc" {
+        return Err(ApiError::invalid_value(
+            "order",
+            "'order' must be 'asc' or 'desc'.",
+        ));
+    }
+    let items = app
+        .store
+        .input_items(&principal.org, id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    let mut data: Vec<Value> = items
+        .iter()
+        .filter_map(|i| serde_json::to_value(i).ok())
+        .collect();
+    if order == "desc" {
+        data.reverse();
+    }
+    let start = match query.get("after") {
+        Some(after) => data
+            .iter()
+            .position(|v| v["id"].as_str() == Some(after))
+            .map_or(data.len(), |p| p + 1),
+        None => 0,
+    };
+    let page = &data[start..(start + limit as usize).min(data.len())];
+    let has_more = start + page.len() < data.len();
+    let list = InputItemList {
+        object: "list",
+        data: page,
+        first_id: page.first().and_then(|v| v["id"].as_str()),
+        last_id: page.last().and_then(|v| v["id"].as_str()),
+        has_more,
+    };
+    ex.send_json(200, &list, &[]).await;
+    Ok(())
+}
+
+/// A parsed query string (percent-decoded).
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        Query(
+            q.unwrap_or_default()
+                .split('&')
+                .filter(|s| !s.is_empty())
+                .map(|pair| {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    (decode(k), decode(v))
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some("true") | Some("1") => Ok(Some(true)),
+            Some("false") | Some("0") => Ok(Some(false)),
+            Some(_) => Err(ApiError::invalid_value(
+                key,
+                format!("'{key}' must be true or false."),
+            )),
+        }
+    }
+
+    fn u64(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        self.get(key)
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    ApiError::invalid_value(key, format!("'{key}' must be a non-negative integer."))
+                })
+            })
+            .transpose()
+    }
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parsing() {
+        let q = Query::parse(Some("stream=true&starting_after=3&include%5B%5D=a%20b"));
+        assert_eq!(q.bool("stream").unwrap(), Some(true));
+        assert_eq!(q.u64("starting_after").unwrap(), Some(3));
+        assert_eq!(q.get("include[]"), Some("a b"));
+        assert!(Query::parse(Some("limit=x")).u64("limit").is_err());
+    }
+
+    #[test]
+    fn items_get_ids_and_references_resolve() {
+        let ctx = vec![InputItem {
+            kind: Some("message".into()),
+            id: Some("msg_old".into()),
+            role: Some("user".into()),
+            content: Some(ItemContent::Text("earlier".into())),
+            ..Default::default()
+        }];
+        let items = vec![
+            InputItem {
+                role: Some("user".into()),
+                content: Some(ItemContent::Text("hi".into())),
+                ..Default::default()
+            },
+            InputItem {
+                kind: Some("item_reference".into()),
+                id: Some("msg_old".into()),
+                ..Default::default()
+            },
+        ];
+        let out = resolve_items(&items, &ctx).unwrap();
+        assert!(out[0].id.as_deref().unwrap().starts_with("msg_"));
+        assert!(matches!(out[0].content, Some(ItemContent::Parts(_))));
+        assert_eq!(out[1].id.as_deref(), Some("msg_old"));
+        let missing = vec![InputItem {
+            kind: Some("item_reference".into()),
+            id: Some("nope".into()),
+            ..Default::default()
+        }];
+        let e = resolve_items(&missing, &[]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input.0.id"));
+    }
+}

@@ -1,0 +1,295 @@
+//! The in-process store: one mutex-guarded map, with the same semantics as
+//! the Redis store (time to live, organisation scope, terminal-once writes,
+//! sequence-numbered event logs) and a watch channel per response so that
+//! followers wake as soon as events arrive.
+
+use super::{
+    EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation, WriteOutcome,
+};
+use crate::api::responses::{InputItem, ResponseObject};
+use crate::translate::responses::{external_terminal, Frame};
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+struct Entry {
+    org: String,
+    object: ResponseObject,
+    input_items: Vec<InputItem>,
+    context: Vec<InputItem>,
+    events: Vec<Frame>,
+    expires_at: Instant,
+    /// Bumped on every append; followers wait on it.
+    appended: watch::Sender<usize>,
+}
+
+#[derive(Default)]
+struct State {
+    responses: HashMap<String, Entry>,
+    leases: HashMap<String, u64>,
+}
+
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    window: Duration,
+}
+
+impl MemoryStore {
+    /// `window`: how long a response is kept (the storage window).
+    pub fn new(window: Duration) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            window,
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock leaves plain data behind; keep serving.
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    /// The live entry for `id`, dropping it when its time ran out.
+    fn live(&mut self, id: &str) -> Option<&mut Entry> {
+        if self
+            .responses
+            .get(id)
+            .is_some_and(|e| e.expires_at <= Instant::now())
+        {
+            self.responses.remove(id);
+        }
+        self.responses.get_mut(id)
+    }
+
+    fn owned(&mut self, org: &str, id: &str) -> Option<&mut Entry> {
+        self.live(id).filter(|e| e.org == org)
+    }
+}
+
+fn append(entry: &mut Entry, events: &[Frame]) {
+    if events.is_empty() {
+        return;
+    }
+    entry.events.extend_from_slice(events);
+    let n = entry.events.len();
+    entry.appended.send_replace(n);
+}
+
+#[async_trait]
+impl ResponseStore for MemoryStore {
+    async fn create(&self, new: NewResponse<'_>) -> StoreResult<()> {
+        let mut state = lock(&self.state);
+        let (appended, _) = watch::channel(0);
+        state.responses.insert(
+            new.object.id.clone(),
+            Entry {
+                org: new.org.to_owned(),
+                object: new.object.clone(),
+                input_items: new.input_items.to_vec(),
+                context: new.context.to_vec(),
+                events: Vec::new(),
+                expires_at: Instant::now() + self.window,
+                appended,
+            },
+        );
+        if let Some(until) = new.lease_until_ms {
+            state.leases.insert(new.object.id.clone(), until);
+        }
+        Ok(())
+    }
+
+    async fn get(&self, org: &str, id: &str) -> StoreResult<Option<ResponseObject>> {
+        Ok(lock(&self.state).owned(org, id).map(|e| e.object.clone()))
+    }
+
+    async fn object(&self, id: &str) -> StoreResult<Option<ResponseObject>> {
+        Ok(lock(&self.state).live(id).map(|e| e.object.clone()))
+    }
+
+    async fn conversation(&self, org: &str, id: &str) -> StoreResult<Option<StoredConversation>> {
+        Ok(lock(&self.state)
+            .owned(org, id)
+            .map(|e| StoredConversation {
+                object: e.object.clone(),
+                context: e.context.clone(),
+            }))
+    }
+
+    async fn input_items(&self, org: &str, id: &str) -> StoreResult<Option<Vec<InputItem>>> {
+        Ok(lock(&self.state)
+            .owned(org, id)
+            .map(|e| e.input_items.clone()))
+    }
+
+    async fn delete(&self, org: &str, id: &str) -> StoreResult<bool> {
+        let mut state = lock(&self.state);
+        if state.owned(org, id).is_none() {
+            return Ok(false);
+        }
+        state.responses.remove(id);
+        Ok(true)
+    }
+
+    async fn write(
+        &self,
+        id: &str,
+        object: Option<&ResponseObject>,
+        events: &[Frame],
+    ) -> StoreResult<WriteOutcome> {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.live(id) else {
+            return Ok(WriteOutcome::Gone);
+        };
+        if entry.object.is_terminal() {
+            return Ok(WriteOutcome::AlreadyTerminal);
+        }
+        if let Some(o) = object {
+            entry.object = o.clone();
+        }
+        append(entry, events);
+        Ok(WriteOutcome::Written)
+    }
+
+    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.live(id) else {
+            return Ok(WriteOutcome::Gone);
+        };
+        if entry.object.is_terminal() {
+            return Ok(WriteOutcome::AlreadyTerminal);
+        }
+        entry.object = object.clone();
+        if object.background {
+            let seq = entry.events.last().map_or(0, |f| f.seq + 1);
+            let (name, prefix) = external_terminal(object);
+            let frame = Frame {
+                seq,
+                name: name.to_owned(),
+                data: format!("{prefix},\"sequence_number\":{seq}}}"),
+            };
+            append(entry, &[frame]);
+        }
+        Ok(WriteOutcome::Written)
+    }
+
+    async fn read_events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Frame>> {
+        let mut state = lock(&self.state);
+        Ok(state
+            .live(id)
+            .map(|e| events_after(&e.events, after, limit))
+            .unwrap_or_default())
+    }
+
+    async fn follow(&self, id: &str, after: Option<u64>) -> StoreResult<Box<dyn EventFollower>> {
+        let mut state = lock(&self.state);
+        let appended = state.live(id).map(|e| e.appended.subscribe());
+        Ok(Box::new(MemoryFollower {
+            state: self.state.clone(),
+            id: id.to_owned(),
+            after,
+            appended,
+        }))
+    }
+
+    async fn status(&self, id: &str) -> StoreResult<Option<String>> {
+        Ok(lock(&self.state).live(id).map(|e| e.object.status.clone()))
+    }
+
+    async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()> {
+        let mut state = lock(&self.state);
+        for id in ids {
+            state.leases.insert(id.clone(), until_ms);
+        }
+        Ok(())
+    }
+
+    async fn release_lease(&self, id: &str) -> StoreResult<()> {
+        lock(&self.state).leases.remove(id);
+        Ok(())
+    }
+
+    async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {
+        let state = lock(&self.state);
+        let mut expired: Vec<(u64, &String)> = state
+            .leases
+            .iter()
+            .filter(|(_, until)| **until < now_ms)
+            .map(|(id, until)| (*until, id))
+            .collect();
+        expired.sort();
+        Ok(expired
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect())
+    }
+}
+
+fn events_after(events: &[Frame], after: Option<u64>, limit: usize) -> Vec<Frame> {
+    let start = after.map_or(0, |a| events.partition_point(|f| f.seq <= a));
+    events[start..].iter().take(limit).cloned().collect()
+}
+
+struct MemoryFollower {
+    state: Arc<Mutex<State>>,
+    id: String,
+    after: Option<u64>,
+    /// `None` when the response did not exist at subscription time.
+    appended: Option<watch::Receiver<usize>>,
+}
+
+#[async_trait]
+impl EventFollower for MemoryFollower {
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(rx) = &mut self.appended {
+                rx.borrow_and_update();
+            }
+            let batch = {
+                let mut state = lock(&self.state);
+                state
+                    .live(&self.id)
+                    .map(|e| events_after(&e.events, self.after, 1000))
+                    .unwrap_or_default()
+            };
+            if let Some(last) = batch.last() {
+                self.after = Some(last.seq);
+                return Ok(batch);
+            }
+            let Some(rx) = &mut self.appended else {
+                return Ok(Vec::new());
+            };
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                // The entry was dropped (deleted) or the wait ran out.
+                Ok(Err(_)) | Err(_) => return Ok(Vec::new()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn passes_the_store_suite() {
+        let store = MemoryStore::new(Duration::from_secs(60));
+        super::super::suite::run(&store).await;
+    }
+
+    #[tokio::test]
+    async fn responses_expire_after_the_window() {
+        let store = MemoryStore::new(Duration::from_millis(300));
+        super::super::suite::expires(&store, Duration::from_millis(400)).await;
+    }
+}

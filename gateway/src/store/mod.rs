@@ -1,0 +1,439 @@
+//! The Responses store: stored response objects, their input items and the
+//! conversation they continue, the event logs of runs, and run leases.
+//!
+//! One trait, two implementations that pass one test suite:
+//! - [`redis::RedisStore`]: shared by every gateway replica. A response's
+//!   keys share one hash tag (`resp:{id}`, `resp:{id}:events`) so they live
+//!   in one Redis Cluster slot and Lua scripts can touch them atomically.
+//! - [`memory::MemoryStore`]: in-process, for `gateway up` and single
+//!   machines; same semantics, nothing survives a restart.
+//!
+//! Invariants both keep:
+//! - Everything of a response expires after the storage window; after that
+//!   it is gone (404), exactly like a deleted one.
+//! - A response is visible only to the organisation that created it.
+//! - The terminal status is written once: every write that can end a run is
+//!   a compare-and-set against "not yet terminal", and the event log takes
+//!   no event after the terminal one.
+
+pub mod memory;
+pub mod redis;
+
+use crate::api::responses::{InputItem, ResponseObject};
+use crate::error::ApiError;
+use crate::translate::responses::Frame;
+use async_trait::async_trait;
+use std::time::Duration;
+
+pub type StoreResult<T> = Result<T, ApiError>;
+
+/// What to store when a response is created.
+pub struct NewResponse<'a> {
+    pub org: &'a str,
+    pub object: &'a ResponseObject,
+    /// This request's input items, with ids (listed by `input_items`).
+    pub input_items: &'a [InputItem],
+    /// The conversation before this request's output: the chain's items
+    /// and this input. With the output appended it is what a follow-up
+    /// request with `previous_response_id` continues.
+    pub context: &'a [InputItem],
+    /// Register a run lease until this Unix time in milliseconds.
+    pub lease_until_ms: Option<u64>,
+}
+
+/// What a run's owner learns when it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Written; the run is still the owner's to finish.
+    Written,
+    /// Nothing written: the run already has a terminal status (it was
+    /// cancelled, or the sweeper failed it). The owner must stop.
+    AlreadyTerminal,
+    /// Nothing written: the response was deleted or expired.
+    Gone,
+}
+
+/// A stored response with the conversation it ended, for chaining.
+pub struct StoredConversation {
+    pub object: ResponseObject,
+    pub context: Vec<InputItem>,
+}
+
+#[async_trait]
+pub trait ResponseStore: Send + Sync {
+    /// Stores a new response (object, input items, context) with the
+    /// storage window as its time to live.
+    async fn create(&self, new: NewResponse<'_>) -> StoreResult<()>;
+
+    /// The response object, if it exists for this organisation.
+    async fn get(&self, org: &str, id: &str) -> StoreResult<Option<ResponseObject>>;
+
+    /// The object regardless of organisation: for the sweeper, which ends
+    /// abandoned runs of every organisation. Never answer a client with it.
+    async fn object(&self, id: &str) -> StoreResult<Option<ResponseObject>>;
+
+    /// The object and its conversation context (for `previous_response_id`).
+    async fn conversation(&self, org: &str, id: &str) -> StoreResult<Option<StoredConversation>>;
+
+    /// The request's input items, in order.
+    async fn input_items(&self, org: &str, id: &str) -> StoreResult<Option<Vec<InputItem>>>;
+
+    /// Deletes everything stored for the response. False if there was nothing.
+    async fn delete(&self, org: &str, id: &str) -> StoreResult<bool>;
+
+    /// The owner's write: appends `events` (sequence numbers assigned by the
+    /// owner) and, when given, replaces the object and its status. A
+    /// terminal `object` makes this the compare-and-set that ends the run.
+    /// Writes nothing once the run is terminal or the response is gone.
+    async fn write(
+        &self,
+        id: &str,
+        object: Option<&ResponseObject>,
+        events: &[Frame],
+    ) -> StoreResult<WriteOutcome>;
+
+    /// Ends a run from outside its owner (cancel, or the sweeper after a lost
+    /// lease): sets the terminal `object` unless the run is already
+    /// terminal, and for a background response appends its terminal event
+    /// with the next sequence number. `expect_org` guards cancel requests.
+    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome>;
+
+    /// Events with a sequence number above `after` (all when `None`), up to `limit`.
+    async fn read_events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Frame>>;
+
+    /// A follower of the event log from after `after`, for live streams.
+    async fn follow(&self, id: &str, after: Option<u64>) -> StoreResult<Box<dyn EventFollower>>;
+
+    /// The run's current status (`None` when gone). Owners poll this while
+    /// the worker is quiet to notice a cancel from another replica.
+    async fn status(&self, id: &str) -> StoreResult<Option<String>>;
+
+    /// Sets (or extends) the leases of runs this replica owns.
+    async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()>;
+
+    /// Drops a run's lease (its run ended).
+    async fn release_lease(&self, id: &str) -> StoreResult<()>;
+
+    /// Runs whose lease ended before `now_ms` (oldest first, up to `limit`).
+    async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>>;
+}
+
+/// Reads an event log live: each call returns the next events, waiting up
+/// to `wait` for some to arrive (an empty batch means none came).
+#[async_trait]
+pub trait EventFollower: Send {
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>>;
+}
+
+/// The store the config asks for: Redis when `redis_url` is set (connecting
+/// lazily, on first use), else the in-process store.
+pub fn from_config(
+    config: &crate::config::StoreConfig,
+) -> anyhow::Result<std::sync::Arc<dyn ResponseStore>> {
+    let window = Duration::from_secs(config.storage_window_seconds);
+    Ok(match &config.redis_url {
+        Some(url) => {
+            let handle = crate::redis_conn::RedisHandle::new(url, &config.key_prefix)?;
+            std::sync::Arc::new(redis::RedisStore::new(std::sync::Arc::new(handle), window))
+        }
+        None => std::sync::Arc::new(memory::MemoryStore::new(window)),
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The shared test suite: every implementation must pass it.
+#[cfg(test)]
+pub mod suite {
+    use super::*;
+    use crate::api::responses::{is_terminal_status, ItemContent};
+    use crate::translate::responses::external_terminal;
+    use std::collections::BTreeMap;
+
+    pub fn object(id: &str, background: bool) -> ResponseObject {
+        ResponseObject {
+            id: id.into(),
+            object: "response".into(),
+            created_at: 1,
+            status: if background { "queued" } else { "in_progress" }.into(),
+            background,
+            error: None,
+            incomplete_details: None,
+            instructions: None,
+            max_output_tokens: None,
+            model: "base".into(),
+            output: Vec::new(),
+            parallel_tool_calls: true,
+            previous_response_id: None,
+            reasoning: Default::default(),
+            store: true,
+            temperature: None,
+            text: serde_json::json!({"format":{"type":"text"}}),
+            tool_choice: serde_json::json!("auto"),
+            tools: Vec::new(),
+            top_p: None,
+            truncation: "disabled".into(),
+            usage: None,
+            metadata: BTreeMap::new(),
+            prompt_cache_key: None,
+            user: None,
+        }
+    }
+
+    fn item(id: &str, text: &str) -> InputItem {
+        InputItem {
+            kind: Some("message".into()),
+            id: Some(id.into()),
+            role: Some("user".into()),
+            content: Some(ItemContent::Text(text.into())),
+            ..Default::default()
+        }
+    }
+
+    fn ev(seq: u64, name: &str) -> Frame {
+        Frame {
+            seq,
+            name: name.into(),
+            data: format!("{{\"type\":\"{name}\",\"sequence_number\":{seq}}}"),
+        }
+    }
+
+    pub fn new_id() -> String {
+        crate::translate::new_id("resp_test")
+    }
+
+    async fn create(store: &dyn ResponseStore, org: &str, obj: &ResponseObject) {
+        let items = [item("msg_a", "hello"), item("msg_b", "again")];
+        store
+            .create(NewResponse {
+                org,
+                object: obj,
+                input_items: &items,
+                context: &items,
+                lease_until_ms: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Runs every case against `store`.
+    pub async fn run(store: &dyn ResponseStore) {
+        put_get_delete_and_org_scope(store).await;
+        events_append_read_and_terminal_once(store).await;
+        terminate_races_the_owner(store).await;
+        follow_sees_live_events(store).await;
+        leases_expire(store).await;
+    }
+
+    async fn put_get_delete_and_org_scope(store: &dyn ResponseStore) {
+        let id = new_id();
+        let obj = object(&id, false);
+        create(store, "org-a", &obj).await;
+        assert_eq!(store.get("org-a", &id).await.unwrap(), Some(obj.clone()));
+        assert_eq!(store.get("org-b", &id).await.unwrap(), None);
+        assert_eq!(store.object(&id).await.unwrap(), Some(obj.clone()));
+        let items = store.input_items("org-a", &id).await.unwrap().unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].id.as_deref(), Some("msg_b"));
+        assert!(store.input_items("org-b", &id).await.unwrap().is_none());
+        let conv = store.conversation("org-a", &id).await.unwrap().unwrap();
+        assert_eq!(conv.context.len(), 2);
+        assert!(!store.delete("org-b", &id).await.unwrap());
+        assert!(store.delete("org-a", &id).await.unwrap());
+        assert!(!store.delete("org-a", &id).await.unwrap());
+        assert_eq!(store.get("org-a", &id).await.unwrap(), None);
+        assert_eq!(store.status(&id).await.unwrap(), None);
+    }
+
+    async fn events_append_read_and_terminal_once(store: &dyn ResponseStore) {
+        let id = new_id();
+        let mut obj = object(&id, true);
+        create(store, "org-a", &obj).await;
+        obj.status = "in_progress".into();
+        let first = [ev(0, "response.created"), ev(1, "response.in_progress")];
+        assert_eq!(
+            store.write(&id, Some(&obj), &first).await.unwrap(),
+            WriteOutcome::Written
+        );
+        assert_eq!(
+            store.status(&id).await.unwrap().as_deref(),
+            Some("in_progress")
+        );
+        let more = [
+            ev(2, "response.output_text.delta"),
+            ev(3, "response.output_text.delta"),
+        ];
+        assert_eq!(
+            store.write(&id, None, &more).await.unwrap(),
+            WriteOutcome::Written
+        );
+        let all = store.read_events(&id, None, 100).await.unwrap();
+        assert_eq!(all.iter().map(|f| f.seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(all[0], first[0]);
+        let after = store.read_events(&id, Some(1), 100).await.unwrap();
+        assert_eq!(after.iter().map(|f| f.seq).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(store.read_events(&id, Some(0), 1).await.unwrap().len(), 1);
+
+        obj.status = "completed".into();
+        assert_eq!(
+            store
+                .write(&id, Some(&obj), &[ev(4, "response.completed")])
+                .await
+                .unwrap(),
+            WriteOutcome::Written
+        );
+        // Terminal once: neither the owner nor anyone else writes again.
+        let mut late = obj.clone();
+        late.status = "failed".into();
+        assert_eq!(
+            store
+                .write(&id, Some(&late), &[ev(5, "response.failed")])
+                .await
+                .unwrap(),
+            WriteOutcome::AlreadyTerminal
+        );
+        assert_eq!(
+            store.terminate(&id, &late).await.unwrap(),
+            WriteOutcome::AlreadyTerminal
+        );
+        assert_eq!(store.read_events(&id, None, 100).await.unwrap().len(), 5);
+        assert_eq!(
+            store.get("org-a", &id).await.unwrap().unwrap().status,
+            "completed"
+        );
+        assert!(store.delete("org-a", &id).await.unwrap());
+        assert!(store.read_events(&id, None, 100).await.unwrap().is_empty());
+        assert_eq!(
+            store.write(&id, None, &[ev(6, "x")]).await.unwrap(),
+            WriteOutcome::Gone
+        );
+    }
+
+    async fn terminate_races_the_owner(store: &dyn ResponseStore) {
+        let id = new_id();
+        let mut obj = object(&id, true);
+        create(store, "org-a", &obj).await;
+        obj.status = "in_progress".into();
+        store
+            .write(
+                &id,
+                Some(&obj),
+                &[ev(0, "response.created"), ev(1, "response.in_progress")],
+            )
+            .await
+            .unwrap();
+        let mut cancelled = obj.clone();
+        cancelled.status = "cancelled".into();
+        assert_eq!(
+            store.terminate(&id, &cancelled).await.unwrap(),
+            WriteOutcome::Written
+        );
+        // The owner's next write is refused and it must stop.
+        assert_eq!(
+            store
+                .write(&id, None, &[ev(2, "response.output_text.delta")])
+                .await
+                .unwrap(),
+            WriteOutcome::AlreadyTerminal
+        );
+        let events = store.read_events(&id, None, 100).await.unwrap();
+        assert_eq!(events.len(), 3);
+        let last = &events[2];
+        assert_eq!(last.seq, 2);
+        assert_eq!(last.name, external_terminal(&cancelled).0);
+        let v: serde_json::Value = serde_json::from_str(&last.data).unwrap();
+        assert_eq!(v["sequence_number"], 2);
+        assert_eq!(v["response"]["status"], "cancelled");
+        assert!(is_terminal_status(
+            store.status(&id).await.unwrap().as_deref().unwrap()
+        ));
+        store.delete("org-a", &id).await.unwrap();
+    }
+
+    async fn follow_sees_live_events(store: &dyn ResponseStore) {
+        let id = new_id();
+        let obj = object(&id, true);
+        create(store, "org-a", &obj).await;
+        store
+            .write(&id, None, &[ev(0, "response.created")])
+            .await
+            .unwrap();
+        let mut follower = store.follow(&id, None).await.unwrap();
+        let first = follower.next_batch(Duration::from_secs(2)).await.unwrap();
+        assert_eq!(first.iter().map(|f| f.seq).collect::<Vec<_>>(), [0]);
+        let empty = follower
+            .next_batch(Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(empty.is_empty());
+        let waiting = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let batch = follower.next_batch(Duration::from_secs(3)).await.unwrap();
+            (batch, started.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        store
+            .write(&id, None, &[ev(1, "response.in_progress")])
+            .await
+            .unwrap();
+        let (batch, waited) = waiting.await.unwrap();
+        assert_eq!(batch.iter().map(|f| f.seq).collect::<Vec<_>>(), [1]);
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        // Resuming after N skips what was seen.
+        let mut resumed = store.follow(&id, Some(0)).await.unwrap();
+        let batch = resumed.next_batch(Duration::from_secs(1)).await.unwrap();
+        assert_eq!(batch.iter().map(|f| f.seq).collect::<Vec<_>>(), [1]);
+        store.delete("org-a", &id).await.unwrap();
+    }
+
+    /// For a store built with a window shorter than `wait`.
+    pub async fn expires(store: &dyn ResponseStore, wait: Duration) {
+        let id = new_id();
+        let obj = object(&id, true);
+        create(store, "org-a", &obj).await;
+        store
+            .write(&id, None, &[ev(0, "response.created")])
+            .await
+            .unwrap();
+        assert!(store.get("org-a", &id).await.unwrap().is_some());
+        tokio::time::sleep(wait).await;
+        assert!(store.get("org-a", &id).await.unwrap().is_none());
+        assert!(store.conversation("org-a", &id).await.unwrap().is_none());
+        assert!(store.read_events(&id, None, 10).await.unwrap().is_empty());
+    }
+
+    async fn leases_expire(store: &dyn ResponseStore) {
+        let (a, b) = (new_id(), new_id());
+        let now = now_ms();
+        store
+            .renew_leases(&[a.clone(), b.clone()], now + 60_000)
+            .await
+            .unwrap();
+        let expired = store.expired_leases(now + 1000, 100).await.unwrap();
+        assert!(!expired.contains(&a) && !expired.contains(&b));
+        store
+            .renew_leases(std::slice::from_ref(&a), now - 10)
+            .await
+            .unwrap();
+        let expired = store.expired_leases(now, 100).await.unwrap();
+        assert!(expired.contains(&a) && !expired.contains(&b));
+        store.release_lease(&a).await.unwrap();
+        store.release_lease(&b).await.unwrap();
+        assert!(!store
+            .expired_leases(now + 120_000, 1000)
+            .await
+            .unwrap()
+            .contains(&b));
+    }
+}

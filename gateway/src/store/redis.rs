@@ -1,0 +1,541 @@
+//! The Redis store, shared by every gateway replica.
+//!
+//! Key layout (prefix from config, `{id}` is the Redis Cluster hash tag):
+//! - `<p>resp:{id}`: hash `org`, `status`, `obj` (response JSON), `items`
+//!   and `ctx` (JSON arrays of input items and of the conversation);
+//! - `<p>resp:{id}:events`: the run's event log, a Stream whose entry ids
+//!   are `0-<sequence_number + 1>`, so `starting_after=N` is an `XRANGE`
+//!   from `0-<N + 2>` and replicas agree on numbering without a counter;
+//! - `<p>runs:{leases}`: sorted set of running response ids scored by lease
+//!   deadline (milliseconds), renewed in one `ZADD` per replica heartbeat.
+//!
+//! Both keys of a response share a time to live of one storage window.
+//! Writes that may end a run are Lua scripts that check the status first, so
+//! a terminal status is set once and nothing is appended after it.
+//!
+//! Round trips: one per batch of relayed events (the owner's `write`), one
+//! per lease heartbeat for all of a replica's runs, and a blocking `XREAD`
+//! on a dedicated connection per live follower.
+
+use super::{
+    EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation, WriteOutcome,
+};
+use crate::api::responses::{InputItem, ResponseObject};
+use crate::error::ApiError;
+use crate::metrics::METRICS;
+use crate::redis_conn::RedisHandle;
+use crate::translate::responses::{external_terminal, Frame};
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+/// The owner's write: object (optional) and events, unless terminal or gone.
+/// KEYS: hash, events. ARGV: obj JSON or "", status, then seq/name/data triples.
+/// Returns 0 written, 1 already terminal, -1 gone.
+static WRITE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return -1 end
+if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
+if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2]) end
+if #ARGV >= 5 then
+  for i = 3, #ARGV, 3 do
+    redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[i]) + 1), 't', ARGV[i + 1], 'd', ARGV[i + 2])
+  end
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+end
+return 0
+"#,
+    )
+});
+
+/// An outside terminal write (cancel, sweeper). KEYS: hash, events.
+/// ARGV: obj JSON, status, event name ("" for none), event payload prefix.
+/// The event gets the sequence number after the log's last entry.
+static TERMINATE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return -1 end
+if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
+redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
+if ARGV[3] ~= '' then
+  local seq = 0
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  if #last > 0 then seq = tonumber(string.match(last[1][1], '-(%d+)$')) end
+  redis.call('XADD', KEYS[2], '0-' .. (seq + 1), 't', ARGV[3], 'd', ARGV[4] .. ',"sequence_number":' .. seq .. '}')
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+end
+return 0
+"#,
+    )
+});
+
+/// Deletes a response if it belongs to the org. KEYS: hash, events. ARGV: org.
+static DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+if redis.call('HGET', KEYS[1], 'org') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"#,
+    )
+});
+
+pub struct RedisStore {
+    redis: Arc<RedisHandle>,
+    window: Duration,
+}
+
+impl RedisStore {
+    pub fn new(redis: Arc<RedisHandle>, window: Duration) -> Self {
+        Self { redis, window }
+    }
+
+    fn hash(&self, id: &str) -> String {
+        self.redis.key("resp", id, "")
+    }
+
+    fn events(&self, id: &str) -> String {
+        self.redis.key("resp", id, ":events")
+    }
+
+    fn leases(&self) -> String {
+        self.redis.key("runs", "leases", "")
+    }
+
+    async fn conn(&self) -> StoreResult<redis::aio::ConnectionManager> {
+        self.redis.conn().await.map_err(unavailable)
+    }
+
+    /// Fields of the hash for an org, `None` when absent or another org's.
+    async fn fields(
+        &self,
+        org: &str,
+        id: &str,
+        names: &[&str],
+    ) -> StoreResult<Option<Vec<String>>> {
+        let _rt = RoundTrip::start("read");
+        let mut conn = self.conn().await?;
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.hash(id)).arg("org");
+        for n in names {
+            cmd.arg(*n);
+        }
+        let values: Vec<Option<String>> = cmd.query_async(&mut conn).await.map_err(unavailable)?;
+        if values.first().and_then(|o| o.as_deref()) != Some(org) {
+            return Ok(None);
+        }
+        Ok(values.into_iter().skip(1).collect())
+    }
+}
+
+/// Counts one round trip of `op` and its latency.
+struct RoundTrip {
+    op: &'static str,
+    started: std::time::Instant,
+}
+
+impl RoundTrip {
+    fn start(op: &'static str) -> Self {
+        METRICS.store_round_trips.with_label_values(&[op]).inc();
+        Self {
+            op,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for RoundTrip {
+    fn drop(&mut self) {
+        METRICS
+            .store_duration
+            .with_label_values(&[self.op])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// A Redis failure as the client sees it: 503, retryable.
+fn unavailable(e: redis::RedisError) -> ApiError {
+    tracing::warn!("response store error: {e}");
+    ApiError::new(
+        503,
+        "store_unavailable",
+        "The response store is briefly unavailable; retry shortly.",
+    )
+    .with_retry_after(1)
+}
+
+fn corrupt(what: &str) -> ApiError {
+    ApiError::internal(format!("A stored response could not be read ({what})."))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+    serde_json::to_string(v).map_err(|_| ApiError::internal("could not encode a stored response"))
+}
+
+fn outcome(code: i64) -> WriteOutcome {
+    match code {
+        0 => WriteOutcome::Written,
+        1 => WriteOutcome::AlreadyTerminal,
+        _ => WriteOutcome::Gone,
+    }
+}
+
+/// `0-<seq+1>` stream entry ids back to frames.
+fn frames(entries: Vec<(String, Vec<String>)>) -> Vec<Frame> {
+    entries
+        .into_iter()
+        .filter_map(|(id, fields)| {
+            let seq = id.split_once('-')?.1.parse::<u64>().ok()?.checked_sub(1)?;
+            let mut name = None;
+            let mut data = None;
+            for pair in fields.chunks_exact(2) {
+                match pair[0].as_str() {
+                    "t" => name = Some(pair[1].clone()),
+                    "d" => data = Some(pair[1].clone()),
+                    _ => {}
+                }
+            }
+            Some(Frame {
+                seq,
+                name: name?,
+                data: data?,
+            })
+        })
+        .collect()
+}
+
+/// The first stream id strictly after sequence number `after`.
+fn start_id(after: Option<u64>) -> String {
+    match after {
+        Some(n) => format!("0-{}", n + 2),
+        None => "-".into(),
+    }
+}
+
+#[async_trait]
+impl ResponseStore for RedisStore {
+    async fn create(&self, new: NewResponse<'_>) -> StoreResult<()> {
+        let _rt = RoundTrip::start("create");
+        let mut conn = self.conn().await?;
+        let key = self.hash(&new.object.id);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET")
+            .arg(&key)
+            .arg("org")
+            .arg(new.org)
+            .arg("status")
+            .arg(&new.object.status)
+            .arg("obj")
+            .arg(to_json(new.object)?)
+            .arg("items")
+            .arg(to_json(&new.input_items)?)
+            .arg("ctx")
+            .arg(to_json(&new.context)?)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(self.window.as_millis() as u64)
+            .ignore();
+        if let Some(until) = new.lease_until_ms {
+            pipe.cmd("ZADD")
+                .arg(self.leases())
+                .arg(until)
+                .arg(&new.object.id)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn get(&self, org: &str, id: &str) -> StoreResult<Option<ResponseObject>> {
+        let Some(f) = self.fields(org, id, &["obj"]).await? else {
+            return Ok(None);
+        };
+        let obj = f.into_iter().next().ok_or_else(|| corrupt("object"))?;
+        serde_json::from_str(&obj)
+            .map(Some)
+            .map_err(|_| corrupt("object"))
+    }
+
+    async fn object(&self, id: &str) -> StoreResult<Option<ResponseObject>> {
+        let _rt = RoundTrip::start("read");
+        let mut conn = self.conn().await?;
+        let obj: Option<String> = redis::cmd("HGET")
+            .arg(self.hash(id))
+            .arg("obj")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        obj.map(|o| serde_json::from_str(&o).map_err(|_| corrupt("object")))
+            .transpose()
+    }
+
+    async fn conversation(&self, org: &str, id: &str) -> StoreResult<Option<StoredConversation>> {
+        let Some(f) = self.fields(org, id, &["obj", "ctx"]).await? else {
+            return Ok(None);
+        };
+        let [obj, ctx] = <[String; 2]>::try_from(f).map_err(|_| corrupt("conversation"))?;
+        Ok(Some(StoredConversation {
+            object: serde_json::from_str(&obj).map_err(|_| corrupt("object"))?,
+            context: serde_json::from_str(&ctx).map_err(|_| corrupt("context"))?,
+        }))
+    }
+
+    async fn input_items(&self, org: &str, id: &str) -> StoreResult<Option<Vec<InputItem>>> {
+        let Some(f) = self.fields(org, id, &["items"]).await? else {
+            return Ok(None);
+        };
+        let items = f.into_iter().next().ok_or_else(|| corrupt("items"))?;
+        serde_json::from_str(&items)
+            .map(Some)
+            .map_err(|_| corrupt("items"))
+    }
+
+    async fn delete(&self, org: &str, id: &str) -> StoreResult<bool> {
+        let _rt = RoundTrip::start("delete");
+        let mut conn = self.conn().await?;
+        let deleted: i64 = DELETE
+            .key(self.hash(id))
+            .key(self.events(id))
+            .arg(org)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(deleted == 1)
+    }
+
+    async fn write(
+        &self,
+        id: &str,
+        object: Option<&ResponseObject>,
+        events: &[Frame],
+    ) -> StoreResult<WriteOutcome> {
+        let _rt = RoundTrip::start("write");
+        let mut conn = self.conn().await?;
+        let mut inv = WRITE.key(self.hash(id));
+        inv.key(self.events(id));
+        match object {
+            Some(o) => inv.arg(to_json(o)?).arg(&o.status),
+            None => inv.arg("").arg(""),
+        };
+        for f in events {
+            inv.arg(f.seq).arg(&f.name).arg(&f.data);
+        }
+        let code: i64 = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
+        Ok(outcome(code))
+    }
+
+    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
+        let _rt = RoundTrip::start("terminate");
+        let mut conn = self.conn().await?;
+        let (name, prefix) = if object.background {
+            external_terminal(object)
+        } else {
+            ("", String::new())
+        };
+        let code: i64 = TERMINATE
+            .key(self.hash(id))
+            .key(self.events(id))
+            .arg(to_json(object)?)
+            .arg(&object.status)
+            .arg(name)
+            .arg(prefix)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(outcome(code))
+    }
+
+    async fn read_events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<Vec<Frame>> {
+        let _rt = RoundTrip::start("read_events");
+        let mut conn = self.conn().await?;
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(self.events(id))
+            .arg(start_id(after))
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(frames(entries))
+    }
+
+    async fn follow(&self, id: &str, after: Option<u64>) -> StoreResult<Box<dyn EventFollower>> {
+        Ok(Box::new(RedisFollower {
+            client: self.redis.client().clone(),
+            conn: None,
+            key: self.events(id),
+            last_id: after.map_or_else(|| "0-0".to_string(), |n| format!("0-{}", n + 1)),
+        }))
+    }
+
+    async fn status(&self, id: &str) -> StoreResult<Option<String>> {
+        let _rt = RoundTrip::start("status");
+        let mut conn = self.conn().await?;
+        redis::cmd("HGET")
+            .arg(self.hash(id))
+            .arg("status")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let _rt = RoundTrip::start("lease");
+        let mut conn = self.conn().await?;
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(self.leases());
+        for id in ids {
+            cmd.arg(until_ms).arg(id);
+        }
+        cmd.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn release_lease(&self, id: &str) -> StoreResult<()> {
+        let _rt = RoundTrip::start("lease");
+        let mut conn = self.conn().await?;
+        redis::cmd("ZREM")
+            .arg(self.leases())
+            .arg(id)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {
+        let _rt = RoundTrip::start("lease");
+        let mut conn = self.conn().await?;
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(self.leases())
+            .arg("-inf")
+            .arg(format!("({now_ms}"))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+/// Follows a Stream with `XREAD BLOCK` on its own connection (a blocking
+/// command would stall every other request on the shared one).
+struct RedisFollower {
+    client: redis::Client,
+    conn: Option<MultiplexedConnection>,
+    key: String,
+    /// The last stream id delivered.
+    last_id: String,
+}
+
+type XReadReply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
+
+#[async_trait]
+impl EventFollower for RedisFollower {
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(crate::redis_conn::CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(wait + Duration::from_secs(2)));
+                let c = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(unavailable)?;
+                self.conn.insert(c)
+            }
+        };
+        let _rt = RoundTrip::start("follow");
+        let reply: XReadReply = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1000)
+            .arg("BLOCK")
+            .arg(wait.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(&self.last_id)
+            .query_async(conn)
+            .await
+            .map_err(|e| {
+                self.conn = None;
+                unavailable(e)
+            })?;
+        let entries = reply
+            .and_then(|keys| keys.into_iter().next())
+            .map(|(_, entries)| entries)
+            .unwrap_or_default();
+        if let Some((id, _)) = entries.last() {
+            self.last_id.clone_from(id);
+        }
+        Ok(frames(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store under a random prefix; its keys are removed afterwards.
+    fn store(window: Duration) -> (RedisStore, Arc<RedisHandle>) {
+        let prefix = format!("igwtest:{}:", crate::translate::new_id(""));
+        let handle = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", &prefix).unwrap());
+        (RedisStore::new(handle.clone(), window), handle)
+    }
+
+    async fn cleanup(handle: &RedisHandle) {
+        let mut conn = handle.conn().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", handle.prefix()))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(keys)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn passes_the_store_suite() {
+        let (store, handle) = store(Duration::from_secs(60));
+        super::super::suite::run(&store).await;
+        cleanup(&handle).await;
+    }
+
+    #[tokio::test]
+    async fn responses_expire_after_the_window() {
+        let (store, handle) = store(Duration::from_millis(300));
+        super::super::suite::expires(&store, Duration::from_millis(500)).await;
+        cleanup(&handle).await;
+    }
+
+    #[test]
+    fn stream_ids_map_to_sequence_numbers() {
+        assert_eq!(start_id(Some(3)), "0-5");
+        let f = frames(vec![(
+            "0-5".into(),
+            vec!["t".into(), "x".into(), "d".into(), "{}".into()],
+        )]);
+        assert_eq!(f[0].seq, 4);
+    }
+}

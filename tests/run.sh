@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The test command: `bash tests/run.sh` (CI runs it through .ci/run).
+#
+# 1. installs what a fresh Debian machine lacks (cmake, a C compiler,
+#    redis-server, python3-venv) with apt-get, quietly;
+# 2. starts Redis on 127.0.0.1:6379 unless one answers there;
+# 3. builds every binary and test of the workspace once, in release;
+# 4. runs the unit tests, then the end-to-end and conformance tests (they
+#    start the real gateway and workers on free loopback ports);
+# 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
+#    venv it creates);
+# and exits non-zero if any step failed, after a one-line summary.
+#
+# Knobs: E2E_THREADS (parallel end-to-end tests, default 2), TEST_REDIS_URL,
+# SKIP_PYTHON=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+started=$(date +%s)
+failed=()
+passed=()
+
+say() { printf '\n==> %s\n' "$*"; }
+elapsed() { echo "$(($(date +%s) - started))s"; }
+
+# ---- 1. system packages ------------------------------------------------------
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if ((${#need[@]})); then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+    if command -v apt-get >/dev/null 2>&1; then
+        say "installing ${need[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        $sudo apt-get update -qq >/dev/null &&
+            $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
+            echo "warning: apt-get could not install ${need[*]}" >&2
+    else
+        echo "warning: missing ${need[*]} and no apt-get to install them" >&2
+    fi
+fi
+
+# ---- 2. Redis ----------------------------------------------------------------
+redis_ping() {
+    if command -v redis-cli >/dev/null 2>&1; then
+        redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG
+    else
+        # No redis-cli: speak RESP over bash's /dev/tcp.
+        local reply=""
+        exec 3<>/dev/tcp/127.0.0.1/6379 2>/dev/null || return 1
+        printf 'PING\r\n' >&3
+        read -r -t 2 reply <&3
+        exec 3<&- 3>&-
+        [[ "$reply" == +PONG* ]]
+    fi
+}
+if [ -z "${TEST_REDIS_URL:-}" ] && ! redis_ping; then
+    say "starting redis-server on 127.0.0.1:6379"
+    redis-server --bind 127.0.0.1 --port 6379 --save '' --appendonly no \
+        --daemonize yes --logfile "${TMPDIR:-/tmp}/igw-test-redis.log" >/dev/null
+    for _ in $(seq 100); do redis_ping && break; sleep 0.1; done
+    redis_ping || { echo "Redis did not come up on 127.0.0.1:6379" >&2; exit 1; }
+fi
+
+# ---- 3. build once -----------------------------------------------------------
+# Every cargo call below uses the same flags (--release --workspace), so
+# they share one set of artifacts.
+say "building (release, whole workspace: binaries and tests)"
+if ! cargo build --release --workspace --bins --tests; then
+    echo "tests/run.sh: FAIL (build) in $(elapsed)"
+    exit 1
+fi
+
+step() {
+    local name="$1"
+    shift
+    say "$name"
+    if "$@"; then passed+=("$name"); else failed+=("$name"); fi
+}
+
+# ---- 4. Rust tests -----------------------------------------------------------
+step "unit tests" timeout 900 cargo test --release --workspace --no-fail-fast --lib --bins
+# End-to-end tests start real processes; on 2 cores a few at a time.
+step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-fast --test '*' -- \
+    --test-threads "${E2E_THREADS:-2}"
+
+# ---- 5. Python conformance ---------------------------------------------------
+if [ "${SKIP_PYTHON:-0}" != "1" ]; then
+    step "python openai SDK conformance" timeout 900 bash tests/conformance/python/run.sh
+fi
+
+# ---- summary -----------------------------------------------------------------
+echo
+if ((${#failed[@]})); then
+    echo "tests/run.sh: FAIL (${failed[*]}) — passed: ${passed[*]:-none} — $(elapsed)"
+    exit 1
+fi
+echo "tests/run.sh: PASS (${passed[*]}) in $(elapsed)"

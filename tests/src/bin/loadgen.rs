@@ -1,0 +1,971 @@
+//! `loadgen`: load and overhead measurements of the gateway.
+//!
+//! By default it starts its own stack (synthetic workers, zero delay unless
+//! `--ttft-ms` / `--tokens-per-second`, and one gateway) and drives chat
+//! completions at it, closed-loop (`--concurrency N`) or open-loop
+//! (`--rate R` per second), streaming (`--stream`) or not. It reports
+//! throughput, latency, time to first token and inter-token latency, tokens
+//! per second, errors by status, and the gateway process's CPU time per
+//! request and per streamed token and its peak memory, all read from
+//! `/proc` over the measured window (warm-up excluded).
+//!
+//! `--baseline` sends the same workload straight to the worker over gRPC,
+//! so the gateway's cost is the difference. `--idle-streams N` holds N open,
+//! idle streams and reports the gateway's memory per stream. `--url` targets
+//! a running gateway instead (`--gateway-pid` to read its CPU).
+//!
+//! ```text
+//! cargo run --release -p tests --bin loadgen -- --concurrency 32 --duration 10
+//! cargo run --release -p tests --bin loadgen -- --stream --reply-tokens 256 --concurrency 64
+//! cargo run --release -p tests --bin loadgen -- --rate 1000 --duration 300 --workers-per-model 3
+//! cargo run --release -p tests --bin loadgen -- --baseline --concurrency 32
+//! cargo run --release -p tests --bin loadgen -- --idle-streams 10000
+//! ```
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use harness::{procfs, GatewayOpts, Stack, WorkerOpts};
+use inference_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Drive chat completions at the gateway (or a worker) and report its cost")]
+struct Args {
+    /// Target a running gateway (`http://host:port/v1`) instead of starting a stack.
+    #[arg(long)]
+    url: Option<String>,
+    /// API key for `--url`.
+    #[arg(long, default_value = "sk-local-dev")]
+    key: String,
+    /// Pid of the gateway behind `--url`, to read its CPU and memory.
+    #[arg(long)]
+    gateway_pid: Option<u32>,
+    /// Model to call.
+    #[arg(long, default_value = "base")]
+    model: String,
+    /// Workers per model in the started stack.
+    #[arg(long, default_value_t = 1)]
+    workers_per_model: usize,
+    /// Simulated time to first token of the started workers.
+    #[arg(long, default_value_t = 0)]
+    ttft_ms: u64,
+    /// Simulated decode speed of the started workers (0 = unpaced).
+    #[arg(long, default_value_t = 0)]
+    tokens_per_second: u64,
+    /// Public listener threads of the started gateway (its default if unset).
+    #[arg(long)]
+    gateway_threads: Option<usize>,
+    /// Closed loop: this many requests in flight at all times.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Open loop: start this many requests per second, whatever the latency
+    /// (overrides --concurrency).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of load before measuring (not counted).
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Streaming requests (SSE), with `stream_options.include_usage`.
+    #[arg(long)]
+    stream: bool,
+    /// Completion tokens per reply (`synthetic:reply_tokens`).
+    #[arg(long, default_value_t = 16)]
+    reply_tokens: u32,
+    /// Request body variant.
+    #[arg(long, value_enum, default_value_t = Payload::Plain)]
+    payload: Payload,
+    /// Repeated-prefix workload: each request starts with one of N long
+    /// shared system prompts (about 1,500 tokens) and ends with a short
+    /// varying question; the report then shows the share of prompt tokens
+    /// served from the workers' prefix caches. 0 = off.
+    #[arg(long, default_value_t = 0)]
+    prefixes: usize,
+    /// Selection policy of the started gateway's pool (`prefix_affinity`,
+    /// `least_loaded`); the gateway's default if unset.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Prefix-cache size of the started workers, in 64-token blocks (their
+    /// default if unset); small values make cache locality matter.
+    #[arg(long)]
+    prefix_cache_blocks: Option<u64>,
+    /// Send the same workload straight to the worker over gRPC.
+    #[arg(long)]
+    baseline: bool,
+    /// Hold this many idle open streams and report memory per stream.
+    #[arg(long, default_value_t = 0)]
+    idle_streams: usize,
+    /// With --idle-streams: how many streams are being opened at once.
+    #[arg(long, default_value_t = 32)]
+    open_parallelism: usize,
+    /// Print the report as JSON too.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum Payload {
+    /// A system and a user message.
+    Plain,
+    /// Plus 3 function tools and a `json_schema` response format.
+    Tools,
+}
+
+// ---- workload ----------------------------------------------------------------
+
+const SYSTEM: &str = "You are a concise assistant.";
+
+fn user_text(args: &Args) -> String {
+    format!(
+        "Write a short note about load testing an inference gateway. synthetic:reply_tokens={}",
+        args.reply_tokens
+    )
+}
+
+fn tool_defs() -> Vec<(&'static str, &'static str, Value)> {
+    vec![
+        (
+            "get_weather",
+            "Current weather for a city.",
+            json!({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}),
+        ),
+        (
+            "search_docs",
+            "Search the documentation.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["query", "limit"], "additionalProperties": false}),
+        ),
+        (
+            "create_ticket",
+            "Open a support ticket.",
+            json!({"type": "object", "properties": {"title": {"type": "string"}, "priority": {"type": "string", "enum": ["low", "high"]}}, "required": ["title", "priority"], "additionalProperties": false}),
+        ),
+    ]
+}
+
+fn note_schema() -> Value {
+    json!({"type": "object", "properties": {"title": {"type": "string"}, "points": {"type": "array", "items": {"type": "string"}}}, "required": ["title", "points"], "additionalProperties": false})
+}
+
+/// The chat request body, serialised once.
+fn http_body(args: &Args) -> Bytes {
+    let mut body = json!({
+        "model": args.model,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": user_text(args)},
+        ],
+    });
+    if args.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    if args.payload == Payload::Tools {
+        body["tools"] = tool_defs()
+            .into_iter()
+            .map(|(name, description, parameters)| {
+                json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters, "strict": true}})
+            })
+            .collect();
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "note", "schema": note_schema(), "strict": true}});
+    }
+    Bytes::from(body.to_string())
+}
+
+/// The request bodies to send: one, or with `--prefixes N` every
+/// combination of N shared prefixes and 16 short questions.
+fn http_bodies(args: &Args) -> Vec<Bytes> {
+    if args.prefixes == 0 {
+        return vec![http_body(args)];
+    }
+    let mut bodies = Vec::new();
+    for p in 0..args.prefixes {
+        let prefix: String = (0..300)
+            .map(|i| format!("Policy {p} clause {i} applies. "))
+            .collect();
+        for q in 0..16 {
+            let mut body = json!({
+                "model": args.model,
+                "messages": [
+                    {"role": "system", "content": prefix},
+                    {"role": "user", "content": format!("Question {q}: which clause matters? synthetic:reply_tokens={}", args.reply_tokens)},
+                ],
+            });
+            if args.stream {
+                body["stream"] = json!(true);
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            bodies.push(Bytes::from(body.to_string()));
+        }
+    }
+    bodies
+}
+
+/// The same workload as a worker request (what the gateway would send).
+fn grpc_request(args: &Args) -> pb::GenerateRequest {
+    let text = |role: &str, t: &str| pb::Message {
+        role: role.into(),
+        content: vec![pb::ContentPart {
+            part: Some(pb::content_part::Part::Text(t.into())),
+        }],
+        ..Default::default()
+    };
+    let mut req = pb::GenerateRequest {
+        request_id: "loadgen".into(),
+        model: args.model.clone(),
+        messages: vec![text("system", SYSTEM), text("user", &user_text(args))],
+        sampling: Some(pb::Sampling::default()),
+        ..Default::default()
+    };
+    if args.payload == Payload::Tools {
+        req.tools = tool_defs()
+            .into_iter()
+            .map(|(name, description, parameters)| pb::FunctionTool {
+                name: name.into(),
+                description: description.into(),
+                parameters_json: parameters.to_string(),
+                strict: true,
+            })
+            .collect();
+        req.response_format = Some(pb::ResponseFormat {
+            kind: pb::response_format::Kind::JsonSchema as i32,
+            schema_name: "note".into(),
+            schema_json: note_schema().to_string(),
+            strict: true,
+        });
+    }
+    req
+}
+
+// ---- one request -------------------------------------------------------------
+
+/// What one request saw.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// HTTP status, or `None` for a transport failure.
+    status: Option<u16>,
+    error: Option<String>,
+    latency: Duration,
+    ttft: Option<Duration>,
+    /// Gaps between consecutive token arrivals.
+    gaps: Vec<Duration>,
+    completion_tokens: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    finished_at: Option<Instant>,
+}
+
+#[derive(Deserialize)]
+struct ChunkLite<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<ChoiceLite<'a>>,
+    #[serde(default)]
+    usage: Option<UsageLite>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceLite<'a> {
+    #[serde(borrow, default)]
+    delta: Option<DeltaLite<'a>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaLite<'a> {
+    #[serde(borrow, default)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct UsageLite {
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetailsLite>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetailsLite {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+impl UsageLite {
+    fn record(&self, o: &mut Outcome) {
+        o.completion_tokens = self.completion_tokens;
+        o.prompt_tokens = self.prompt_tokens;
+        o.cached_tokens = self
+            .prompt_tokens_details
+            .as_ref()
+            .map_or(0, |d| d.cached_tokens);
+    }
+}
+
+#[derive(Deserialize)]
+struct CompletionLite {
+    usage: Option<UsageLite>,
+}
+
+async fn http_shot(client: &reqwest::Client, url: &str, key: &str, body: Bytes) -> Outcome {
+    let start = Instant::now();
+    let mut o = Outcome::default();
+    let resp = client
+        .post(url)
+        .bearer_auth(key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            o.error = Some(e.to_string());
+            o.latency = start.elapsed();
+            return o;
+        }
+    };
+    o.status = Some(resp.status().as_u16());
+    let streaming = resp
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        match resp.bytes().await {
+            Ok(b) => {
+                if o.status == Some(200) {
+                    if let Ok(CompletionLite { usage: Some(u) }) =
+                        serde_json::from_slice::<CompletionLite>(&b)
+                    {
+                        u.record(&mut o);
+                    }
+                }
+            }
+            Err(e) => o.error = Some(e.to_string()),
+        }
+        o.latency = start.elapsed();
+        o.finished_at = Some(Instant::now());
+        return o;
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut last_token: Option<Instant> = None;
+    let mut done = false;
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                o.error = Some(e.to_string());
+                break;
+            }
+        };
+        let now = Instant::now();
+        buf.extend_from_slice(&chunk);
+        let mut consumed = 0;
+        while let Some(end) = find(&buf[consumed..], b"\n\n") {
+            let frame = &buf[consumed..consumed + end];
+            consumed += end + 2;
+            let Some(data) = frame.strip_prefix(b"data: ") else {
+                continue;
+            };
+            if data == b"[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(c) = serde_json::from_slice::<ChunkLite>(data) else {
+                o.error = Some(format!(
+                    "unparsable frame {}",
+                    String::from_utf8_lossy(frame)
+                ));
+                continue;
+            };
+            if data.starts_with(b"{\"error\"") {
+                o.error = Some(String::from_utf8_lossy(data).into_owned());
+            }
+            if let Some(u) = c.usage {
+                u.record(&mut o);
+            }
+            let token = c.choices.iter().any(|ch| {
+                ch.delta.as_ref().is_some_and(|d| {
+                    d.content.as_deref().is_some_and(|t| !t.is_empty()) || d.tool_calls.is_some()
+                })
+            });
+            if token {
+                match last_token {
+                    None => o.ttft = Some(now - start),
+                    Some(prev) => o.gaps.push(now - prev),
+                }
+                last_token = Some(now);
+            }
+        }
+        buf.drain(..consumed);
+    }
+    if !done && o.error.is_none() {
+        o.error = Some("stream closed before [DONE]".into());
+    }
+    o.latency = start.elapsed();
+    o.finished_at = Some(Instant::now());
+    o
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+async fn grpc_shot(
+    mut client: pb::worker_client::WorkerClient<tonic::transport::Channel>,
+    req: pb::GenerateRequest,
+) -> Outcome {
+    let start = Instant::now();
+    let mut o = Outcome::default();
+    let mut stream = match client.generate(req).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            o.error = Some(format!("{:?}", e.code()));
+            o.latency = start.elapsed();
+            return o;
+        }
+    };
+    let mut last_token: Option<Instant> = None;
+    loop {
+        match stream.message().await {
+            Ok(Some(ev)) => {
+                let now = Instant::now();
+                match ev.event {
+                    Some(pb::generate_event::Event::Finished(f)) => {
+                        o.completion_tokens = f.usage.map_or(0, |u| u64::from(u.completion_tokens));
+                        o.status = Some(200);
+                    }
+                    Some(_) => {
+                        match last_token {
+                            None => o.ttft = Some(now - start),
+                            Some(prev) => o.gaps.push(now - prev),
+                        }
+                        last_token = Some(now);
+                    }
+                    None => {}
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                o.error = Some(format!("{:?}", e.code()));
+                break;
+            }
+        }
+    }
+    o.latency = start.elapsed();
+    o.finished_at = Some(Instant::now());
+    o
+}
+
+// ---- driving -----------------------------------------------------------------
+
+#[derive(Clone)]
+enum Shooter {
+    Http {
+        client: reqwest::Client,
+        url: Arc<str>,
+        key: Arc<str>,
+        bodies: Arc<Vec<Bytes>>,
+    },
+    Grpc {
+        client: pb::worker_client::WorkerClient<tonic::transport::Channel>,
+        req: Arc<pb::GenerateRequest>,
+    },
+}
+
+impl Shooter {
+    async fn shot(&self) -> Outcome {
+        match self {
+            Shooter::Http {
+                client,
+                url,
+                key,
+                bodies,
+            } => {
+                let body = if bodies.len() == 1 {
+                    bodies[0].clone()
+                } else {
+                    bodies[rand::random_range(0..bodies.len())].clone()
+                };
+                http_shot(client, url, key, body).await
+            }
+            Shooter::Grpc { client, req } => grpc_shot(client.clone(), (**req).clone()).await,
+        }
+    }
+}
+
+/// Runs the workload until `end`, sending every outcome to `tx`.
+async fn drive(args: &Args, shooter: Shooter, end: Instant, tx: mpsc::UnboundedSender<Outcome>) {
+    if let Some(rate) = args.rate {
+        let period = Duration::from_secs_f64(1.0 / rate.max(0.001));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        while Instant::now() < end {
+            tick.tick().await;
+            let (s, tx) = (shooter.clone(), tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(s.shot().await);
+            });
+        }
+    } else {
+        let mut tasks = Vec::new();
+        for _ in 0..args.concurrency {
+            let (s, tx) = (shooter.clone(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let _ = tx.send(s.shot().await);
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Processes whose CPU and memory the report shows.
+struct Watched {
+    gateway: Option<u32>,
+    workers: Vec<u32>,
+    /// gRPC URLs of the workers, for their counters.
+    worker_urls: Vec<String>,
+}
+
+/// The workers' counters summed (started, completed, cancelled, failed, rejected).
+async fn worker_counters(urls: &[String]) -> Value {
+    let mut sum = pb::Counters::default();
+    for url in urls {
+        let Ok(mut c) = pb::worker_client::WorkerClient::connect(url.clone()).await else {
+            continue;
+        };
+        if let Ok(info) = c.info(pb::InfoRequest {}).await {
+            let k = info.into_inner().counters.unwrap_or_default();
+            sum.started += k.started;
+            sum.completed += k.completed;
+            sum.cancelled += k.cancelled;
+            sum.failed += k.failed;
+            sum.rejected += k.rejected;
+        }
+    }
+    json!({"started": sum.started, "completed": sum.completed, "cancelled": sum.cancelled, "failed": sum.failed, "rejected": sum.rejected})
+}
+
+fn cpu_of(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| procfs::cpu_micros(*p).ok())
+        .sum()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    Some(sorted[i.min(sorted.len() - 1)])
+}
+
+fn ms(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| {
+        json!((d.as_secs_f64() * 1e5).round() / 100.0)
+    })
+}
+
+async fn run_load(args: &Args, shooter: Shooter, watched: &Watched) -> Result<Value> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let started = Instant::now();
+    let measure_from = started + Duration::from_secs_f64(args.warmup);
+    let end = measure_from + Duration::from_secs_f64(args.duration);
+    let driver = {
+        let args = args.clone();
+        tokio::spawn(async move { drive(&args, shooter, end, tx).await })
+    };
+    tokio::time::sleep_until(measure_from.into()).await;
+    let gw_cpu0 = watched.gateway.map(|p| cpu_of(&[p]));
+    let wk_cpu0 = cpu_of(&watched.workers);
+    tokio::time::sleep_until(end.into()).await;
+    let gw_cpu1 = watched.gateway.map(|p| cpu_of(&[p]));
+    let wk_cpu1 = cpu_of(&watched.workers);
+    let window = end - measure_from;
+
+    let mut ok = 0u64;
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut lat, mut ttft, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tokens = 0u64;
+    let (mut prompt_tokens, mut cached_tokens) = (0u64, 0u64);
+    let mut first_error: Option<String> = None;
+    // Collect until the driver is done and every in-flight request reported.
+    let collect_deadline = end + Duration::from_secs(30);
+    loop {
+        let next = tokio::time::timeout_at(collect_deadline.into(), rx.recv()).await;
+        let Ok(Some(o)) = next else { break };
+        let in_window = o.finished_at.is_some_and(|t| t >= measure_from && t <= end)
+            || (o.finished_at.is_none() && Instant::now() <= end + Duration::from_secs(1));
+        if !in_window {
+            continue;
+        }
+        match (o.status, &o.error) {
+            (Some(200), None) => {
+                ok += 1;
+                lat.push(o.latency);
+                ttft.extend(o.ttft);
+                gaps.extend(o.gaps);
+                tokens += o.completion_tokens;
+                prompt_tokens += o.prompt_tokens;
+                cached_tokens += o.cached_tokens;
+            }
+            (status, err) => {
+                let label = match status {
+                    Some(200) => "200 (failed mid-stream)".to_string(),
+                    Some(s) => s.to_string(),
+                    None => "transport".to_string(),
+                };
+                *errors.entry(label).or_default() += 1;
+                if first_error.is_none() {
+                    first_error = err.clone().or(status.map(|s| format!("HTTP {s}")));
+                }
+            }
+        }
+    }
+    let _ = driver.await;
+    lat.sort();
+    ttft.sort();
+    gaps.sort();
+    let secs = window.as_secs_f64();
+    let gw_cpu = gw_cpu0.zip(gw_cpu1).map(|(a, b)| b.saturating_sub(a));
+    let wk_cpu = wk_cpu1.saturating_sub(wk_cpu0);
+    let per = |cpu: u64, n: u64| {
+        if n == 0 {
+            Value::Null
+        } else {
+            json!((cpu as f64 / n as f64 * 10.0).round() / 10.0)
+        }
+    };
+    let mut report = json!({
+        "target": if args.baseline { "worker (gRPC baseline)" } else { "gateway" },
+        "mode": match args.rate { Some(r) => format!("open loop, {r} req/s"), None => format!("closed loop, concurrency {}", args.concurrency) },
+        "stream": args.stream,
+        "payload": format!("{:?}", args.payload).to_lowercase(),
+        "reply_tokens": args.reply_tokens,
+        "window_s": secs,
+        "ok": ok,
+        "errors": errors,
+        "first_error": first_error,
+        "requests_per_s": (ok as f64 / secs * 10.0).round() / 10.0,
+        "latency_ms": {"p50": ms(percentile(&lat, 0.5)), "p90": ms(percentile(&lat, 0.9)), "p99": ms(percentile(&lat, 0.99))},
+        "completion_tokens_per_s": (tokens as f64 / secs).round(),
+        "worker_cpu_us_per_request": per(wk_cpu, ok),
+    });
+    if prompt_tokens > 0 {
+        report["cached_prompt_share"] =
+            json!((cached_tokens as f64 / prompt_tokens as f64 * 1000.0).round() / 1000.0);
+    }
+    if let Some(policy) = &args.policy {
+        report["policy"] = json!(policy);
+    }
+    if args.stream || args.baseline {
+        report["ttft_ms"] =
+            json!({"p50": ms(percentile(&ttft, 0.5)), "p99": ms(percentile(&ttft, 0.99))});
+        report["inter_token_ms"] =
+            json!({"p50": ms(percentile(&gaps, 0.5)), "p99": ms(percentile(&gaps, 0.99))});
+    }
+    if !watched.worker_urls.is_empty() {
+        report["worker_counters_total"] = worker_counters(&watched.worker_urls).await;
+    }
+    if let (Some(cpu), Some(pid)) = (gw_cpu, watched.gateway) {
+        report["gateway_cpu_us_per_request"] = per(cpu, ok);
+        report["gateway_cores_busy"] = json!((cpu as f64 / 1e6 / secs * 100.0).round() / 100.0);
+        if args.stream {
+            report["gateway_cpu_us_per_streamed_token"] = per(cpu, tokens);
+        }
+        if let Ok(kib) = procfs::peak_rss_kib(pid) {
+            report["gateway_peak_rss_mib"] = json!((kib as f64 / 1024.0 * 10.0).round() / 10.0);
+        }
+    }
+    Ok(report)
+}
+
+// ---- idle streams --------------------------------------------------------------
+
+async fn idle_streams(
+    args: &Args,
+    url: &str,
+    key: &str,
+    gateway_pid: u32,
+    watched: &Watched,
+) -> Result<Value> {
+    let n = args.idle_streams;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .tcp_nodelay(true)
+        .build()?;
+    let body = Bytes::from(
+        json!({
+            "model": args.model,
+            "messages": [{"role": "user", "content": "Wait. synthetic:slow_ms=3600000 synthetic:reply_tokens=100"}],
+            "stream": true,
+        })
+        .to_string(),
+    );
+    // Warm the gateway (runtimes, pools, first connection) before the baseline.
+    for _ in 0..20 {
+        let _ = http_shot(&client, url, key, http_body(args)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss0 = procfs::rss_kib(gateway_pid)?;
+    let started = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<reqwest::Response, String>>();
+    let sem = Arc::new(tokio::sync::Semaphore::new(args.open_parallelism.max(1)));
+    for _ in 0..n {
+        let permit = sem.clone().acquire_owned().await?;
+        let (client, url, key, body, tx) = (
+            client.clone(),
+            url.to_string(),
+            key.to_string(),
+            body.clone(),
+            tx.clone(),
+        );
+        tokio::spawn(async move {
+            let r = async {
+                let mut resp = client
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if resp.status() != 200 {
+                    let status = resp.status().as_u16();
+                    let body = resp.text().await.unwrap_or_default();
+                    let message = serde_json::from_str::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                        .unwrap_or(body);
+                    return Err(format!("HTTP {status}: {message}"));
+                }
+                // Wait for the first frame: the stream is open end to end.
+                tokio::time::timeout(Duration::from_secs(60), resp.chunk())
+                    .await
+                    .map_err(|_| "no first frame".to_string())?
+                    .map_err(|e| e.to_string())?;
+                Ok(resp)
+            }
+            .await;
+            drop(permit);
+            let _ = tx.send(r);
+        });
+    }
+    drop(tx);
+    let mut open = Vec::with_capacity(n);
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+    while let Some(r) = rx.recv().await {
+        match r {
+            Ok(resp) => open.push(resp),
+            Err(e) => *failures.entry(e).or_default() += 1,
+        }
+    }
+    let opened_in = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss1 = procfs::rss_kib(gateway_pid)?;
+    let cpu0 = procfs::cpu_micros(gateway_pid)?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_cpu = procfs::cpu_micros(gateway_pid)?.saturating_sub(cpu0);
+    let hwm = procfs::peak_rss_kib(gateway_pid)?;
+    let held = open.len();
+    let counters = worker_counters(&watched.worker_urls).await;
+    drop(open);
+    let per_stream = if held > 0 {
+        (rss1.saturating_sub(rss0)) as f64 / held as f64
+    } else {
+        0.0
+    };
+    Ok(json!({
+        "idle_streams_requested": n,
+        "idle_streams_held": held,
+        "failures": failures,
+        "opened_in_s": (opened_in.as_secs_f64() * 10.0).round() / 10.0,
+        "gateway_rss_before_mib": (rss0 as f64 / 1024.0 * 10.0).round() / 10.0,
+        "gateway_rss_with_streams_mib": (rss1 as f64 / 1024.0 * 10.0).round() / 10.0,
+        "gateway_peak_rss_mib": (hwm as f64 / 1024.0 * 10.0).round() / 10.0,
+        "gateway_kib_per_stream": (per_stream * 100.0).round() / 100.0,
+        "gateway_cpu_ms_per_s_while_idle": (idle_cpu as f64 / 1000.0 / 5.0 * 100.0).round() / 100.0,
+        "worker_counters_total": counters,
+    }))
+}
+
+// ---- main ----------------------------------------------------------------------
+
+/// Raises the open-file limit to the hard limit; children inherit it.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on our own process with a valid struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Report keys in reading order; anything else follows alphabetically.
+const REPORT_ORDER: &[&str] = &[
+    "target",
+    "mode",
+    "stream",
+    "payload",
+    "reply_tokens",
+    "window_s",
+    "ok",
+    "errors",
+    "first_error",
+    "requests_per_s",
+    "latency_ms",
+    "ttft_ms",
+    "inter_token_ms",
+    "completion_tokens_per_s",
+    "gateway_cpu_us_per_request",
+    "gateway_cpu_us_per_streamed_token",
+    "gateway_cores_busy",
+    "gateway_peak_rss_mib",
+    "worker_cpu_us_per_request",
+    "cached_prompt_share",
+    "policy",
+    "worker_counters_total",
+];
+
+fn print_report(report: &Value, json_too: bool) {
+    if let Some(obj) = report.as_object() {
+        let mut keys: Vec<&String> = obj.keys().collect();
+        keys.sort_by_key(|k| {
+            (
+                REPORT_ORDER
+                    .iter()
+                    .position(|o| o == k)
+                    .unwrap_or(usize::MAX),
+                k.to_string(),
+            )
+        });
+        for k in keys {
+            println!("{k:>36}: {}", obj[k.as_str()]);
+        }
+    }
+    if json_too {
+        println!("{report}");
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    raise_fd_limit();
+    if args.rate.is_some_and(|r| r <= 0.0) {
+        bail!("--rate must be positive");
+    }
+    // Start the stack before the runtime: its processes are independent.
+    let stack = if args.url.is_none() {
+        let inflight = args
+            .idle_streams
+            .max(args.concurrency)
+            .max(args.rate.map_or(0, |r| (r * 2.0) as usize));
+        let workers = WorkerOpts {
+            max_concurrency: Some((inflight + 64) as u32),
+            max_queue: Some(1024),
+            env: vec![("RUST_LOG".into(), "warn".into())],
+            extra_args: args
+                .prefix_cache_blocks
+                .map(|n| vec!["--prefix-cache-blocks".to_string(), n.to_string()])
+                .unwrap_or_default(),
+            ..WorkerOpts::paced(args.ttft_ms, args.tokens_per_second)
+        };
+        let gateway = GatewayOpts {
+            threads: args.gateway_threads,
+            rust_log: Some("warn".into()),
+            extra_toml: args
+                .policy
+                .as_ref()
+                .map(|p| format!("[models.{}]\npolicy = \"{p}\"\n", args.model))
+                .unwrap_or_default(),
+            ..GatewayOpts::default()
+        };
+        Some(
+            Stack::builder()
+                .models(&[args.model.as_str()])
+                .workers_per_model(args.workers_per_model)
+                .worker_opts(workers)
+                .gateway_opts(gateway)
+                .start()
+                .context("starting the stack")?,
+        )
+    } else {
+        None
+    };
+    let (base, key, gateway_pid) = match &stack {
+        Some(s) => (
+            s.gateway.base_url(),
+            s.gateway.api_key().to_string(),
+            s.gateway.pid(),
+        ),
+        None => (
+            args.url.clone().unwrap_or_default(),
+            args.key.clone(),
+            args.gateway_pid,
+        ),
+    };
+    let watched = Watched {
+        gateway: if args.baseline { None } else { gateway_pid },
+        workers: stack
+            .as_ref()
+            .map(|s| s.workers.iter().filter_map(|w| w.pid()).collect())
+            .unwrap_or_default(),
+        worker_urls: stack
+            .as_ref()
+            .map(|s| s.workers.iter().map(|w| w.grpc_url()).collect())
+            .unwrap_or_default(),
+    };
+    let url = format!("{}/chat/completions", base.trim_end_matches('/'));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(async {
+        if args.idle_streams > 0 {
+            let pid = gateway_pid.context("--idle-streams needs the gateway pid")?;
+            return idle_streams(&args, &url, &key, pid, &watched).await;
+        }
+        let shooter = if args.baseline {
+            let worker = stack
+                .as_ref()
+                .and_then(|s| s.workers.first())
+                .context("--baseline needs a started stack (no --url)")?;
+            Shooter::Grpc {
+                client: worker.grpc().await?,
+                req: Arc::new(grpc_request(&args)),
+            }
+        } else {
+            Shooter::Http {
+                client: reqwest::Client::builder()
+                    .pool_max_idle_per_host(args.concurrency.max(64))
+                    .tcp_nodelay(true)
+                    .build()?,
+                url: url.clone().into(),
+                key: key.clone().into(),
+                bodies: Arc::new(http_bodies(&args)),
+            }
+        };
+        run_load(&args, shooter, &watched).await
+    })?;
+    print_report(&report, args.json);
+    drop(stack);
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! `stack`: starts a whole service (one synthetic worker per model and a
+//! gateway) on free loopback ports for suites written in other languages.
+//!
+//! Prints one JSON line `{"base_url", "api_key", "admin_url", "gateway_pid"}`
+//! on stdout once everything is ready, then runs until its stdin closes (the
+//! parent exited or closed the pipe); the children die with it.
+
+use clap::Parser;
+use harness::{Stack, WorkerOpts};
+use std::io::Read;
+
+#[derive(Parser)]
+#[command(about = "Start a test stack and print its address and key as JSON")]
+struct Args {
+    /// Use the test Redis ($TEST_REDIS_URL) under a random key prefix.
+    #[arg(long)]
+    redis: bool,
+    /// Simulated time to first token of the workers.
+    #[arg(long, default_value_t = 0)]
+    ttft_ms: u64,
+    /// Simulated decode speed of the workers (0 = unpaced).
+    #[arg(long, default_value_t = 0)]
+    tokens_per_second: u64,
+    /// Only these models get workers (comma-separated; default: all three).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// More gateway config (TOML text), merged as `GatewayOpts::extra_toml`:
+    /// extra keys, plans, orgs, or a model on a dead address.
+    #[arg(long, default_value = "")]
+    extra_toml: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut builder =
+        Stack::builder().worker_opts(WorkerOpts::paced(args.ttft_ms, args.tokens_per_second));
+    if args.redis {
+        builder = builder.redis();
+    }
+    if !args.models.is_empty() {
+        let models: Vec<&str> = args.models.iter().map(String::as_str).collect();
+        builder = builder.models(&models);
+    }
+    if !args.extra_toml.is_empty() {
+        builder = builder.extra_toml(&args.extra_toml);
+    }
+    let stack = builder.start()?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "base_url": stack.gateway.base_url(),
+            "api_key": stack.gateway.api_key(),
+            "admin_url": stack.gateway.admin_url(),
+            "gateway_pid": stack.gateway.pid(),
+        })
+    );
+    // Wait for EOF on stdin; dropping the stack then stops everything.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(stack);
+    Ok(())
+}

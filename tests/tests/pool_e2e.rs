@@ -1,0 +1,509 @@
+//! Worker pools end to end: retry before the first token, client errors
+//! that must not count against a worker, overload of a whole pool, a Redis
+//! outage while requests flow, and what prefix affinity buys in cached
+//! prompt tokens. Real gateway, real synthetic workers, loopback only.
+
+use harness::{
+    assert_error, chat_body, json, random_hex, Client, Gateway, GatewayOpts, SseFrame, Value,
+    Worker, WorkerOpts,
+};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Fails the test if `test` takes longer than `secs`.
+async fn bounded<T>(secs: u64, test: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), test).await {
+        Ok(v) => v,
+        Err(_) => panic!("pool test exceeded its {secs} s bound"),
+    }
+}
+
+/// A gateway over the given workers, with `extra_toml`.
+fn gateway_over(workers: &[Worker], extra_toml: &str) -> Gateway {
+    let mut opts = GatewayOpts {
+        extra_toml: extra_toml.to_string(),
+        ..GatewayOpts::default()
+    };
+    for w in workers {
+        opts.workers
+            .entry(w.model().to_string())
+            .or_default()
+            .push(w.addr().to_string());
+    }
+    Gateway::start(opts).expect("gateway starts")
+}
+
+/// Starts one worker of `model` per entry of `opts`, in parallel.
+fn start_workers(model: &str, opts: &[WorkerOpts]) -> Vec<Worker> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = opts
+            .iter()
+            .map(|o| s.spawn(move || Worker::start(model, o.clone())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("worker start thread")
+                    .expect("worker starts")
+            })
+            .collect()
+    })
+}
+
+async fn post_chat(client: &Client, body: &Value) -> harness::Reply {
+    client
+        .post_json("/chat/completions", body)
+        .await
+        .expect("HTTP exchange")
+}
+
+fn stream_body(model: &str, content: &str) -> Value {
+    let mut body = chat_body(model, content);
+    body["stream"] = json!(true);
+    body
+}
+
+fn ends_with_done(frames: &[SseFrame]) -> bool {
+    frames.last().is_some_and(SseFrame::is_done)
+        && frames[..frames.len() - 1]
+            .iter()
+            .all(|f| f.json()["object"] == "chat.completion.chunk")
+}
+
+/// A shared head longer than the gateway's 1 KiB affinity window, so every
+/// message starting with it has the same affinity key.
+fn shared_head() -> String {
+    "You are a careful assistant for the billing team. ".repeat(30)
+}
+
+// ---- retry before the first token ------------------------------------------
+
+/// Two workers that each run one generation and queue none. With one busy,
+/// prefix affinity still prefers it for the same prefix; it answers
+/// OVERLOADED and the gateway retries on the other worker before any token:
+/// the client sees plain success. With both busy: 503 `server_overloaded`
+/// with `retry-after`.
+#[tokio::test]
+async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
+    bounded(40, async {
+        let one_slot = WorkerOpts {
+            max_concurrency: Some(1),
+            max_queue: Some(0),
+            ..WorkerOpts::default()
+        };
+        let workers = start_workers("base", &[one_slot.clone(), one_slot]);
+        let gateway = gateway_over(&workers, "[models.base]\npolicy = \"prefix_affinity\"\n");
+        let client = gateway.client();
+        let head = shared_head();
+
+        let mut first = client
+            .stream(
+                "/chat/completions",
+                &stream_body(
+                    "base",
+                    &format!("{head} synthetic:reply_tokens=400 synthetic:slow_ms=10"),
+                ),
+            )
+            .await
+            .unwrap();
+        assert_eq!(first.status, 200);
+        first.next_frame().await.unwrap().expect("role chunk");
+        let busy = if workers[0].counters().await.unwrap().started == 1 {
+            0
+        } else {
+            1
+        };
+        let other = 1 - busy;
+
+        // Same prefix: preferred worker is the busy one; it rejects, the
+        // other serves. Streaming and not.
+        let r = post_chat(&client, &chat_body("base", &format!("{head} question one"))).await;
+        assert_eq!(r.status, 200, "{r}");
+        let frames = client
+            .stream(
+                "/chat/completions",
+                &stream_body("base", &format!("{head} question two")),
+            )
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert!(ends_with_done(&frames), "{frames:?}");
+        let b = workers[busy].counters().await.unwrap();
+        let o = workers[other].counters().await.unwrap();
+        assert_eq!(
+            b.rejected, 2,
+            "the busy worker was tried and refused: {b:?}"
+        );
+        assert_eq!((o.started, o.completed), (2, 2), "{o:?}");
+
+        // Both busy: nothing can take it.
+        let mut second = client
+            .stream(
+                "/chat/completions",
+                &stream_body(
+                    "base",
+                    "other synthetic:reply_tokens=400 synthetic:slow_ms=10",
+                ),
+            )
+            .await
+            .unwrap();
+        assert_eq!(second.status, 200);
+        second.next_frame().await.unwrap().expect("role chunk");
+        let r = post_chat(&client, &chat_body("base", "third")).await;
+        assert_error(&r, 503, "server_overloaded");
+        drop((first, second));
+        // Overload never opens a circuit: both serve again at once.
+        let t = Instant::now();
+        loop {
+            let r = post_chat(&client, &chat_body("base", "after")).await;
+            if r.status == 200 {
+                break;
+            }
+            // The dropped streams may take a moment to free their slots.
+            assert_error(&r, 503, "server_overloaded");
+            assert!(t.elapsed() < Duration::from_secs(2), "slots freed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+// ---- client errors ---------------------------------------------------------
+
+/// Many over-length requests (the worker answers CONTEXT_LENGTH_EXCEEDED)
+/// are 400 `context_length_exceeded` every time and never open the worker's
+/// circuit: a normal request right after succeeds on the same (only) worker.
+#[tokio::test]
+async fn context_length_errors_never_open_the_circuit() {
+    bounded(30, async {
+        let workers = start_workers(
+            "base",
+            &[WorkerOpts {
+                context_window: Some(256),
+                ..WorkerOpts::default()
+            }],
+        );
+        let gateway = gateway_over(&workers, "");
+        let client = gateway.client();
+        let long = "many words in a long prompt ".repeat(100);
+        for i in 0..12 {
+            let mut body = chat_body("base", &long);
+            body["stream"] = json!(i % 2 == 0);
+            let r = post_chat(&client, &body).await;
+            let e = assert_error(&r, 400, "context_length_exceeded");
+            assert_eq!(e["param"], "messages", "{r}");
+        }
+        let r = post_chat(&client, &chat_body("base", "short")).await;
+        assert_eq!(r.status, 200, "the worker is still selectable: {r}");
+        let c = workers[0].counters().await.unwrap();
+        assert_eq!((c.rejected, c.completed), (12, 1), "{c:?}");
+        let (_, metrics) = gateway.admin_get("/metrics").await.unwrap();
+        let open_line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("gateway_worker_circuit_open{") && l.contains(workers[0].addr())
+            })
+            .unwrap_or_else(|| panic!("no circuit gauge for the worker:\n{metrics}"));
+        assert!(
+            open_line.trim_end().ends_with(" 0"),
+            "circuit closed: {open_line}"
+        );
+    })
+    .await;
+}
+
+/// A request that fails the engine on every worker (`fail_after=0`) is a
+/// 502 `upstream_error` each time, after trying each worker once; a run of
+/// them opens every circuit, but the pool does not refuse good requests:
+/// with every circuit open and active checks passing, the gateway still
+/// tries the workers (panic mode), so the next good request succeeds.
+#[tokio::test]
+async fn requests_failing_on_every_worker_do_not_take_the_pool_down() {
+    bounded(30, async {
+        let workers = start_workers("base", &[WorkerOpts::default(), WorkerOpts::default()]);
+        let gateway = gateway_over(&workers, "");
+        let client = gateway.client();
+        for i in 0..6 {
+            let r = post_chat(
+                &client,
+                &chat_body("base", &format!("bad {i} synthetic:fail_after=0")),
+            )
+            .await;
+            assert_error(&r, 502, "upstream_error");
+        }
+        for i in 0..6 {
+            let r = post_chat(&client, &chat_body("base", &format!("good {i}"))).await;
+            assert_eq!(r.status, 200, "good request {i} after the bad ones: {r}");
+        }
+        let failed: u64 = futures::future::join_all(workers.iter().map(|w| w.counters()))
+            .await
+            .into_iter()
+            .map(|c| c.unwrap().failed)
+            .sum();
+        assert_eq!(failed, 12, "each bad request tried both workers");
+    })
+    .await;
+}
+
+// ---- Redis outage while requests flow --------------------------------------
+
+/// A private `redis-server` on a free port (never the shared one), killable
+/// and restartable on the same port.
+struct PrivateRedis {
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    fn start() -> Option<Self> {
+        let port: u16 = harness::process::free_addr()
+            .ok()?
+            .rsplit(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let mut r = Self { port, child: None };
+        r.restart().then_some(r)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn restart(&mut self) -> bool {
+        self.stop();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let Ok(child) = child else { return false };
+        self.child = Some(child);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn keys(&self) -> usize {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)))
+            .and_then(|mut conn| redis::cmd("DBSIZE").query::<usize>(&mut conn))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs a closed loop of small chat requests until `stop` is set; returns
+/// the statuses seen, in order, with the time each was sent.
+async fn load_loop(
+    client: Client,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<(Instant, u16)> {
+    let mut seen = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let t = Instant::now();
+        let r = post_chat(&client, &chat_body("base", "ping synthetic:reply_tokens=2")).await;
+        if r.status != 200 {
+            // The only failure the policies allow: 503 with retry-after.
+            assert_error(&r, 503, "service_unavailable");
+        }
+        seen.push((t, r.status));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seen
+}
+
+/// Redis (keys, limits) is killed and restarted while requests flow. The
+/// documented policies: `fail_open_local` (default) keeps serving config
+/// keys under local limits, so every request succeeds; `fail_closed`
+/// answers 503 `service_unavailable` with `retry-after` to every request
+/// during the outage, and only then. Both go back to Redis once it returns.
+#[tokio::test]
+async fn redis_outage_while_requests_flow_follows_the_store_failure_policy() {
+    bounded(60, async {
+        let Some(mut redis) = PrivateRedis::start() else {
+            panic!("redis-server is needed for this test (tests/run.sh installs it)");
+        };
+        let workers = start_workers("base", &[WorkerOpts::default()]);
+        for policy in ["fail_open_local", "fail_closed"] {
+            let prefix = format!("igwtest:{}:", random_hex(8));
+            let gateway = gateway_over(
+                &workers,
+                &format!(
+                    "[plans.default]\nrpm = 100000\n[store]\nredis_url = \"{}\"\nkey_prefix = \"{prefix}\"\n[limits]\non_store_failure = \"{policy}\"\n",
+                    redis.url()
+                ),
+            );
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let load = tokio::spawn(load_loop(gateway.client(), stop.clone()));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let keys_before = redis.keys();
+            let down_at = Instant::now();
+            redis.stop();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(redis.restart(), "redis-server restarts on its port");
+            let up_at = Instant::now();
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let seen = load.await.unwrap();
+            let recovered = seen
+                .iter()
+                .find(|(t, s)| *t >= up_at && *s == 200)
+                .map(|(t, _)| t.duration_since(up_at));
+
+            let before: Vec<u16> = seen.iter().filter(|(t, _)| *t < down_at).map(|s| s.1).collect();
+            let during: Vec<u16> = seen
+                .iter()
+                .filter(|(t, _)| *t >= down_at && *t < up_at)
+                .map(|s| s.1)
+                .collect();
+            // Reconnection takes a moment (about 1 s): judge "after" from 2.5 s on.
+            let after: Vec<u16> = seen
+                .iter()
+                .filter(|(t, _)| *t >= up_at + Duration::from_millis(2500))
+                .map(|s| s.1)
+                .collect();
+            eprintln!(
+                "{policy}: before {:?} during {:?} after {:?}; first 200 after the restart: {recovered:?}",
+                summary(&before),
+                summary(&during),
+                summary(&after)
+            );
+            assert!(keys_before > 0, "{policy}: the gateway used Redis before the outage");
+            assert!(!before.is_empty() && before.iter().all(|s| *s == 200), "{policy}: {before:?}");
+            assert!(!after.is_empty() && after.iter().all(|s| *s == 200), "{policy}: {after:?}");
+            assert!(during.len() >= 5, "requests flowed during the outage: {during:?}");
+            match policy {
+                "fail_open_local" => {
+                    assert!(during.iter().all(|s| *s == 200), "fail open: {during:?}")
+                }
+                _ => assert!(
+                    during.iter().all(|s| *s == 503),
+                    "fail closed refuses every request during the outage: {during:?}"
+                ),
+            }
+            // Limits are counted in Redis again after it came back.
+            assert!(redis.keys() > 0, "{policy}: Redis is used again after the restart");
+            drop(gateway);
+        }
+    })
+    .await;
+}
+
+fn summary(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in statuses {
+        *m.entry(*s).or_insert(0) += 1;
+    }
+    m
+}
+
+// ---- prefix affinity -------------------------------------------------------
+
+/// Runs the repeated-prefix workload against 2 fresh workers under `policy`
+/// and returns (cached_tokens, prompt_tokens) summed over the replies.
+async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
+    let opts = WorkerOpts {
+        extra_args: cache_blocks
+            .map(|b| vec!["--prefix-cache-blocks".to_string(), b.to_string()])
+            .unwrap_or_default(),
+        ..WorkerOpts::default()
+    };
+    let workers = start_workers("base", &[opts.clone(), opts]);
+    let gateway = gateway_over(&workers, &format!("[models.base]\npolicy = \"{policy}\"\n"));
+    let client = gateway.client();
+    // 12 system prompts of ~1,100 tokens (17 cache blocks each), each
+    // reused 6 times with a different question, in round-robin order, two
+    // requests at a time.
+    let systems: Vec<String> = (0..12)
+        .map(|p| {
+            format!("Team {p} handbook. ")
+                + &format!("Rule {p} says: be precise and brief. ").repeat(120)
+        })
+        .collect();
+    let mut jobs = Vec::new();
+    for round in 0..6 {
+        for (p, system) in systems.iter().enumerate() {
+            jobs.push(json!({
+                "model": "base",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": format!("Question {round} for team {p}. synthetic:reply_tokens=4")}
+                ]
+            }));
+        }
+    }
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for pair in jobs.chunks(2) {
+        let replies = futures::future::join_all(pair.iter().map(|b| post_chat(&client, b))).await;
+        for r in replies {
+            assert_eq!(r.status, 200, "{r}");
+            let usage = &r.json()["usage"];
+            prompt += usage["prompt_tokens"].as_u64().unwrap_or(0);
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+    }
+    (cached, prompt)
+}
+
+/// Repeated long prefixes: prefix affinity gives a higher `cached_tokens`
+/// share than plain least-loaded balancing, both with the workers' default
+/// prefix cache and with one that holds only about half the working set.
+#[tokio::test]
+async fn prefix_affinity_raises_the_cached_token_share() {
+    bounded(80, async {
+        let mut shares = Vec::new();
+        for blocks in [None, Some(160)] {
+            for policy in ["least_loaded", "prefix_affinity"] {
+                let (cached, prompt) = cached_share(policy, blocks).await;
+                let share = cached as f64 / prompt as f64;
+                eprintln!(
+                    "cached share, cache blocks {}: {policy}: {cached}/{prompt} = {:.1}%",
+                    blocks.map_or("default".to_string(), |b| b.to_string()),
+                    share * 100.0
+                );
+                shares.push(share);
+            }
+        }
+        assert!(
+            shares[1] > shares[0],
+            "affinity beats least_loaded (default cache): {shares:?}"
+        );
+        assert!(
+            shares[3] > shares[2] + 0.15,
+            "affinity beats least_loaded (bounded cache): {shares:?}"
+        );
+    })
+    .await;
+}

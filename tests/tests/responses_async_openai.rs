@@ -1,0 +1,184 @@
+//! The Responses API through the Rust `async-openai` crate: its strict
+//! types must parse every object and stream event the gateway produces
+//! (text, reasoning, function calls, incomplete, background replay,
+//! input items, delete, errors).
+
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::types::responses::{CreateResponse, OutputItem, ResponseStreamEvent, Status};
+use async_openai::Client;
+use futures::StreamExt;
+use harness::{json, Stack, Value};
+use std::time::{Duration, Instant};
+
+fn client(stack: &Stack) -> Client<OpenAIConfig> {
+    Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(stack.gateway.base_url())
+            .with_api_key(stack.gateway.api_key()),
+    )
+}
+
+/// A typed request from its JSON form (what a client would send).
+fn request(body: Value) -> CreateResponse {
+    serde_json::from_value(body).expect("a valid CreateResponse")
+}
+
+fn tools() -> Value {
+    json!([{"type":"function","name":"get_weather","description":"Weather in a city",
+        "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false},
+        "strict":true}])
+}
+
+/// Every event of a stream, failing on any that does not parse.
+async fn collect(
+    mut stream: async_openai::types::responses::ResponseStream,
+) -> Vec<ResponseStreamEvent> {
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(e) => events.push(e),
+            Err(e) => panic!("event did not parse: {e:?} (after {events:?})"),
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn objects_parse_into_the_typed_response() {
+    let stack = Stack::builder().models(&["base"]).start().unwrap();
+    let openai = client(&stack);
+    let responses = openai.responses();
+
+    let r = responses
+        .create(request(json!({"model":"base","input":"Hello synthetic:reply_tokens=4",
+            "instructions":"be brief","metadata":{"k":"v"},"reasoning":{"effort":"low","summary":"auto"}})))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Completed);
+    assert!(matches!(r.output[0], OutputItem::Reasoning(_)));
+    assert!(matches!(r.output[1], OutputItem::Message(_)));
+    let usage = r.usage.clone().unwrap();
+    assert!(usage.output_tokens_details.reasoning_tokens > 0);
+
+    let calls = responses
+        .create(request(json!({"model":"base","input":"Weather in Rome?","tools":tools(),"tool_choice":"required"})))
+        .await
+        .unwrap();
+    assert!(calls
+        .output
+        .iter()
+        .any(|o| matches!(o, OutputItem::FunctionCall(c) if c.name == "get_weather")));
+
+    let cut = responses
+        .create(request(
+            json!({"model":"base","input":"x synthetic:reply_tokens=50","max_output_tokens":3}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(cut.status, Status::Incomplete);
+    assert_eq!(cut.incomplete_details.unwrap().reason, "max_output_tokens");
+
+    let again = responses.retrieve(&r.id).await.unwrap();
+    assert_eq!(again.id, r.id);
+    let items = responses.list_input_items(&r.id).await.unwrap();
+    assert_eq!(items.data.len(), 1);
+    let deleted = responses.delete(&r.id).await.unwrap();
+    assert!(deleted.deleted);
+    match responses.retrieve(&r.id).await {
+        Err(OpenAIError::ApiError(e)) => assert_eq!(e.status_code.as_u16(), 404),
+        other => panic!("expected 404, got {other:?}"),
+    }
+    match responses.cancel(&calls.id).await {
+        Err(OpenAIError::ApiError(e)) => {
+            assert_eq!(e.status_code.as_u16(), 400);
+            assert_eq!(
+                e.api_error.code.as_deref(),
+                Some("response_not_cancellable")
+            );
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn stream_events_parse() {
+    let stack = Stack::builder().models(&["base"]).start().unwrap();
+    let openai = client(&stack);
+    let responses = openai.responses();
+
+    let events = collect(
+        responses
+            .create_stream(request(
+                json!({"model":"base","input":"Think synthetic:reply_tokens=5",
+                "reasoning":{"effort":"low"}}),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(matches!(events[0], ResponseStreamEvent::ResponseCreated(_)));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ResponseStreamEvent::ResponseReasoningSummaryTextDelta(_))));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ResponseStreamEvent::ResponseOutputTextDelta(_))));
+    assert!(matches!(
+        events.last(),
+        Some(ResponseStreamEvent::ResponseCompleted(_))
+    ));
+
+    let events = collect(
+        responses
+            .create_stream(request(
+                json!({"model":"base","input":"Weather?","tools":tools(),
+                "tool_choice":{"type":"function","name":"get_weather"}}),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ResponseStreamEvent::ResponseFunctionCallArgumentsDone(d) if d.name.as_deref() == Some("get_weather"))));
+
+    let events = collect(
+        responses
+            .create_stream(request(
+                json!({"model":"base","input":"x synthetic:reply_tokens=9","max_output_tokens":2}),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(matches!(
+        events.last(),
+        Some(ResponseStreamEvent::ResponseIncomplete(_))
+    ));
+}
+
+#[tokio::test]
+async fn background_replay_parses() {
+    let stack = Stack::builder().models(&["base"]).start().unwrap();
+    let openai = client(&stack);
+    let responses = openai.responses();
+    let r = responses
+        .create(request(
+            json!({"model":"base","input":"bg synthetic:reply_tokens=6","background":true}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Queued);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while responses.retrieve(&r.id).await.unwrap().status != Status::Completed {
+        assert!(Instant::now() < deadline, "background run did not complete");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = collect(responses.retrieve_stream(&r.id).await.unwrap()).await;
+    assert!(matches!(events[0], ResponseStreamEvent::ResponseCreated(_)));
+    assert!(matches!(
+        events.last(),
+        Some(ResponseStreamEvent::ResponseCompleted(_))
+    ));
+}

@@ -1,0 +1,83 @@
+//! Test controls of the SIMULATED engine, read from the last user message.
+//!
+//! - `synthetic:reply_tokens=N`: the text reply is exactly N tokens (still
+//!   capped by `max_tokens`, which then finishes `length`).
+//! - `synthetic:fail_after=N`: after N completion tokens the stream ends with
+//!   an INTERNAL status and reason `ENGINE_FAILURE` (N = 0: before any token).
+//! - `synthetic:hang`: send nothing and wait until the stream is dropped.
+//! - `synthetic:slow_ms=N`: N milliseconds between tokens (overrides
+//!   `--tokens-per-second`).
+//! - `synthetic:echo`: the reply is the last user message's text, verbatim.
+//! - `synthetic:echo_messages`: the reply lists every message the worker
+//!   received, one line each: `role: text`, with `[image]` for image parts,
+//!   `name(arguments)` for tool calls and `(tool_call_id)` on tool results.
+//!   For asserting what the gateway sent (history, `previous_response_id`).
+
+/// The controls found in a message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Controls {
+    pub reply_tokens: Option<u32>,
+    pub fail_after: Option<u32>,
+    pub hang: bool,
+    pub slow_ms: Option<u64>,
+    pub echo: bool,
+    pub echo_messages: bool,
+}
+
+impl Controls {
+    /// Scans text for `synthetic:` directives.
+    pub fn parse(text: &str) -> Self {
+        let mut c = Controls::default();
+        if !text.contains("synthetic:") {
+            return c;
+        }
+        for (at, _) in text.match_indices("synthetic:") {
+            let rest = &text[at + "synthetic:".len()..];
+            let directive: &str = rest
+                .split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '='))
+                .next()
+                .unwrap_or("");
+            match directive.split_once('=') {
+                Some(("reply_tokens", n)) => c.reply_tokens = n.parse().ok(),
+                Some(("fail_after", n)) => c.fail_after = n.parse().ok(),
+                Some(("slow_ms", n)) => c.slow_ms = n.parse().ok(),
+                None if directive == "hang" => c.hang = true,
+                None if directive == "echo" => c.echo = true,
+                None if directive == "echo_messages" => c.echo_messages = true,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_directive() {
+        let c = Controls::parse(
+            "hi synthetic:reply_tokens=12, then synthetic:fail_after=3 synthetic:slow_ms=5 \
+             (synthetic:hang) synthetic:echo.",
+        );
+        assert_eq!(
+            c,
+            Controls {
+                reply_tokens: Some(12),
+                fail_after: Some(3),
+                hang: true,
+                slow_ms: Some(5),
+                echo: true,
+                echo_messages: false,
+            }
+        );
+        assert_eq!(Controls::parse("plain text"), Controls::default());
+        let c = Controls::parse("synthetic:echo_messages");
+        assert!(c.echo_messages && !c.echo);
+        assert_eq!(
+            Controls::parse("synthetic:reply_tokens=x").reply_tokens,
+            None
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! A model worker: one model behind the `inference.v1` gRPC protocol.
+//!
+//! Request path: [`service`] (draining check, tokenize with [`tokenizer`],
+//! context-window check, [`admission`], [`prefix_cache`]) hands a prepared
+//! job to an [`engine`], whose events stream back to the gateway. [`drain`]
+//! owns graceful shutdown; [`counters`] the totals that `Info` reports.
+//!
+//! The only engine today is `synthetic`: SIMULATED output for tests,
+//! benchmarks and load, not a language model.
+
+pub mod admission;
+pub mod counters;
+pub mod drain;
+pub mod engine;
+pub mod model;
+pub mod prefix_cache;
+pub mod service;
+pub mod status;
+pub mod tokenizer;

@@ -1,0 +1,61 @@
+//! What each public model is, as far as a worker needs to know: its context
+//! window and its capabilities (from the spec's model table).
+
+use inference_proto::v1 as pb;
+
+/// The served model's fixed facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelProfile {
+    pub id: String,
+    pub context_window: u32,
+    /// Image input is accepted only on `base`.
+    pub image_input: bool,
+    /// The reasoning budget is configurable only on `base`.
+    pub reasoning_budget: bool,
+}
+
+impl ModelProfile {
+    /// The profile of a model id; `context_window` overrides the default.
+    /// Unknown ids get `base`'s window and no image input.
+    pub fn new(id: &str, context_window: Option<u32>) -> Self {
+        let (window, is_base) = match id {
+            "base" => (196_608, true),
+            "base-ultra" => (1_000_000, false),
+            "base-mini" => (262_144, false),
+            _ => (196_608, false),
+        };
+        Self {
+            id: id.to_owned(),
+            context_window: context_window.unwrap_or(window),
+            image_input: is_base,
+            reasoning_budget: is_base,
+        }
+    }
+
+    pub fn capabilities(&self) -> pb::Capabilities {
+        pb::Capabilities {
+            image_input: self.image_input,
+            reasoning_budget: self.reasoning_budget,
+            tools: true,
+            structured_output: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_capabilities_follow_the_spec_table() {
+        let base = ModelProfile::new("base", None);
+        assert_eq!(base.context_window, 196_608);
+        assert!(base.image_input && base.reasoning_budget);
+        let ultra = ModelProfile::new("base-ultra", None);
+        assert_eq!(ultra.context_window, 1_000_000);
+        assert!(!ultra.image_input && !ultra.reasoning_budget);
+        let mini = ModelProfile::new("base-mini", Some(4096));
+        assert_eq!(mini.context_window, 4096);
+        assert!(!mini.image_input);
+    }
+}

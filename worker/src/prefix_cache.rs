@@ -1,0 +1,139 @@
+//! Prefix-cache accounting (`cached_prompt_tokens`).
+//!
+//! Like a paged KV cache, a prompt is cut into blocks of [`BLOCK_TOKENS`]
+//! tokens. Block `i` is identified by a hash chained over the whole prefix up
+//! to its end, so a hit on block `i` implies the prefix matched exactly. The
+//! cache remembers the most recently used block hashes (LRU, bounded); a
+//! prompt's cached tokens are the length of its longest remembered
+//! block-aligned prefix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+/// Tokens per cache block.
+pub const BLOCK_TOKENS: usize = 64;
+
+/// A bounded LRU of prefix-block hashes.
+#[derive(Debug)]
+pub struct PrefixCache {
+    inner: Mutex<Lru>,
+}
+
+#[derive(Debug, Default)]
+struct Lru {
+    capacity: usize,
+    tick: u64,
+    /// block hash -> last use tick
+    last_use: HashMap<u64, u64>,
+    /// last use tick -> block hash (oldest first)
+    by_age: BTreeMap<u64, u64>,
+}
+
+impl Lru {
+    fn touch(&mut self, hash: u64) {
+        self.tick += 1;
+        if let Some(old) = self.last_use.insert(hash, self.tick) {
+            self.by_age.remove(&old);
+        }
+        self.by_age.insert(self.tick, hash);
+        while self.last_use.len() > self.capacity {
+            match self.by_age.pop_first() {
+                Some((_, evicted)) => {
+                    self.last_use.remove(&evicted);
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+impl PrefixCache {
+    /// A cache remembering at most `capacity_blocks` blocks.
+    pub fn new(capacity_blocks: usize) -> Self {
+        Self {
+            inner: Mutex::new(Lru {
+                capacity: capacity_blocks.max(1),
+                ..Lru::default()
+            }),
+        }
+    }
+
+    /// Returns how many leading tokens of `tokens` were cached, then
+    /// remembers all of its full blocks (the prompt is now "in cache").
+    pub fn lookup_and_insert(&self, tokens: &[u32]) -> u32 {
+        let hashes = block_hashes(tokens);
+        let Ok(mut lru) = self.inner.lock() else {
+            return 0;
+        };
+        let hits = hashes
+            .iter()
+            .take_while(|h| lru.last_use.contains_key(h))
+            .count();
+        for h in &hashes {
+            lru.touch(*h);
+        }
+        u32::try_from(hits * BLOCK_TOKENS).unwrap_or(u32::MAX)
+    }
+
+    /// Number of remembered blocks.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|l| l.last_use.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Chained hashes of every full block of `tokens`.
+fn block_hashes(tokens: &[u32]) -> Vec<u64> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    tokens
+        .chunks_exact(BLOCK_TOKENS)
+        .map(|block| {
+            for t in block {
+                h ^= u64::from(*t);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+                h ^= h >> 29;
+            }
+            h
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(start: u32, n: usize) -> Vec<u32> {
+        (start..start + n as u32).collect()
+    }
+
+    #[test]
+    fn a_repeated_prefix_is_reported_block_aligned() {
+        let cache = PrefixCache::new(1024);
+        let first = seq(0, 200);
+        assert_eq!(cache.lookup_and_insert(&first), 0);
+        // Same first 150 tokens, different tail: two full blocks match.
+        let mut second = seq(0, 150);
+        second.extend(seq(10_000, 100));
+        assert_eq!(cache.lookup_and_insert(&second), 128);
+        // The identical prompt again: all three of its full blocks.
+        assert_eq!(cache.lookup_and_insert(&first), 192);
+        // A different first token shares nothing.
+        let other = seq(1, 200);
+        assert_eq!(cache.lookup_and_insert(&other), 0);
+    }
+
+    #[test]
+    fn short_prompts_never_hit_and_the_lru_is_bounded() {
+        let cache = PrefixCache::new(4);
+        assert_eq!(cache.lookup_and_insert(&seq(0, 63)), 0);
+        assert_eq!(cache.lookup_and_insert(&seq(0, 63)), 0);
+        cache.lookup_and_insert(&seq(0, 64 * 3));
+        cache.lookup_and_insert(&seq(5000, 64 * 3));
+        assert_eq!(cache.len(), 4);
+        // The oldest blocks of the first prompt were evicted.
+        assert_eq!(cache.lookup_and_insert(&seq(0, 64 * 3)), 0);
+    }
+}

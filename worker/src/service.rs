@@ -1,0 +1,358 @@
+//! The tonic `inference.v1.Worker` service: the engine-independent half of
+//! a request (draining, tokenizing, the context check, admission, the prefix
+//! cache, counters), then the engine streams.
+
+use crate::admission::Admission;
+use crate::counters::Counters;
+use crate::drain::DrainFlag;
+use crate::engine::{Engine, EventSink, Job};
+use crate::model::ModelProfile;
+use crate::prefix_cache::PrefixCache;
+use crate::status;
+use crate::tokenizer::{self, Prompt};
+use inference_proto::v1 as pb;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// Prompts with more text than this are tokenized off the async threads.
+const BLOCKING_TOKENIZE_BYTES: usize = 64 * 1024;
+
+/// Events buffered between the engine and the gRPC stream.
+const STREAM_BUFFER: usize = 64;
+
+/// Everything the service shares across requests.
+pub struct WorkerState {
+    pub model: ModelProfile,
+    /// `synthetic`, ...
+    pub engine_name: &'static str,
+    pub description: String,
+    pub engine: Arc<dyn Engine>,
+    pub admission: Admission,
+    pub cache: PrefixCache,
+    pub counters: Counters,
+    pub drain: DrainFlag,
+}
+
+/// The gRPC service; cheap to clone.
+#[derive(Clone)]
+pub struct WorkerService {
+    state: Arc<WorkerState>,
+}
+
+impl WorkerService {
+    pub fn new(state: Arc<WorkerState>) -> Self {
+        Self { state }
+    }
+
+    fn reject(&self, status: Status) -> Status {
+        self.state.counters.rejected();
+        status
+    }
+
+    /// Tokenizes the prompt, off the runtime threads when it is large.
+    async fn render(req: pb::GenerateRequest) -> Result<(pb::GenerateRequest, Prompt), Status> {
+        let text_bytes: usize = req
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .map(|p| match &p.part {
+                Some(pb::content_part::Part::Text(t)) => t.len(),
+                _ => 0,
+            })
+            .sum();
+        if text_bytes < BLOCKING_TOKENIZE_BYTES {
+            let prompt = tokenizer::render(&req);
+            return Ok((req, prompt));
+        }
+        tokio::task::spawn_blocking(move || {
+            let prompt = tokenizer::render(&req);
+            (req, prompt)
+        })
+        .await
+        .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))
+    }
+
+    /// Checks the prompt against the model; returns the completion limit.
+    fn check(&self, req: &pb::GenerateRequest, prompt: &Prompt) -> Result<u32, Status> {
+        let model = &self.state.model;
+        if prompt.image_parts > 0 && !model.image_input {
+            return Err(status::invalid_request(format!(
+                "model `{}` does not accept image input",
+                model.id
+            )));
+        }
+        let max_tokens = req.sampling.as_ref().map_or(0, |s| s.max_tokens);
+        let window = model.context_window;
+        let prompt_tokens = prompt.len();
+        let over = prompt_tokens >= window
+            || (max_tokens > 0
+                && u64::from(prompt_tokens) + u64::from(max_tokens) > u64::from(window));
+        if over {
+            return Err(status::context_length_exceeded(
+                window,
+                prompt_tokens,
+                max_tokens,
+            ));
+        }
+        Ok(if max_tokens > 0 {
+            max_tokens
+        } else {
+            window - prompt_tokens
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for WorkerService {
+    type GenerateStream = ReceiverStream<Result<pb::GenerateEvent, Status>>;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let state = &self.state;
+        if state.drain.is_draining() {
+            return Err(self.reject(status::draining()));
+        }
+        let (req, prompt) = Self::render(request.into_inner()).await?;
+        let completion_limit = self.check(&req, &prompt).map_err(|s| self.reject(s))?;
+        let slot = state.admission.admit().await.map_err(|o| {
+            tracing::debug!(request_id = %req.request_id, "overloaded");
+            self.reject(status::overloaded(o.running, o.queued))
+        })?;
+        let cached_prompt_tokens = state.cache.lookup_and_insert(&prompt.tokens);
+        let prompt_tokens = prompt.len();
+        let request_id = req.request_id.clone();
+        let job = Job {
+            request: req,
+            prompt,
+            cached_prompt_tokens,
+            completion_limit,
+            model: state.model.clone(),
+        };
+        let generation = state.engine.prepare(job).map_err(|s| self.reject(s))?;
+        state.counters.started(prompt_tokens, cached_prompt_tokens);
+        tracing::debug!(%request_id, prompt_tokens, cached_prompt_tokens, "generate");
+
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let state = Arc::clone(&self.state);
+        tokio::spawn(async move {
+            // The slot is held until the generation ends, however it ends.
+            let _slot = slot;
+            let outcome = generation.run(EventSink::new(tx)).await;
+            tracing::debug!(%request_id, ?outcome, "generation ended");
+            state.counters.finished(outcome);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn info(
+        &self,
+        _request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
+        let s = &self.state;
+        Ok(Response::new(pb::InfoResponse {
+            model: s.model.id.clone(),
+            engine: s.engine_name.to_owned(),
+            description: s.description.clone(),
+            context_window: s.model.context_window,
+            capabilities: Some(s.model.capabilities()),
+            load: Some(pb::Load {
+                running: s.admission.running(),
+                queued: s.admission.queued(),
+                capacity: s.admission.capacity(),
+            }),
+            draining: s.drain.is_draining(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            counters: Some(s.counters.snapshot()),
+        }))
+    }
+
+    async fn count_tokens(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<pb::CountTokensResponse>, Status> {
+        let (_, prompt) = Self::render(request.into_inner()).await?;
+        Ok(Response::new(pb::CountTokensResponse {
+            prompt_tokens: prompt.len(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::synthetic::{SyntheticConfig, SyntheticEngine};
+    use pb::worker_server::Worker;
+    use tokio_stream::StreamExt;
+
+    fn service(model: &str, window: Option<u32>, concurrency: u32, queue: u32) -> WorkerService {
+        WorkerService::new(Arc::new(WorkerState {
+            model: ModelProfile::new(model, window),
+            engine_name: "synthetic",
+            description: "SIMULATED".into(),
+            engine: Arc::new(SyntheticEngine::new(SyntheticConfig::default())),
+            admission: Admission::new(concurrency, queue),
+            cache: PrefixCache::new(4096),
+            counters: Counters::default(),
+            drain: DrainFlag::default(),
+        }))
+    }
+
+    fn request(text: &str, max_tokens: u32) -> pb::GenerateRequest {
+        pb::GenerateRequest {
+            request_id: "t".into(),
+            model: "base".into(),
+            messages: vec![pb::Message {
+                role: "user".into(),
+                content: vec![pb::ContentPart {
+                    part: Some(pb::content_part::Part::Text(text.into())),
+                }],
+                ..Default::default()
+            }],
+            sampling: Some(pb::Sampling {
+                max_tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn finish(svc: &WorkerService, req: pb::GenerateRequest) -> pb::Finished {
+        let mut stream = svc
+            .generate(Request::new(req))
+            .await
+            .expect("generate")
+            .into_inner();
+        let mut last = None;
+        while let Some(ev) = stream.next().await {
+            last = ev.expect("event").event;
+        }
+        match last {
+            Some(pb::generate_event::Event::Finished(f)) => f,
+            other => panic!("last event {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn rejects_prompts_over_the_context_window() {
+        let svc = service("base", Some(100), 4, 4);
+        let long = "word ".repeat(200);
+        let err = svc
+            .generate(Request::new(request(&long, 0)))
+            .await
+            .expect_err("too long");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(status::reason_of(&err), Some("CONTEXT_LENGTH_EXCEEDED"));
+
+        // Fits alone but not with max_tokens.
+        let err = svc
+            .generate(Request::new(request("hello", 95)))
+            .await
+            .expect_err("prompt + max_tokens too long");
+        assert_eq!(status::reason_of(&err), Some("CONTEXT_LENGTH_EXCEEDED"));
+        assert!(
+            err.message().contains("in the completion"),
+            "{}",
+            err.message()
+        );
+
+        // max_tokens 0 = the rest of the window.
+        let f = finish(&svc, request("hello synthetic:reply_tokens=500", 0)).await;
+        let u = f.usage.expect("usage");
+        assert_eq!(u.prompt_tokens + u.completion_tokens, 100);
+        assert_eq!(f.reason(), pb::finished::Reason::Length);
+        assert_eq!(svc.state.counters.snapshot().rejected, 2);
+    }
+
+    #[tokio::test]
+    async fn images_only_on_base() {
+        let mut req = request("see", 10);
+        req.messages[0].content.push(pb::ContentPart {
+            part: Some(pb::content_part::Part::ImageUrl(pb::ImageUrl {
+                url: "data:image/png;base64,AAAA".into(),
+                detail: "low".into(),
+            })),
+        });
+        let err = service("base-mini", None, 1, 1)
+            .generate(Request::new(req.clone()))
+            .await
+            .expect_err("no images on base-mini");
+        assert_eq!(status::reason_of(&err), Some("INVALID_REQUEST"));
+        let f = finish(&service("base", None, 1, 1), req).await;
+        assert_eq!(f.usage.expect("usage").image_tokens, 85);
+    }
+
+    #[tokio::test]
+    async fn repeated_prefix_reports_cached_tokens() {
+        let svc = service("base", None, 4, 4);
+        let long = "the same long system context ".repeat(60);
+        let first = finish(&svc, request(&long, 10)).await.usage.expect("usage");
+        assert_eq!(first.cached_prompt_tokens, 0);
+        let second = finish(&svc, request(&long, 10)).await.usage.expect("usage");
+        assert!(second.cached_prompt_tokens >= 64);
+        assert!(second.cached_prompt_tokens <= second.prompt_tokens);
+        assert_eq!(second.cached_prompt_tokens % 64, 0);
+    }
+
+    #[tokio::test]
+    async fn overload_and_draining_are_refused_with_reasons() {
+        let svc = service("base", None, 1, 0);
+        let mut hung = svc
+            .generate(Request::new(request("synthetic:hang", 10)))
+            .await
+            .expect("first runs")
+            .into_inner();
+        let err = svc
+            .generate(Request::new(request("hi", 10)))
+            .await
+            .expect_err("overloaded");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status::reason_of(&err), Some("OVERLOADED"));
+
+        // Dropping the hung stream cancels it and frees the slot.
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(20), hung.next())
+                .await
+                .is_err()
+        );
+        drop(hung);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while svc.state.counters.snapshot().cancelled == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "not cancelled");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        assert!(svc.state.admission.is_idle());
+
+        svc.state.drain.start();
+        let err = svc
+            .generate(Request::new(request("hi", 10)))
+            .await
+            .expect_err("draining");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert_eq!(status::reason_of(&err), Some("DRAINING"));
+        let info = svc
+            .info(Request::new(pb::InfoRequest {}))
+            .await
+            .expect("info")
+            .into_inner();
+        assert!(info.draining);
+        assert_eq!(info.counters.expect("counters").rejected, 2);
+    }
+
+    #[tokio::test]
+    async fn count_tokens_matches_generate_usage() {
+        let svc = service("base", None, 4, 4);
+        let req = request("How many tokens is this?", 5);
+        let counted = svc
+            .count_tokens(Request::new(req.clone()))
+            .await
+            .expect("count")
+            .into_inner()
+            .prompt_tokens;
+        let f = finish(&svc, req).await;
+        assert_eq!(counted, f.usage.expect("usage").prompt_tokens);
+    }
+}
