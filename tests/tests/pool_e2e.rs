@@ -429,6 +429,16 @@ fn summary(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
 
 // ---- prefix affinity -------------------------------------------------------
 
+const PREFIXES: usize = 40;
+const ROUNDS: usize = 5;
+/// A worker's prefix cache in the bounded case, in 64-token blocks. Under
+/// affinity a worker serves about half the prefixes: ~20 × (4 shared + 1
+/// request-specific block) = ~100 blocks between two uses of one prefix,
+/// which fits (a split up to 30/10 still does). Under least-loaded a prefix
+/// lands on the same worker as last round only half the time, and two
+/// rounds apart ~200 blocks have gone by, which does not fit.
+const BOUNDED_CACHE_BLOCKS: u32 = 150;
+
 /// Runs the repeated-prefix workload against 2 fresh workers under `policy`
 /// and returns (cached_tokens, prompt_tokens) summed over the replies.
 async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
@@ -441,17 +451,20 @@ async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
     let workers = start_workers("base", &[opts.clone(), opts]);
     let gateway = gateway_over(&workers, &format!("[models.base]\npolicy = \"{policy}\"\n"));
     let client = gateway.client();
-    // 12 system prompts of ~1,100 tokens (17 cache blocks each), each
-    // reused 6 times with a different question, in round-robin order, two
-    // requests at a time.
-    let systems: Vec<String> = (0..12)
+    // PREFIXES system prompts of ~290 tokens (4 full cache blocks each), each
+    // reused ROUNDS times with a different question, in round-robin order,
+    // two requests at a time. Many short prefixes rather than a few long
+    // ones: rendezvous hashing then splits them close to evenly between the
+    // two workers, so the bounded-cache case below does not depend on which
+    // free ports the workers got.
+    let systems: Vec<String> = (0..PREFIXES)
         .map(|p| {
             format!("Team {p} handbook. ")
-                + &format!("Rule {p} says: be precise and brief. ").repeat(120)
+                + &format!("Rule {p} says: be precise and brief. ").repeat(30)
         })
         .collect();
     let mut jobs = Vec::new();
-    for round in 0..6 {
+    for round in 0..ROUNDS {
         for (p, system) in systems.iter().enumerate() {
             jobs.push(json!({
                 "model": "base",
@@ -477,14 +490,14 @@ async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
     (cached, prompt)
 }
 
-/// Repeated long prefixes: prefix affinity gives a higher `cached_tokens`
+/// Repeated prefixes: prefix affinity gives a higher `cached_tokens`
 /// share than plain least-loaded balancing, both with the workers' default
-/// prefix cache and with one that holds only about half the working set.
+/// prefix cache and with one too small for a whole round of prefixes.
 #[tokio::test]
 async fn prefix_affinity_raises_the_cached_token_share() {
     bounded(80, async {
         let mut shares = Vec::new();
-        for blocks in [None, Some(160)] {
+        for blocks in [None, Some(BOUNDED_CACHE_BLOCKS)] {
             for policy in ["least_loaded", "prefix_affinity"] {
                 let (cached, prompt) = cached_share(policy, blocks).await;
                 let share = cached as f64 / prompt as f64;
