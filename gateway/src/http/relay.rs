@@ -45,7 +45,11 @@ pub async fn relay(
     let mut finished = finished_of(&first);
     encode(first, &mut out);
     let mut last_token_at = Instant::now();
-    let model = ex.model;
+    // Per-stream, not per-token: the labelled lookup hashes and locks.
+    let time_per_output_token = METRICS.time_per_output_token.with_label_values(&[ex.model]);
+    // One timer for the whole relay rather than one registered per event.
+    let deadline = tokio::time::sleep_until(deadline);
+    tokio::pin!(deadline);
     loop {
         if !out.is_empty()
             && ex.response_started()
@@ -60,7 +64,7 @@ pub async fn relay(
             biased;
             next = rest.message() => next,
             _ = ex.client_gone() => return RelayEnd::ClientGone,
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = &mut deadline => {
                 return RelayEnd::Failed(ApiError::timeout("The generation exceeded the request deadline."));
             }
         };
@@ -69,10 +73,7 @@ pub async fn relay(
             match next {
                 Ok(Some(event)) => {
                     let now = Instant::now();
-                    METRICS
-                        .time_per_output_token
-                        .with_label_values(&[model])
-                        .observe(now.duration_since(last_token_at).as_secs_f64());
+                    time_per_output_token.observe(now.duration_since(last_token_at).as_secs_f64());
                     last_token_at = now;
                     finished = finished_of(&event);
                     encode(event, &mut out);

@@ -17,9 +17,19 @@ const MAX_OPEN: Duration = Duration::from_secs(30);
 pub struct WorkerEndpoint {
     addr: String,
     endpoint: Endpoint,
-    /// Created on first use: tonic spawns the connection task on the current
-    /// runtime, and Pingora's runtimes exist only once the server runs.
+    /// The generation channel, created on first use: tonic spawns its
+    /// connection and buffer tasks on the current runtime, and Pingora's
+    /// runtimes exist only once the server runs. The first user is the
+    /// request path, so those tasks live on the public listener's runtime
+    /// with the requests they serve: a token frame is read and relayed
+    /// without waking a thread of another runtime.
     channel: OnceLock<Channel>,
+    /// A separate connection for health checks and load polling, created
+    /// on the background runtime that runs them. Sharing the generation
+    /// channel would tie every generation's I/O to that runtime; a separate
+    /// connection also means a check fails when a new connection cannot be
+    /// made, not only when an old one is stuck.
+    probe_channel: OnceLock<Channel>,
     inflight: Arc<AtomicU32>,
     // ---- reported by the worker (Info), refreshed by the health loop ------
     running: AtomicU32,
@@ -62,6 +72,7 @@ impl WorkerEndpoint {
             addr: addr.to_owned(),
             endpoint,
             channel: OnceLock::new(),
+            probe_channel: OnceLock::new(),
             inflight: Arc::new(AtomicU32::new(0)),
             running: AtomicU32::new(0),
             queued: AtomicU32::new(0),
@@ -79,14 +90,23 @@ impl WorkerEndpoint {
         &self.addr
     }
 
+    /// The generation channel (request path only, see the field's note).
     pub fn channel(&self) -> Channel {
         self.channel
             .get_or_init(|| self.endpoint.clone().connect_lazy())
             .clone()
     }
 
+    /// A client on the generation channel (request path only).
     pub fn client(&self) -> WorkerClient<Channel> {
         WorkerClient::new(self.channel())
+    }
+
+    /// The health-check channel (background maintenance only).
+    pub fn probe_channel(&self) -> Channel {
+        self.probe_channel
+            .get_or_init(|| self.endpoint.clone().connect_lazy())
+            .clone()
     }
 
     /// Requests this gateway has in flight on the worker.

@@ -15,7 +15,7 @@ pub const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
 /// Checks one worker and records the outcome on it.
 pub async fn check(endpoint: &WorkerEndpoint) {
     let health = async {
-        let mut client = HealthClient::new(endpoint.channel());
+        let mut client = HealthClient::new(endpoint.probe_channel());
         let reply = client
             .check(HealthCheckRequest {
                 service: "inference.v1.Worker".into(),
@@ -25,7 +25,10 @@ pub async fn check(endpoint: &WorkerEndpoint) {
         Some(reply.into_inner().status == ServingStatus::Serving as i32)
     };
     let info = async {
-        let reply = endpoint.client().info(pb::InfoRequest {}).await.ok()?;
+        let reply = pb::worker_client::WorkerClient::new(endpoint.probe_channel())
+            .info(pb::InfoRequest {})
+            .await
+            .ok()?;
         let info = reply.into_inner();
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))
