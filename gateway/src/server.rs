@@ -7,6 +7,7 @@ use crate::http::admin::AdminApp;
 use crate::http::app::PublicApp;
 use crate::lifecycle;
 use async_trait::async_trait;
+use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora_core::services::background::{background_service, BackgroundService};
@@ -40,7 +41,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
 
     let mut public = Service::new("public".into(), PublicApp(app));
-    public.add_tcp(&listen);
+    public.add_listener(public_listener(&listen));
     let mut admin = Service::new("admin".into(), AdminApp);
     admin.threads = Some(1);
     admin.add_tcp(&admin_listen);
@@ -61,6 +62,16 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         shutdown_signal: Box::new(drain),
     });
     Ok(())
+}
+
+/// The public listener. Pingora's default 64 KiB L4 read buffer per
+/// connection would sit allocated for the whole life of every open stream
+/// (thousands of mostly idle SSE connections); its HTTP/1 layer already
+/// reads headers and bodies into buffers of its own, so reads go straight
+/// to those. Writes keep the default small buffer (one MSS), flushed per
+/// event.
+fn public_listener(addr: &str) -> ListenerConfig {
+    ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::default().read(0))
 }
 
 /// SIGTERM: fail readiness, keep serving until in-flight work is done (or

@@ -12,6 +12,11 @@ use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use http::Method;
 
+/// Routes one request to its handler.
+///
+/// Each route's future is boxed: a connection's task then holds only the
+/// state of the route it is serving, not the size of the largest route,
+/// which matters for thousands of long-lived streams.
 pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
     let method = ex.method().clone();
     let path = ex.path().trim_end_matches('/').to_owned();
@@ -21,7 +26,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             ex.route = "chat.completions";
             allow(&method, Method::POST, &path)?;
             let account = authorize(app, ex, Scope::ChatWrite).await?;
-            chat::create(app, ex, account).await
+            Box::pin(chat::create(app, ex, account)).await
         }
         ["v1", "models"] => {
             ex.route = "models.list";
@@ -39,7 +44,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             ex.route = "responses.create";
             allow(&method, Method::POST, &path)?;
             let account = authorize(app, ex, Scope::ResponsesWrite).await?;
-            responses::create(app, ex, account).await
+            Box::pin(responses::create(app, ex, account)).await
         }
         ["v1", "responses", id] => {
             if method == Method::DELETE {
@@ -54,9 +59,9 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                 .clone();
             let id = id.to_string();
             if method == Method::DELETE {
-                responses::delete(app, ex, principal, &id).await
+                Box::pin(responses::delete(app, ex, principal, &id)).await
             } else {
-                responses::retrieve(app, ex, principal, &id).await
+                Box::pin(responses::retrieve(app, ex, principal, &id)).await
             }
         }
         ["v1", "responses", id, "cancel"] => {
@@ -67,7 +72,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                 .principal
                 .clone();
             let id = id.to_string();
-            responses::cancel(app, ex, principal, &id).await
+            Box::pin(responses::cancel(app, ex, principal, &id)).await
         }
         ["v1", "responses", id, "input_items"] => {
             ex.route = "responses.input_items";
@@ -77,7 +82,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                 .principal
                 .clone();
             let id = id.to_string();
-            responses::input_items(app, ex, principal, &id).await
+            Box::pin(responses::input_items(app, ex, principal, &id)).await
         }
         _ => Err(ApiError::route_not_found(method.as_str(), &path)),
     }
