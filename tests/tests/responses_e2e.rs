@@ -878,25 +878,43 @@ async fn round_trips(gw: &Gateway) -> (u64, Vec<(String, u64)>) {
 
 /// Benchmark (run with `--ignored --nocapture`): background runs per second
 /// against unpaced synthetic workers on Redis, and store round trips per
-/// run and per streamed event.
+/// run and per streamed event. Unpaced, a run's events arrive together and
+/// are written in a few batches.
 #[tokio::test]
 #[ignore]
 async fn bench_background_runs() {
-    const RUNS: usize = 200;
-    const CONCURRENCY: usize = 16;
+    bench_background(WorkerOpts::default(), 200, 16, "unpaced").await;
+}
+
+/// The same with a realistic worker (TTFT 50 ms, 200 tokens/s): events
+/// arrive one at a time, so batching helps least; this is the worst case
+/// for round trips per event.
+#[tokio::test]
+#[ignore]
+async fn bench_background_runs_paced() {
+    bench_background(
+        WorkerOpts::paced(50, 200),
+        200,
+        64,
+        "TTFT 50 ms, 200 tokens/s",
+    )
+    .await;
+}
+
+async fn bench_background(opts: WorkerOpts, runs: usize, concurrency: usize, label: &str) {
     const TOKENS: u64 = 50;
-    let (stack, _) = redis_stack(WorkerOpts::default(), "");
+    let (stack, _) = redis_stack(opts, "");
     let client = stack.client();
     let (before, _) = round_trips(&stack.gateway).await;
     let started = Instant::now();
     let ids = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     // Create every run (16 requests at a time), then wait for all to end.
-    for w in 0..CONCURRENCY {
+    for w in 0..concurrency {
         let client = client.clone();
         let ids = ids.clone();
         tasks.push(tokio::spawn(async move {
-            for _ in (w..RUNS).step_by(CONCURRENCY) {
+            for _ in (w..runs).step_by(concurrency) {
                 let r = client
                     .post_json(
                         "/responses",
@@ -936,14 +954,14 @@ async fn bench_background_runs() {
     let events_per_run = replay.collect().await.unwrap().len() as u64;
     let run_trips = (after - before).saturating_sub(polls);
     println!(
-        "background runs: {RUNS} x {TOKENS} tokens, {CONCURRENCY} concurrent: {:.1} runs/s ({elapsed:?})",
-        RUNS as f64 / elapsed.as_secs_f64()
+        "background runs ({label}): {runs} x {TOKENS} tokens, {concurrency} concurrent: {:.1} runs/s ({elapsed:?})",
+        runs as f64 / elapsed.as_secs_f64()
     );
     println!(
         "store round trips per run (without status polls): {:.2}; events per run: {events_per_run}; round trips per streamed event: {:.3}",
-        run_trips as f64 / RUNS as f64,
-        run_trips as f64 / (RUNS as u64 * events_per_run) as f64
+        run_trips as f64 / runs as f64,
+        run_trips as f64 / (runs as u64 * events_per_run) as f64
     );
     println!("by operation: {by_op:?}");
-    assert!(run_trips as f64 / ((RUNS as u64 * events_per_run) as f64) <= 2.0);
+    assert!(run_trips as f64 / ((runs as u64 * events_per_run) as f64) <= 2.0);
 }

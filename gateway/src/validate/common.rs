@@ -30,6 +30,7 @@
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// Largest `thinking_budget` (spec 8).
 pub const MAX_THINKING_BUDGET: i64 = 16_384;
@@ -324,14 +325,25 @@ pub fn check_format(f: &FormatSpec<'_>) -> Result<FormatKind, ApiError> {
 /// same tools and formats on every turn, so outcomes are remembered by the
 /// schema's content (see [`SchemaCache`]).
 pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
-    SCHEMA_CACHE.get_or_check(schema)
+    compiled_schema(schema).map(|_| ())
 }
 
-fn check_schema_uncached(schema: &Value) -> Result<(), String> {
+/// A schema compiled into a validator, or why it cannot be.
+pub type CompiledSchema = Result<Arc<jsonschema::Validator>, String>;
+
+/// The compiled validator of `schema`, from the same cache that request
+/// validation fills: the output check of a `json_schema` reply reuses the
+/// validator that validating the request built, instead of compiling the
+/// schema again for every reply.
+pub fn compiled_schema(schema: &Value) -> CompiledSchema {
+    SCHEMA_CACHE.get_or_compile(schema)
+}
+
+fn compile_uncached(schema: &Value) -> CompiledSchema {
     // Building a validator checks the schema against its draft's meta-schema
     // first (the crate's default), then compiles it.
     match jsonschema::validator_for(schema) {
-        Ok(_) => Ok(()),
+        Ok(v) => Ok(Arc::new(v)),
         Err(e) => {
             let at = e.instance_path().as_str();
             let text = truncate(&e.to_string(), 300);
@@ -344,13 +356,13 @@ fn check_schema_uncached(schema: &Value) -> Result<(), String> {
     }
 }
 
-/// Outcomes of [`check_schema_validity`] keyed by a keyed hash (SipHash with
+/// Outcomes of [`compiled_schema`] keyed by a keyed hash (SipHash with
 /// a per-process random key, so collisions cannot be crafted) of the
 /// schema's JSON text. Bounded: when full it starts over, which is cheap
 /// and keeps the hot set after a moment.
 pub struct SchemaCache {
     hasher: std::hash::RandomState,
-    entries: std::sync::Mutex<std::collections::HashMap<u64, Result<(), String>>>,
+    entries: std::sync::Mutex<std::collections::HashMap<u64, CompiledSchema>>,
 }
 
 /// Most distinct schemas remembered at once.
@@ -362,7 +374,7 @@ static SCHEMA_CACHE: std::sync::LazyLock<SchemaCache> = std::sync::LazyLock::new
 });
 
 impl SchemaCache {
-    fn get_or_check(&self, schema: &Value) -> Result<(), String> {
+    fn get_or_compile(&self, schema: &Value) -> CompiledSchema {
         use std::hash::BuildHasher;
         thread_local! {
             static TEXT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -375,12 +387,12 @@ impl SchemaCache {
                 .map(|()| self.hasher.hash_one(buf.as_slice()))
         });
         let Some(key) = key else {
-            return check_schema_uncached(schema);
+            return compile_uncached(schema);
         };
         if let Some(hit) = self.entries.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return hit;
         }
-        let outcome = check_schema_uncached(schema);
+        let outcome = compile_uncached(schema);
         if let Ok(mut m) = self.entries.lock() {
             if m.len() >= SCHEMA_CACHE_ENTRIES {
                 m.clear();
