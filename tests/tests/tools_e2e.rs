@@ -891,3 +891,90 @@ async fn long_replies_arrive_whole_on_both_apis() {
         assert_eq!(t.text().as_deref(), Some(text.as_str()), "stream={stream}");
     }
 }
+
+// ---- the gateway's output check ---------------------------------------------------
+
+/// A worker whose reply ignores the requested format (the synthetic
+/// engine's `ignore_format` control plays one whose constrained decoding
+/// failed) never reaches a client as a success: chat answers 500
+/// `output_validation_failed` (in-band error frame when streaming), the
+/// Responses API answers 500 or ends its stream with `response.failed`, and
+/// the failure is counted on `/metrics`.
+#[tokio::test]
+async fn a_reply_that_breaks_the_requested_format_is_a_server_error() {
+    let stack = base_stack();
+    let client = stack.client();
+    let schema = schema_of("get_weather");
+    let prompt = "Describe the weather. synthetic:ignore_format";
+
+    let chat = json!({
+        "model": "base",
+        "messages": [{"role": "user", "content": prompt}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": true}}
+    });
+    let reply = client.post_json("/chat/completions", &chat).await.unwrap();
+    assert_eq!(reply.status, 500, "{reply}");
+    let e = &reply.json()["error"];
+    assert_eq!(e["code"], "output_validation_failed", "{e}");
+    assert_eq!(e["type"], "server_error");
+    assert_eq!(e["status"], 500);
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let frames = client
+        .stream("/chat/completions", &streamed)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let error = frames
+        .iter()
+        .filter(|f| !f.is_done())
+        .map(|f| f.json())
+        .find(|v| v.get("error").is_some())
+        .unwrap_or_else(|| panic!("an in-band error frame: {frames:?}"));
+    assert_eq!(error["error"]["code"], "output_validation_failed");
+    assert_eq!(error["error"]["status"], 500);
+    assert!(
+        frames
+            .iter()
+            .filter(|f| !f.is_done() && f.data.contains("\"choices\""))
+            .all(|f| f.json()["choices"][0]["finish_reason"].is_null()),
+        "a failed reply never reports a finish_reason: {frames:?}"
+    );
+
+    let response = json!({
+        "model": "base",
+        "input": prompt,
+        "text": {"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": true}}
+    });
+    let reply = client.post_json("/responses", &response).await.unwrap();
+    assert_eq!(reply.status, 500, "{reply}");
+    assert_eq!(reply.json()["error"]["code"], "output_validation_failed");
+
+    let mut streamed = response.clone();
+    streamed["stream"] = json!(true);
+    let frames = client
+        .stream("/responses", &streamed)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let last = frames.last().expect("events");
+    assert_eq!(last.event.as_deref(), Some("response.failed"), "{frames:?}");
+    assert_eq!(
+        last.json()["response"]["error"]["code"],
+        "output_validation_failed"
+    );
+
+    let (status, metrics) = stack.gateway.admin_get("/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("output_validation") && !l.starts_with('#')),
+        "the failure is counted"
+    );
+}

@@ -12,6 +12,9 @@
 //!   received, one line each: `role: text`, with `[image]` for image parts,
 //!   `name(arguments)` for tool calls and `(tool_call_id)` on tool results.
 //!   For asserting what the gateway sent (history, `previous_response_id`).
+//! - `synthetic:ignore_format`: answer in plain words even when a JSON
+//!   format was requested, as an engine whose constrained decoding failed
+//!   would; for testing the gateway's output check.
 
 /// The controls found in a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,6 +25,7 @@ pub struct Controls {
     pub slow_ms: Option<u64>,
     pub echo: bool,
     pub echo_messages: bool,
+    pub ignore_format: bool,
 }
 
 impl Controls {
@@ -44,6 +48,7 @@ impl Controls {
                 None if directive == "hang" => c.hang = true,
                 None if directive == "echo" => c.echo = true,
                 None if directive == "echo_messages" => c.echo_messages = true,
+                None if directive == "ignore_format" => c.ignore_format = true,
                 _ => {}
             }
         }
@@ -70,8 +75,10 @@ mod tests {
                 slow_ms: Some(5),
                 echo: true,
                 echo_messages: false,
+                ignore_format: false,
             }
         );
+        assert!(Controls::parse("synthetic:ignore_format").ignore_format);
         assert_eq!(Controls::parse("plain text"), Controls::default());
         let c = Controls::parse("synthetic:echo_messages");
         assert!(c.echo_messages && !c.echo);

@@ -422,6 +422,13 @@ fn reply_text(
     let kind = format
         .map(|f| f.kind())
         .unwrap_or(pb::response_format::Kind::Unspecified);
+    // `synthetic:ignore_format` plays an engine whose constrained decoding
+    // failed: it answers in plain words whatever format was asked for.
+    let kind = if controls.ignore_format {
+        pb::response_format::Kind::Unspecified
+    } else {
+        kind
+    };
     match kind {
         pb::response_format::Kind::JsonObject => {
             let v = schema_gen::generic_object(rng);
