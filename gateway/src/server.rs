@@ -25,16 +25,19 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         graceful_shutdown_timeout_seconds: Some(2),
         ..ServerConf::default()
     };
-    let drain = DrainingSignal {
-        readiness_delay: Duration::from_millis(config.readiness_drain_millis),
-        grace: Duration::from_secs(config.grace_period_seconds),
-    };
+    let readiness_delay = Duration::from_millis(config.readiness_drain_millis);
+    let grace = Duration::from_secs(config.grace_period_seconds);
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen.clone();
     let app = Arc::new(App::new(config)?);
+    let drain = DrainingSignal {
+        readiness_delay,
+        grace,
+        runs: app.runs.clone(),
+    };
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
     let runs_maintainer = background_service("response runs", RunsMaintainer(app.runs.clone()));
     let key_invalidations =
@@ -82,6 +85,9 @@ struct DrainingSignal {
     /// dry up (load balancers poll readiness every few seconds).
     readiness_delay: Duration,
     grace: Duration,
+    /// Background runs still going when the grace period ends are failed
+    /// (`replica_shutdown`) rather than left for a peer's lease sweep.
+    runs: Arc<crate::runs::Runs>,
 }
 
 #[async_trait]
@@ -105,6 +111,9 @@ impl ShutdownSignalWatch for DrainingSignal {
         tokio::time::sleep(self.readiness_delay.min(self.grace)).await;
         let left = self.grace.saturating_sub(started.elapsed());
         let idle = lifecycle::wait_idle(left).await;
+        if !idle {
+            self.runs.fail_owned().await;
+        }
         tracing::info!(
             idle,
             in_flight = lifecycle::in_flight(),

@@ -858,6 +858,65 @@ async fn draining_replica_refuses_new_background_runs_and_finishes_its_own() {
     assert!(stack.gateway.wait_exit(Duration::from_secs(15)).is_some());
 }
 
+/// A run longer than the drain grace period: when the grace period ends the
+/// draining replica fails it at once with `replica_shutdown` (terminal
+/// event in the log), instead of leaving it `in_progress` until its lease
+/// expires and a peer sweeps it. The lease here is long (30 s), so only the
+/// owner's own shutdown can explain a quick terminal state.
+#[tokio::test]
+async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
+    let (mut stack, _) = redis_stack(
+        WorkerOpts::default(),
+        "grace_period_seconds = 1\nreadiness_drain_millis = 100\n[store]\nlease_millis = 30000\n",
+    );
+    let second = Gateway::start(stack.gateway.opts().clone()).expect("second replica");
+    let r = stack
+        .client()
+        .post_json(
+            "/responses",
+            &json!({"model":"base","input":"bg synthetic:reply_tokens=400 synthetic:slow_ms=50","background":true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    stack.gateway.signal(libc::SIGTERM);
+    let v = wait_status(
+        &second.client(),
+        &id,
+        Duration::from_secs(10),
+        &["completed", "failed", "cancelled", "incomplete"],
+    )
+    .await;
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "replica_shutdown", "{v}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "ended by its owner at the end of the grace period, not by a lease sweep: {:?}",
+        sent.elapsed()
+    );
+    // The event log ends with the terminal event, replayable on the peer.
+    let frames = second
+        .client()
+        .open_stream(second.client().request(
+            reqwest::Method::GET,
+            &format!("/responses/{id}?stream=true"),
+        ))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        frames.last().and_then(|f| f.event.as_deref()),
+        Some("response.failed"),
+        "{frames:?}"
+    );
+    assert!(stack.gateway.wait_exit(Duration::from_secs(10)).is_some());
+}
+
 /// Sum of `gateway_store_round_trips_total` over all operations, and the
 /// per-operation counts, from the admin endpoint.
 async fn round_trips(gw: &Gateway) -> (u64, Vec<(String, u64)>) {

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// Error code of a run failed by the sweeper.
 pub const RUN_LOST: &str = "run_lost";
+/// The error code of a run its replica ended because its drain grace
+/// period ran out first.
+pub const REPLICA_SHUTDOWN: &str = "replica_shutdown";
 
 pub struct Runs {
     pub store: Arc<dyn ResponseStore>,
@@ -124,6 +127,66 @@ impl Runs {
     }
 
     async fn fail_abandoned(&self, id: &str) -> Result<bool, crate::error::ApiError> {
+        let written = self
+            .fail(
+                id,
+                RUN_LOST,
+                "The gateway replica running this response stopped before it finished. \
+                 Create the response again.",
+            )
+            .await?;
+        if written {
+            crate::metrics::METRICS.runs_lost.inc();
+            tracing::warn!(response_id = %id, "failed a run whose owner stopped renewing its lease");
+        }
+        Ok(written)
+    }
+
+    /// Ends the runs this replica still owns, once its drain grace period
+    /// is over: they fail at once with `replica_shutdown`, so a client
+    /// polling or following one learns now rather than when the lease
+    /// expires and a peer sweeps it. (A generation cannot move to another
+    /// replica mid-stream; the client creates the response again.)
+    pub async fn fail_owned(&self) -> usize {
+        let owned: Vec<String> = self.local().iter().cloned().collect();
+        let mut ended = 0;
+        for id in owned {
+            match self
+                .fail(
+                    &id,
+                    REPLICA_SHUTDOWN,
+                    "The gateway replica running this response shut down before it finished. \
+                     Create the response again.",
+                )
+                .await
+            {
+                Ok(true) => {
+                    ended += 1;
+                    let _ = self.store.release_lease(&id).await;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(response_id = %id, "could not end a run at shutdown: {}", e.message)
+                }
+            }
+        }
+        if ended > 0 {
+            tracing::warn!(
+                runs = ended,
+                "failed the runs still going when the grace period ended"
+            );
+        }
+        ended
+    }
+
+    /// Writes `failed` with `code` unless the run already ended (compare
+    /// and set: whoever ends a run first wins). True if this call ended it.
+    async fn fail(
+        &self,
+        id: &str,
+        code: &str,
+        message: &str,
+    ) -> Result<bool, crate::error::ApiError> {
         let Some(mut object) = self.store.object(id).await? else {
             return Ok(false);
         };
@@ -132,16 +195,10 @@ impl Runs {
         }
         object.status = "failed".into();
         object.error = Some(ResponseError {
-            code: RUN_LOST.into(),
-            message: "The gateway replica running this response stopped before it finished. \
-                      Create the response again."
-                .into(),
+            code: code.into(),
+            message: message.into(),
         });
         let outcome = self.store.terminate(id, &object).await?;
-        if outcome == WriteOutcome::Written {
-            crate::metrics::METRICS.runs_lost.inc();
-            tracing::warn!(response_id = %id, "failed a run whose owner stopped renewing its lease");
-        }
         Ok(outcome == WriteOutcome::Written)
     }
 }
