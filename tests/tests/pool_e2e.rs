@@ -520,3 +520,55 @@ async fn prefix_affinity_raises_the_cached_token_share() {
     })
     .await;
 }
+
+/// Under prefix affinity, the turns of one session (`x-session-id`) stay on
+/// one worker even when their prompts differ from the first byte, on both
+/// APIs; without the header the same prompts spread over the pool.
+#[tokio::test]
+async fn a_session_sticks_to_one_worker() {
+    bounded(60, async {
+        let workers = start_workers("base", &[WorkerOpts::default(), WorkerOpts::default()]);
+        let gateway = gateway_over(&workers, "[models.base]\npolicy = \"prefix_affinity\"\n");
+        let client = gateway.client();
+        for turn in 0..12 {
+            let chat = client.request(reqwest::Method::POST, "/chat/completions")
+                .header("x-session-id", "session-one")
+                .json(&chat_body("base", &format!("Turn {turn}: something new. synthetic:reply_tokens=2")));
+            let r = client.send(chat).await.expect("HTTP exchange");
+            assert_eq!(r.status, 200, "{r}");
+            let resp = client.request(reqwest::Method::POST, "/responses")
+                .header("x-session-id", "session-one")
+                .json(&json!({"model": "base", "input": format!("{turn} again. synthetic:reply_tokens=2")}));
+            let r = client.send(resp).await.expect("HTTP exchange");
+            assert_eq!(r.status, 200, "{r}");
+        }
+        let with_session = completed(&workers).await;
+        assert!(
+            with_session.contains(&24) && with_session.contains(&0),
+            "all 24 turns on one worker: {with_session:?}"
+        );
+        for turn in 0..24 {
+            let r = post_chat(
+                &client,
+                &chat_body("base", &format!("{turn} unrelated. synthetic:reply_tokens=2")),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{r}");
+        }
+        let after = completed(&workers).await;
+        assert!(
+            after.iter().zip(&with_session).all(|(a, b)| a > b),
+            "without a session the prompts spread over both workers: {with_session:?} -> {after:?}"
+        );
+    })
+    .await;
+}
+
+/// Completed generations per worker, in order.
+async fn completed(workers: &[Worker]) -> Vec<u64> {
+    let mut counts = Vec::new();
+    for w in workers {
+        counts.push(w.counters().await.expect("counters").completed);
+    }
+    counts
+}

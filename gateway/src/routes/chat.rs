@@ -29,6 +29,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         .header("x-session-id")
         .and_then(|v| std::str::from_utf8(v).ok());
     let plan = validate::chat::validate(&req, &validate::chat::ChatHeaders { session_id })?;
+    let session_key = session_id.map(session_cache_key);
     ex.model = plan.model.id;
     account.check_model(plan.model.id)?;
     if req.planner_mode == Some(true) {
@@ -48,7 +49,12 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             plan.model.id
         ))
     })?;
-    let work = to_worker(&req, &plan, &ex.request_id);
+    let mut work = to_worker(&req, &plan, &ex.request_id);
+    if work.cache_key.is_empty() {
+        // No explicit prompt_cache_key: a session's turns share a prefix,
+        // so they stick to one worker through the session id.
+        work.cache_key = session_key.unwrap_or_default();
+    }
     let format = output_format(&req);
     drop(req);
     let deadline = tokio::time::Instant::now() + app.request_timeout();
@@ -138,4 +144,10 @@ fn is_output(event: &pb::GenerateEvent) -> bool {
         event.event,
         Some(Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_))
     )
+}
+
+/// The worker-affinity key of a session (`x-session-id`), used when the
+/// request names no `prompt_cache_key`.
+pub fn session_cache_key(session_id: &str) -> String {
+    format!("session:{session_id}")
 }

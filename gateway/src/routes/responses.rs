@@ -73,7 +73,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         .await?;
 
     // 4. Translate; store the new response (with its run lease).
-    let work = to_worker(&req, &plan, &context, &ex.request_id);
+    let mut work = to_worker(&req, &plan, &context, &ex.request_id);
+    if work.cache_key.is_empty() {
+        if let Some(session) = ex
+            .header("x-session-id")
+            .and_then(|v| std::str::from_utf8(v).ok())
+        {
+            work.cache_key = super::chat::session_cache_key(session);
+        }
+    }
     let id = new_id("resp_");
     let status = if plan.background {
         "queued"
