@@ -297,6 +297,52 @@ async fn requests_per_minute_limit_gives_429_with_headers() {
     assert!((1..=60).contains(&retry), "retry-after {retry}");
 }
 
+/// The Responses API counts against the same plan as chat, in each form
+/// (plain, streamed, background), and carries the same headers.
+#[tokio::test]
+async fn responses_share_the_plan_limits_and_carry_the_headers() {
+    let stack = redis_stack(&["base"], WorkerOpts::default(), "");
+    cli(
+        &stack,
+        &["plans", "set", "rpm4", "--rpm", "4", "--tpm", "100000"],
+    );
+    let key = create_key(&stack, "org-rpm-resp", &["--plan", "rpm4"]);
+    let client = client_with(&stack, &key);
+    let body = json!({"model": "base", "input": "hi synthetic:reply_tokens=2"});
+
+    let mut remaining = Vec::new();
+    let r = client.post_json("/responses", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    remaining.push(assert_rate_headers(&r.headers, 4, 100_000).0);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let s = client.stream("/responses", &streamed).await.unwrap();
+    assert_eq!(s.status, 200);
+    remaining.push(assert_rate_headers(&s.headers, 4, 100_000).0);
+    s.collect().await.unwrap();
+    let mut background = body.clone();
+    background["background"] = json!(true);
+    let r = client.post_json("/responses", &background).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    remaining.push(assert_rate_headers(&r.headers, 4, 100_000).0);
+    let r = client
+        .post_json(
+            "/chat/completions",
+            &chat_body("base", "hi synthetic:reply_tokens=2"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    remaining.push(assert_rate_headers(&r.headers, 4, 100_000).0);
+    assert_eq!(remaining, [3, 2, 1, 0], "one plan across both APIs");
+
+    let r = client.post_json("/responses", &body).await.unwrap();
+    let e = assert_error(&r, 429, "rate_limit_exceeded");
+    assert_eq!(e["type"], "rate_limit_error");
+    assert_rate_headers(&r.headers, 4, 100_000);
+    assert!(r.header("retry-after").is_some());
+}
+
 #[tokio::test]
 async fn tokens_per_minute_limit_gives_429_and_settles_to_real_usage() {
     let stack = redis_stack(&["base"], WorkerOpts::default(), "");
@@ -487,38 +533,76 @@ async fn usage_and_cost_match_hand_computed_values() {
     let key = create_key(&stack, "org-u", &[]);
     let client = client_with(&stack, &key);
 
-    // A known workload: output lengths fixed by the synthetic worker.
-    let workload = [
-        ("base", 10),
-        ("base", 20),
-        ("base", 30),
-        ("base-mini", 7),
-        ("base-mini", 8),
+    // A known workload: output lengths fixed by the synthetic worker; a
+    // long prompt sent twice (the second is served from the worker's prefix
+    // cache: cached input at 10% of the input rate), and a reasoning
+    // request (reasoning tokens billed at the output rate).
+    let long = "Policy handbook, section one: be precise and brief. ".repeat(40);
+    let workload: Vec<(&str, Value)> = vec![
+        (
+            "base",
+            chat_body("base", "Count to 10. synthetic:reply_tokens=10"),
+        ),
+        (
+            "base",
+            chat_body("base", "Count to 20. synthetic:reply_tokens=20"),
+        ),
+        (
+            "base",
+            chat_body("base", &format!("{long} synthetic:reply_tokens=30")),
+        ),
+        (
+            "base",
+            chat_body("base", &format!("{long} synthetic:reply_tokens=30")),
+        ),
+        ("base", {
+            let mut b = chat_body("base", "Think first. synthetic:reply_tokens=12");
+            b["enable_thinking"] = json!(true);
+            b["thinking_budget"] = json!(32);
+            b
+        }),
+        (
+            "base-mini",
+            chat_body("base-mini", "Count to 7. synthetic:reply_tokens=7"),
+        ),
+        (
+            "base-mini",
+            chat_body("base-mini", "Count to 8. synthetic:reply_tokens=8"),
+        ),
     ];
     // model -> (requests, input, cached, output, reasoning)
     let mut expected: HashMap<&str, (u64, u64, u64, u64, u64)> = HashMap::new();
-    for (model, n) in workload {
-        let r = client
-            .post_json(
-                "/chat/completions",
-                &chat_body(model, &format!("Count to {n}. synthetic:reply_tokens={n}")),
-            )
-            .await
-            .unwrap();
+    for (model, body) in &workload {
+        let r = client.post_json("/chat/completions", body).await.unwrap();
         assert_eq!(r.status, 200, "{r}");
         let u = &r.json()["usage"];
-        assert_eq!(u["completion_tokens"], n);
+        let reasoning = u["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap_or(0);
         let e = expected.entry(model).or_default();
         e.0 += 1;
         e.1 += u["prompt_tokens"].as_u64().unwrap();
         e.2 += u["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0);
-        e.3 += n;
-        e.4 += u["completion_tokens_details"]["reasoning_tokens"]
-            .as_u64()
-            .unwrap_or(0);
+        // Completion tokens are the visible reply plus the reasoning.
+        assert_eq!(
+            u["completion_tokens"].as_u64().unwrap(),
+            reply_tokens(body) + reasoning,
+            "{u}"
+        );
+        e.3 += reply_tokens(body) + reasoning;
+        e.4 += reasoning;
     }
+    let base = expected["base"];
+    assert!(
+        base.2 >= 256,
+        "the repeated long prompt was served from cache: {base:?}"
+    );
+    assert!(
+        (20..=32).contains(&base.4),
+        "reasoning within its budget of 32: {base:?}"
+    );
     // USD per million: input, cached input, output (spec section 8).
     let price = |m: &str| match m {
         "base" => (0.50, 0.05, 1.90),
@@ -617,4 +701,14 @@ async fn redis_down_fails_open_on_local_limits_or_closed_with_503() {
         .unwrap();
     assert_eq!(r.status, 503, "{r}");
     assert!(r.header("retry-after").is_some());
+}
+
+/// The reply length a chat body asks of the synthetic worker.
+fn reply_tokens(body: &Value) -> u64 {
+    let text = body["messages"][0]["content"].as_str().unwrap_or_default();
+    text.split("synthetic:reply_tokens=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("a synthetic:reply_tokens control")
 }
