@@ -572,3 +572,56 @@ async fn completed(workers: &[Worker]) -> Vec<u64> {
     }
     counts
 }
+
+/// Passive outlier detection counts failures after the first token too: a
+/// worker that starts every reply and then fails (a broken device that still
+/// passes its health checks) is ejected after three failed replies, and the
+/// healthy worker serves the rest. Each failed reply reaches its client as
+/// an in-band 502 error frame.
+#[tokio::test]
+async fn a_worker_that_fails_every_reply_midway_is_ejected() {
+    bounded(60, async {
+        let broken = WorkerOpts {
+            extra_args: vec!["--fail-after-tokens".into(), "2".into()],
+            ..WorkerOpts::default()
+        };
+        let workers = start_workers("base", &[WorkerOpts::default(), broken]);
+        let gateway = gateway_over(&workers, "[models.base]\npolicy = \"least_loaded\"\n");
+        let client = gateway.client();
+        let mut failed_at = Vec::new();
+        for i in 0..40 {
+            let frames = client
+                .stream(
+                    "/chat/completions",
+                    &stream_body("base", &format!("Question {i}. synthetic:reply_tokens=6")),
+                )
+                .await
+                .expect("stream")
+                .collect()
+                .await
+                .expect("frames");
+            if let Some(error) = frames.iter().find(|f| f.data.contains("\"error\"")) {
+                assert_eq!(error.json()["error"]["status"], 502, "{error:?}");
+                failed_at.push(i);
+            } else {
+                assert!(ends_with_done(&frames), "{frames:?}");
+            }
+        }
+        let broken_counters = workers[1].counters().await.expect("counters");
+        eprintln!("failed replies at {failed_at:?}; broken worker: {broken_counters:?}");
+        // Three failed replies open the circuit for 2 s; on a slow machine
+        // one half-open probe after that may fail too (and re-open it for 4 s).
+        assert!(
+            (3..=4).contains(&failed_at.len()),
+            "three failed replies open the broken worker's circuit: {failed_at:?}"
+        );
+        assert_eq!(broken_counters.completed, 0);
+        let healthy = workers[0].counters().await.expect("counters");
+        assert_eq!(
+            healthy.completed,
+            40 - failed_at.len() as u64,
+            "{healthy:?}"
+        );
+    })
+    .await;
+}

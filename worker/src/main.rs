@@ -108,6 +108,10 @@ struct ServeArgs {
     /// Prefix-cache capacity in 64-token blocks.
     #[arg(long, default_value_t = 65_536)]
     prefix_cache_blocks: usize,
+    /// Chaos testing: every generation fails (INTERNAL, ENGINE_FAILURE)
+    /// after N completion tokens, like a worker with a broken device.
+    #[arg(long)]
+    fail_after_tokens: Option<u32>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -132,6 +136,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ttft: Duration::from_millis(args.ttft_ms),
         tokens_per_second: args.tokens_per_second.max(0.0),
         coalesce_tokens: args.coalesce_tokens,
+        fail_after_tokens: args.fail_after_tokens,
     });
     // Load the BPE before taking traffic, so the first request is not slow.
     let _ = worker::tokenizer::count("warm up");

@@ -37,9 +37,11 @@ pub async fn relay(
     deadline: tokio::time::Instant,
     mut encode: impl FnMut(pb::GenerateEvent, &mut BytesMut),
 ) -> RelayEnd {
-    // The call's in-flight slot stays in `call` and is released on return.
+    // The guard holds the worker's in-flight slot until the relay returns.
     let WorkerCall {
-        first, mut rest, ..
+        first,
+        mut rest,
+        guard,
     } = call;
     let mut out = BytesMut::with_capacity(1024);
     let mut finished = finished_of(&first);
@@ -58,6 +60,7 @@ pub async fn relay(
             return RelayEnd::ClientGone;
         }
         if let Some(f) = finished {
+            guard.record_finished();
             return RelayEnd::Finished(f);
         }
         let next = tokio::select! {
@@ -82,12 +85,14 @@ pub async fn relay(
                     }
                 }
                 Ok(None) => {
+                    guard.record_stream_failure(None);
                     flush(ex, &mut out).await;
                     return RelayEnd::Failed(ApiError::upstream(
                         "The model worker ended the stream before finishing.",
                     ));
                 }
                 Err(status) => {
+                    guard.record_stream_failure(Some(&status));
                     // What this batch already encoded precedes the failure.
                     flush(ex, &mut out).await;
                     // After the first token the client cannot be retried

@@ -22,22 +22,28 @@ impl Target {
     }
 }
 
-/// The worker addresses `targets` stand for right now. A name that fails to
-/// resolve contributes nothing (its workers drop out until it resolves).
-pub async fn resolve(targets: &[Target]) -> Vec<String> {
+/// The worker addresses `targets` stand for right now, or `None` when a
+/// name failed to resolve. A failed lookup (a DNS server restarting, a
+/// timeout) says nothing about the workers, so the caller keeps the members
+/// it has rather than emptying the pool; workers that are really gone fail
+/// their health checks and leave selection that way.
+pub async fn resolve(targets: &[Target]) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for t in targets {
         match t {
             Target::Static(a) => out.push(a.clone()),
             Target::Dns(name) => match tokio::net::lookup_host(name.as_str()).await {
                 Ok(addrs) => out.extend(addrs.map(|a| a.to_string())),
-                Err(e) => tracing::warn!(name = %name, "worker DNS lookup failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(name = %name, "worker DNS lookup failed; keeping the current members: {e}");
+                    return None;
+                }
             },
         }
     }
     out.sort();
     out.dedup();
-    out
+    Some(out)
 }
 
 /// The same, blocking: used once at startup, before any runtime exists.
@@ -71,6 +77,27 @@ mod tests {
             Target::parse("dns://worker-base.inference.svc:50051"),
             Target::Dns("worker-base.inference.svc:50051".into())
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_members_and_a_good_one_replaces_them() {
+        // No port: the lookup fails at once, without the network.
+        assert_eq!(
+            resolve(&[
+                Target::Static("127.0.0.1:5".into()),
+                Target::Dns("localhost".into())
+            ])
+            .await,
+            None
+        );
+        let members = resolve(&[
+            Target::Static("127.0.0.1:5".into()),
+            Target::Dns("localhost:50051".into()),
+        ])
+        .await
+        .expect("resolves");
+        assert!(members.contains(&"127.0.0.1:5".to_string()), "{members:?}");
+        assert!(members.len() >= 2, "{members:?}");
     }
 
     #[test]

@@ -79,7 +79,9 @@ impl Pools {
                 _ = resolve.tick() => {
                     for pool in self.by_model.values() {
                         if pool.targets.iter().any(|t| matches!(t, Target::Dns(_))) {
-                            let members = discovery::resolve(&pool.targets).await;
+                            let Some(members) = discovery::resolve(&pool.targets).await else {
+                                continue;
+                            };
                             if let Err(e) = pool.set_members(members) {
                                 tracing::warn!(model = %pool.model, "bad worker address: {e}");
                             }
@@ -104,8 +106,37 @@ pub struct WorkerPool {
 pub struct WorkerCall {
     pub first: pb::GenerateEvent,
     pub rest: Streaming<pb::GenerateEvent>,
-    /// Holds the worker's in-flight slot until the call is dropped.
+    /// Keep until the call ends: the worker's in-flight slot, and where to
+    /// report a failure after the first event.
+    pub guard: CallGuard,
+}
+
+/// The worker side of a started call.
+pub struct CallGuard {
+    /// The worker serving the call, so a failure after the first event
+    /// still counts against its health.
+    endpoint: Arc<WorkerEndpoint>,
+    /// Holds the worker's in-flight slot until the guard is dropped.
     _slot: endpoint::InflightSlot,
+}
+
+impl CallGuard {
+    /// The worker finished the reply: resets its failure count.
+    pub fn record_finished(&self) {
+        self.endpoint.record_success();
+    }
+
+    /// Records a failure of the stream after its first event: a worker
+    /// fault (the worker died, reset the stream, ended it unfinished)
+    /// counts toward opening its circuit like one before the first token,
+    /// so a worker that always fails mid-reply leaves selection. Client
+    /// errors never count.
+    pub fn record_stream_failure(&self, status: Option<&Status>) {
+        let fault = status.is_none_or(|s| classify(s).worker_fault);
+        if fault {
+            self.endpoint.record_failure();
+        }
+    }
 }
 
 impl WorkerPool {
@@ -209,11 +240,17 @@ impl WorkerPool {
             let slot = endpoint.acquire();
             match Self::start(endpoint, request.clone()).await {
                 Ok((first, rest)) => {
-                    endpoint.record_success();
+                    // Success is recorded when the stream finishes
+                    // (`CallGuard::record_finished`), not at the first
+                    // event: a worker that fails every reply midway must
+                    // not reset its failure count with each first token.
                     return Ok(WorkerCall {
                         first,
                         rest,
-                        _slot: slot,
+                        guard: CallGuard {
+                            endpoint: endpoint.clone(),
+                            _slot: slot,
+                        },
                     });
                 }
                 Err(status) => {

@@ -108,7 +108,9 @@ impl BackgroundRun {
         };
         self.reservation.mark_started();
         let crate::pool::WorkerCall {
-            first, mut rest, ..
+            first,
+            mut rest,
+            guard,
         } = call;
         let mut finished = finished_of(&first);
         self.output_seen += u64::from(is_output(&first));
@@ -118,7 +120,7 @@ impl BackgroundRun {
             while finished.is_none() && frames.len() < MAX_BATCH {
                 match rest.message().now_or_never() {
                     None => break,
-                    Some(next) => match self.take(next, &mut frames) {
+                    Some(next) => match self.take(next, &mut frames, &guard) {
                         Ok(f) => finished = f,
                         Err(e) => {
                             self.fail(id, &e, &mut frames).await;
@@ -137,7 +139,10 @@ impl BackgroundRun {
             }
             if terminal.is_some() {
                 return match finished {
-                    Some(f) => RunEnd::Finished(f),
+                    Some(f) => {
+                        guard.record_finished();
+                        RunEnd::Finished(f)
+                    }
                     // Ended by a failure the encoder recorded.
                     None => RunEnd::Abandoned,
                 };
@@ -152,7 +157,7 @@ impl BackgroundRun {
                     return RunEnd::Abandoned;
                 }
             };
-            match self.take(next, &mut frames) {
+            match self.take(next, &mut frames, &guard) {
                 Ok(f) => finished = f,
                 Err(e) => {
                     self.fail(id, &e, &mut frames).await;
@@ -167,6 +172,7 @@ impl BackgroundRun {
         &mut self,
         next: Result<Option<pb::GenerateEvent>, tonic::Status>,
         frames: &mut Vec<Frame>,
+        guard: &crate::pool::CallGuard,
     ) -> Result<Option<pb::Finished>, ApiError> {
         match next {
             Ok(Some(event)) => {
@@ -175,10 +181,14 @@ impl BackgroundRun {
                 self.encoder.event(event, frames);
                 Ok(finished)
             }
-            Ok(None) => Err(ApiError::upstream(
-                "The model worker ended the stream before finishing.",
-            )),
+            Ok(None) => {
+                guard.record_stream_failure(None);
+                Err(ApiError::upstream(
+                    "The model worker ended the stream before finishing.",
+                ))
+            }
             Err(status) => {
+                guard.record_stream_failure(Some(&status));
                 tracing::warn!(response_id = %self.encoder.object.id, "worker failed mid-run: {status}");
                 let mut e = classify(&status).error;
                 if e.status < 500 {

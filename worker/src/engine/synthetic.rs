@@ -49,6 +49,9 @@ pub struct SyntheticConfig {
     /// kind into one event (fewer, larger deltas for load tests). 0 or 1 =
     /// one token per event.
     pub coalesce_tokens: u32,
+    /// Chaos: every generation fails after this many completion tokens,
+    /// as `synthetic:fail_after=N` would (a worker with a broken device).
+    pub fail_after_tokens: Option<u32>,
 }
 
 /// The SIMULATED engine.
@@ -66,6 +69,9 @@ impl SyntheticEngine {
 impl Engine for SyntheticEngine {
     fn prepare(&self, job: Job) -> Result<Box<dyn Generation>, Status> {
         let mut plan = plan(&job)?;
+        if plan.controls.fail_after.is_none() {
+            plan.controls.fail_after = self.config.fail_after_tokens;
+        }
         let interval = match plan.controls.slow_ms {
             Some(ms) => Duration::from_millis(ms),
             None if self.config.tokens_per_second > 0.0 => {
