@@ -182,3 +182,65 @@ async fn background_replay_parses() {
         Some(ResponseStreamEvent::ResponseCompleted(_))
     ));
 }
+
+/// Runs that do not complete parse too: a run that fails mid-stream ends
+/// with `response.failed` (typed error), a cancelled background run is
+/// `cancelled` on cancel and retrieve and its replay ends with
+/// `response.incomplete`, and a follower whose run is deleted under it gets
+/// an `error` event.
+#[tokio::test]
+async fn failed_and_cancelled_runs_parse() {
+    let stack = Stack::builder().models(&["base"]).start().unwrap();
+    let openai = client(&stack);
+    let responses = openai.responses();
+
+    let events = collect(
+        responses
+            .create_stream(request(
+                json!({"model":"base","input":"x synthetic:reply_tokens=20 synthetic:fail_after=3"}),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    match events.last() {
+        Some(ResponseStreamEvent::ResponseFailed(f)) => {
+            assert_eq!(f.response.status, Status::Failed);
+            assert!(f.response.error.is_some(), "{f:?}");
+        }
+        other => panic!("expected response.failed, got {other:?}"),
+    }
+
+    let slow = json!({"model":"base","input":"bg synthetic:reply_tokens=400 synthetic:slow_ms=20","background":true});
+    let r = responses.create(request(slow.clone())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancelled = responses.cancel(&r.id).await.unwrap();
+    assert_eq!(cancelled.status, Status::Cancelled);
+    assert_eq!(
+        responses.retrieve(&r.id).await.unwrap().status,
+        Status::Cancelled
+    );
+    let events = collect(responses.retrieve_stream(&r.id).await.unwrap()).await;
+    assert!(matches!(events[0], ResponseStreamEvent::ResponseCreated(_)));
+    assert!(matches!(
+        events.last(),
+        Some(ResponseStreamEvent::ResponseIncomplete(_))
+    ));
+
+    let r = responses.create(request(slow)).await.unwrap();
+    let mut follow = responses.retrieve_stream(&r.id).await.unwrap();
+    let first = follow.next().await.expect("an event").expect("parses");
+    assert!(matches!(first, ResponseStreamEvent::ResponseCreated(_)));
+    assert!(responses.delete(&r.id).await.unwrap().deleted);
+    let mut rest = Vec::new();
+    while let Some(event) = follow.next().await {
+        match event {
+            Ok(e) => rest.push(e),
+            Err(e) => panic!("event did not parse: {e:?} (after {rest:?})"),
+        }
+    }
+    assert!(
+        matches!(rest.last(), Some(ResponseStreamEvent::ResponseError(_))),
+        "a deleted run ends its followers with an error event: {rest:?}"
+    );
+}

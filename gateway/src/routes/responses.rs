@@ -476,7 +476,15 @@ async fn follow(
                 match app.store.status(id).await {
                     Ok(Some(s)) if !is_terminal_status(&s) => {}
                     Ok(Some(_)) => status_was_terminal = true,
-                    Ok(None) => break,
+                    Ok(None) => {
+                        // Deleted (or expired) under the follower: it would
+                        // never see a terminal event, so say why it ends.
+                        let mut out = BytesMut::new();
+                        error_event(&mut out, &not_found(id));
+                        let _ = ex.write_chunk(out.freeze()).await;
+                        ex.status = 404;
+                        break;
+                    }
                     Err(_) => {}
                 }
             }
