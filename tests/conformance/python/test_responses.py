@@ -118,6 +118,25 @@ def test_background_then_retrieve_and_replay(client):
     assert [e.sequence_number for e in after] == list(range(5, len(events)))
 
 
+def test_stream_helper_resumes_a_background_response(client):
+    """`responses.stream(response_id=..., starting_after=N)`: the SDK's
+    helper replays the run and hands over only the events after N, then
+    builds the final response from what it saw."""
+    r = client.responses.create(
+        model="base", input="bg synthetic:reply_tokens=6", background=True
+    )
+    wait_for(client, r.id, {"completed"})
+    with client.responses.stream(response_id=r.id, starting_after=3) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert events, "events after sequence number 3"
+    assert all(e.sequence_number > 3 for e in events)
+    assert events[-1].type == "response.completed"
+    assert final.id == r.id
+    assert final.status == "completed"
+    assert final.usage.output_tokens == 6
+
+
 def test_background_stream_on_create(client):
     stream = client.responses.create(
         model="base", input="bg synthetic:reply_tokens=4", background=True, stream=True
