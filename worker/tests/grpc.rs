@@ -330,3 +330,54 @@ async fn health_serves_then_sigterm_drains_and_exits_zero() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// Every event of a generation, in order.
+async fn events_of(
+    client: &mut WorkerClient<Channel>,
+    req: pb::GenerateRequest,
+) -> Vec<pb::generate_event::Event> {
+    let mut stream = client.generate(req).await.expect("generate").into_inner();
+    let mut events = Vec::new();
+    while let Some(ev) = stream.message().await.expect("event") {
+        events.push(ev.event.expect("an event"));
+    }
+    events
+}
+
+/// `batch_events` (a non-streaming caller): the same reply, usage and
+/// finish, in one text event instead of one per token; with a paced engine
+/// it still takes as long as generating every token.
+#[tokio::test]
+async fn batch_events_merges_the_reply_without_changing_it() {
+    use pb::generate_event::Event;
+    let w = Worker::start(&["--tokens-per-second", "100"]);
+    let mut c = w.client().await;
+    let text_of = |events: &[Event]| -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect()
+    };
+    let usage_of = |events: &[Event]| match events.last() {
+        Some(Event::Finished(f)) => (f.reason, f.usage),
+        other => panic!("ends with finished: {other:?}"),
+    };
+    let prompt = "Hello! synthetic:reply_tokens=20";
+    let one_by_one = events_of(&mut c, request(prompt)).await;
+    let mut batched_request = request(prompt);
+    batched_request.batch_events = true;
+    let started = std::time::Instant::now();
+    let batched = events_of(&mut c, batched_request).await;
+    let took = started.elapsed();
+    assert_eq!(one_by_one.len(), 21, "20 text events and finished");
+    assert_eq!(batched.len(), 2, "one text event and finished: {batched:?}");
+    assert_eq!(text_of(&batched), text_of(&one_by_one));
+    assert_eq!(usage_of(&batched), usage_of(&one_by_one));
+    assert!(
+        took >= std::time::Duration::from_millis(190),
+        "20 tokens at 100 tokens/s still take their time: {took:?}"
+    );
+}

@@ -149,10 +149,14 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     };
     reservation.mark_started();
     let mut output_seen = 0u64;
-    METRICS
-        .time_to_first_token
-        .with_label_values(&[plan.model.id])
-        .observe(ex.started.elapsed().as_secs_f64());
+    if plan.stream {
+        // Only a stream has a first token to time: a non-streaming reply
+        // comes from the worker in one batch at its end.
+        METRICS
+            .time_to_first_token
+            .with_label_values(&[plan.model.id])
+            .observe(ex.started.elapsed().as_secs_f64());
+    }
 
     let mut frames = Vec::new();
     encoder.start(&mut frames);

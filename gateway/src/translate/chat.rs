@@ -107,6 +107,9 @@ pub fn to_worker(
             effort: req.reasoning_effort.clone().unwrap_or_default(),
         }),
         cache_key: req.prompt_cache_key.clone().unwrap_or_default(),
+        // A non-streaming reply is relayed as one body: no need for
+        // token-sized frames.
+        batch_events: !plan.stream,
     }
 }
 

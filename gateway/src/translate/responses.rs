@@ -218,6 +218,9 @@ pub fn to_worker(
                 .unwrap_or_default(),
         }),
         cache_key: req.prompt_cache_key.clone().unwrap_or_default(),
+        // Token-sized events only where a client sees them: a stream now,
+        // or a background run's event log (replayable later).
+        batch_events: !plan.stream && !plan.background,
     }
 }
 

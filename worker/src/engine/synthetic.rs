@@ -79,13 +79,18 @@ impl Engine for SyntheticEngine {
             }
             None => Duration::ZERO,
         };
-        if interval.is_zero() && self.config.coalesce_tokens > 1 {
+        if job.request.batch_events {
+            // Nobody watches the deltas: as few events as the reply's kinds
+            // allow, each sent when its last token would have been.
+            plan.steps = coalesce(std::mem::take(&mut plan.steps), u32::MAX);
+        } else if interval.is_zero() && self.config.coalesce_tokens > 1 {
             plan.steps = coalesce(std::mem::take(&mut plan.steps), self.config.coalesce_tokens);
         }
         Ok(Box::new(SyntheticGeneration {
             plan,
             ttft: self.config.ttft,
             interval,
+            batched: job.request.batch_events,
         }))
     }
 }
@@ -110,6 +115,8 @@ struct SyntheticGeneration {
     plan: Plan,
     ttft: Duration,
     interval: Duration,
+    /// Steps were merged for a batching caller (`batch_events`).
+    batched: bool,
 }
 
 #[async_trait::async_trait]
@@ -133,13 +140,20 @@ impl Generation for SyntheticGeneration {
             if controls.fail_after.is_some_and(|n| emitted >= n) {
                 return fail(&out, emitted).await;
             }
+            // Paced: a step goes out when its last token would have been
+            // generated (one token per step, unless merged for batching).
+            let slot = if self.batched {
+                (emitted + step.tokens).saturating_sub(1)
+            } else {
+                i as u32
+            };
             let paced = if self.interval.is_zero() {
                 if i % 16 == 15 {
                     tokio::task::yield_now().await;
                 }
                 Ok(())
-            } else if i > 0 {
-                out.sleep_until(start + self.interval * i as u32).await
+            } else if slot > 0 {
+                out.sleep_until(start + self.interval * slot).await
             } else {
                 Ok(())
             };
