@@ -50,7 +50,48 @@ pub struct Config {
     pub orgs: BTreeMap<String, OrgConfig>,
     #[serde(default)]
     pub limits: LimitsConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     pub models: BTreeMap<String, ModelPool>,
+}
+
+/// Distributed tracing (`[telemetry]`). Every request gets a `tracing`
+/// span and a W3C trace context sent to its worker; spans are exported
+/// over OTLP/gRPC only when an endpoint is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC collector, e.g. `http://otel-collector:4317`; absent =
+    /// export nothing. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of exported spans. Env: `OTEL_SERVICE_NAME`.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: default_service_name(),
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// The standard OpenTelemetry variables override the file.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) {
+        if let Some(v) = get(telemetry::OTLP_ENDPOINT_ENV) {
+            self.otlp_endpoint = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = get(telemetry::SERVICE_NAME_ENV).filter(|s| !s.trim().is_empty()) {
+            self.service_name = v;
+        }
+    }
+}
+
+fn default_service_name() -> String {
+    "gateway".into()
 }
 
 /// One plan's limits per organisation and model; 0 means unlimited.
@@ -270,6 +311,7 @@ impl Config {
             plans: BTreeMap::new(),
             orgs: BTreeMap::new(),
             limits: LimitsConfig::default(),
+            telemetry: TelemetryConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -301,6 +343,7 @@ impl Config {
         if let Some(v) = get("GATEWAY_KEY_PREFIX") {
             self.store.key_prefix = v;
         }
+        self.telemetry.apply_env(&get);
         Ok(())
     }
 
@@ -325,6 +368,13 @@ impl Config {
         if self.threads == 0 {
             bail!("threads must be at least 1");
         }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                bail!(
+                    "telemetry.otlp_endpoint must be an http:// or https:// URL, got '{endpoint}'"
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -342,6 +392,39 @@ mod tests {
             .unwrap();
         assert_eq!(c.store.redis_url.as_deref(), Some("redis://127.0.0.1/"));
         assert!(c.check().is_ok());
+    }
+
+    #[test]
+    fn telemetry_defaults_file_and_env() {
+        let mut c: Config = toml::from_str("[models.base]\nworkers = []\n").unwrap();
+        assert_eq!(c.telemetry.otlp_endpoint, None);
+        assert_eq!(c.telemetry.service_name, "gateway");
+        let mut c2: Config = toml::from_str(
+            "[telemetry]\notlp_endpoint = \"http://collector:4317\"\n[models.base]\nworkers = []\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c2.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4317")
+        );
+        assert!(c2.check().is_ok());
+        // The env var overrides the file; empty turns export off.
+        c2.apply_env(|k| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(String::new))
+            .unwrap();
+        assert_eq!(c2.telemetry.otlp_endpoint, None);
+        c.apply_env(|k| match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://10.0.0.1:4317".into()),
+            "OTEL_SERVICE_NAME" => Some("gw-eu".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(
+            c.telemetry.otlp_endpoint.as_deref(),
+            Some("http://10.0.0.1:4317")
+        );
+        assert_eq!(c.telemetry.service_name, "gw-eu");
+        c.telemetry.otlp_endpoint = Some("collector:4317".into());
+        assert!(c.check().is_err());
     }
 
     #[test]

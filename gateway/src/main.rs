@@ -46,29 +46,59 @@ enum Command {
     Usage(gateway::accounts::admin::UsageArgs),
 }
 
+/// Log filter when `RUST_LOG` is not set. Request spans (target
+/// `gateway::request`) stay out of the logs by default: formatting their
+/// fields would cost every request; their ids are in the lines that matter
+/// and they are exported when `[telemetry]` names a collector.
+const DEFAULT_LOG_FILTER: &str = "info,pingora_core=warn,gateway::request=warn";
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,pingora_core=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { config } => Config::load(&config).and_then(gateway::server::run),
-        Command::Up(args) => up::run(args),
-        Command::HashKey { key } => {
+        Command::Serve { config } => Config::load(&config).and_then(|config| {
+            let mut telemetry = init_telemetry(&config.telemetry)?;
+            let result = gateway::server::run(config);
+            telemetry.shutdown();
+            result
+        }),
+        Command::Up(args) => {
+            let mut settings = gateway::config::TelemetryConfig::default();
+            settings.apply_env(|k| std::env::var(k).ok());
+            init_telemetry(&settings).and_then(|mut telemetry| {
+                let result = up::run(args);
+                telemetry.shutdown();
+                result
+            })
+        }
+        Command::HashKey { key } => logs_only(|| {
             println!("{}", gateway::auth::hash_key_hex(&key));
             Ok(())
-        }
-        Command::Keys(args) => args.run(),
-        Command::Orgs(args) => args.run(),
-        Command::Plans(args) => args.run(),
-        Command::Usage(args) => args.run(),
+        }),
+        Command::Keys(args) => logs_only(|| args.run()),
+        Command::Orgs(args) => logs_only(|| args.run()),
+        Command::Plans(args) => logs_only(|| args.run()),
+        Command::Usage(args) => logs_only(|| args.run()),
     };
     if let Err(e) = result {
         eprintln!("gateway: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Operator commands: logs, never span export.
+fn logs_only(command: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let _telemetry = init_telemetry(&Default::default())?;
+    command()
+}
+
+/// Logs on stderr; request spans exported over OTLP when configured.
+fn init_telemetry(
+    settings: &gateway::config::TelemetryConfig,
+) -> anyhow::Result<telemetry::Telemetry> {
+    telemetry::init(&telemetry::Options {
+        service_name: &settings.service_name,
+        otlp_endpoint: settings.otlp_endpoint.as_deref(),
+        default_log_filter: DEFAULT_LOG_FILTER,
+        export_targets: &["gateway"],
+    })
 }

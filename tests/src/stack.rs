@@ -65,6 +65,12 @@ impl StackBuilder {
         self
     }
 
+    /// Adds a variable to the gateway's environment ([`GatewayOpts::env`]).
+    pub fn gateway_env(mut self, (key, value): (String, String)) -> Self {
+        self.gateway.env.push((key, value));
+        self
+    }
+
     /// Appends to [`GatewayOpts::extra_toml`].
     pub fn extra_toml(mut self, toml: &str) -> Self {
         self.gateway.extra_toml.push('\n');

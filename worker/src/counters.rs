@@ -4,6 +4,7 @@
 use crate::engine::Outcome;
 use inference_proto::v1 as pb;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -15,6 +16,8 @@ pub struct Counters {
     prompt_tokens: AtomicU64,
     cached_prompt_tokens: AtomicU64,
     rejected: AtomicU64,
+    /// Trace id of the last generation that carried a valid `traceparent`.
+    last_trace_id: Mutex<Option<u128>>,
 }
 
 impl Counters {
@@ -41,6 +44,24 @@ impl Counters {
         };
         counter.fetch_add(1, Relaxed);
         self.tokens_generated.fetch_add(u64::from(tokens), Relaxed);
+    }
+
+    /// A generation arrived with this trace id (`traceparent` metadata).
+    pub fn traced(&self, trace_id: u128) {
+        let mut last = match self.last_trace_id.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *last = Some(trace_id);
+    }
+
+    /// The last trace id seen, as 32 hex digits; empty before any.
+    pub fn last_trace_id(&self) -> String {
+        let last = match self.last_trace_id.lock() {
+            Ok(g) => *g,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        last.map(|id| format!("{id:032x}")).unwrap_or_default()
     }
 
     pub fn snapshot(&self) -> pb::Counters {

@@ -112,22 +112,32 @@ struct ServeArgs {
     /// after N completion tokens, like a worker with a broken device.
     #[arg(long)]
     fail_after_tokens: Option<u32>,
+    /// OTLP/gRPC collector (`http://host:4317`) to export generation spans
+    /// to, as children of the gateway's request spans; absent or empty =
+    /// export nothing. The trace id from the gateway's `traceparent` is
+    /// recorded either way.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// `service.name` of exported spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "worker")]
+    service_name: String,
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
     let cli = Cli::parse();
     let Command::Serve(args) = cli.command;
-    tokio::runtime::Builder::new_multi_thread()
+    let mut telemetry = telemetry::init(&telemetry::Options {
+        service_name: &args.service_name,
+        otlp_endpoint: args.otlp_endpoint.as_deref(),
+        default_log_filter: "warn",
+        export_targets: &["worker"],
+    })?;
+    let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(serve(args))
+        .block_on(serve(args));
+    telemetry.shutdown();
+    result
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -12,9 +12,11 @@ use crate::status;
 use crate::tokenizer::{self, Prompt};
 use inference_proto::v1 as pb;
 use std::sync::Arc;
+use telemetry::TraceParent;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// Prompts with more text than this are tokenized off the async threads.
 const BLOCKING_TOKENIZE_BYTES: usize = 64 * 1024;
@@ -102,21 +104,20 @@ impl WorkerService {
             window - prompt_tokens
         })
     }
-}
 
-#[tonic::async_trait]
-impl pb::worker_server::Worker for WorkerService {
-    type GenerateStream = ReceiverStream<Result<pb::GenerateEvent, Status>>;
-
-    async fn generate(
+    /// Draining, tokenizing, the context check, admission, then the engine
+    /// on a task of its own (under `span` until the generation ends).
+    async fn start_generation(
         &self,
-        request: Request<pb::GenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, Status> {
+        request: pb::GenerateRequest,
+        span: tracing::Span,
+    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
         let state = &self.state;
+        span.record("request_id", tracing::field::display(&request.request_id));
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
         }
-        let (req, prompt) = Self::render(request.into_inner()).await?;
+        let (req, prompt) = Self::render(request).await?;
         let completion_limit = self.check(&req, &prompt).map_err(|s| self.reject(s))?;
         let slot = state.admission.admit().await.map_err(|o| {
             tracing::debug!(request_id = %req.request_id, "overloaded");
@@ -134,18 +135,56 @@ impl pb::worker_server::Worker for WorkerService {
         };
         let generation = state.engine.prepare(job).map_err(|s| self.reject(s))?;
         state.counters.started(prompt_tokens, cached_prompt_tokens);
-        tracing::debug!(%request_id, prompt_tokens, cached_prompt_tokens, "generate");
+        // At info, under the span that carries `trace_id` (RUST_LOG=info).
+        tracing::info!(prompt_tokens, cached_prompt_tokens, "generate");
 
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let state = Arc::clone(&self.state);
-        tokio::spawn(async move {
-            // The slot is held until the generation ends, however it ends.
-            let _slot = slot;
-            let outcome = generation.run(EventSink::new(tx)).await;
-            tracing::debug!(%request_id, ?outcome, "generation ended");
-            state.counters.finished(outcome);
-        });
+        tokio::spawn(
+            async move {
+                // The slot is held until the generation ends, however it ends.
+                let _slot = slot;
+                let outcome = generation.run(EventSink::new(tx)).await;
+                tracing::debug!(%request_id, ?outcome, "generation ended");
+                state.counters.finished(outcome);
+            }
+            .instrument(span),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for WorkerService {
+    type GenerateStream = ReceiverStream<Result<pb::GenerateEvent, Status>>;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        // The gateway's trace context: recorded on this generation's span
+        // (and its log lines), a remote parent when spans are exported.
+        let trace = request
+            .metadata()
+            .get(telemetry::TRACEPARENT)
+            .and_then(|v| TraceParent::parse(v.as_bytes()));
+        let span = tracing::info_span!(
+            "generate",
+            otel.kind = "server",
+            gen_ai.request.model = %self.state.model.id,
+            request_id = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        );
+        if let Some(trace) = &trace {
+            self.state.counters.traced(trace.trace_id);
+            if !span.is_disabled() {
+                telemetry::set_remote_parent(&span, trace);
+                span.record("trace_id", tracing::field::display(trace.trace_id_hex()));
+            }
+        }
+        self.start_generation(request.into_inner(), span.clone())
+            .instrument(span)
+            .await
     }
 
     async fn info(
@@ -167,6 +206,7 @@ impl pb::worker_server::Worker for WorkerService {
             draining: s.drain.is_draining(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             counters: Some(s.counters.snapshot()),
+            last_trace_id: s.counters.last_trace_id(),
         }))
     }
 

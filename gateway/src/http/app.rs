@@ -12,6 +12,7 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::ShutdownWatch;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 pub struct PublicApp(pub Arc<App>);
 
@@ -39,7 +40,11 @@ impl HttpServerApp for PublicApp {
                     )
                 };
                 session.set_keepalive(None);
-                let mut ex = Exchange::new(session, crate::translate::new_id("req_"));
+                let mut ex = Exchange::new(
+                    session,
+                    crate::translate::new_id("req_"),
+                    telemetry::TraceParent::new_root(),
+                );
                 ex.send_error(&err).await;
                 METRICS
                     .requests
@@ -55,16 +60,55 @@ impl HttpServerApp for PublicApp {
         let closing = *shutdown.borrow() || crate::lifecycle::is_draining();
         // While draining, answer but close the connection afterwards.
         session.set_keepalive(if closing { None } else { Some(60) });
-        let mut ex = Exchange::new(session, crate::translate::new_id("req_"));
+        let request_id = crate::translate::new_id("req_");
+        // One span per request: ids, route, model and status only (never
+        // prompts or keys). Disabled, and so free, unless spans are exported
+        // or `RUST_LOG` asks for target `gateway::request`.
+        let span = tracing::info_span!(
+            target: "gateway::request",
+            "request",
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = %session.req_header().method,
+            http.route = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            gen_ai.request.model = tracing::field::Empty,
+            request_id = %request_id,
+            trace_id = tracing::field::Empty,
+        );
+        let incoming = session
+            .get_header(telemetry::TRACEPARENT)
+            .and_then(|v| telemetry::TraceParent::parse(v.as_bytes()));
+        let trace = telemetry::continue_trace(&span, incoming);
+        if !span.is_disabled() {
+            span.record("trace_id", tracing::field::display(trace.trace_id_hex()));
+        }
+        let mut ex = Exchange::new(session, request_id, trace);
 
-        if let Err(e) = handle(app, &mut ex).await {
-            if ex.response_started() {
-                // A streamed response reports its own failures in-band.
-                ex.status = e.status;
-            } else {
-                ex.send_error(&e).await;
+        async {
+            if let Err(e) = handle(app, &mut ex).await {
+                if ex.response_started() {
+                    // A streamed response reports its own failures in-band.
+                    ex.status = e.status;
+                } else {
+                    ex.send_error(&e).await;
+                }
             }
         }
+        .instrument(span.clone())
+        .await;
+        if !span.is_disabled() {
+            if ex.route != "-" {
+                telemetry::rename(&span, ex.route);
+            }
+            span.record("http.route", tracing::field::display(ex.route));
+            span.record("gen_ai.request.model", tracing::field::display(ex.model));
+            span.record("http.response.status_code", ex.status);
+            if ex.status >= 500 {
+                span.record("otel.status_code", "error");
+            }
+        }
+        drop(span);
         METRICS
             .requests
             .with_label_values(&[ex.route, ex.model, status_label(ex.status)])

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 pub struct Exchange {
     pub session: ServerSession,
     pub request_id: String,
+    /// Trace context sent to workers (`traceparent` gRPC metadata): the
+    /// request span's when spans are exported, else one that continues the
+    /// client's `traceparent` or starts a trace.
+    pub trace: telemetry::TraceParent,
     pub started: Instant,
     /// Metric label of the matched route (`-` until routed).
     pub route: &'static str,
@@ -25,10 +29,11 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    pub fn new(session: ServerSession, request_id: String) -> Self {
+    pub fn new(session: ServerSession, request_id: String, trace: telemetry::TraceParent) -> Self {
         Self {
             session,
             request_id,
+            trace,
             started: Instant::now(),
             route: "-",
             model: "-",

@@ -20,6 +20,8 @@ use inference_proto::v1 as pb;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use telemetry::TraceParent;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status, Streaming};
 
 /// How many distinct workers one request may try before the first token.
@@ -210,8 +212,15 @@ impl WorkerPool {
     }
 
     /// Starts a generation on the best available worker, retrying elsewhere
-    /// on worker faults until the first event has arrived.
-    pub async fn generate(&self, request: pb::GenerateRequest) -> Result<WorkerCall, ApiError> {
+    /// on worker faults until the first event has arrived. `trace` goes to
+    /// the worker as `traceparent` metadata (with the request id as
+    /// `x-request-id`).
+    pub async fn generate(
+        &self,
+        request: pb::GenerateRequest,
+        trace: &TraceParent,
+    ) -> Result<WorkerCall, ApiError> {
+        let metadata = call_metadata(&request, trace);
         let endpoints = self.snapshot();
         let key = select::affinity_key(&request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
@@ -238,7 +247,7 @@ impl WorkerPool {
             tried.push(index);
             let endpoint = &endpoints[index];
             let slot = endpoint.acquire();
-            match Self::start(endpoint, request.clone()).await {
+            match Self::start(endpoint, request.clone(), &metadata).await {
                 Ok((first, rest)) => {
                     // Success is recorded when the stream finishes
                     // (`CallGuard::record_finished`), not at the first
@@ -282,14 +291,31 @@ impl WorkerPool {
     async fn start(
         endpoint: &WorkerEndpoint,
         request: pb::GenerateRequest,
+        metadata: &MetadataMap,
     ) -> Result<(pb::GenerateEvent, Streaming<pb::GenerateEvent>), Status> {
         let mut client = endpoint.client();
+        let mut request = tonic::Request::new(request);
+        *request.metadata_mut() = metadata.clone();
         let mut rest = client.generate(request).await?.into_inner();
         match rest.message().await? {
             Some(first) => Ok((first, rest)),
             None => Err(Status::internal("worker ended the stream without an event")),
         }
     }
+}
+
+/// gRPC metadata of a `Generate` call: the W3C trace context and the
+/// request id. A request id that is not a valid metadata value (it never
+/// is: the gateway makes them) is left out rather than failing the call.
+fn call_metadata(request: &pb::GenerateRequest, trace: &TraceParent) -> MetadataMap {
+    let mut metadata = MetadataMap::with_capacity(2);
+    if let Ok(value) = MetadataValue::try_from(trace.to_header()) {
+        metadata.insert(telemetry::TRACEPARENT, value);
+    }
+    if let Ok(value) = MetadataValue::try_from(request.request_id.as_str()) {
+        metadata.insert(telemetry::REQUEST_ID, value);
+    }
+    metadata
 }
 
 /// What a failed worker call means for the client and for the worker.
@@ -392,6 +418,27 @@ mod tests {
         assert!(f.try_elsewhere && f.worker_fault);
         let f = classify(&Status::internal("boom"));
         assert_eq!(f.error.status, 502);
+    }
+
+    #[test]
+    fn calls_carry_traceparent_and_request_id() {
+        let trace = TraceParent::new_root();
+        let request = pb::GenerateRequest {
+            request_id: "req_abc".into(),
+            ..Default::default()
+        };
+        let metadata = call_metadata(&request, &trace);
+        let sent = metadata
+            .get(telemetry::TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| TraceParent::parse(v.as_bytes()));
+        assert_eq!(sent, Some(trace));
+        assert_eq!(
+            metadata
+                .get(telemetry::REQUEST_ID)
+                .and_then(|v| v.to_str().ok()),
+            Some("req_abc")
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let format = output_format(&req);
     drop(req);
     let deadline = tokio::time::Instant::now() + app.request_timeout();
-    let call = tokio::time::timeout_at(deadline, pool.generate(work))
+    let call = tokio::time::timeout_at(deadline, pool.generate(work, &ex.trace))
         .await
         .map_err(|_| ApiError::timeout("No worker answered before the request deadline."))??;
     reservation.mark_started();

@@ -115,6 +115,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             pools: app.pools.clone(),
             model: plan.model,
             work,
+            trace: ex.trace,
             encoder,
             ownership: app.runs.own(&id),
             reservation,
@@ -133,7 +134,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let ownership = plan.store.then(|| app.runs.own(&id));
     let mut encoder = encoder;
     let deadline = tokio::time::Instant::now() + app.request_timeout();
-    let call = match tokio::time::timeout_at(deadline, pool.generate(work)).await {
+    let call = match tokio::time::timeout_at(deadline, pool.generate(work, &ex.trace)).await {
         Ok(Ok(call)) => call,
         Ok(Err(e)) => {
             reservation.settle(Outcome::NotRun).await;

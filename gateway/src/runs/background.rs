@@ -27,6 +27,8 @@ pub struct BackgroundRun {
     pub pools: Arc<Pools>,
     pub model: &'static ModelSpec,
     pub work: pb::GenerateRequest,
+    /// The creating request's trace context, sent to the worker.
+    pub trace: telemetry::TraceParent,
     pub encoder: ResponseEncoder,
     pub ownership: Ownership,
     /// The request's hold on its plan's limits, settled when the run ends.
@@ -95,7 +97,7 @@ impl BackgroundRun {
             return RunEnd::NotRun;
         };
         let call = tokio::select! {
-            call = pool.generate(self.work.clone()) => call,
+            call = pool.generate(self.work.clone(), &self.trace) => call,
             _ = self.preempted(id) => return RunEnd::NotRun,
             _ = tokio::time::sleep_until(deadline) => Err(ApiError::timeout("No worker answered before the request deadline.")),
         };
