@@ -23,3 +23,9 @@ pub mod store;
 pub mod translate;
 pub mod usage;
 pub mod validate;
+
+/// The unit tests (and the benchmarks among them) run on the allocator the
+/// `gateway` binary ships with, so their figures are the product's.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
