@@ -44,6 +44,9 @@ pub struct WorkerEndpoint {
     times_opened: AtomicU32,
     /// Milliseconds since `epoch` until which the circuit is open.
     open_until_ms: AtomicU64,
+    /// Half-open (the open period is over, the failures not yet cleared):
+    /// a probe request is in flight, so others stay away until it ends.
+    probe_in_flight: AtomicBool,
     epoch: Instant,
 }
 
@@ -82,6 +85,7 @@ impl WorkerEndpoint {
             consecutive_failures: AtomicU32::new(0),
             times_opened: AtomicU32::new(0),
             open_until_ms: AtomicU64::new(0),
+            probe_in_flight: AtomicBool::new(false),
             epoch: Instant::now(),
         })
     }
@@ -129,17 +133,30 @@ impl WorkerEndpoint {
         )
     }
 
-    /// Takes an in-flight slot, released when the returned guard drops.
+    /// Takes an in-flight slot, released when the returned guard drops. On
+    /// a half-open worker the request is the probe.
     pub fn acquire(&self) -> InflightSlot {
+        if self.half_open() {
+            self.probe_in_flight.store(true, Ordering::Relaxed);
+        }
         self.inflight.fetch_add(1, Ordering::Relaxed);
         InflightSlot(self.inflight.clone())
     }
 
-    /// Selectable: passing health checks, not draining, circuit not open.
+    /// Selectable: passing health checks, not draining, circuit not open,
+    /// and, half-open, no probe already in flight.
     pub fn is_available(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
             && !self.draining.load(Ordering::Relaxed)
             && !self.circuit_open()
+            && (!self.half_open() || !self.probe_in_flight.load(Ordering::Relaxed))
+    }
+
+    /// The open period is over but the failures that opened the circuit
+    /// have not been cleared by a success yet.
+    fn half_open(&self) -> bool {
+        !self.circuit_open()
+            && self.consecutive_failures.load(Ordering::Relaxed) >= OPEN_AFTER_FAILURES
     }
 
     /// Passing health checks and not draining, whatever the circuit says
@@ -159,12 +176,14 @@ impl WorkerEndpoint {
     pub fn record_success(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         self.times_opened.store(0, Ordering::Relaxed);
+        self.probe_in_flight.store(false, Ordering::Relaxed);
     }
 
     /// A worker fault (never a client error). A run of them opens the
     /// circuit; after the open period one request probes it (half-open),
     /// and a failed probe re-opens it for twice as long.
     pub fn record_failure(&self) {
+        self.probe_in_flight.store(false, Ordering::Relaxed);
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= OPEN_AFTER_FAILURES {
             let times = self.times_opened.fetch_add(1, Ordering::Relaxed).min(4);
@@ -177,6 +196,12 @@ impl WorkerEndpoint {
 
     /// Result of an active check (gRPC health plus Info).
     pub fn record_check(&self, healthy: bool, load: Option<(u32, u32, u32, bool)>) {
+        // A probe that ended without an outcome (its client went away)
+        // must not keep a half-open worker out of selection for longer
+        // than one check interval.
+        if self.inflight() == 0 {
+            self.probe_in_flight.store(false, Ordering::Relaxed);
+        }
         let was = self.healthy.swap(healthy, Ordering::Relaxed);
         if was != healthy {
             tracing::info!(worker = %self.addr, healthy, "worker health changed");
@@ -223,6 +248,46 @@ mod tests {
         e.record_success();
         // Success resets the count; the open period still has to pass.
         assert_eq!(e.consecutive_failures.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn half_open_admits_one_probe_whose_outcome_decides() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        for _ in 0..OPEN_AFTER_FAILURES {
+            e.record_failure();
+        }
+        assert!(e.circuit_open());
+        // The open period passes.
+        e.open_until_ms.store(0, Ordering::Relaxed);
+        assert!(e.is_available(), "half-open: a probe may go");
+        let probe = e.acquire();
+        assert!(!e.is_available(), "one probe at a time");
+        e.record_failure();
+        drop(probe);
+        assert!(e.circuit_open(), "a failed probe re-opens the circuit");
+        assert_eq!(e.times_opened.load(Ordering::Relaxed), 2);
+
+        e.open_until_ms.store(0, Ordering::Relaxed);
+        let probe = e.acquire();
+        e.record_success();
+        drop(probe);
+        assert!(e.is_available() && !e.circuit_open());
+        let _a = e.acquire();
+        let _b = e.acquire();
+        assert!(e.is_available(), "closed again: no probe limit");
+    }
+
+    #[test]
+    fn a_probe_without_an_outcome_is_forgotten_at_the_next_check() {
+        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        for _ in 0..OPEN_AFTER_FAILURES {
+            e.record_failure();
+        }
+        e.open_until_ms.store(0, Ordering::Relaxed);
+        drop(e.acquire()); // the client went away before an outcome
+        assert!(!e.is_available());
+        e.record_check(true, None);
+        assert!(e.is_available());
     }
 
     #[test]
