@@ -5,6 +5,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; nothing else reads the env concurrently.
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=inference/v1/worker.proto");
-    tonic_prost_build::configure().compile_protos(&["inference/v1/worker.proto"], &["."])?;
+    tonic_prost_build::configure()
+        // Small per-call buffers (see src/codec.rs).
+        .codec_path("crate::codec::CompactCodec")
+        .compile_protos(&["inference/v1/worker.proto"], &["."])?;
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! The gateway is the client, each model worker a server. The package is
 //! versioned; changes are additive only.
 
+pub mod codec;
+
 pub mod v1 {
     tonic::include_proto!("inference.v1");
 
