@@ -368,6 +368,15 @@ impl Config {
         if self.threads == 0 {
             bail!("threads must be at least 1");
         }
+        // Pingora listens with SO_REUSEPORT: one address for both would
+        // start fine and then split connections between the API and the
+        // admin endpoints at random.
+        if self.listen == self.admin_listen {
+            bail!(
+                "listen and admin_listen must differ (both are {})",
+                self.listen
+            );
+        }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
                 bail!(
@@ -392,6 +401,9 @@ mod tests {
             .unwrap();
         assert_eq!(c.store.redis_url.as_deref(), Some("redis://127.0.0.1/"));
         assert!(c.check().is_ok());
+        c.admin_listen = c.listen.clone();
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("must differ"), "{e}");
     }
 
     #[test]

@@ -244,7 +244,20 @@ pub fn keep_logs() -> bool {
 
 /// A free loopback address (`127.0.0.1:PORT`). Another process may take the
 /// port before the child binds it; starters retry on a fresh port then.
+///
+/// The kernel may hand the same ephemeral port to two consecutive binds
+/// once the first is released, and Pingora listens with `SO_REUSEPORT`, so
+/// two listeners given one port would both start and share its
+/// connections. A port is therefore never handed out twice per process.
 pub fn free_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if handed_out.insert(addr.port()) {
+            return Ok(addr.to_string());
+        }
+    }
 }
