@@ -97,6 +97,13 @@ pub fn chat_body(model: &str, content: &str) -> Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": content}]})
 }
 
+/// [`chat_body`] with `stream: true`.
+pub fn stream_body(model: &str, content: &str) -> Value {
+    let mut body = chat_body(model, content);
+    body["stream"] = serde_json::json!(true);
+    body
+}
+
 /// A whole reply.
 #[derive(Debug, Clone)]
 pub struct Reply {

@@ -332,6 +332,26 @@ impl Drop for Gateway {
     }
 }
 
+/// A gateway over the given workers (any models, any flags), with
+/// `extra_toml`: for tests that shape the pool themselves.
+pub fn gateway_over<W: std::borrow::Borrow<crate::Worker>>(
+    workers: &[W],
+    extra_toml: &str,
+) -> Gateway {
+    let mut opts = GatewayOpts {
+        extra_toml: extra_toml.to_string(),
+        ..GatewayOpts::default()
+    };
+    for w in workers {
+        let w = w.borrow();
+        opts.workers
+            .entry(w.model().to_string())
+            .or_default()
+            .push(w.addr().to_string());
+    }
+    Gateway::start(opts).expect("gateway starts")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,12 +45,23 @@ pub mod redis_scope;
 pub mod stack;
 pub mod worker;
 
-pub use client::{assert_envelope, assert_error, chat_body, Client, Reply, SseFrame, SseStream};
-pub use gateway::{hash_key, Gateway, GatewayOpts, TestKey};
+pub use client::{
+    assert_envelope, assert_error, chat_body, stream_body, Client, Reply, SseFrame, SseStream,
+};
+pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
 pub use redis_scope::RedisScope;
 pub use serde_json::{json, Value};
 pub use stack::{Stack, StackBuilder, MODELS};
-pub use worker::{Worker, WorkerOpts};
+pub use worker::{start_workers, Worker, WorkerOpts};
+
+/// Fails the test if `test` takes longer than `secs`: a hung fault test
+/// fails with a message instead of stalling CI.
+pub async fn bounded<T>(secs: u64, test: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(std::time::Duration::from_secs(secs), test).await {
+        Ok(v) => v,
+        Err(_) => panic!("test exceeded its {secs} s bound"),
+    }
+}
 
 /// A random lowercase hex string of `n` characters, for key prefixes and keys.
 pub fn random_hex(n: usize) -> String {

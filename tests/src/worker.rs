@@ -246,3 +246,21 @@ impl Worker {
         }
     }
 }
+
+/// Starts one worker of `model` per entry of `opts`, in parallel.
+pub fn start_workers(model: &str, opts: &[WorkerOpts]) -> Vec<Worker> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = opts
+            .iter()
+            .map(|o| s.spawn(move || Worker::start(model, o.clone())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("worker start thread")
+                    .expect("worker starts")
+            })
+            .collect()
+    })
+}

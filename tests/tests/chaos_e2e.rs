@@ -7,58 +7,10 @@
 //! under 90 s on 2 cores.
 
 use harness::{
-    assert_error, chat_body, json, Client, Gateway, GatewayOpts, SseFrame, Stack, Value, Worker,
-    WorkerOpts,
+    assert_error, bounded, chat_body, gateway_over, json, start_workers, stream_body, Client,
+    SseFrame, Stack, Value, Worker, WorkerOpts,
 };
-use std::future::Future;
 use std::time::{Duration, Instant};
-
-/// Fails the test if `test` takes longer than `secs`.
-async fn bounded<T>(secs: u64, test: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(secs), test).await {
-        Ok(v) => v,
-        Err(_) => panic!("chaos test exceeded its {secs} s bound"),
-    }
-}
-
-/// A gateway over the given workers (any models, any flags), with `extra_toml`.
-fn gateway_over(workers: &[&Worker], extra_toml: &str) -> Gateway {
-    let mut opts = GatewayOpts {
-        extra_toml: extra_toml.to_string(),
-        ..GatewayOpts::default()
-    };
-    for w in workers {
-        opts.workers
-            .entry(w.model().to_string())
-            .or_default()
-            .push(w.addr().to_string());
-    }
-    Gateway::start(opts).expect("gateway starts")
-}
-
-/// Starts `n` workers of `model` in parallel.
-fn start_workers(model: &str, opts: &[WorkerOpts]) -> Vec<Worker> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = opts
-            .iter()
-            .map(|o| s.spawn(move || Worker::start(model, o.clone())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .expect("worker start thread")
-                    .expect("worker starts")
-            })
-            .collect()
-    })
-}
-
-fn stream_body(model: &str, content: &str) -> Value {
-    let mut body = chat_body(model, content);
-    body["stream"] = json!(true);
-    body
-}
 
 /// How a chat stream ended.
 #[derive(Debug)]

@@ -4,64 +4,16 @@
 //! prompt tokens. Real gateway, real synthetic workers, loopback only.
 
 use harness::{
-    assert_error, chat_body, json, random_hex, Client, Gateway, GatewayOpts, SseFrame, Value,
-    Worker, WorkerOpts,
+    assert_error, bounded, chat_body, gateway_over, json, random_hex, start_workers, stream_body,
+    Client, SseFrame, Value, Worker, WorkerOpts,
 };
-use std::future::Future;
 use std::time::{Duration, Instant};
-
-/// Fails the test if `test` takes longer than `secs`.
-async fn bounded<T>(secs: u64, test: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(secs), test).await {
-        Ok(v) => v,
-        Err(_) => panic!("pool test exceeded its {secs} s bound"),
-    }
-}
-
-/// A gateway over the given workers, with `extra_toml`.
-fn gateway_over(workers: &[Worker], extra_toml: &str) -> Gateway {
-    let mut opts = GatewayOpts {
-        extra_toml: extra_toml.to_string(),
-        ..GatewayOpts::default()
-    };
-    for w in workers {
-        opts.workers
-            .entry(w.model().to_string())
-            .or_default()
-            .push(w.addr().to_string());
-    }
-    Gateway::start(opts).expect("gateway starts")
-}
-
-/// Starts one worker of `model` per entry of `opts`, in parallel.
-fn start_workers(model: &str, opts: &[WorkerOpts]) -> Vec<Worker> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = opts
-            .iter()
-            .map(|o| s.spawn(move || Worker::start(model, o.clone())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .expect("worker start thread")
-                    .expect("worker starts")
-            })
-            .collect()
-    })
-}
 
 async fn post_chat(client: &Client, body: &Value) -> harness::Reply {
     client
         .post_json("/chat/completions", body)
         .await
         .expect("HTTP exchange")
-}
-
-fn stream_body(model: &str, content: &str) -> Value {
-    let mut body = chat_body(model, content);
-    body["stream"] = json!(true);
-    body
 }
 
 fn ends_with_done(frames: &[SseFrame]) -> bool {
