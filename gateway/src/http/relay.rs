@@ -13,6 +13,7 @@ use bytes::BytesMut;
 use futures::FutureExt;
 use inference_proto::v1 as pb;
 use std::time::Instant;
+use tonic::Streaming;
 
 /// How a relayed generation ended.
 #[derive(Debug)]
@@ -61,6 +62,7 @@ pub async fn relay(
         }
         if let Some(f) = finished {
             guard.record_finished();
+            close_cleanly(rest);
             return RelayEnd::Finished(f);
         }
         let next = tokio::select! {
@@ -126,6 +128,21 @@ pub async fn relay(
 async fn flush(ex: &mut Exchange, out: &mut BytesMut) {
     if !out.is_empty() && ex.response_started() {
         let _ = ex.write_chunk(out.split().freeze()).await;
+    }
+}
+
+/// How long a finished call may take to deliver its trailers.
+const TRAILERS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads a finished call to its end (the trailers) instead of dropping it:
+/// dropping an unfinished gRPC stream resets it (an RST_STREAM frame each
+/// way, and frames that cross the reset count against the connection).
+/// The trailers usually arrive with `Finished`; if not, a task waits.
+fn close_cleanly(mut rest: Streaming<pb::GenerateEvent>) {
+    if rest.message().now_or_never().is_none() {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(TRAILERS_WAIT, rest.message()).await;
+        });
     }
 }
 

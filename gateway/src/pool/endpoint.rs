@@ -50,6 +50,9 @@ pub struct WorkerEndpoint {
     epoch: Instant,
 }
 
+/// Reset streams remembered per worker connection (about 100 bytes each).
+const MAX_REMEMBERED_RESETS: usize = 16 * 1024;
+
 impl WorkerEndpoint {
     pub fn new(addr: &str) -> anyhow::Result<Self> {
         let uri = if addr.contains("://") {
@@ -70,7 +73,17 @@ impl WorkerEndpoint {
             // on one channel would otherwise GOAWAY its own worker
             // connection ("too_many_data_frames"), failing every stream.
             .initial_connection_window_size(Some(64 * 1024 * 1024))
-            .initial_stream_window_size(Some(4 * 1024 * 1024));
+            .initial_stream_window_size(Some(4 * 1024 * 1024))
+            // Every cancelled generation (a client gone, a deadline) resets
+            // its stream, and the worker's frames already in flight arrive
+            // after the reset. h2 ignores them only while it remembers the
+            // stream (10 by default); each one for a forgotten stream counts
+            // as a "local error reset", and after 1,024 of those h2 GOAWAYs
+            // the connection (ENHANCE_YOUR_CALM), failing every stream on
+            // it. Cancellations are normal traffic from a trusted worker:
+            // remember many and never count them against the connection.
+            .http2_max_concurrent_reset_streams(MAX_REMEMBERED_RESETS)
+            .http2_max_local_error_reset_streams(None);
         Ok(Self {
             addr: addr.to_owned(),
             endpoint,
