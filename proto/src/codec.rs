@@ -12,7 +12,7 @@ use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::ProstCodec;
 
 /// Initial encode and decode buffer of a call.
-const INITIAL_BUFFER_BYTES: usize = 1024;
+const INITIAL_BUFFER_BYTES: usize = 256;
 /// tonic's default: yield to the runtime after encoding this much.
 const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
 

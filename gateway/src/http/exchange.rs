@@ -129,7 +129,13 @@ impl Exchange {
         }
     }
 
-    fn response_header(&self, status: u16, content_type: &str) -> Result<ResponseHeader, ApiError> {
+    /// The response head. Takes the extra headers: only one head is sent,
+    /// and a stream holds its exchange for its whole life.
+    fn response_header(
+        &mut self,
+        status: u16,
+        content_type: &str,
+    ) -> Result<ResponseHeader, ApiError> {
         let mut h = ResponseHeader::build(status, Some(6 + self.extra_headers.len()))
             .map_err(|_| ApiError::internal("could not build the response header"))?;
         let set = |h: &mut ResponseHeader, k: &'static str, v: &str| {
@@ -138,8 +144,8 @@ impl Exchange {
         };
         set(&mut h, "content-type", content_type)?;
         set(&mut h, "x-request-id", &self.request_id)?;
-        for (k, v) in &self.extra_headers {
-            set(&mut h, k, v)?;
+        for (k, v) in std::mem::take(&mut self.extra_headers) {
+            set(&mut h, k, &v)?;
         }
         Ok(h)
     }

@@ -44,7 +44,7 @@ pub async fn relay(
         mut rest,
         guard,
     } = call;
-    let mut out = BytesMut::with_capacity(1024);
+    let mut out = BytesMut::with_capacity(256);
     let mut finished = finished_of(&first);
     encode(first, &mut out);
     let mut last_token_at = Instant::now();

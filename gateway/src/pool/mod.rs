@@ -18,6 +18,8 @@ use crate::metrics::METRICS;
 use discovery::Target;
 use inference_proto::v1 as pb;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use telemetry::TraceParent;
@@ -215,7 +217,19 @@ impl WorkerPool {
     /// on worker faults until the first event has arrived. `trace` goes to
     /// the worker as `traceparent` metadata (with the request id as
     /// `x-request-id`).
-    pub async fn generate(
+    ///
+    /// The future is boxed: the gRPC call's state (about 4.6 KiB) is only
+    /// needed until the first event, and unboxed it would be part of every
+    /// caller's state for the whole life of a stream.
+    pub fn generate<'a>(
+        &'a self,
+        request: pb::GenerateRequest,
+        trace: &'a TraceParent,
+    ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, ApiError>> + Send + 'a>> {
+        Box::pin(self.start_call(request, trace))
+    }
+
+    async fn start_call(
         &self,
         request: pb::GenerateRequest,
         trace: &TraceParent,
