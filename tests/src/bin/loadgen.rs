@@ -107,6 +107,10 @@ struct Args {
     /// With --idle-streams: how many streams are being opened at once.
     #[arg(long, default_value_t = 32)]
     open_parallelism: usize,
+    /// Measure the machine's floor instead: the CPU of one lone loopback
+    /// write that wakes a waiting reader (a token relayed on its own).
+    #[arg(long)]
+    write_floor: bool,
     /// Print the report as JSON too.
     #[arg(long)]
     json: bool,
@@ -846,6 +850,57 @@ const REPORT_ORDER: &[&str] = &[
     "worker_counters_total",
 ];
 
+/// This thread's CPU time (user and kernel, including the loopback
+/// delivery the kernel does in the sender's context).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The floor under "gateway CPU per streamed token" when tokens arrive one
+/// at a time: whatever a relay does in user space, each token that travels
+/// alone costs one small loopback TCP write, and that write wakes a reader
+/// that has gone back to sleep. Writes are 2 ms apart, so each finds its
+/// reader asleep, like a client between tokens at 50 tokens/s.
+fn write_floor() -> Result<Value> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let mut writer = std::net::TcpStream::connect(listener.local_addr()?)?;
+    writer.set_nodelay(true)?;
+    let (mut reader, _) = listener.accept()?;
+    let drain = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    // About the size of one SSE chunk carrying one token.
+    let chunk = [b'x'; 200];
+    let (n, mut spent) = (2000u32, Duration::ZERO);
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_millis(2));
+        let before = thread_cpu();
+        writer.write_all(&chunk)?;
+        spent += thread_cpu() - before;
+    }
+    drop(writer);
+    let _ = drain.join();
+    let mut report = BTreeMap::new();
+    report.insert(
+        "mode",
+        json!("write floor: lone 200-byte loopback writes, 2 ms apart"),
+    );
+    report.insert("writes", json!(n));
+    report.insert(
+        "cpu_us_per_write",
+        json!((spent.as_secs_f64() * 1e6 / f64::from(n) * 100.0).round() / 100.0),
+    );
+    Ok(serde_json::to_value(report)?)
+}
+
 fn print_report(report: &Value, json_too: bool) {
     if let Some(obj) = report.as_object() {
         let mut keys: Vec<&String> = obj.keys().collect();
@@ -869,6 +924,10 @@ fn print_report(report: &Value, json_too: bool) {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.write_floor {
+        print_report(&write_floor()?, args.json);
+        return Ok(());
+    }
     raise_fd_limit();
     if args.rate.is_some_and(|r| r <= 0.0) {
         bail!("--rate must be positive");

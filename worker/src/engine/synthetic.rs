@@ -22,6 +22,13 @@
 //! - Otherwise text: 16..=48 words (or `synthetic:reply_tokens=N`), or the
 //!   test controls in [`super::controls`].
 //!
+//! Paced generations decode in lockstep, as the sequences of a continuously
+//! batched GPU engine do: one decode step gives every running sequence its
+//! next token at once. Steps fall on one grid per process (multiples of the
+//! token interval since the engine started) and each token goes out at the
+//! first step at or after its own schedule, so the tokens of all streams
+//! due in a step leave together.
+//!
 //! Each streamed piece is one token (words are single o200k tokens; JSON and
 //! quoted text are split with the real BPE). `max_tokens` (reasoning
 //! included) cuts the plan and finishes `LENGTH`; a stop string ends the text
@@ -58,12 +65,31 @@ pub struct SyntheticConfig {
 #[derive(Debug, Clone)]
 pub struct SyntheticEngine {
     config: SyntheticConfig,
+    /// Origin of the decode-step grid.
+    epoch: tokio::time::Instant,
 }
 
 impl SyntheticEngine {
     pub fn new(config: SyntheticConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            epoch: tokio::time::Instant::now(),
+        }
     }
+}
+
+/// The first decode step at or after `due`: steps are `interval` apart,
+/// counted from `epoch`.
+fn on_step_grid(
+    due: tokio::time::Instant,
+    epoch: tokio::time::Instant,
+    interval: Duration,
+) -> tokio::time::Instant {
+    let step = interval.as_nanos().max(1);
+    let since = due.saturating_duration_since(epoch).as_nanos();
+    let steps = since.div_ceil(step);
+    let offset = u64::try_from(steps * step).unwrap_or(u64::MAX);
+    epoch + Duration::from_nanos(offset)
 }
 
 impl Engine for SyntheticEngine {
@@ -89,6 +115,7 @@ impl Engine for SyntheticEngine {
         Ok(Box::new(SyntheticGeneration {
             plan,
             ttft: self.config.ttft,
+            epoch: self.epoch,
             interval,
             batched: job.request.batch_events,
         }))
@@ -114,6 +141,7 @@ pub struct Plan {
 struct SyntheticGeneration {
     plan: Plan,
     ttft: Duration,
+    epoch: tokio::time::Instant,
     interval: Duration,
     /// Steps were merged for a batching caller (`batch_events`).
     batched: bool,
@@ -153,7 +181,9 @@ impl Generation for SyntheticGeneration {
                 }
                 Ok(())
             } else if slot > 0 {
-                out.sleep_until(start + self.interval * slot).await
+                let due = start + self.interval * slot;
+                out.sleep_until(on_step_grid(due, self.epoch, self.interval))
+                    .await
             } else {
                 Ok(())
             };
@@ -654,6 +684,22 @@ mod tests {
     use super::*;
     use crate::model::ModelProfile;
     use serde_json::{json, Value};
+
+    #[test]
+    fn tokens_go_out_at_the_next_decode_step() {
+        let epoch = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        // On a step: unchanged. Between steps: the next one.
+        assert_eq!(on_step_grid(epoch + ms(40), epoch, ms(20)), epoch + ms(40));
+        assert_eq!(on_step_grid(epoch + ms(41), epoch, ms(20)), epoch + ms(60));
+        assert_eq!(on_step_grid(epoch + ms(59), epoch, ms(20)), epoch + ms(60));
+        // Two streams that started apart share their steps.
+        let (a, b) = (epoch + ms(3), epoch + ms(17));
+        assert_eq!(
+            on_step_grid(a + ms(20), epoch, ms(20)),
+            on_step_grid(b + ms(20), epoch, ms(20))
+        );
+    }
 
     fn text(t: &str) -> pb::ContentPart {
         pb::ContentPart {
