@@ -16,7 +16,8 @@
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
 /// Usage counters are kept this long (seconds).
@@ -26,6 +27,22 @@ const SETTLE_LUA: &str = include_str!("settle.lua");
 
 /// Most settlements sent in one pipeline.
 const MAX_SETTLE_BATCH: usize = 256;
+
+/// Most (organisation, model) key sets kept; the cache starts over beyond.
+const MAX_CACHED_KEY_SETS: usize = 100_000;
+
+/// The Redis keys of one organisation's limits on one model, formatted once
+/// (building them was a dozen small allocations per request).
+struct LimitKeys {
+    req: String,
+    tok: String,
+    toksum: String,
+    inflight: String,
+    spend: String,
+}
+
+/// org -> model -> keys; looked up by `&str` without allocating.
+type KeyCache = HashMap<String, HashMap<String, Arc<LimitKeys>>>;
 
 pub struct RedisLimits {
     redis: Arc<RedisHandle>,
@@ -37,6 +54,7 @@ pub struct RedisLimits {
     /// settle still costs at most one round trip. Started on first use,
     /// inside the server's runtime.
     settle_queue: OnceLock<mpsc::UnboundedSender<SettleJob>>,
+    keys: RwLock<KeyCache>,
 }
 
 enum SettleJob {
@@ -53,7 +71,33 @@ impl RedisLimits {
             admit: redis::Script::new(include_str!("admit.lua")),
             settle: Arc::new(redis::Script::new(SETTLE_LUA)),
             settle_queue: OnceLock::new(),
+            keys: RwLock::new(HashMap::new()),
         }
+    }
+
+    fn keys(&self, org: &str, model: &str) -> Arc<LimitKeys> {
+        if let Ok(cache) = self.keys.read() {
+            if let Some(keys) = cache.get(org).and_then(|models| models.get(model)) {
+                return keys.clone();
+            }
+        }
+        let keys = Arc::new(LimitKeys {
+            req: self.window_key(org, model, "req"),
+            tok: self.window_key(org, model, "tok"),
+            toksum: self.window_key(org, model, "toksum"),
+            inflight: self.window_key(org, model, "inflight"),
+            spend: Self::spend_key(&self.redis, org),
+        });
+        if let Ok(mut cache) = self.keys.write() {
+            if cache.len() >= MAX_CACHED_KEY_SETS {
+                cache.clear();
+            }
+            cache
+                .entry(org.to_owned())
+                .or_default()
+                .insert(model.to_owned(), keys.clone());
+        }
+        keys
     }
 
     fn queue(&self) -> &mpsc::UnboundedSender<SettleJob> {
@@ -80,6 +124,7 @@ impl RedisLimits {
 #[async_trait]
 impl LimitStore for RedisLimits {
     async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
+        let keys = self.keys(r.org, r.model);
         let mut conn = self.redis.conn().await?;
         let (verdict, used_req, used_tok, reset_req, reset_tok, retry): (
             i64,
@@ -90,11 +135,11 @@ impl LimitStore for RedisLimits {
             i64,
         ) = self
             .admit
-            .key(self.window_key(r.org, r.model, "req"))
-            .key(self.window_key(r.org, r.model, "tok"))
-            .key(self.window_key(r.org, r.model, "toksum"))
-            .key(self.window_key(r.org, r.model, "inflight"))
-            .key(Self::spend_key(&self.redis, r.org))
+            .key(&keys.req)
+            .key(&keys.tok)
+            .key(&keys.toksum)
+            .key(&keys.inflight)
+            .key(&keys.spend)
             .arg(r.request_id)
             .arg(r.plan.rpm)
             .arg(r.plan.tpm)
@@ -126,13 +171,14 @@ impl LimitStore for RedisLimits {
 
     async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()> {
         let u = s.usage.unwrap_or_default();
+        let keys = self.keys(s.org, s.model);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.settle.get_hash())
             .arg(5)
-            .arg(self.window_key(s.org, s.model, "tok"))
-            .arg(self.window_key(s.org, s.model, "toksum"))
-            .arg(self.window_key(s.org, s.model, "inflight"))
-            .arg(Self::spend_key(&self.redis, s.org))
+            .arg(&keys.tok)
+            .arg(&keys.toksum)
+            .arg(&keys.inflight)
+            .arg(&keys.spend)
             .arg(Self::usage_key(&self.redis, s.org, s.day))
             .arg(s.request_id)
             .arg(s.reserved_tokens)
@@ -241,6 +287,25 @@ mod tests {
         assert_eq!(usage.get("k1|base|input"), Some(&100));
         assert_eq!(usage.get("k1|base|cost_nano"), Some(&777));
         cleanup(&redis).await;
+    }
+
+    #[test]
+    fn key_sets_are_formatted_once_per_org_and_model() {
+        let redis = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap());
+        let store = RedisLimits::new(redis);
+        let a = store.keys("org-a", "base");
+        assert_eq!(a.req, "igw:rl:{org-a}:base:req");
+        assert_eq!(a.inflight, "igw:rl:{org-a}:base:inflight");
+        assert_eq!(a.spend, "igw:spend:{org-a}");
+        assert!(Arc::ptr_eq(&a, &store.keys("org-a", "base")));
+        assert_eq!(
+            store.keys("org-a", "base-mini").tok,
+            "igw:rl:{org-a}:base-mini:tok"
+        );
+        assert_eq!(
+            store.keys("org-b", "base").toksum,
+            "igw:rl:{org-b}:base:toksum"
+        );
     }
 
     #[tokio::test]
