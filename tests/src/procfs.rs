@@ -1,6 +1,30 @@
-//! CPU time and memory of a process, read from `/proc` (Linux).
+//! CPU time and memory of a process, read from `/proc` (Linux), and the
+//! calling thread's own CPU clocks (for in-process benchmarks).
 
 use anyhow::{bail, Context, Result};
+use std::time::Duration;
+
+/// This thread's CPU time, user and kernel (including work the kernel does
+/// in its context, such as delivering loopback packets), in nanoseconds.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// This thread's user-mode CPU (its own code, without the kernel's share).
+/// The kernel samples the user/system split at clock ticks, so it is only
+/// meaningful over many iterations.
+pub fn thread_user_cpu() -> Duration {
+    // SAFETY: getrusage writes into the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    Duration::new(ru.ru_utime.tv_sec as u64, ru.ru_utime.tv_usec as u32 * 1000)
+}
 
 /// User plus system CPU time of `pid` (all its threads) in microseconds.
 /// The kernel counts in clock ticks (usually 10 ms), so measure over runs

@@ -732,24 +732,7 @@ mod bench {
     use crate::accounts::store::tests::{cleanup, test_redis};
     use crate::accounts::store::AccountStore;
     use crate::accounts::Scopes;
-
-    fn thread_cpu() -> Duration {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes into the timespec we own.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-    }
-
-    /// This thread's user-mode CPU (our code, without the kernel's share).
-    fn thread_user_cpu() -> Duration {
-        // SAFETY: getrusage writes into the struct we own.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-        Duration::new(ru.ru_utime.tv_sec as u64, ru.ru_utime.tv_usec as u32 * 1000)
-    }
+    use harness::procfs::{thread_cpu, thread_user_cpu};
 
     async fn evalsha_calls(redis: &RedisHandle) -> u64 {
         let mut conn = redis.conn().await.unwrap();

@@ -26,7 +26,8 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
-use harness::{procfs, GatewayOpts, Stack, WorkerOpts};
+use harness::procfs::{self, thread_cpu};
+use harness::{GatewayOpts, Stack, WorkerOpts};
 use inference_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -849,18 +850,6 @@ const REPORT_ORDER: &[&str] = &[
     "policy",
     "worker_counters_total",
 ];
-
-/// This thread's CPU time (user and kernel, including the loopback
-/// delivery the kernel does in the sender's context).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 /// The floor under "gateway CPU per streamed token" when tokens arrive one
 /// at a time: whatever a relay does in user space, each token that travels
