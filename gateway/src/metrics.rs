@@ -1,13 +1,15 @@
 //! Prometheus metrics, served on the admin listener. Names follow the
 //! OpenTelemetry GenAI conventions where they exist (`gen_ai_*`).
 
+use crate::catalog::MODELS;
 use prometheus::{
     register_counter_vec_with_registry, register_gauge_vec_with_registry,
     register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
-    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, CounterVec, Encoder,
-    GaugeVec, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, Counter, CounterVec,
+    Encoder, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry, TextEncoder,
 };
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 pub struct Metrics {
     registry: Registry,
@@ -179,9 +181,160 @@ impl Metrics {
 pub static METRICS: LazyLock<Metrics> =
     LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
 
+/// Token types of the usage counters, in [`TokenKind::ALL`] order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Input,
+    CachedInput,
+    Output,
+    Reasoning,
+}
+
+impl TokenKind {
+    pub const ALL: [TokenKind; 4] = [
+        TokenKind::Input,
+        TokenKind::CachedInput,
+        TokenKind::Output,
+        TokenKind::Reasoning,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            TokenKind::Input => "input",
+            TokenKind::CachedInput => "cached_input",
+            TokenKind::Output => "output",
+            TokenKind::Reasoning => "reasoning",
+        }
+    }
+}
+
+/// Stages of the limiter's decisions (the `stage` label).
+pub const LIMIT_STAGES: [&str; 3] = ["local", "global", "memory"];
+/// Outcomes of the limiter's decisions (the `decision` label).
+pub const LIMIT_DECISIONS: [&str; 5] = ["admitted", "requests", "tokens", "concurrency", "budget"];
+
+/// One model's per-request series, each resolved on first use and then
+/// kept: `with_label_values` hashes every label and takes a lock, and the
+/// request path would otherwise pay that a dozen times per request.
+pub struct ModelSeries {
+    model: &'static str,
+    tokens: [OnceLock<IntCounter>; 4],
+    time_to_first_token: OnceLock<Histogram>,
+    time_per_output_token: OnceLock<Histogram>,
+    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; LIMIT_STAGES.len()],
+}
+
+impl ModelSeries {
+    pub fn tokens(&self, kind: TokenKind) -> &IntCounter {
+        self.tokens[kind as usize].get_or_init(|| {
+            METRICS
+                .tokens
+                .with_label_values(&[self.model, kind.label()])
+        })
+    }
+
+    pub fn time_to_first_token(&self) -> &Histogram {
+        self.time_to_first_token
+            .get_or_init(|| METRICS.time_to_first_token.with_label_values(&[self.model]))
+    }
+
+    pub fn time_per_output_token(&self) -> &Histogram {
+        self.time_per_output_token.get_or_init(|| {
+            METRICS
+                .time_per_output_token
+                .with_label_values(&[self.model])
+        })
+    }
+
+    /// Indexes into [`LIMIT_STAGES`] and [`LIMIT_DECISIONS`].
+    pub fn limiter_decision(&self, stage: usize, decision: usize) -> &IntCounter {
+        self.decisions[stage][decision].get_or_init(|| {
+            METRICS.limiter_decisions.with_label_values(&[
+                self.model,
+                LIMIT_STAGES[stage],
+                LIMIT_DECISIONS[decision],
+            ])
+        })
+    }
+}
+
+static MODEL_SERIES: LazyLock<[ModelSeries; MODELS.len()]> = LazyLock::new(|| {
+    MODELS.map(|m| ModelSeries {
+        model: m.id,
+        tokens: Default::default(),
+        time_to_first_token: OnceLock::new(),
+        time_per_output_token: OnceLock::new(),
+        decisions: Default::default(),
+    })
+});
+
+/// The series of a catalogue model (`None` for an id not in the catalogue).
+pub fn model_series(model: &str) -> Option<&'static ModelSeries> {
+    let i = MODELS.iter().position(|m| m.id == model)?;
+    MODEL_SERIES.get(i)
+}
+
+/// One API key's usage series per model, kept with its cached account so
+/// the labels (organisation, key id, model, type) are resolved once.
+#[derive(Default, Clone)]
+pub struct AccountSeries {
+    by_model: [OnceLock<AccountModelSeries>; MODELS.len()],
+}
+
+#[derive(Clone)]
+pub struct AccountModelSeries {
+    pub tokens: [IntCounter; 4],
+    pub cost: Counter,
+}
+
+impl AccountSeries {
+    pub fn for_model(&self, org: &str, key_id: &str, model: &str) -> Option<&AccountModelSeries> {
+        let i = MODELS.iter().position(|m| m.id == model)?;
+        Some(self.by_model[i].get_or_init(|| AccountModelSeries {
+            tokens: TokenKind::ALL.map(|kind| {
+                METRICS
+                    .org_tokens
+                    .with_label_values(&[org, key_id, model, kind.label()])
+            }),
+            cost: METRICS.org_cost.with_label_values(&[org, key_id, model]),
+        }))
+    }
+}
+
+impl std::fmt::Debug for AccountSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AccountSeries")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_series_are_the_labelled_ones() {
+        let base = model_series("base").unwrap();
+        base.tokens(TokenKind::CachedInput).inc_by(3);
+        base.limiter_decision(1, 2).inc();
+        let account = AccountSeries::default();
+        let s = account.for_model("org-m", "key-m", "base-mini").unwrap();
+        s.tokens[TokenKind::Reasoning as usize].inc_by(2);
+        assert!(std::ptr::eq(
+            s,
+            account.for_model("org-m", "key-m", "base-mini").unwrap()
+        ));
+        assert!(model_series("gpt-4").is_none());
+        let text = String::from_utf8(METRICS.render()).unwrap();
+        assert!(text.contains(
+            "gen_ai_usage_tokens_total{gen_ai_request_model=\"base\",gen_ai_token_type=\"cached_input\"}"
+        ));
+        assert!(text.contains(
+            "gateway_rate_limit_decisions_total{decision=\"tokens\",model=\"base\",stage=\"global\"} 1"
+        ));
+        assert!(text.contains(
+            "gateway_usage_tokens_total{gen_ai_request_model=\"base-mini\",gen_ai_token_type=\"reasoning\",key_id=\"key-m\",org=\"org-m\"} 2"
+        ));
+    }
 
     #[test]
     fn renders_registered_families() {

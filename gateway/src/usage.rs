@@ -9,7 +9,7 @@
 use crate::auth::Principal;
 use crate::catalog::ModelSpec;
 use crate::limits::TokenUsage;
-use crate::metrics::METRICS;
+use crate::metrics::{model_series, AccountSeries, TokenKind};
 use crate::redis_conn::RedisHandle;
 use inference_proto::v1 as pb;
 use std::collections::BTreeMap;
@@ -17,6 +17,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Records a finished generation's tokens.
 pub fn record(model: &ModelSpec, usage: &pb::Usage) {
+    let Some(series) = model_series(model.id) else {
+        return;
+    };
     let fresh_input = usage
         .prompt_tokens
         .saturating_sub(usage.cached_prompt_tokens);
@@ -24,16 +27,13 @@ pub fn record(model: &ModelSpec, usage: &pb::Usage) {
         .completion_tokens
         .saturating_sub(usage.reasoning_tokens);
     for (kind, n) in [
-        ("input", fresh_input),
-        ("cached_input", usage.cached_prompt_tokens),
-        ("output", visible_output),
-        ("reasoning", usage.reasoning_tokens),
+        (TokenKind::Input, fresh_input),
+        (TokenKind::CachedInput, usage.cached_prompt_tokens),
+        (TokenKind::Output, visible_output),
+        (TokenKind::Reasoning, usage.reasoning_tokens),
     ] {
         if n > 0 {
-            METRICS
-                .tokens
-                .with_label_values(&[model.id, kind])
-                .inc_by(u64::from(n));
+            series.tokens(kind).inc_by(u64::from(n));
         }
     }
 }
@@ -54,28 +54,32 @@ pub fn cost_usd(model: &ModelSpec, usage: &pb::Usage) -> f64 {
         / 1_000_000.0
 }
 
-/// Prometheus counters of one settled request, by organisation, key and model.
-pub fn record_account(model: &ModelSpec, who: &Principal, u: &TokenUsage, cost_nano: i64) {
+/// Prometheus counters of one settled request, by organisation, key and
+/// model (the series are kept with the account, see [`AccountSeries`]).
+pub fn record_account(
+    model: &ModelSpec,
+    who: &Principal,
+    series: &AccountSeries,
+    u: &TokenUsage,
+    cost_nano: i64,
+) {
+    let Some(series) = series.for_model(&who.org, &who.key_id, model.id) else {
+        return;
+    };
     let fresh_input = u.input.saturating_sub(u.cached_input);
     let visible_output = u.output.saturating_sub(u.reasoning);
     for (kind, n) in [
-        ("input", fresh_input),
-        ("cached_input", u.cached_input),
-        ("output", visible_output),
-        ("reasoning", u.reasoning),
+        (TokenKind::Input, fresh_input),
+        (TokenKind::CachedInput, u.cached_input),
+        (TokenKind::Output, visible_output),
+        (TokenKind::Reasoning, u.reasoning),
     ] {
         if n > 0 {
-            METRICS
-                .org_tokens
-                .with_label_values(&[&who.org, &who.key_id, model.id, kind])
-                .inc_by(n);
+            series.tokens[kind as usize].inc_by(n);
         }
     }
     if cost_nano > 0 {
-        METRICS
-            .org_cost
-            .with_label_values(&[&who.org, &who.key_id, model.id])
-            .inc_by(cost_nano as f64 / 1e9);
+        series.cost.inc_by(cost_nano as f64 / 1e9);
     }
 }
 
@@ -87,6 +91,27 @@ pub fn utc_day(t: SystemTime) -> String {
         .unwrap_or(0) as i64;
     let (y, m, d) = civil_from_days(days);
     format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Today's UTC day, `YYYY-MM-DD`, formatted once a day per thread (every
+/// settlement names it).
+pub fn utc_today() -> std::sync::Arc<str> {
+    thread_local! {
+        static TODAY: std::cell::RefCell<(u64, std::sync::Arc<str>)> =
+            std::cell::RefCell::new((u64::MAX, "".into()));
+    }
+    let now = SystemTime::now();
+    let days = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86_400)
+        .unwrap_or(0);
+    TODAY.with(|today| {
+        let mut today = today.borrow_mut();
+        if today.0 != days {
+            *today = (days, utc_day(now).into());
+        }
+        today.1.clone()
+    })
 }
 
 /// Days since 1970-01-01 to (year, month, day) (H. Hinnant's algorithm).

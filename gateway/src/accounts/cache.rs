@@ -245,6 +245,7 @@ impl Accounts {
             org: org
                 .or_else(|| self.orgs.get(&record.org).cloned())
                 .unwrap_or_default(),
+            series: Default::default(),
         }
     }
 

@@ -123,6 +123,8 @@ pub struct Account {
     pub plan_name: Arc<str>,
     pub plan: Plan,
     pub org: OrgStatus,
+    /// This key's usage metric series, resolved once per model.
+    pub series: crate::metrics::AccountSeries,
 }
 
 impl Account {
@@ -203,6 +205,7 @@ mod tests {
             plan_name: "default".into(),
             plan: Plan::default(),
             org,
+            series: Default::default(),
         }
     }
 

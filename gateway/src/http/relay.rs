@@ -7,7 +7,6 @@
 
 use super::exchange::Exchange;
 use crate::error::ApiError;
-use crate::metrics::METRICS;
 use crate::pool::{classify, WorkerCall};
 use bytes::BytesMut;
 use futures::FutureExt;
@@ -48,8 +47,8 @@ pub async fn relay(
     let mut finished = finished_of(&first);
     encode(first, &mut out);
     let mut last_token_at = Instant::now();
-    // Per-stream, not per-token: the labelled lookup hashes and locks.
-    let time_per_output_token = METRICS.time_per_output_token.with_label_values(&[ex.model]);
+    let time_per_output_token =
+        crate::metrics::model_series(ex.model).map(|series| series.time_per_output_token());
     // One timer for the whole relay rather than one registered per event.
     let deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(deadline);
@@ -78,7 +77,9 @@ pub async fn relay(
             match next {
                 Ok(Some(event)) => {
                     let now = Instant::now();
-                    time_per_output_token.observe(now.duration_since(last_token_at).as_secs_f64());
+                    if let Some(h) = time_per_output_token {
+                        h.observe(now.duration_since(last_token_at).as_secs_f64());
+                    }
                     last_token_at = now;
                     finished = finished_of(&event);
                     encode(event, &mut out);

@@ -9,10 +9,10 @@ pub fn rate_limit_headers(plan: &Plan, a: &Admission) -> Vec<(&'static str, Stri
     let mut h = Vec::with_capacity(6);
     if plan.rpm > 0 {
         let limit = u64::from(plan.rpm);
-        h.push(("x-ratelimit-limit-requests", limit.to_string()));
+        h.push(("x-ratelimit-limit-requests", int(limit)));
         h.push((
             "x-ratelimit-remaining-requests",
-            limit.saturating_sub(a.used_requests).to_string(),
+            int(limit.saturating_sub(a.used_requests)),
         ));
         h.push((
             "x-ratelimit-reset-requests",
@@ -20,10 +20,10 @@ pub fn rate_limit_headers(plan: &Plan, a: &Admission) -> Vec<(&'static str, Stri
         ));
     }
     if plan.tpm > 0 {
-        h.push(("x-ratelimit-limit-tokens", plan.tpm.to_string()));
+        h.push(("x-ratelimit-limit-tokens", int(plan.tpm)));
         h.push((
             "x-ratelimit-remaining-tokens",
-            plan.tpm.saturating_sub(a.used_tokens).to_string(),
+            int(plan.tpm.saturating_sub(a.used_tokens)),
         ));
         h.push((
             "x-ratelimit-reset-tokens",
@@ -31,33 +31,49 @@ pub fn rate_limit_headers(plan: &Plan, a: &Admission) -> Vec<(&'static str, Stri
         ));
     }
     if a.retry_after_ms > 0 && a.verdict != super::Verdict::Admitted {
-        h.push(("retry-after-ms", a.retry_after_ms.to_string()));
+        h.push(("retry-after-ms", int(a.retry_after_ms)));
     }
     h
 }
 
+/// A decimal string without the formatting machinery (six per response).
+fn int(n: u64) -> String {
+    itoa::Buffer::new().format(n).to_owned()
+}
+
 /// Go-style durations: `0s`, `12ms`, `1s`, `8.64s`, `6m0s`, `1h2m3s`.
 pub fn format_duration_ms(ms: u64) -> String {
-    if ms == 0 {
-        return "0s".into();
-    }
+    let mut out = String::with_capacity(12);
+    let mut num = itoa::Buffer::new();
     if ms < 1000 {
-        return format!("{ms}ms");
+        out.push_str(num.format(ms));
+        out.push_str(if ms == 0 { "s" } else { "ms" });
+        return out;
     }
     let hours = ms / 3_600_000;
     let minutes = (ms / 60_000) % 60;
     let millis = ms % 60_000;
-    let secs = if millis.is_multiple_of(1000) {
-        format!("{}s", millis / 1000)
-    } else {
-        let s = format!("{}.{:03}", millis / 1000, millis % 1000);
-        format!("{}s", s.trim_end_matches('0'))
-    };
-    match (hours, minutes) {
-        (0, 0) => secs,
-        (0, m) => format!("{m}m{secs}"),
-        (h, m) => format!("{h}h{m}m{secs}"),
+    if hours > 0 {
+        out.push_str(num.format(hours));
+        out.push('h');
     }
+    if hours > 0 || minutes > 0 {
+        out.push_str(num.format(minutes));
+        out.push('m');
+    }
+    out.push_str(num.format(millis / 1000));
+    let frac = millis % 1000;
+    if frac > 0 {
+        // Three digits, trailing zeros dropped: 1.5s, 8.64s, 59.999s.
+        let digits = [frac / 100, frac / 10 % 10, frac % 10];
+        let keep = 3 - digits.iter().rev().take_while(|d| **d == 0).count();
+        out.push('.');
+        for d in &digits[..keep] {
+            out.push(char::from(b'0' + *d as u8));
+        }
+    }
+    out.push('s');
+    out
 }
 
 #[cfg(test)]
@@ -79,6 +95,9 @@ mod tests {
             (360_000, "6m0s"),
             (61_250, "1m1.25s"),
             (3_723_000, "1h2m3s"),
+            (3_600_000, "1h0m0s"),
+            (1001, "1.001s"),
+            (1010, "1.01s"),
         ] {
             assert_eq!(format_duration_ms(ms), s, "{ms}");
         }

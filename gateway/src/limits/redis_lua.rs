@@ -1,5 +1,6 @@
 //! The global stage in Redis: one Lua script to admit (`admit.lua`) and one
-//! to settle (`settle.lua`), each a single round trip (EVALSHA).
+//! to settle (`settle.lua`), each a single round trip (EVALSHA) over the
+//! limiter's own pipelined connection ([`super::redis_pipe`]).
 //!
 //! Keys of one organisation share its hash tag, so both scripts touch one
 //! Redis Cluster slot:
@@ -13,20 +14,15 @@
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
 
+use super::redis_pipe::{Frame, RedisPipe, Script};
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::{Arc, RwLock};
 
 /// Usage counters are kept this long (seconds).
 pub const USAGE_TTL_SECS: u64 = 400 * 86_400;
-
-const SETTLE_LUA: &str = include_str!("settle.lua");
-
-/// Most settlements sent in one pipeline.
-const MAX_SETTLE_BATCH: usize = 256;
 
 /// Most (organisation, model) key sets kept; the cache starts over beyond.
 const MAX_CACHED_KEY_SETS: usize = 100_000;
@@ -39,6 +35,8 @@ struct LimitKeys {
     toksum: String,
     inflight: String,
     spend: String,
+    /// `<prefix>usage:{<org>}:`, completed by the day.
+    usage_stem: String,
 }
 
 /// org -> model -> keys; looked up by `&str` without allocating.
@@ -46,31 +44,25 @@ type KeyCache = HashMap<String, HashMap<String, Arc<LimitKeys>>>;
 
 pub struct RedisLimits {
     redis: Arc<RedisHandle>,
-    admit: redis::Script,
-    settle: Arc<redis::Script>,
-    /// Settlements go through one task that sends whatever has queued up as
-    /// a single pipeline: under load many settles share one write and one
-    /// read (the kernel's socket work is most of a round trip's CPU). Each
-    /// settle still costs at most one round trip. Started on first use,
-    /// inside the server's runtime.
-    settle_queue: OnceLock<mpsc::UnboundedSender<SettleJob>>,
+    admit: Script,
+    settle: Script,
+    /// Both scripts go over one lean pipelined connection: concurrent
+    /// admissions and settlements share writes and reads, each still one
+    /// round trip (see [`super::redis_pipe`] for why not the redis crate's).
+    pipe: RedisPipe,
     keys: RwLock<KeyCache>,
-}
-
-enum SettleJob {
-    /// A settle script call, answered once its pipeline has been applied.
-    Settle(redis::Cmd, oneshot::Sender<()>),
-    /// Answered once everything queued before it has been sent.
-    Flush(oneshot::Sender<()>),
 }
 
 impl RedisLimits {
     pub fn new(redis: Arc<RedisHandle>) -> Self {
+        let admit = Script::new(include_str!("admit.lua"));
+        let settle = Script::new(include_str!("settle.lua"));
+        let pipe = RedisPipe::new(redis.client(), &[&admit, &settle]);
         Self {
             redis,
-            admit: redis::Script::new(include_str!("admit.lua")),
-            settle: Arc::new(redis::Script::new(SETTLE_LUA)),
-            settle_queue: OnceLock::new(),
+            admit,
+            settle,
+            pipe,
             keys: RwLock::new(HashMap::new()),
         }
     }
@@ -87,6 +79,7 @@ impl RedisLimits {
             toksum: self.window_key(org, model, "toksum"),
             inflight: self.window_key(org, model, "inflight"),
             spend: Self::spend_key(&self.redis, org),
+            usage_stem: self.redis.key("usage", org, ":"),
         });
         if let Ok(mut cache) = self.keys.write() {
             if cache.len() >= MAX_CACHED_KEY_SETS {
@@ -98,14 +91,6 @@ impl RedisLimits {
                 .insert(model.to_owned(), keys.clone());
         }
         keys
-    }
-
-    fn queue(&self) -> &mpsc::UnboundedSender<SettleJob> {
-        self.settle_queue.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(settle_sender(self.redis.clone(), self.settle.clone(), rx));
-            tx
-        })
     }
 
     fn window_key(&self, org: &str, model: &str, what: &str) -> String {
@@ -124,32 +109,26 @@ impl RedisLimits {
 #[async_trait]
 impl LimitStore for RedisLimits {
     async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
-        let keys = self.keys(r.org, r.model);
-        let mut conn = self.redis.conn().await?;
-        let (verdict, used_req, used_tok, reset_req, reset_tok, retry): (
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-        ) = self
-            .admit
-            .key(&keys.req)
-            .key(&keys.tok)
-            .key(&keys.toksum)
-            .key(&keys.inflight)
-            .key(&keys.spend)
-            .arg(r.request_id)
-            .arg(r.plan.rpm)
-            .arg(r.plan.tpm)
-            .arg(r.plan.max_concurrent)
-            .arg(r.tokens)
-            .arg(r.in_flight_ttl_ms)
-            .arg(r.budget_nano.unwrap_or(-1))
-            .arg(WINDOW_MS)
-            .invoke_async(&mut conn)
-            .await?;
+        let k = self.keys(r.org, r.model);
+        let frame = Frame::evalsha(
+            &self.admit,
+            &[&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend],
+            8,
+        )
+        .str(r.request_id)
+        .int(r.plan.rpm)
+        .int(r.plan.tpm)
+        .int(r.plan.max_concurrent)
+        .int(r.tokens)
+        .int(r.in_flight_ttl_ms)
+        .int(r.budget_nano.unwrap_or(-1))
+        .int(WINDOW_MS);
+        let reply = self.pipe.call(frame.into_bytes()).await?;
+        let Some(&[verdict, used_req, used_tok, reset_req, reset_tok, retry]) =
+            reply.ints().as_deref()
+        else {
+            anyhow::bail!("admission script returned {reply:?}");
+        };
         let verdict = match verdict {
             0 => Verdict::Admitted,
             1 => Verdict::Requests,
@@ -171,94 +150,36 @@ impl LimitStore for RedisLimits {
 
     async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()> {
         let u = s.usage.unwrap_or_default();
-        let keys = self.keys(s.org, s.model);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.settle.get_hash())
-            .arg(5)
-            .arg(&keys.tok)
-            .arg(&keys.toksum)
-            .arg(&keys.inflight)
-            .arg(&keys.spend)
-            .arg(Self::usage_key(&self.redis, s.org, s.day))
-            .arg(s.request_id)
-            .arg(s.reserved_tokens)
-            .arg(s.actual_tokens)
-            .arg(WINDOW_MS)
-            .arg(format!("{}|{}|", s.key_id, s.model))
-            .arg(u64::from(s.usage.is_some()))
-            .arg(u.input)
-            .arg(u.cached_input)
-            .arg(u.output)
-            .arg(u.reasoning)
-            .arg(s.cost_nano)
-            .arg(USAGE_TTL_SECS);
-        let (done, applied) = oneshot::channel();
-        self.queue()
-            .send(SettleJob::Settle(cmd, done))
-            .map_err(|_| anyhow::anyhow!("the settle sender has stopped"))?;
+        let k = self.keys(s.org, s.model);
+        let usage_key = [k.usage_stem.as_str(), s.day].concat();
+        let field_prefix = [s.key_id, "|", s.model, "|"].concat();
+        let frame = Frame::evalsha(
+            &self.settle,
+            &[&k.tok, &k.toksum, &k.inflight, &k.spend, &usage_key],
+            12,
+        )
+        .str(s.request_id)
+        .int(s.reserved_tokens)
+        .int(s.actual_tokens)
+        .int(WINDOW_MS)
+        .str(&field_prefix)
+        .int(u64::from(s.usage.is_some()))
+        .int(u.input)
+        .int(u.cached_input)
+        .int(u.output)
+        .int(u.reasoning)
+        .int(s.cost_nano)
+        .int(USAGE_TTL_SECS);
         // Waiting keeps "settled before the reply is sent": a client's next
         // request sees its slot and tokens back.
-        applied
-            .await
-            .map_err(|_| anyhow::anyhow!("the settle sender has stopped"))
+        self.pipe.call(frame.into_bytes()).await?;
+        Ok(())
     }
 
     async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.queue().send(SettleJob::Flush(tx)).is_ok() {
-            let _ = rx.await;
-        }
-    }
-}
-
-/// Sends queued settlements, batching whatever is waiting into one pipeline.
-async fn settle_sender(
-    redis: Arc<RedisHandle>,
-    script: Arc<redis::Script>,
-    mut rx: mpsc::UnboundedReceiver<SettleJob>,
-) {
-    let mut jobs = Vec::with_capacity(MAX_SETTLE_BATCH);
-    while rx.recv_many(&mut jobs, MAX_SETTLE_BATCH).await > 0 {
-        let mut pipe = redis::pipe();
-        let mut waiting = Vec::new();
-        for job in jobs.drain(..) {
-            match job {
-                SettleJob::Settle(cmd, done) => {
-                    pipe.add_command(cmd).ignore();
-                    waiting.push(done);
-                }
-                SettleJob::Flush(done) => waiting.push(done),
-            }
-        }
-        if !pipe.is_empty() {
-            if let Err(e) = send_settles(&redis, &script, &pipe).await {
-                // The in-flight deadlines and window expiry bound the damage.
-                tracing::warn!("settling {} requests failed: {e}", pipe.len());
-            }
-        }
-        for done in waiting {
-            let _ = done.send(());
-        }
-    }
-}
-
-async fn send_settles(
-    redis: &RedisHandle,
-    _script: &redis::Script,
-    pipe: &redis::Pipeline,
-) -> redis::RedisResult<()> {
-    let mut conn = redis.conn().await?;
-    match pipe.query_async::<()>(&mut conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            // Redis restarted or flushed its scripts: load and resend.
-            let _: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(SETTLE_LUA)
-                .query_async(&mut conn)
-                .await?;
-            pipe.query_async::<()>(&mut conn).await
-        }
-        other => other,
+        // Replies come in order: once this one is back, every settlement
+        // sent before it has been applied.
+        let _ = self.pipe.call(Frame::new(1).str("PING").into_bytes()).await;
     }
 }
 

@@ -66,10 +66,11 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     if plan.stream {
         // Only a stream has a first token to time: a non-streaming reply
         // comes from the worker in one batch at its end.
-        METRICS
-            .time_to_first_token
-            .with_label_values(&[plan.model.id])
-            .observe(ex.started.elapsed().as_secs_f64());
+        if let Some(series) = crate::metrics::model_series(plan.model.id) {
+            series
+                .time_to_first_token()
+                .observe(ex.started.elapsed().as_secs_f64());
+        }
     }
 
     // 5. Relay: SSE chunks, or one aggregated body.
