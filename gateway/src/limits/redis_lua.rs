@@ -110,20 +110,22 @@ impl RedisLimits {
 impl LimitStore for RedisLimits {
     async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
         let k = self.keys(r.org, r.model);
-        let frame = Frame::evalsha(
-            &self.admit,
-            &[&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend],
-            8,
-        )
-        .str(r.request_id)
-        .int(r.plan.rpm)
-        .int(r.plan.tpm)
-        .int(r.plan.max_concurrent)
-        .int(r.tokens)
-        .int(r.in_flight_ttl_ms)
-        .int(r.budget_nano.unwrap_or(-1))
-        .int(WINDOW_MS);
-        let reply = self.pipe.call(frame.into_bytes()).await?;
+        let frame = || {
+            Frame::evalsha(
+                &self.admit,
+                &[&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend],
+                8,
+            )
+            .str(r.request_id)
+            .int(r.plan.rpm)
+            .int(r.plan.tpm)
+            .int(r.plan.max_concurrent)
+            .int(r.tokens)
+            .int(r.in_flight_ttl_ms)
+            .int(r.budget_nano.unwrap_or(-1))
+            .int(WINDOW_MS)
+        };
+        let reply = self.pipe.call(frame).await?;
         let Some(&[verdict, used_req, used_tok, reset_req, reset_tok, retry]) =
             reply.ints().as_deref()
         else {
@@ -153,33 +155,35 @@ impl LimitStore for RedisLimits {
         let k = self.keys(s.org, s.model);
         let usage_key = [k.usage_stem.as_str(), s.day].concat();
         let field_prefix = [s.key_id, "|", s.model, "|"].concat();
-        let frame = Frame::evalsha(
-            &self.settle,
-            &[&k.tok, &k.toksum, &k.inflight, &k.spend, &usage_key],
-            12,
-        )
-        .str(s.request_id)
-        .int(s.reserved_tokens)
-        .int(s.actual_tokens)
-        .int(WINDOW_MS)
-        .str(&field_prefix)
-        .int(u64::from(s.usage.is_some()))
-        .int(u.input)
-        .int(u.cached_input)
-        .int(u.output)
-        .int(u.reasoning)
-        .int(s.cost_nano)
-        .int(USAGE_TTL_SECS);
+        let frame = || {
+            Frame::evalsha(
+                &self.settle,
+                &[&k.tok, &k.toksum, &k.inflight, &k.spend, &usage_key],
+                12,
+            )
+            .str(s.request_id)
+            .int(s.reserved_tokens)
+            .int(s.actual_tokens)
+            .int(WINDOW_MS)
+            .str(&field_prefix)
+            .int(u64::from(s.usage.is_some()))
+            .int(u.input)
+            .int(u.cached_input)
+            .int(u.output)
+            .int(u.reasoning)
+            .int(s.cost_nano)
+            .int(USAGE_TTL_SECS)
+        };
         // Waiting keeps "settled before the reply is sent": a client's next
         // request sees its slot and tokens back.
-        self.pipe.call(frame.into_bytes()).await?;
+        self.pipe.call(frame).await?;
         Ok(())
     }
 
     async fn flush(&self) {
         // Replies come in order: once this one is back, every settlement
         // sent before it has been applied.
-        let _ = self.pipe.call(Frame::new(1).str("PING").into_bytes()).await;
+        let _ = self.pipe.call(|| Frame::new(1).str("PING")).await;
     }
 }
 

@@ -18,7 +18,7 @@
 //! them again and retries once.
 
 use crate::redis_conn::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -98,8 +98,8 @@ impl Frame {
         f
     }
 
-    pub fn into_bytes(self) -> Bytes {
-        self.bytes.into()
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
     }
 }
 
@@ -127,7 +127,7 @@ pub enum PipeError {
 }
 
 struct Job {
-    frame: Bytes,
+    frame: Vec<u8>,
     reply: oneshot::Sender<Result<Reply, PipeError>>,
 }
 
@@ -149,11 +149,12 @@ impl RedisPipe {
         }
     }
 
-    /// Sends one encoded command and waits for its reply. An error reply
-    /// is `Err(PipeError::Server)`; `NOSCRIPT` reloads the scripts and
-    /// retries once.
-    pub async fn call(&self, frame: Bytes) -> Result<Reply, PipeError> {
-        match self.send(frame.clone()).await? {
+    /// Sends the command `encode` builds and waits for its reply. An error
+    /// reply is `Err(PipeError::Server)`; `NOSCRIPT` reloads the scripts
+    /// and retries once (encoding the command again: cheaper than keeping
+    /// a copy of every frame for a rare retry).
+    pub async fn call(&self, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+        match self.send(encode().into_bytes()).await? {
             Reply::Error(e) if e.starts_with("NOSCRIPT") => {
                 for source in &self.scripts {
                     let load = Frame::new(3).str("SCRIPT").str("LOAD").str(source);
@@ -161,7 +162,7 @@ impl RedisPipe {
                         return Err(PipeError::Server(e));
                     }
                 }
-                match self.send(frame).await? {
+                match self.send(encode().into_bytes()).await? {
                     Reply::Error(e) => Err(PipeError::Server(e)),
                     r => Ok(r),
                 }
@@ -171,7 +172,7 @@ impl RedisPipe {
         }
     }
 
-    async fn send(&self, frame: Bytes) -> Result<Reply, PipeError> {
+    async fn send(&self, frame: Vec<u8>) -> Result<Reply, PipeError> {
         let (tx, rx) = oneshot::channel();
         self.sender().send(Job { frame, reply: tx }).map_err(|_| {
             PipeError::Connection("the connection ended before the command was sent".into())
@@ -349,14 +350,27 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
                     break PipeError::Connection("pipe dropped".into());
                 }
                 let now = Instant::now();
-                for job in batch.drain(..) {
-                    out.extend_from_slice(&job.frame);
-                    waiting.push_back((now, job.reply));
-                }
-                if let Err(e) = conn.io.write_all(&out).await {
+                // A lone command is written from its own buffer; several
+                // are gathered into one write.
+                let lone = if batch.len() == 1 { batch.pop() } else { None };
+                let written = match lone {
+                    Some(job) => {
+                        waiting.push_back((now, job.reply));
+                        conn.io.write_all(&job.frame).await
+                    }
+                    None => {
+                        for job in batch.drain(..) {
+                            out.extend_from_slice(&job.frame);
+                            waiting.push_back((now, job.reply));
+                        }
+                        let written = conn.io.write_all(&out).await;
+                        out.clear();
+                        written
+                    }
+                };
+                if let Err(e) = written {
                     break PipeError::Connection(e.to_string());
                 }
-                out.clear();
             }
             _ = &mut timer, if armed => {
                 armed = false;
@@ -399,12 +413,9 @@ fn parse_at(buf: &[u8], pos: &mut usize) -> Result<Option<Reply>, PipeError> {
     let (kind, body) = (buf[*pos], &buf[*pos + 1..line]);
     let next = line + 2;
     let text = || String::from_utf8_lossy(body).into_owned();
-    let int = || -> Result<i64, PipeError> {
-        std::str::from_utf8(body)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| PipeError::Connection(format!("bad RESP integer {:?}", text())))
-    };
+    let int = || parse_int(body).ok_or_else(|| {
+        PipeError::Connection(format!("bad RESP integer {:?}", text()))
+    });
     let reply = match kind {
         b'+' => Reply::Status(text()),
         b'-' => Reply::Error(text()),
@@ -448,11 +459,30 @@ fn parse_at(buf: &[u8], pos: &mut usize) -> Result<Option<Reply>, PipeError> {
     Ok(Some(reply))
 }
 
+/// A RESP integer: optional `-`, then decimal digits.
+fn parse_int(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -n } else { n })
+}
+
 /// Index of the `\r` ending the line that starts at `from`.
 fn line_at(buf: &[u8], from: usize) -> Option<usize> {
     let rest = buf.get(from..)?;
-    let i = rest.windows(2).position(|w| w == b"\r\n")?;
-    (i > 0).then_some(from + i)
+    let i = rest.iter().position(|b| *b == b'\r')?;
+    (rest.get(i + 1) == Some(&b'\n') && i > 0).then_some(from + i)
 }
 
 #[cfg(test)]
@@ -518,18 +548,16 @@ mod tests {
         let redis = crate::accounts::store::tests::test_redis();
         let script = Script::new("return {tonumber(ARGV[1]), 2, 3}");
         let pipe = RedisPipe::new(redis.client(), &[&script]);
-        let call = |n: u32| {
-            let f = Frame::evalsha(&script, &[], 1).int(n);
-            pipe.call(f.into_bytes())
-        };
+        let script = &script;
+        let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], 1).int(n));
         let replies = futures::future::join_all((0..100).map(call)).await;
         for (n, r) in replies.into_iter().enumerate() {
             assert_eq!(r.unwrap().ints(), Some(vec![n as i64, 2, 3]));
         }
         // An error reply is an error; the connection goes on.
-        let bad = Frame::new(2).str("NOSUCHCOMMAND").str("x");
+        let bad = || Frame::new(2).str("NOSUCHCOMMAND").str("x");
         assert!(matches!(
-            pipe.call(bad.into_bytes()).await,
+            pipe.call(bad).await,
             Err(PipeError::Server(_))
         ));
         assert_eq!(call(1).await.unwrap().ints(), Some(vec![1, 2, 3]));
@@ -591,7 +619,7 @@ mod tests {
         let script = Script::new("return {7, 8}");
         let pipe = RedisPipe::new(&client, &[&script]);
         let reply = pipe
-            .call(Frame::evalsha(&script, &[], 0).into_bytes())
+            .call(|| Frame::evalsha(&script, &[], 0))
             .await
             .unwrap();
         assert_eq!(reply.ints(), Some(vec![7, 8]));
@@ -622,7 +650,7 @@ mod tests {
         let pipe = RedisPipe::new(&client, &[&script]);
         let started = Instant::now();
         let r = pipe
-            .call(Frame::evalsha(&script, &[], 0).into_bytes())
+            .call(|| Frame::evalsha(&script, &[], 0))
             .await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         let waited = started.elapsed();
@@ -642,7 +670,7 @@ mod tests {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let pipe = RedisPipe::new(&client, &[]);
         let started = Instant::now();
-        let r = pipe.call(Frame::new(1).str("PING").into_bytes()).await;
+        let r = pipe.call(|| Frame::new(1).str("PING")).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         assert!(started.elapsed() < CONNECT_TIMEOUT * 2);
         // Something listens now: the next call opens a new connection.
@@ -654,7 +682,7 @@ mod tests {
             s.write_all(b"+PONG\r\n").await.unwrap();
             s
         });
-        let r = pipe.call(Frame::new(1).str("PING").into_bytes()).await;
+        let r = pipe.call(|| Frame::new(1).str("PING")).await;
         assert_eq!(r.unwrap(), Reply::Status("PONG".into()));
         drop(server.await);
     }
