@@ -413,9 +413,10 @@ fn parse_at(buf: &[u8], pos: &mut usize) -> Result<Option<Reply>, PipeError> {
     let (kind, body) = (buf[*pos], &buf[*pos + 1..line]);
     let next = line + 2;
     let text = || String::from_utf8_lossy(body).into_owned();
-    let int = || parse_int(body).ok_or_else(|| {
-        PipeError::Connection(format!("bad RESP integer {:?}", text()))
-    });
+    let int = || {
+        parse_int(body)
+            .ok_or_else(|| PipeError::Connection(format!("bad RESP integer {:?}", text())))
+    };
     let reply = match kind {
         b'+' => Reply::Status(text()),
         b'-' => Reply::Error(text()),
@@ -556,10 +557,7 @@ mod tests {
         }
         // An error reply is an error; the connection goes on.
         let bad = || Frame::new(2).str("NOSUCHCOMMAND").str("x");
-        assert!(matches!(
-            pipe.call(bad).await,
-            Err(PipeError::Server(_))
-        ));
+        assert!(matches!(pipe.call(bad).await, Err(PipeError::Server(_))));
         assert_eq!(call(1).await.unwrap().ints(), Some(vec![1, 2, 3]));
     }
 
@@ -618,10 +616,7 @@ mod tests {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let script = Script::new("return {7, 8}");
         let pipe = RedisPipe::new(&client, &[&script]);
-        let reply = pipe
-            .call(|| Frame::evalsha(&script, &[], 0))
-            .await
-            .unwrap();
+        let reply = pipe.call(|| Frame::evalsha(&script, &[], 0)).await.unwrap();
         assert_eq!(reply.ints(), Some(vec![7, 8]));
         drop(pipe);
         assert_eq!(
@@ -649,9 +644,7 @@ mod tests {
         let script = Script::new("return 1");
         let pipe = RedisPipe::new(&client, &[&script]);
         let started = Instant::now();
-        let r = pipe
-            .call(|| Frame::evalsha(&script, &[], 0))
-            .await;
+        let r = pipe.call(|| Frame::evalsha(&script, &[], 0)).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         let waited = started.elapsed();
         assert!(

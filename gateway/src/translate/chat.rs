@@ -295,6 +295,40 @@ pub struct ChatStreamEncoder {
     format: OutputFormat,
     text: String,
     failure: Option<crate::error::ApiError>,
+    /// Text and reasoning deltas are most of a stream's frames: their
+    /// chunk is rendered once around an empty string and each token only
+    /// splices in its escaped text (see [`DeltaFrame`]). Index 0 is
+    /// `content`, 1 `reasoning_content`.
+    delta_frames: [Option<DeltaFrame>; 2],
+}
+
+/// A text-delta chunk rendered once, split where its string goes:
+/// `data: {...,"delta":{"content":` + JSON string + `},...}\n\n`.
+struct DeltaFrame {
+    prefix: Vec<u8>,
+    suffix: Vec<u8>,
+}
+
+impl DeltaFrame {
+    /// Splits `rendered` (a frame whose `field` is `""`) around that value.
+    fn split(rendered: &[u8], field: &str) -> Option<Self> {
+        let marker = format!("\"{field}\":\"\"");
+        let at = rendered
+            .windows(marker.len())
+            .position(|w| w == marker.as_bytes())?;
+        let value_at = at + marker.len() - 2;
+        Some(Self {
+            prefix: rendered[..value_at].to_vec(),
+            suffix: rendered[value_at + 2..].to_vec(),
+        })
+    }
+
+    fn write(&self, out: &mut BytesMut, text: &str) {
+        out.extend_from_slice(&self.prefix);
+        // Escaping a string into memory cannot fail.
+        let _ = serde_json::to_writer(bytes::BufMut::writer(&mut *out), text);
+        out.extend_from_slice(&self.suffix);
+    }
 }
 
 impl ChatStreamEncoder {
@@ -308,6 +342,42 @@ impl ChatStreamEncoder {
             format,
             text: String::new(),
             failure: None,
+            delta_frames: [None, None],
+        }
+    }
+
+    /// Appends a text (or reasoning) delta chunk, through the pre-rendered
+    /// frame; byte for byte what [`Self::chunk`] writes.
+    fn delta(&mut self, out: &mut BytesMut, text: &str, reasoning: bool) {
+        let delta = |text| {
+            if reasoning {
+                Delta {
+                    reasoning_content: Some(text),
+                    ..Default::default()
+                }
+            } else {
+                Delta {
+                    content: Some(text),
+                    ..Default::default()
+                }
+            }
+        };
+        let field = if reasoning {
+            "reasoning_content"
+        } else {
+            "content"
+        };
+        let i = usize::from(reasoning);
+        if self.delta_frames[i].is_none() {
+            let mut rendered = BytesMut::new();
+            self.chunk(&mut rendered, delta(""), None);
+            self.delta_frames[i] = DeltaFrame::split(&rendered, field);
+        }
+        match &self.delta_frames[i] {
+            Some(frame) => frame.write(out, text),
+            // Not reached (the rendered chunk always has the field); the
+            // frame is written the slow way rather than lost.
+            None => self.chunk(out, delta(text), None),
         }
     }
 
@@ -359,23 +429,9 @@ impl ChatStreamEncoder {
                 if self.format != OutputFormat::Text {
                     self.text.push_str(&t.text);
                 }
-                self.chunk(
-                    out,
-                    Delta {
-                        content: Some(&t.text),
-                        ..Default::default()
-                    },
-                    None,
-                )
+                self.delta(out, &t.text, false)
             }
-            Some(Event::Reasoning(r)) if !r.text.is_empty() => self.chunk(
-                out,
-                Delta {
-                    reasoning_content: Some(&r.text),
-                    ..Default::default()
-                },
-                None,
-            ),
+            Some(Event::Reasoning(r)) if !r.text.is_empty() => self.delta(out, &r.text, true),
             Some(Event::ToolCall(d)) => self.tool_call(d, out),
             Some(Event::Finished(f)) => self.finish(f, out),
             _ => {}
@@ -456,6 +512,38 @@ impl ChatStreamEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pre_rendered_delta_frames_match_the_serialized_chunk_byte_for_byte() {
+        for include_usage in [false, true] {
+            let mut enc = ChatStreamEncoder::new(
+                "chatcmpl-x".into(),
+                "base-mini",
+                include_usage,
+                OutputFormat::Text,
+            );
+            for text in ["Hello", " \"quoted\"\n", "\\ tab\t", "é 漢字 🙂", "\u{1}"] {
+                for reasoning in [false, true] {
+                    let mut fast = BytesMut::new();
+                    enc.delta(&mut fast, text, reasoning);
+                    let mut slow = BytesMut::new();
+                    let delta = if reasoning {
+                        Delta {
+                            reasoning_content: Some(text),
+                            ..Default::default()
+                        }
+                    } else {
+                        Delta {
+                            content: Some(text),
+                            ..Default::default()
+                        }
+                    };
+                    enc.chunk(&mut slow, delta, None);
+                    assert_eq!(fast, slow, "{text:?} reasoning={reasoning}");
+                }
+            }
+        }
+    }
     use crate::parse::json_body;
     use crate::validate::chat::validate;
     use pb::generate_event::Event;
