@@ -302,6 +302,21 @@ pub struct ChatStreamEncoder {
     delta_frames: [Option<DeltaFrame>; 2],
 }
 
+/// The delta of one text (or reasoning) token.
+fn text_delta(text: &str, reasoning: bool) -> Delta<'_> {
+    if reasoning {
+        Delta {
+            reasoning_content: Some(text),
+            ..Default::default()
+        }
+    } else {
+        Delta {
+            content: Some(text),
+            ..Default::default()
+        }
+    }
+}
+
 /// A text-delta chunk rendered once, split where its string goes:
 /// `data: {...,"delta":{"content":` + JSON string + `},...}\n\n`.
 struct DeltaFrame {
@@ -349,19 +364,7 @@ impl ChatStreamEncoder {
     /// Appends a text (or reasoning) delta chunk, through the pre-rendered
     /// frame; byte for byte what [`Self::chunk`] writes.
     fn delta(&mut self, out: &mut BytesMut, text: &str, reasoning: bool) {
-        let delta = |text| {
-            if reasoning {
-                Delta {
-                    reasoning_content: Some(text),
-                    ..Default::default()
-                }
-            } else {
-                Delta {
-                    content: Some(text),
-                    ..Default::default()
-                }
-            }
-        };
+        let delta = |text| text_delta(text, reasoning);
         let field = if reasoning {
             "reasoning_content"
         } else {
@@ -527,18 +530,7 @@ mod tests {
                     let mut fast = BytesMut::new();
                     enc.delta(&mut fast, text, reasoning);
                     let mut slow = BytesMut::new();
-                    let delta = if reasoning {
-                        Delta {
-                            reasoning_content: Some(text),
-                            ..Default::default()
-                        }
-                    } else {
-                        Delta {
-                            content: Some(text),
-                            ..Default::default()
-                        }
-                    };
-                    enc.chunk(&mut slow, delta, None);
+                    enc.chunk(&mut slow, text_delta(text, reasoning), None);
                     assert_eq!(fast, slow, "{text:?} reasoning={reasoning}");
                 }
             }
