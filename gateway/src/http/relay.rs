@@ -30,11 +30,14 @@ const MAX_BATCH: usize = 64;
 
 /// Relays `call` through `encode`, writing what it produces to the client
 /// when `ex` has a started stream. `encode` appends bytes to `out` (or just
-/// accumulates, for non-streaming replies).
+/// accumulates, for non-streaming replies). `opening` (the stream's first
+/// frames, or nothing) goes out in the same write as the first event: one
+/// write fewer per stream than sending it on its own.
 pub async fn relay(
     ex: &mut Exchange,
     call: WorkerCall,
     deadline: tokio::time::Instant,
+    opening: BytesMut,
     mut encode: impl FnMut(pb::GenerateEvent, &mut BytesMut),
 ) -> RelayEnd {
     // The guard holds the worker's in-flight slot until the relay returns.
@@ -43,7 +46,7 @@ pub async fn relay(
         mut rest,
         guard,
     } = call;
-    let mut out = BytesMut::with_capacity(256);
+    let mut out = opening;
     let mut finished = finished_of(&first);
     encode(first, &mut out);
     let mut last_token_at = Instant::now();

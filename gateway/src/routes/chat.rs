@@ -77,14 +77,14 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let id = new_id("chatcmpl-");
     if plan.stream {
         let mut encoder = ChatStreamEncoder::new(id, plan.model.id, plan.include_usage, format);
-        let mut first = BytesMut::new();
-        encoder.start(&mut first);
-        if ex.start_sse().await.is_err() || ex.write_chunk(first.freeze()).await.is_err() {
+        let mut opening = BytesMut::with_capacity(256);
+        encoder.start(&mut opening);
+        if ex.start_sse().await.is_err() {
             ex.status = 499;
             return Ok(());
         }
         METRICS.open_streams.inc();
-        let end = relay(ex, call, deadline, |event, out| {
+        let end = relay(ex, call, deadline, opening, |event, out| {
             output_seen += u64::from(is_output(&event));
             encoder.event(&event, out)
         })
@@ -116,7 +116,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         }
     } else {
         let mut aggregate = ChatAggregate::default();
-        let end = relay(ex, call, deadline, |event, _| {
+        let end = relay(ex, call, deadline, BytesMut::new(), |event, _| {
             output_seen += u64::from(is_output(&event));
             aggregate.push(event)
         })

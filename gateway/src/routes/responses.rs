@@ -163,18 +163,18 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let mut frames = Vec::new();
     encoder.start(&mut frames);
     let result = if plan.stream {
-        let mut first = BytesMut::new();
+        let mut opening = BytesMut::with_capacity(1024);
         for f in frames.drain(..) {
-            f.write_sse(&mut first);
+            f.write_sse(&mut opening);
         }
-        if ex.start_sse().await.is_err() || ex.write_chunk(first.freeze()).await.is_err() {
+        if ex.start_sse().await.is_err() {
             reservation.settle(Outcome::Abandoned).await;
             ex.status = 499;
             cancel_stored(app, &plan, &mut encoder, ownership).await;
             return Ok(());
         }
         METRICS.open_streams.inc();
-        let end = relay(ex, call, deadline, |event, out| {
+        let end = relay(ex, call, deadline, opening, |event, out| {
             output_seen += u64::from(is_output(&event));
             encoder.event(event, &mut frames);
             for f in frames.drain(..) {
@@ -220,7 +220,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         }
     } else {
         frames.clear();
-        let end = relay(ex, call, deadline, |event, _| {
+        let end = relay(ex, call, deadline, BytesMut::new(), |event, _| {
             output_seen += u64::from(is_output(&event));
             encoder.event(event, &mut frames);
             frames.clear();
