@@ -208,8 +208,16 @@ impl TokenKind {
     }
 }
 
-/// Stages of the limiter's decisions (the `stage` label).
-pub const LIMIT_STAGES: [&str; 3] = ["local", "global", "memory"];
+/// Where the limiter decided (the `stage` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitStage {
+    Local,
+    Global,
+    Memory,
+}
+
+/// `stage` labels, indexed by [`LimitStage`].
+const LIMIT_STAGES: [&str; 3] = ["local", "global", "memory"];
 /// Outcomes of the limiter's decisions (the `decision` label).
 pub const LIMIT_DECISIONS: [&str; 5] = ["admitted", "requests", "tokens", "concurrency", "budget"];
 
@@ -221,7 +229,7 @@ pub struct ModelSeries {
     tokens: [OnceLock<IntCounter>; 4],
     time_to_first_token: OnceLock<Histogram>,
     time_per_output_token: OnceLock<Histogram>,
-    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; LIMIT_STAGES.len()],
+    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; 3],
 }
 
 impl ModelSeries {
@@ -246,8 +254,9 @@ impl ModelSeries {
         })
     }
 
-    /// Indexes into [`LIMIT_STAGES`] and [`LIMIT_DECISIONS`].
-    pub fn limiter_decision(&self, stage: usize, decision: usize) -> &IntCounter {
+    /// `decision` indexes [`LIMIT_DECISIONS`].
+    pub fn limiter_decision(&self, stage: LimitStage, decision: usize) -> &IntCounter {
+        let stage = stage as usize;
         self.decisions[stage][decision].get_or_init(|| {
             METRICS.limiter_decisions.with_label_values(&[
                 self.model,
@@ -268,10 +277,14 @@ static MODEL_SERIES: LazyLock<[ModelSeries; MODELS.len()]> = LazyLock::new(|| {
     })
 });
 
+/// Position of a catalogue model, which indexes the per-model series.
+fn model_index(model: &str) -> Option<usize> {
+    MODELS.iter().position(|m| m.id == model)
+}
+
 /// The series of a catalogue model (`None` for an id not in the catalogue).
 pub fn model_series(model: &str) -> Option<&'static ModelSeries> {
-    let i = MODELS.iter().position(|m| m.id == model)?;
-    MODEL_SERIES.get(i)
+    MODEL_SERIES.get(model_index(model)?)
 }
 
 /// One API key's usage series per model, kept with its cached account so
@@ -289,15 +302,16 @@ pub struct AccountModelSeries {
 
 impl AccountSeries {
     pub fn for_model(&self, org: &str, key_id: &str, model: &str) -> Option<&AccountModelSeries> {
-        let i = MODELS.iter().position(|m| m.id == model)?;
-        Some(self.by_model[i].get_or_init(|| AccountModelSeries {
-            tokens: TokenKind::ALL.map(|kind| {
-                METRICS
-                    .org_tokens
-                    .with_label_values(&[org, key_id, model, kind.label()])
+        Some(
+            self.by_model[model_index(model)?].get_or_init(|| AccountModelSeries {
+                tokens: TokenKind::ALL.map(|kind| {
+                    METRICS
+                        .org_tokens
+                        .with_label_values(&[org, key_id, model, kind.label()])
+                }),
+                cost: METRICS.org_cost.with_label_values(&[org, key_id, model]),
             }),
-            cost: METRICS.org_cost.with_label_values(&[org, key_id, model]),
-        }))
+        )
     }
 }
 
@@ -315,7 +329,7 @@ mod tests {
     fn cached_series_are_the_labelled_ones() {
         let base = model_series("base").unwrap();
         base.tokens(TokenKind::CachedInput).inc_by(3);
-        base.limiter_decision(1, 2).inc();
+        base.limiter_decision(LimitStage::Global, 2).inc();
         let account = AccountSeries::default();
         let s = account.for_model("org-m", "key-m", "base-mini").unwrap();
         s.tokens[TokenKind::Reasoning as usize].inc_by(2);

@@ -33,6 +33,7 @@ use crate::catalog::ModelSpec;
 use crate::config::{Config, OnStoreFailure, PlanConfig};
 use crate::error::ApiError;
 use crate::http::exchange::Exchange;
+use crate::metrics::LimitStage;
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
 use inference_proto::v1 as pb;
@@ -87,7 +88,6 @@ pub struct AdmitRequest<'a> {
     pub in_flight_ttl_ms: u64,
 }
 
-/// In the order of [`crate::metrics::LIMIT_DECISIONS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Admitted,
@@ -95,6 +95,19 @@ pub enum Verdict {
     Tokens,
     Concurrency,
     OverBudget,
+}
+
+impl Verdict {
+    /// Its `decision` label's index in [`crate::metrics::LIMIT_DECISIONS`].
+    fn decision(self) -> usize {
+        match self {
+            Verdict::Admitted => 0,
+            Verdict::Requests => 1,
+            Verdict::Tokens => 2,
+            Verdict::Concurrency => 3,
+            Verdict::OverBudget => 4,
+        }
+    }
 }
 
 /// A store's answer: the verdict and the window state after it.
@@ -271,7 +284,7 @@ impl Limiter {
         // Stage 1: this process.
         let local = self.local.entry(org, model.id, &plan);
         if let Err(refusal) = local.check(&plan, tokens) {
-            count_decision(model, 0, refusal.verdict);
+            count_decision(model, LimitStage::Local, refusal.verdict);
             let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
             return (Err(refusal.into_error(tokens, &plan)), headers);
         }
@@ -380,20 +393,17 @@ impl Limiter {
 }
 
 impl Holder {
-    /// Index into [`crate::metrics::LIMIT_STAGES`].
-    fn stage(self) -> usize {
+    fn stage(self) -> LimitStage {
         match self {
-            Holder::Global => 1,
-            Holder::Memory => 2,
+            Holder::Global => LimitStage::Global,
+            Holder::Memory => LimitStage::Memory,
         }
     }
 }
 
-/// Counts a decision of `stage` (an index into
-/// [`crate::metrics::LIMIT_STAGES`]).
-fn count_decision(model: &ModelSpec, stage: usize, verdict: Verdict) {
+fn count_decision(model: &ModelSpec, stage: LimitStage, verdict: Verdict) {
     if let Some(series) = crate::metrics::model_series(model.id) {
-        series.limiter_decision(stage, verdict as usize).inc();
+        series.limiter_decision(stage, verdict.decision()).inc();
     }
 }
 
@@ -694,6 +704,20 @@ mod tests {
                 .any(|(k, v)| *k == "x-ratelimit-remaining-tokens" && v == "85"),
             "{headers:?}"
         );
+    }
+
+    #[test]
+    fn each_verdict_is_counted_under_its_own_decision_label() {
+        use crate::metrics::LIMIT_DECISIONS;
+        for (verdict, label) in [
+            (Verdict::Admitted, "admitted"),
+            (Verdict::Requests, "requests"),
+            (Verdict::Tokens, "tokens"),
+            (Verdict::Concurrency, "concurrency"),
+            (Verdict::OverBudget, "budget"),
+        ] {
+            assert_eq!(LIMIT_DECISIONS[verdict.decision()], label);
+        }
     }
 
     #[test]

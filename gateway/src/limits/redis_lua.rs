@@ -79,7 +79,7 @@ impl RedisLimits {
             toksum: self.window_key(org, model, "toksum"),
             inflight: self.window_key(org, model, "inflight"),
             spend: Self::spend_key(&self.redis, org),
-            usage_stem: self.redis.key("usage", org, ":"),
+            usage_stem: Self::usage_stem(&self.redis, org),
         });
         if let Ok(mut cache) = self.keys.write() {
             if cache.len() >= MAX_CACHED_KEY_SETS {
@@ -101,8 +101,14 @@ impl RedisLimits {
         redis.key("spend", org, "")
     }
 
+    /// `<prefix>usage:{<org>}:`: the day completes an organisation's
+    /// usage key.
+    fn usage_stem(redis: &RedisHandle, org: &str) -> String {
+        redis.key("usage", org, ":")
+    }
+
     pub fn usage_key(redis: &RedisHandle, org: &str, day: &str) -> String {
-        redis.key("usage", org, &format!(":{day}"))
+        Self::usage_stem(redis, org) + day
     }
 }
 
@@ -114,16 +120,17 @@ impl LimitStore for RedisLimits {
             Frame::evalsha(
                 &self.admit,
                 &[&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend],
-                8,
+                &[
+                    r.request_id.into(),
+                    r.plan.rpm.into(),
+                    r.plan.tpm.into(),
+                    r.plan.max_concurrent.into(),
+                    r.tokens.into(),
+                    r.in_flight_ttl_ms.into(),
+                    r.budget_nano.unwrap_or(-1).into(),
+                    WINDOW_MS.into(),
+                ],
             )
-            .str(r.request_id)
-            .int(r.plan.rpm)
-            .int(r.plan.tpm)
-            .int(r.plan.max_concurrent)
-            .int(r.tokens)
-            .int(r.in_flight_ttl_ms)
-            .int(r.budget_nano.unwrap_or(-1))
-            .int(WINDOW_MS)
         };
         let reply = self.pipe.call(frame).await?;
         let Some(&[verdict, used_req, used_tok, reset_req, reset_tok, retry]) =
@@ -159,20 +166,21 @@ impl LimitStore for RedisLimits {
             Frame::evalsha(
                 &self.settle,
                 &[&k.tok, &k.toksum, &k.inflight, &k.spend, &usage_key],
-                12,
+                &[
+                    s.request_id.into(),
+                    s.reserved_tokens.into(),
+                    s.actual_tokens.into(),
+                    WINDOW_MS.into(),
+                    field_prefix.as_str().into(),
+                    u64::from(s.usage.is_some()).into(),
+                    u.input.into(),
+                    u.cached_input.into(),
+                    u.output.into(),
+                    u.reasoning.into(),
+                    s.cost_nano.into(),
+                    USAGE_TTL_SECS.into(),
+                ],
             )
-            .str(s.request_id)
-            .int(s.reserved_tokens)
-            .int(s.actual_tokens)
-            .int(WINDOW_MS)
-            .str(&field_prefix)
-            .int(u64::from(s.usage.is_some()))
-            .int(u.input)
-            .int(u.cached_input)
-            .int(u.output)
-            .int(u.reasoning)
-            .int(s.cost_nano)
-            .int(USAGE_TTL_SECS)
         };
         // Waiting keeps "settled before the reply is sent": a client's next
         // request sees its slot and tokens back.
@@ -183,7 +191,7 @@ impl LimitStore for RedisLimits {
     async fn flush(&self) {
         // Replies come in order: once this one is back, every settlement
         // sent before it has been applied.
-        let _ = self.pipe.call(|| Frame::new(1).str("PING")).await;
+        let _ = self.pipe.call(|| Frame::command(&["PING".into()])).await;
     }
 }
 

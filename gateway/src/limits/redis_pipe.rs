@@ -51,51 +51,95 @@ impl Reply {
     }
 }
 
-/// One command, encoded as RESP as its arguments are added.
+/// One argument of a command.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Str(&'a str),
+    Int(i64),
+    UInt(u64),
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(s: &'a str) -> Self {
+        Arg::Str(s)
+    }
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(n: i64) -> Self {
+        Arg::Int(n)
+    }
+}
+
+impl From<u64> for Arg<'_> {
+    fn from(n: u64) -> Self {
+        Arg::UInt(n)
+    }
+}
+
+impl From<u32> for Arg<'_> {
+    fn from(n: u32) -> Self {
+        Arg::UInt(n.into())
+    }
+}
+
+/// One command encoded as RESP. The array length comes from the
+/// arguments given, so it cannot disagree with them.
 pub struct Frame {
     bytes: Vec<u8>,
 }
 
 impl Frame {
-    /// A command of `args` arguments (the command name counts as one).
-    pub fn new(args: usize) -> Self {
-        let mut bytes = Vec::with_capacity(64 + 24 * args);
+    /// A command: its name and arguments.
+    pub fn command(args: &[Arg<'_>]) -> Self {
+        let mut f = Self::with_len(args.len());
+        for arg in args {
+            f.push(*arg);
+        }
+        f
+    }
+
+    /// `EVALSHA` of a script with its keys and arguments.
+    pub fn evalsha(script: &Script, keys: &[&str], args: &[Arg<'_>]) -> Self {
+        let mut f = Self::with_len(3 + keys.len() + args.len());
+        f.push(Arg::Str("EVALSHA"));
+        f.push(Arg::Str(&script.sha));
+        f.push(Arg::UInt(keys.len() as u64));
+        for k in keys {
+            f.push(Arg::Str(k));
+        }
+        for arg in args {
+            f.push(*arg);
+        }
+        f
+    }
+
+    /// `SCRIPT LOAD` of a script's source.
+    fn script_load(source: &str) -> Self {
+        Self::command(&["SCRIPT".into(), "LOAD".into(), source.into()])
+    }
+
+    fn with_len(len: usize) -> Self {
+        let mut bytes = Vec::with_capacity(64 + 24 * len);
         bytes.push(b'*');
-        bytes.extend_from_slice(itoa::Buffer::new().format(args).as_bytes());
+        bytes.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
         bytes.extend_from_slice(b"\r\n");
         Self { bytes }
     }
 
-    pub fn arg(mut self, arg: &[u8]) -> Self {
+    fn push(&mut self, arg: Arg<'_>) {
+        let mut num = itoa::Buffer::new();
+        let data = match arg {
+            Arg::Str(s) => s.as_bytes(),
+            Arg::Int(n) => num.format(n).as_bytes(),
+            Arg::UInt(n) => num.format(n).as_bytes(),
+        };
         self.bytes.push(b'$');
         self.bytes
-            .extend_from_slice(itoa::Buffer::new().format(arg.len()).as_bytes());
+            .extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
         self.bytes.extend_from_slice(b"\r\n");
-        self.bytes.extend_from_slice(arg);
+        self.bytes.extend_from_slice(data);
         self.bytes.extend_from_slice(b"\r\n");
-        self
-    }
-
-    pub fn str(self, arg: &str) -> Self {
-        self.arg(arg.as_bytes())
-    }
-
-    pub fn int(self, n: impl itoa::Integer) -> Self {
-        let mut buf = itoa::Buffer::new();
-        let s = buf.format(n);
-        self.arg(s.as_bytes())
-    }
-
-    /// `EVALSHA` of a script with its keys (the arguments follow).
-    pub fn evalsha(script: &Script, keys: &[&str], args: usize) -> Self {
-        let mut f = Frame::new(3 + keys.len() + args)
-            .str("EVALSHA")
-            .str(&script.sha)
-            .int(keys.len());
-        for k in keys {
-            f = f.str(k);
-        }
-        f
     }
 
     pub fn into_bytes(self) -> Vec<u8> {
@@ -157,7 +201,7 @@ impl RedisPipe {
         match self.send(encode().into_bytes()).await? {
             Reply::Error(e) if e.starts_with("NOSCRIPT") => {
                 for source in &self.scripts {
-                    let load = Frame::new(3).str("SCRIPT").str("LOAD").str(source);
+                    let load = Frame::script_load(source);
                     if let Reply::Error(e) = self.send(load.into_bytes()).await? {
                         return Err(PipeError::Server(e));
                     }
@@ -254,17 +298,16 @@ async fn connect(info: &redis::ConnectionInfo, scripts: &[&str]) -> Result<Conn,
     let mut hello = Vec::new();
     if let Some(password) = settings.password() {
         let f = match settings.username() {
-            Some(user) => Frame::new(3).str("AUTH").str(user).str(password),
-            None => Frame::new(2).str("AUTH").str(password),
+            Some(user) => Frame::command(&["AUTH".into(), user.into(), password.into()]),
+            None => Frame::command(&["AUTH".into(), password.into()]),
         };
         hello.push(f.into_bytes());
     }
     if settings.db() != 0 {
-        hello.push(Frame::new(2).str("SELECT").int(settings.db()).into_bytes());
+        hello.push(Frame::command(&["SELECT".into(), settings.db().into()]).into_bytes());
     }
     for source in scripts {
-        let load = Frame::new(3).str("SCRIPT").str("LOAD").str(source);
-        hello.push(load.into_bytes());
+        hello.push(Frame::script_load(source).into_bytes());
     }
     conn.io.write_all(&hello.concat()).await.map_err(io_err)?;
     for _ in 0..hello.len() {
@@ -502,13 +545,13 @@ mod tests {
 
     #[test]
     fn frames_are_resp_arrays_of_bulk_strings() {
-        let f = Frame::new(3).str("SET").str("k").int(-42i64);
+        let f = Frame::command(&["SET".into(), "k".into(), (-42i64).into()]);
         assert_eq!(
             &f.into_bytes()[..],
             b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n-42\r\n"
         );
         let script = Script::new("return 1");
-        let f = Frame::evalsha(&script, &["a", "b"], 1).int(7u32);
+        let f = Frame::evalsha(&script, &["a", "b"], &[7u32.into()]);
         let text = String::from_utf8(f.into_bytes().to_vec()).unwrap();
         assert!(text.starts_with("*6\r\n$7\r\nEVALSHA\r\n$40\r\n"), "{text}");
         assert!(text.ends_with("$1\r\n2\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\n7\r\n"));
@@ -550,13 +593,13 @@ mod tests {
         let script = Script::new("return {tonumber(ARGV[1]), 2, 3}");
         let pipe = RedisPipe::new(redis.client(), &[&script]);
         let script = &script;
-        let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], 1).int(n));
+        let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], &[n.into()]));
         let replies = futures::future::join_all((0..100).map(call)).await;
         for (n, r) in replies.into_iter().enumerate() {
             assert_eq!(r.unwrap().ints(), Some(vec![n as i64, 2, 3]));
         }
         // An error reply is an error; the connection goes on.
-        let bad = || Frame::new(2).str("NOSUCHCOMMAND").str("x");
+        let bad = || Frame::command(&["NOSUCHCOMMAND".into(), "x".into()]);
         assert!(matches!(pipe.call(bad).await, Err(PipeError::Server(_))));
         assert_eq!(call(1).await.unwrap().ints(), Some(vec![1, 2, 3]));
     }
@@ -616,7 +659,10 @@ mod tests {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let script = Script::new("return {7, 8}");
         let pipe = RedisPipe::new(&client, &[&script]);
-        let reply = pipe.call(|| Frame::evalsha(&script, &[], 0)).await.unwrap();
+        let reply = pipe
+            .call(|| Frame::evalsha(&script, &[], &[]))
+            .await
+            .unwrap();
         assert_eq!(reply.ints(), Some(vec![7, 8]));
         drop(pipe);
         assert_eq!(
@@ -644,7 +690,7 @@ mod tests {
         let script = Script::new("return 1");
         let pipe = RedisPipe::new(&client, &[&script]);
         let started = Instant::now();
-        let r = pipe.call(|| Frame::evalsha(&script, &[], 0)).await;
+        let r = pipe.call(|| Frame::evalsha(&script, &[], &[])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         let waited = started.elapsed();
         assert!(
@@ -663,7 +709,7 @@ mod tests {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let pipe = RedisPipe::new(&client, &[]);
         let started = Instant::now();
-        let r = pipe.call(|| Frame::new(1).str("PING")).await;
+        let r = pipe.call(|| Frame::command(&["PING".into()])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         assert!(started.elapsed() < CONNECT_TIMEOUT * 2);
         // Something listens now: the next call opens a new connection.
@@ -675,7 +721,7 @@ mod tests {
             s.write_all(b"+PONG\r\n").await.unwrap();
             s
         });
-        let r = pipe.call(|| Frame::new(1).str("PING")).await;
+        let r = pipe.call(|| Frame::command(&["PING".into()])).await;
         assert_eq!(r.unwrap(), Reply::Status("PONG".into()));
         drop(server.await);
     }
