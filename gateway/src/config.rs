@@ -242,7 +242,9 @@ fn default_cancel_poll_millis() -> u64 {
 #[serde(deny_unknown_fields)]
 pub struct ModelPool {
     /// gRPC addresses of this model's workers: `host:port`, `http://host:port`,
-    /// or `dns://name:port` (re-resolved every few seconds).
+    /// `dns://name:port`, or `k8s://[namespace/]service:port` (a Service's
+    /// ready endpoints from the Kubernetes API); the last two are
+    /// re-resolved every few seconds.
     pub workers: Vec<String>,
     /// `prefix_affinity` (default: requests sharing a prefix or session stick
     /// to one worker while its load allows) or `least_loaded`.

@@ -1,7 +1,9 @@
-//! Where a pool's workers are: static addresses, or DNS names re-resolved
+//! Where a pool's workers are: static addresses, DNS names re-resolved
 //! periodically (a Kubernetes headless Service answers with one A record per
-//! ready pod, so scale-ups and restarts show up without a gateway restart).
+//! ready pod, so scale-ups and restarts show up without a gateway restart),
+//! or a Service's ready endpoints read from the Kubernetes API.
 
+use super::kubernetes::{KubeApi, ServiceRef};
 use std::net::ToSocketAddrs;
 
 /// One configured worker address.
@@ -11,15 +13,30 @@ pub enum Target {
     Static(String),
     /// `dns://name:port`: every address the name resolves to.
     Dns(String),
+    /// `k8s://[namespace/]service:port`: the Service's ready endpoints.
+    Kubernetes(ServiceRef),
 }
 
 impl Target {
-    pub fn parse(addr: &str) -> Target {
-        match addr.strip_prefix("dns://") {
-            Some(name) => Target::Dns(name.trim_end_matches('/').to_owned()),
-            None => Target::Static(addr.to_owned()),
+    pub fn parse(addr: &str) -> anyhow::Result<Target> {
+        if let Some(name) = addr.strip_prefix("dns://") {
+            return Ok(Target::Dns(name.trim_end_matches('/').to_owned()));
         }
+        if let Some(spec) = addr.strip_prefix("k8s://") {
+            return Ok(Target::Kubernetes(ServiceRef::parse(spec)?));
+        }
+        Ok(Target::Static(addr.to_owned()))
     }
+
+    /// Whether the members behind it change over time (re-resolved).
+    pub fn is_dynamic(&self) -> bool {
+        !matches!(self, Target::Static(_))
+    }
+}
+
+/// A failed lookup of one target, logged the same way for every kind.
+fn lookup_failed(target: &Target, e: &dyn std::fmt::Display) {
+    tracing::warn!(target = ?target, "worker discovery failed; keeping the current members: {e:#}");
 }
 
 /// The worker addresses `targets` stand for right now, or `None` when a
@@ -27,18 +44,27 @@ impl Target {
 /// timeout) says nothing about the workers, so the caller keeps the members
 /// it has rather than emptying the pool; workers that are really gone fail
 /// their health checks and leave selection that way.
-pub async fn resolve(targets: &[Target]) -> Option<Vec<String>> {
+/// `kube` is required for (and only used by) `k8s://` targets.
+pub async fn resolve(targets: &[Target], kube: Option<&KubeApi>) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for t in targets {
-        match t {
-            Target::Static(a) => out.push(a.clone()),
-            Target::Dns(name) => match tokio::net::lookup_host(name.as_str()).await {
-                Ok(addrs) => out.extend(addrs.map(|a| a.to_string())),
-                Err(e) => {
-                    tracing::warn!(name = %name, "worker DNS lookup failed; keeping the current members: {e}");
-                    return None;
-                }
+        let found = match t {
+            Target::Static(a) => Ok(vec![a.clone()]),
+            Target::Dns(name) => tokio::net::lookup_host(name.as_str())
+                .await
+                .map(|addrs| addrs.map(|a| a.to_string()).collect())
+                .map_err(anyhow::Error::from),
+            Target::Kubernetes(service) => match kube {
+                Some(api) => api.ready_addresses(service).await,
+                None => Err(anyhow::anyhow!("no Kubernetes API configured")),
             },
+        };
+        match found {
+            Ok(addrs) => out.extend(addrs),
+            Err(e) => {
+                lookup_failed(t, &e);
+                return None;
+            }
         }
     }
     out.sort();
@@ -46,21 +72,45 @@ pub async fn resolve(targets: &[Target]) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// The same, blocking: used once at startup, before any runtime exists.
-pub fn resolve_blocking(targets: &[Target]) -> Vec<String> {
+/// The same, blocking: used once at startup, before the server's runtimes
+/// exist. A target that fails is left out (logged); the periodic
+/// re-resolution adds it once it answers.
+pub fn resolve_blocking(targets: &[Target], kube: Option<&std::sync::Arc<KubeApi>>) -> Vec<String> {
     let mut out = Vec::new();
     for t in targets {
         match t {
             Target::Static(a) => out.push(a.clone()),
             Target::Dns(name) => match name.to_socket_addrs() {
                 Ok(addrs) => out.extend(addrs.map(|a| a.to_string())),
-                Err(e) => tracing::warn!(name = %name, "worker DNS lookup failed: {e}"),
+                Err(e) => lookup_failed(t, &e),
+            },
+            Target::Kubernetes(service) => match kube.map(|api| fetch_blocking(api, service)) {
+                Some(Ok(addrs)) => out.extend(addrs),
+                Some(Err(e)) => lookup_failed(t, &e),
+                None => lookup_failed(t, &"no Kubernetes API configured"),
             },
         }
     }
     out.sort();
     out.dedup();
     out
+}
+
+/// One Kubernetes API read on a runtime of its own, on a thread of its own
+/// (the caller may or may not be inside a runtime).
+fn fetch_blocking(
+    api: &std::sync::Arc<KubeApi>,
+    service: &ServiceRef,
+) -> anyhow::Result<Vec<String>> {
+    let (api, service) = (api.clone(), service.clone());
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(api.ready_addresses(&service))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the discovery thread panicked"))?
 }
 
 #[cfg(test)]
@@ -70,30 +120,41 @@ mod tests {
     #[test]
     fn parses_static_and_dns_targets() {
         assert_eq!(
-            Target::parse("127.0.0.1:5"),
+            Target::parse("127.0.0.1:5").unwrap(),
             Target::Static("127.0.0.1:5".into())
         );
         assert_eq!(
-            Target::parse("dns://worker-base.inference.svc:50051"),
+            Target::parse("dns://worker-base.inference.svc:50051").unwrap(),
             Target::Dns("worker-base.inference.svc:50051".into())
         );
+        assert!(matches!(
+            Target::parse("k8s://inference/worker-base:grpc").unwrap(),
+            Target::Kubernetes(_)
+        ));
+        assert!(Target::parse("k8s://worker-base").is_err());
     }
 
     #[tokio::test]
     async fn a_failed_lookup_keeps_the_members_and_a_good_one_replaces_them() {
         // No port: the lookup fails at once, without the network.
         assert_eq!(
-            resolve(&[
-                Target::Static("127.0.0.1:5".into()),
-                Target::Dns("localhost".into())
-            ])
+            resolve(
+                &[
+                    Target::Static("127.0.0.1:5".into()),
+                    Target::Dns("localhost".into())
+                ],
+                None
+            )
             .await,
             None
         );
-        let members = resolve(&[
-            Target::Static("127.0.0.1:5".into()),
-            Target::Dns("localhost:50051".into()),
-        ])
+        let members = resolve(
+            &[
+                Target::Static("127.0.0.1:5".into()),
+                Target::Dns("localhost:50051".into()),
+            ],
+            None,
+        )
         .await
         .expect("resolves");
         assert!(members.contains(&"127.0.0.1:5".to_string()), "{members:?}");
@@ -102,7 +163,7 @@ mod tests {
 
     #[test]
     fn localhost_resolves_to_loopback_addresses() {
-        let addrs = resolve_blocking(&[Target::Dns("localhost:50051".into())]);
+        let addrs = resolve_blocking(&[Target::Dns("localhost:50051".into())], None);
         assert!(
             addrs
                 .iter()

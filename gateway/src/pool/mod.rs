@@ -8,6 +8,7 @@
 mod discovery;
 mod endpoint;
 mod health;
+mod kubernetes;
 pub mod select;
 
 pub use endpoint::WorkerEndpoint;
@@ -31,7 +32,7 @@ const MAX_ATTEMPTS: usize = 3;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Active health checks and load polling.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// DNS re-resolution of `dns://` targets.
+/// Re-resolution of `dns://` and `k8s://` targets.
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One model's configured workers and selection policy.
@@ -44,23 +45,43 @@ pub struct PoolSpec {
 /// All pools, by model id.
 pub struct Pools {
     by_model: HashMap<String, Arc<WorkerPool>>,
+    /// The Kubernetes API, when any pool has a `k8s://` target.
+    kube: Option<Arc<kubernetes::KubeApi>>,
 }
 
 impl Pools {
     pub fn new(specs: impl IntoIterator<Item = PoolSpec>) -> anyhow::Result<Self> {
+        let specs: Vec<PoolSpec> = specs.into_iter().collect();
+        let mut parsed = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let targets = spec
+                .workers
+                .iter()
+                .map(|w| Target::parse(w))
+                .collect::<anyhow::Result<Vec<Target>>>()?;
+            parsed.push(targets);
+        }
+        let kube = if parsed
+            .iter()
+            .flatten()
+            .any(|t| matches!(t, Target::Kubernetes(_)))
+        {
+            Some(kubernetes::KubeApi::from_env()?)
+        } else {
+            None
+        };
         let mut by_model = HashMap::new();
-        for spec in specs {
-            let targets: Vec<Target> = spec.workers.iter().map(|w| Target::parse(w)).collect();
+        for (spec, targets) in specs.into_iter().zip(parsed) {
             let pool = WorkerPool {
                 model: spec.model.clone(),
                 policy: spec.policy,
                 endpoints: RwLock::new(Arc::new(Vec::new())),
                 targets,
             };
-            pool.set_members(discovery::resolve_blocking(&pool.targets))?;
+            pool.set_members(discovery::resolve_blocking(&pool.targets, kube.as_ref()))?;
             by_model.insert(spec.model, Arc::new(pool));
         }
-        Ok(Self { by_model })
+        Ok(Self { by_model, kube })
     }
 
     pub fn get(&self, model: &str) -> Option<&Arc<WorkerPool>> {
@@ -82,8 +103,8 @@ impl Pools {
                 }
                 _ = resolve.tick() => {
                     for pool in self.by_model.values() {
-                        if pool.targets.iter().any(|t| matches!(t, Target::Dns(_))) {
-                            let Some(members) = discovery::resolve(&pool.targets).await else {
+                        if pool.targets.iter().any(Target::is_dynamic) {
+                            let Some(members) = discovery::resolve(&pool.targets, self.kube.as_deref()).await else {
                                 continue;
                             };
                             if let Err(e) = pool.set_members(members) {
