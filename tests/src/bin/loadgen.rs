@@ -26,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
+use harness::process::{free_addr, ChildProcess, Spec};
 use harness::procfs::{self, thread_cpu};
 use harness::{GatewayOpts, Stack, WorkerOpts};
 use inference_proto::v1 as pb;
@@ -112,9 +113,33 @@ struct Args {
     /// write that wakes a waiting reader (a token relayed on its own).
     #[arg(long)]
     write_floor: bool,
+    /// The marginal gateway CPU of one relayed token: streams of SHORT and
+    /// of LONG tokens alternate (two windows each, same stack), and the
+    /// report gives the slope of gateway CPU per request against reply
+    /// length (CPU per relayed token, the per-stream cost taken out) and
+    /// the intercept (the per-stream cost). Implies --stream.
+    #[arg(long, value_name = "SHORT,LONG", value_parser = parse_pair)]
+    token_slope: Option<(u32, u32)>,
+    /// Drive `floor_proxy` (started over the stack's first worker) instead
+    /// of the gateway: the least an HTTP/1 front with a gRPC client costs
+    /// per non-streaming request on this machine.
+    #[arg(long)]
+    floor: bool,
     /// Print the report as JSON too.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_pair(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s.split_once(',').ok_or("expected SHORT,LONG")?;
+    let (a, b): (u32, u32) = (
+        a.trim().parse().map_err(|e| format!("{e}"))?,
+        b.trim().parse().map_err(|e| format!("{e}"))?,
+    );
+    if a >= b {
+        return Err("SHORT must be less than LONG".into());
+    }
+    Ok((a, b))
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -699,6 +724,67 @@ async fn run_load(args: &Args, shooter: Shooter, watched: &Watched) -> Result<Va
     Ok(report)
 }
 
+// ---- marginal cost of a relayed token -------------------------------------------
+
+/// `--token-slope SHORT,LONG`: alternating windows of short and long
+/// streams on one stack, fitted as CPU per request = intercept + slope ×
+/// reply tokens. The slope is what relaying one more token costs the
+/// gateway; the intercept is the stream's own cost (request, head, end).
+async fn token_slope(
+    args: &Args,
+    (short, long): (u32, u32),
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    watched: &Watched,
+) -> Result<Value> {
+    let mut runs = Vec::new();
+    let (mut sum_short, mut sum_long) = (0.0, 0.0);
+    for tokens in [short, long, short, long] {
+        let args = Args {
+            reply_tokens: tokens,
+            stream: true,
+            ..args.clone()
+        };
+        let shooter = Shooter::Http {
+            client: http.clone(),
+            url: url.into(),
+            key: key.into(),
+            bodies: Arc::new(http_bodies(&args)),
+        };
+        let report = run_load(&args, shooter, watched).await?;
+        if report["ok"].as_u64() == Some(0) || report["errors"] != json!({}) {
+            bail!("a window had errors: {report}");
+        }
+        let cpu = report["gateway_cpu_us_per_request"]
+            .as_f64()
+            .context("--token-slope needs the gateway's CPU (a started stack or --gateway-pid)")?;
+        if tokens == short {
+            sum_short += cpu;
+        } else {
+            sum_long += cpu;
+        }
+        runs.push(json!({
+            "reply_tokens": tokens,
+            "gateway_cpu_us_per_request": cpu,
+            "gateway_cpu_us_per_streamed_token": report["gateway_cpu_us_per_streamed_token"],
+            "worker_cpu_us_per_request": report["worker_cpu_us_per_request"],
+            "requests_per_s": report["requests_per_s"],
+        }));
+    }
+    let (cpu_short, cpu_long) = (sum_short / 2.0, sum_long / 2.0);
+    let slope = (cpu_long - cpu_short) / f64::from(long - short);
+    let intercept = cpu_short - slope * f64::from(short);
+    let round2 = |v: f64| (v * 100.0).round() / 100.0;
+    Ok(json!({
+        "target": "gateway",
+        "mode": format!("closed loop, concurrency {}, streams of {short} and {long} tokens alternating", args.concurrency),
+        "windows": runs,
+        "gateway_cpu_us_per_relayed_token_marginal": round2(slope),
+        "gateway_cpu_us_per_stream_fixed": round2(intercept),
+    }))
+}
+
 // ---- idle streams --------------------------------------------------------------
 
 async fn idle_streams(
@@ -959,13 +1045,29 @@ fn main() -> Result<()> {
     } else {
         None
     };
-    let (base, key, gateway_pid) = match &stack {
-        Some(s) => (
+    let floor = match (&stack, args.floor) {
+        (Some(s), true) => {
+            let worker = s.workers.first().context("--floor needs a worker")?;
+            Some(start_floor_proxy(
+                worker,
+                args.gateway_threads.unwrap_or(2),
+            )?)
+        }
+        (None, true) => bail!("--floor needs a started stack (no --url)"),
+        _ => None,
+    };
+    let (base, key, gateway_pid) = match (&stack, &floor) {
+        (_, Some((process, addr))) => (
+            format!("http://{addr}/v1"),
+            String::new(),
+            Some(process.pid()),
+        ),
+        (Some(s), None) => (
             s.gateway.base_url(),
             s.gateway.api_key().to_string(),
             s.gateway.pid(),
         ),
-        None => (
+        (None, None) => (
             args.url.clone().unwrap_or_default(),
             args.key.clone(),
             args.gateway_pid,
@@ -991,6 +1093,13 @@ fn main() -> Result<()> {
             let pid = gateway_pid.context("--idle-streams needs the gateway pid")?;
             return idle_streams(&args, &url, &key, pid, &watched).await;
         }
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(args.concurrency.max(64))
+            .tcp_nodelay(true)
+            .build()?;
+        if let Some(lengths) = args.token_slope {
+            return token_slope(&args, lengths, &http, &url, &key, &watched).await;
+        }
         let shooter = if args.baseline {
             let worker = stack
                 .as_ref()
@@ -1002,10 +1111,7 @@ fn main() -> Result<()> {
             }
         } else {
             Shooter::Http {
-                client: reqwest::Client::builder()
-                    .pool_max_idle_per_host(args.concurrency.max(64))
-                    .tcp_nodelay(true)
-                    .build()?,
+                client: http,
                 url: url.clone().into(),
                 key: key.clone().into(),
                 bodies: Arc::new(http_bodies(&args)),
@@ -1014,6 +1120,30 @@ fn main() -> Result<()> {
         run_load(&args, shooter, &watched).await
     })?;
     print_report(&report, args.json);
+    drop(floor);
     drop(stack);
     Ok(())
+}
+
+/// Starts `floor_proxy` over `worker`; returns it and its address.
+fn start_floor_proxy(worker: &harness::Worker, threads: usize) -> Result<(ChildProcess, String)> {
+    let addr = free_addr()?;
+    let spec = Spec {
+        name: "floor_proxy".into(),
+        program: harness::bins::bin("floor_proxy")?,
+        args: vec![
+            "--listen".into(),
+            addr.clone(),
+            "--worker".into(),
+            worker.grpc_url(),
+            "--threads".into(),
+            threads.to_string(),
+        ],
+        env: vec![],
+        env_remove: vec![],
+        ready_prefix: "floor listening on".into(),
+        ready_timeout: Duration::from_secs(20),
+    };
+    let (process, _) = ChildProcess::start(&spec)?;
+    Ok((process, addr))
 }
