@@ -71,9 +71,19 @@ impl ServiceRef {
     }
 }
 
+/// Discovery's HTTP client: HTTP/1 over TLS (or plain http for an override).
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Empty<bytes::Bytes>,
+>;
+
+/// Largest EndpointSliceList read (a Service of thousands of pods is a few
+/// hundred KiB).
+const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+
 /// A client of the Kubernetes API for discovery.
 pub struct KubeApi {
-    client: reqwest::Client,
+    client: HttpClient,
     /// `https://host:port` (or any base URL given by `GATEWAY_K8S_API`).
     base: String,
     token_file: Option<PathBuf>,
@@ -112,25 +122,27 @@ impl KubeApi {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".to_owned());
-        // reqwest asks for a process-wide crypto provider even for plain
-        // http; ring is the only one built in (an error means one is set).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca = if base.starts_with("https://") {
+            let ca_file = env("GATEWAY_K8S_CA_FILE")
+                .unwrap_or_else(|| format!("{SERVICE_ACCOUNT_DIR}/ca.crt"));
+            Some(read(&ca_file).with_context(|| format!("reading the cluster CA {ca_file}"))?)
+        } else {
+            None
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .build();
         // Discovery polls every few seconds: a fresh connection each time
         // costs nothing that matters, and no idle connection outlives the
         // runtime that opened it (the first poll runs before the server's).
-        let mut builder = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .pool_max_idle_per_host(0);
-        if base.starts_with("https://") {
-            let ca_file = env("GATEWAY_K8S_CA_FILE")
-                .unwrap_or_else(|| format!("{SERVICE_ACCOUNT_DIR}/ca.crt"));
-            let ca = read(&ca_file).with_context(|| format!("reading the cluster CA {ca_file}"))?;
-            builder = builder.tls_backend_preconfigured(tls_config(&ca)?);
-        }
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build(connector);
         Ok(Arc::new(KubeApi {
-            client: builder
-                .build()
-                .context("building the Kubernetes API client")?,
+            client,
             base,
             token_file,
             own_namespace,
@@ -144,40 +156,59 @@ impl KubeApi {
             "{}/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{}",
             self.base, service.service
         );
-        let mut request = self.client.get(&url);
+        let mut request = http::Request::get(&url).header(http::header::ACCEPT, "application/json");
         if let Some(path) = &self.token_file {
             // A missing token file is normal outside a pod (`kubectl proxy`).
             if let Ok(token) = std::fs::read_to_string(path) {
-                request = request.bearer_auth(token.trim());
+                request = request.header(
+                    http::header::AUTHORIZATION,
+                    format!("Bearer {}", token.trim()),
+                );
             }
         }
-        let response = request.send().await.context("Kubernetes API request")?;
-        let status = response.status();
+        let request = request
+            .body(http_body_util::Empty::new())
+            .context("Kubernetes API request")?;
+        let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            use http_body_util::BodyExt;
+            let response = self.client.request(request).await?;
+            let status = response.status();
+            let body = http_body_util::Limited::new(response.into_body(), MAX_LIST_BYTES)
+                .collect()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the reply: {e}"))?
+                .to_bytes();
+            anyhow::Ok((status, body))
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("the Kubernetes API did not answer in {REQUEST_TIMEOUT:?}"))?
+        .with_context(|| format!("Kubernetes API request to {}", self.base))?;
         if !status.is_success() {
             bail!(
                 "Kubernetes API answered {status} for the EndpointSlices of {namespace}/{}",
                 service.service
             );
         }
-        let list: wire::EndpointSliceList = response
-            .json()
-            .await
-            .context("Kubernetes API: EndpointSliceList")?;
+        let list: wire::EndpointSliceList =
+            serde_json::from_slice(&body).context("Kubernetes API: EndpointSliceList")?;
         Ok(ready_addresses(&list, &service.port))
     }
 }
 
-/// TLS trusting only the cluster's CA.
-fn tls_config(ca_pem: &[u8]) -> anyhow::Result<rustls::ClientConfig> {
+/// TLS trusting only the cluster's CA (`None`: trusts nothing, for a plain
+/// http API).
+fn tls_config(ca_pem: Option<&[u8]>) -> anyhow::Result<rustls::ClientConfig> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem) {
-        roots
-            .add(cert.context("the cluster CA is not PEM")?)
-            .context("the cluster CA")?;
-    }
-    if roots.is_empty() {
-        bail!("the cluster CA file holds no certificate");
+    if let Some(pem) = ca_pem {
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            roots
+                .add(cert.context("the cluster CA is not PEM")?)
+                .context("the cluster CA")?;
+        }
+        if roots.is_empty() {
+            bail!("the cluster CA file holds no certificate");
+        }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
@@ -429,6 +460,6 @@ mod tests {
         );
         let untrusted = in_cluster(port, include_bytes!("testdata/other-ca.pem"));
         assert!(untrusted.ready_addresses(&service).await.is_err());
-        assert!(tls_config(b"not a certificate").is_err());
+        assert!(tls_config(Some(b"not a certificate")).is_err());
     }
 }
