@@ -229,7 +229,7 @@ pub struct ModelSeries {
     tokens: [OnceLock<IntCounter>; 4],
     time_to_first_token: OnceLock<Histogram>,
     time_per_output_token: OnceLock<Histogram>,
-    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; 3],
+    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; LIMIT_STAGES.len()],
 }
 
 impl ModelSeries {

@@ -4,7 +4,7 @@
 //! or a Service's ready endpoints read from the Kubernetes API.
 
 use super::kubernetes::{KubeApi, ServiceRef};
-use std::net::ToSocketAddrs;
+use std::sync::Arc;
 
 /// One configured worker address.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,8 +34,24 @@ impl Target {
     }
 }
 
+/// The addresses one target stands for right now. `kube` is the API for
+/// `k8s://` targets (`Pools::new` sets it whenever one is configured).
+async fn resolve_target(target: &Target, kube: Option<&KubeApi>) -> anyhow::Result<Vec<String>> {
+    match target {
+        Target::Static(a) => Ok(vec![a.clone()]),
+        Target::Dns(name) => Ok(tokio::net::lookup_host(name.as_str())
+            .await?
+            .map(|a| a.to_string())
+            .collect()),
+        Target::Kubernetes(service) => match kube {
+            Some(api) => api.ready_addresses(service).await,
+            None => anyhow::bail!("no Kubernetes API configured"),
+        },
+    }
+}
+
 /// A failed lookup of one target, logged the same way for every kind.
-fn lookup_failed(target: &Target, e: &dyn std::fmt::Display) {
+fn lookup_failed(target: &Target, e: &anyhow::Error) {
     tracing::warn!(target = ?target, "worker discovery failed; keeping the current members: {e:#}");
 }
 
@@ -44,22 +60,10 @@ fn lookup_failed(target: &Target, e: &dyn std::fmt::Display) {
 /// timeout) says nothing about the workers, so the caller keeps the members
 /// it has rather than emptying the pool; workers that are really gone fail
 /// their health checks and leave selection that way.
-/// `kube` is required for (and only used by) `k8s://` targets.
 pub async fn resolve(targets: &[Target], kube: Option<&KubeApi>) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for t in targets {
-        let found = match t {
-            Target::Static(a) => Ok(vec![a.clone()]),
-            Target::Dns(name) => tokio::net::lookup_host(name.as_str())
-                .await
-                .map(|addrs| addrs.map(|a| a.to_string()).collect())
-                .map_err(anyhow::Error::from),
-            Target::Kubernetes(service) => match kube {
-                Some(api) => api.ready_addresses(service).await,
-                None => Err(anyhow::anyhow!("no Kubernetes API configured")),
-            },
-        };
-        match found {
+        match resolve_target(t, kube).await {
             Ok(addrs) => out.extend(addrs),
             Err(e) => {
                 lookup_failed(t, &e);
@@ -72,45 +76,39 @@ pub async fn resolve(targets: &[Target], kube: Option<&KubeApi>) -> Option<Vec<S
     Some(out)
 }
 
-/// The same, blocking: used once at startup, before the server's runtimes
-/// exist. A target that fails is left out (logged); the periodic
+/// The first membership, at startup, before the server's runtimes exist:
+/// on a runtime and thread of its own (the caller may or may not be inside
+/// a runtime). A target that fails is left out (logged); the periodic
 /// re-resolution adds it once it answers.
-pub fn resolve_blocking(targets: &[Target], kube: Option<&std::sync::Arc<KubeApi>>) -> Vec<String> {
-    let mut out = Vec::new();
-    for t in targets {
-        match t {
-            Target::Static(a) => out.push(a.clone()),
-            Target::Dns(name) => match name.to_socket_addrs() {
-                Ok(addrs) => out.extend(addrs.map(|a| a.to_string())),
+pub fn resolve_blocking(targets: &[Target], kube: Option<&Arc<KubeApi>>) -> Vec<String> {
+    let (targets, kube) = (targets.to_vec(), kube.cloned());
+    let first = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let mut out = Vec::new();
+        for t in &targets {
+            match runtime.block_on(resolve_target(t, kube.as_deref())) {
+                Ok(addrs) => out.extend(addrs),
                 Err(e) => lookup_failed(t, &e),
-            },
-            Target::Kubernetes(service) => match kube.map(|api| fetch_blocking(api, service)) {
-                Some(Ok(addrs)) => out.extend(addrs),
-                Some(Err(e)) => lookup_failed(t, &e),
-                None => lookup_failed(t, &"no Kubernetes API configured"),
-            },
+            }
+        }
+        out.sort();
+        out.dedup();
+        anyhow::Ok(out)
+    })
+    .join();
+    match first {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => {
+            tracing::warn!("worker discovery could not start a runtime: {e:#}");
+            Vec::new()
+        }
+        Err(_) => {
+            tracing::warn!("the worker discovery thread panicked");
+            Vec::new()
         }
     }
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// One Kubernetes API read on a runtime of its own, on a thread of its own
-/// (the caller may or may not be inside a runtime).
-fn fetch_blocking(
-    api: &std::sync::Arc<KubeApi>,
-    service: &ServiceRef,
-) -> anyhow::Result<Vec<String>> {
-    let (api, service) = (api.clone(), service.clone());
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(api.ready_addresses(&service))
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the discovery thread panicked"))?
 }
 
 #[cfg(test)]

@@ -59,9 +59,13 @@ impl ServiceRef {
         if !valid(service) || !namespace.as_deref().is_none_or(valid) || !valid(port) {
             bail!("k8s://{spec}: namespace, service and port must be DNS labels or a port number");
         }
-        let port = match port.parse::<u16>() {
-            Ok(n) => PortRef::Number(n),
-            Err(_) => PortRef::Name(port.to_owned()),
+        let port = if port.bytes().all(|b| b.is_ascii_digit()) {
+            match port.parse::<u16>() {
+                Ok(n) if n > 0 => PortRef::Number(n),
+                _ => bail!("k8s://{spec}: port {port} is out of range"),
+            }
+        } else {
+            PortRef::Name(port.to_owned())
         };
         Ok(ServiceRef {
             namespace,
@@ -328,6 +332,8 @@ mod tests {
             "a/b/c:1",
             ":1",
             "svc:",
+            "svc:70000",
+            "svc:0",
         ] {
             assert!(ServiceRef::parse(bad).is_err(), "{bad}");
         }

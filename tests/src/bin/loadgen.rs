@@ -514,6 +514,16 @@ enum Shooter {
 }
 
 impl Shooter {
+    /// Chat completions at `url` with `args`' workload.
+    fn http(client: reqwest::Client, url: &str, key: &str, args: &Args) -> Shooter {
+        Shooter::Http {
+            client,
+            url: url.into(),
+            key: key.into(),
+            bodies: Arc::new(http_bodies(args)),
+        }
+    }
+
     async fn shot(&self) -> Outcome {
         match self {
             Shooter::Http {
@@ -746,12 +756,7 @@ async fn token_slope(
             stream: true,
             ..args.clone()
         };
-        let shooter = Shooter::Http {
-            client: http.clone(),
-            url: url.into(),
-            key: key.into(),
-            bodies: Arc::new(http_bodies(&args)),
-        };
+        let shooter = Shooter::http(http.clone(), url, key, &args);
         let report = run_load(&args, shooter, watched).await?;
         if report["ok"].as_u64() == Some(0) || report["errors"] != json!({}) {
             bail!("a window had errors: {report}");
@@ -1110,12 +1115,7 @@ fn main() -> Result<()> {
                 req: Arc::new(grpc_request(&args)),
             }
         } else {
-            Shooter::Http {
-                client: http,
-                url: url.clone().into(),
-                key: key.clone().into(),
-                bodies: Arc::new(http_bodies(&args)),
-            }
+            Shooter::http(http, &url, &key, &args)
         };
         run_load(&args, shooter, &watched).await
     })?;
