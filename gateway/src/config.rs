@@ -52,6 +52,11 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// The shared token the workers require (`worker serve --auth-token`),
+    /// sent as `authorization: Bearer <token>` on every call. Best set with
+    /// `GATEWAY_WORKER_TOKEN` from a secret rather than in this file.
+    #[serde(default)]
+    pub worker_token: Option<String>,
     pub models: BTreeMap<String, ModelPool>,
 }
 
@@ -314,6 +319,7 @@ impl Config {
             orgs: BTreeMap::new(),
             limits: LimitsConfig::default(),
             telemetry: TelemetryConfig::default(),
+            worker_token: None,
             models: BTreeMap::new(),
         }
     }
@@ -344,6 +350,9 @@ impl Config {
         }
         if let Some(v) = get("GATEWAY_KEY_PREFIX") {
             self.store.key_prefix = v;
+        }
+        if let Some(v) = get("GATEWAY_WORKER_TOKEN") {
+            self.worker_token = Some(v).filter(|s| !s.is_empty());
         }
         self.telemetry.apply_env(&get);
         Ok(())

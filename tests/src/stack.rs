@@ -18,6 +18,9 @@ pub struct StackBuilder {
     model_opts: BTreeMap<String, WorkerOpts>,
     gateway: GatewayOpts,
     redis: bool,
+    /// Where the gateway reaches the test Redis, when not directly (a
+    /// fault proxy in front of it).
+    redis_via: Option<String>,
 }
 
 impl Default for StackBuilder {
@@ -29,6 +32,7 @@ impl Default for StackBuilder {
             model_opts: BTreeMap::new(),
             gateway: GatewayOpts::default(),
             redis: false,
+            redis_via: None,
         }
     }
 }
@@ -85,6 +89,14 @@ impl StackBuilder {
         self
     }
 
+    /// [`redis`](Self::redis), with the gateway reaching Redis at `url`
+    /// (a [`crate::FaultProxy`] in front of the test Redis).
+    pub fn redis_via(mut self, url: &str) -> Self {
+        self.redis = true;
+        self.redis_via = Some(url.to_owned());
+        self
+    }
+
     pub fn start(self) -> Result<Stack> {
         let redis = if self.redis {
             Some(RedisScope::new().context("the test Redis (set TEST_REDIS_URL)")?)
@@ -123,7 +135,8 @@ impl StackBuilder {
                 .push(w.addr().to_string());
         }
         if let Some(r) = &redis {
-            gateway_opts.redis = Some((r.url().to_string(), r.prefix().to_string()));
+            let url = self.redis_via.as_deref().unwrap_or(r.url());
+            gateway_opts.redis = Some((url.to_string(), r.prefix().to_string()));
         }
         let gateway = Gateway::start(gateway_opts)?;
         Ok(Stack {
@@ -178,6 +191,25 @@ impl Stack {
     /// Every worker of `model`.
     pub fn workers_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Worker> + 'a {
         self.workers.iter().filter(move |w| w.model() == model)
+    }
+
+    /// Runs the operator CLI (`gateway <args>`) against this stack's Redis
+    /// prefix, straight to Redis; returns stdout. Panics if it fails.
+    #[track_caller]
+    pub fn cli(&self, args: &[&str]) -> String {
+        let redis = self.redis.as_ref().expect("a Redis stack");
+        let out = std::process::Command::new(crate::bins::bin("gateway").expect("gateway binary"))
+            .args(args)
+            .env("GATEWAY_REDIS_URL", redis.url())
+            .env("GATEWAY_KEY_PREFIX", redis.prefix())
+            .output()
+            .expect("run the gateway CLI");
+        assert!(
+            out.status.success(),
+            "gateway {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The logs of every process, for an assertion message.

@@ -43,6 +43,28 @@ impl Default for WorkerOpts {
 }
 
 impl WorkerOpts {
+    /// A real-model worker: the `llama` engine on a GGUF file (see
+    /// [`crate::model::model_file`]), `n_ctx` tokens per sequence,
+    /// `parallel` sequences decoded together. One decode thread: end-to-end
+    /// tests run two at a time on 2 cores, and llama.cpp's spinning thread
+    /// pools slow down sharply when oversubscribed.
+    pub fn llama(model_file: &std::path::Path, n_ctx: u32, parallel: u32) -> Self {
+        Self {
+            engine: "llama".into(),
+            extra_args: vec![
+                "--model-file".into(),
+                model_file.display().to_string(),
+                "--n-ctx".into(),
+                n_ctx.to_string(),
+                "--parallel".into(),
+                parallel.to_string(),
+                "--threads".into(),
+                "1".into(),
+            ],
+            ..Self::default()
+        }
+    }
+
     /// A worker with realistic pacing: `ttft_ms` before the first token, then
     /// `tokens_per_second`.
     pub fn paced(ttft_ms: u64, tokens_per_second: u64) -> Self {

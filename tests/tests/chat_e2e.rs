@@ -524,6 +524,53 @@ async fn one_connection_serves_many_requests() {
     assert!(!conn.closed_within(Duration::from_millis(100)).await);
 }
 
+/// RFC 9112 section 6.1: after a request with both `Content-Length` and
+/// `Transfer-Encoding` the server answers (reading the body as chunked) and
+/// closes, so a request pipelined behind it, whose framing a proxy may have
+/// read differently, is never answered on that connection.
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_answered_then_closed() {
+    let stack = base_stack(WorkerOpts::default());
+    let key = stack.gateway.api_key().to_string();
+    let mut conn = RawConn::connect(stack.gateway.addr()).await.unwrap();
+    let body = chat_body("base", "hi synthetic:reply_tokens=3").to_string();
+    let mut bytes = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\
+         Authorization: Bearer {key}\r\nContent-Type: application/json\r\n\
+         Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    bytes.extend(raw::request("GET", "/v1/models", Some(&key), None));
+    conn.send(&bytes).await.unwrap();
+    let first = conn.read_response().await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(
+        first
+            .header("connection")
+            .is_some_and(|c| c.eq_ignore_ascii_case("close")),
+        "the answer says the connection closes: {:?}",
+        first.headers
+    );
+    assert!(
+        conn.closed_within(Duration::from_secs(2)).await,
+        "the connection is closed"
+    );
+    // The pipelined request got no answer.
+    assert!(conn.read_response().await.is_err());
+
+    // A client's own `Connection: close` is honoured too.
+    let mut conn = RawConn::connect(stack.gateway.addr()).await.unwrap();
+    let mut bytes = raw::request("GET", "/v1/models", Some(&key), None);
+    let at = bytes.len() - 2;
+    bytes.splice(at..at, b"Connection: close\r\n".iter().copied());
+    conn.send(&bytes).await.unwrap();
+    let r = conn.read_response().await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
+    assert!(conn.closed_within(Duration::from_secs(2)).await);
+}
+
 #[tokio::test]
 async fn an_engine_failure_after_the_first_token_is_an_in_band_error_frame() {
     let stack = base_stack(WorkerOpts::default());

@@ -5,7 +5,6 @@
 
 use harness::{assert_error, chat_body, json, Client, Gateway, Stack, Value, WorkerOpts};
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A stack with only `base` (and optionally `base-mini`) on Redis.
@@ -22,19 +21,7 @@ fn redis_stack(models: &[&str], worker: WorkerOpts, extra_toml: &str) -> Stack {
 /// Runs `gateway <args>` against the stack's Redis prefix; returns stdout.
 #[track_caller]
 fn cli(stack: &Stack, args: &[&str]) -> String {
-    let redis = stack.redis.as_ref().expect("a Redis stack");
-    let out = Command::new(harness::bins::bin("gateway").expect("gateway binary"))
-        .args(args)
-        .env("GATEWAY_REDIS_URL", redis.url())
-        .env("GATEWAY_KEY_PREFIX", redis.prefix())
-        .output()
-        .expect("run the gateway CLI");
-    assert!(
-        out.status.success(),
-        "gateway {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    stack.cli(args)
 }
 
 /// `gateway keys create ...`: the printed secret.
@@ -139,6 +126,40 @@ async fn unknown_key_is_401_missing_permission_403_blocked_org_402() {
         .await
         .unwrap();
     assert_eq!(r.status, 200, "{r}");
+
+    // A read-only key reads stored responses but cannot destroy or end
+    // them: delete and cancel are writes.
+    let reader = create_key(&stack, "org-a", &["--scopes", "responses.read"]);
+    let r = client_with(&stack, &full)
+        .post_json(
+            "/responses",
+            &json!({"model": "base", "input": "hi synthetic:reply_tokens=2"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let read = client_with(&stack, &reader);
+    assert_eq!(
+        read.get(&format!("/responses/{id}")).await.unwrap().status,
+        200
+    );
+    let r = read.delete(&format!("/responses/{id}")).await.unwrap();
+    assert_error(&r, 403, "permission_denied");
+    let r = read
+        .post_json(&format!("/responses/{id}/cancel"), &json!({}))
+        .await
+        .unwrap();
+    assert_error(&r, 403, "permission_denied");
+    assert_eq!(
+        client_with(&stack, &full)
+            .get(&format!("/responses/{id}"))
+            .await
+            .unwrap()
+            .status,
+        200,
+        "still stored"
+    );
 
     // 403: a model outside the key's allow-list, named in `param`.
     let r = client_with(&stack, &mini_only)

@@ -732,3 +732,76 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
     })
     .await;
 }
+
+/// Workers started with a token refuse callers without it (so nothing can
+/// bypass the gateway's keys, limits and billing); a gateway with the
+/// token is served, one without it is not, and health stays open.
+#[tokio::test]
+async fn a_worker_with_a_token_serves_only_callers_that_send_it() {
+    bounded(60, async {
+        let token = format!("wt-{}", random_hex(16));
+        let opts = WorkerOpts {
+            env: vec![("WORKER_AUTH_TOKEN".into(), token.clone())],
+            ..WorkerOpts::default()
+        };
+        let workers = start_workers("base", &[opts]);
+        let worker = &workers[0];
+
+        // A caller without the token: Generate and Info are refused.
+        let mut grpc = worker.grpc().await.unwrap();
+        let e = grpc
+            .generate(inference_proto::v1::GenerateRequest {
+                request_id: "req_nokey".into(),
+                model: "base".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+        let e = worker.info().await.expect_err("refused");
+        assert_eq!(
+            e.downcast_ref::<tonic::Status>().map(tonic::Status::code),
+            Some(tonic::Code::Unauthenticated),
+            "{e:?}"
+        );
+
+        // Health stays open for kubelet probes.
+        let channel = tonic::transport::Endpoint::from_shared(worker.grpc_url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let health = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("health answers without a token");
+        assert_eq!(health.into_inner().status, 1, "SERVING");
+
+        // A gateway with the token is served.
+        let mut with = harness::GatewayOpts::default();
+        with.workers
+            .insert("base".into(), vec![worker.addr().to_string()]);
+        with.env
+            .push(("GATEWAY_WORKER_TOKEN".into(), token.clone()));
+        let gateway = harness::Gateway::start(with).expect("gateway");
+        let r = post_chat(
+            &gateway.client(),
+            &chat_body("base", "hi synthetic:reply_tokens=3"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{r}");
+
+        // One without it is not: the worker's refusal is a server error,
+        // never a reply.
+        let without = gateway_over(&[worker], "");
+        let r = post_chat(
+            &without.client(),
+            &chat_body("base", "hi synthetic:reply_tokens=3"),
+        )
+        .await;
+        assert!(r.status >= 500, "{r}");
+    })
+    .await;
+}

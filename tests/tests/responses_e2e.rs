@@ -602,6 +602,56 @@ async fn background_run_replays_and_follows_live_on_another_replica() {
     drop(second);
 }
 
+/// A run deleted under a live follower: the stream ends with an `error`
+/// event that carries the status (as every streamed failure does) and the
+/// next sequence number.
+#[tokio::test]
+async fn a_run_deleted_under_its_follower_ends_the_stream_with_an_error_event() {
+    let (stack, _) = redis_stack(WorkerOpts::paced(0, 40), FAST_LEASES);
+    let client = stack.client();
+    let r = client
+        .post_json(
+            "/responses",
+            &json!({"model":"base","input":"bg synthetic:reply_tokens=400","background":true}),
+        )
+        .await
+        .unwrap();
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    wait_status(&client, &id, Duration::from_secs(5), &["in_progress"]).await;
+    let mut live = client
+        .open_stream(client.request(
+            reqwest::Method::GET,
+            &format!("/responses/{id}?stream=true"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(live.status, 200);
+    let mut last_seq = None;
+    while last_seq.is_none_or(|s| s < 3) {
+        let f = live.next_frame().await.unwrap().expect("a frame");
+        last_seq = f.json()["sequence_number"].as_u64();
+    }
+    let r = client.delete(&format!("/responses/{id}")).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let rest = live.collect().await.unwrap();
+    let last = rest.last().expect("an error event");
+    assert_eq!(last.event.as_deref(), Some("error"), "{rest:?}");
+    let e = last.json();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["code"], "response_not_found");
+    assert_eq!(e["status"], 404, "{e}");
+    let before = rest
+        .iter()
+        .rev()
+        .nth(1)
+        .map_or(last_seq, |f| f.json()["sequence_number"].as_u64());
+    assert_eq!(
+        e["sequence_number"].as_u64(),
+        before.map(|s| s + 1),
+        "sequence numbers go on: {rest:?}"
+    );
+}
+
 #[tokio::test]
 async fn background_stream_on_create_and_cancel_through_another_replica() {
     let (stack, _) = redis_stack(WorkerOpts::paced(0, 40), FAST_LEASES);

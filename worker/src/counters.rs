@@ -31,6 +31,13 @@ impl Counters {
     }
 
     /// Refused before generating (context length, overload, draining, invalid).
+    /// Prompt tokens reused from the cache, when an engine learns the count
+    /// only after prefill.
+    pub fn cached(&self, cached_prompt_tokens: u32) {
+        self.cached_prompt_tokens
+            .fetch_add(u64::from(cached_prompt_tokens), Relaxed);
+    }
+
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Relaxed);
     }

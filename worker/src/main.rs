@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::server::TcpIncoming;
 use worker::admission::Admission;
+use worker::auth::RequireToken;
 use worker::counters::Counters;
 use worker::drain::{self, DrainFlag};
 use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
 use worker::model::ModelProfile;
 use worker::prefix_cache::PrefixCache;
-use worker::service::{WorkerService, WorkerState};
+use worker::service::{Engines, WorkerService, WorkerState};
 
 const SYNTHETIC_DESCRIPTION: &str = "SIMULATED output from the synthetic engine: deterministic \
     English-like text, tool calls and JSON for tests, benchmarks and load. Not a language model.";
@@ -27,7 +28,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
     name = "worker",
     version,
     about = "A model worker serving one model over the inference.v1 gRPC protocol. \
-             Engine `synthetic` = SIMULATED output (not a language model)."
+             Engines: `llama` (llama.cpp in process on a GGUF file) and `synthetic` \
+             (SIMULATED output, not a language model)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -39,6 +41,24 @@ enum Command {
     /// Serve one model.
     #[command(
         long_about = "Serve one model over gRPC (inference.v1.Worker and grpc.health.v1).
+
+Engines:
+  llama      llama.cpp in process on a GGUF file (--model-file). Tokenizer, chat template
+             and context window come from the file; --parallel sequences decode in one
+             continuously batched loop (--n-ctx tokens each), further requests queue.
+             Prefix reuse per slot (cached_prompt_tokens is the real count); JSON object,
+             JSON schema and tool_choice required/named are enforced while decoding
+             (llguidance); tool_choice auto answers in text. Reasoning on a model without
+             thinking tags: a <think> section the prompt opens, closed by the model or when
+             reasoning.budget_tokens (default by effort) is spent, streamed as reasoning.
+             Image parts are refused (INVALID_ARGUMENT naming the part).
+  synthetic  SIMULATED output (below).
+
+Adding an engine: implement worker::engine::sequence::SequenceEngine in one file under
+worker/src/engine/ (render + tokenize with the model's own template, context window,
+start a sequence -> stream of prefill / token / finished events; dropping the stream
+aborts it) and add it here. Stop strings, the length cut, UTF-8, tool-call parsing,
+reasoning and usage are the shared pipeline's (worker/src/pipeline).
 
 The `synthetic` engine is SIMULATED: its output is not from a language model. It is
 deterministic given the prompt and seed, counts tokens with the real o200k_base BPE,
@@ -68,6 +88,8 @@ get --grace-period-seconds to finish, then the process exits 0."
 enum EngineKind {
     /// SIMULATED output (deterministic; for tests, benchmarks and load).
     Synthetic,
+    /// llama.cpp in process on a GGUF model (--model-file).
+    Llama,
 }
 
 #[derive(Parser, Debug)]
@@ -78,6 +100,22 @@ struct ServeArgs {
     /// The engine. `synthetic` is SIMULATED output, not a language model.
     #[arg(long, value_enum, default_value = "synthetic")]
     engine: EngineKind,
+    /// llama: the GGUF model file.
+    #[arg(long)]
+    model_file: Option<std::path::PathBuf>,
+    /// llama: a display name for the weights (default: the file name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// llama: context window of each sequence in tokens (default: the
+    /// model's training context).
+    #[arg(long, default_value_t = 0)]
+    n_ctx: u32,
+    /// llama: sequences decoded together (slots); the running capacity.
+    #[arg(long, default_value_t = 4)]
+    parallel: u32,
+    /// llama: CPU threads (default: the available cores).
+    #[arg(long)]
+    threads: Option<i32>,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -87,7 +125,7 @@ struct ServeArgs {
     /// Output pace; 0 = as fast as possible.
     #[arg(long, default_value_t = 0.0)]
     tokens_per_second: f64,
-    /// Generations running at once.
+    /// Generations running at once (synthetic; llama runs --parallel).
     #[arg(long, default_value_t = 64)]
     max_concurrency: u32,
     /// Requests waiting for a slot; beyond this they fail with OVERLOADED.
@@ -100,6 +138,11 @@ struct ServeArgs {
     /// On SIGTERM, how long running generations get to finish.
     #[arg(long, default_value_t = 10)]
     grace_period_seconds: u64,
+    /// Require this token from callers (`authorization: Bearer <token>`,
+    /// sent by gateways with GATEWAY_WORKER_TOKEN); unauthenticated calls
+    /// fail with UNAUTHENTICATED. grpc.health.v1 stays open for probes.
+    #[arg(long, env = "WORKER_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
     /// When unpaced (--tokens-per-second 0, no slow_ms), merge up to N
     /// tokens into one event: fewer, larger deltas for load tests. 1 = one
     /// token per event.
@@ -140,23 +183,87 @@ fn main() -> anyhow::Result<()> {
     result
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let EngineKind::Synthetic = args.engine;
-    let engine = SyntheticEngine::new(SyntheticConfig {
-        ttft: Duration::from_millis(args.ttft_ms),
-        tokens_per_second: args.tokens_per_second.max(0.0),
-        coalesce_tokens: args.coalesce_tokens,
-        fail_after_tokens: args.fail_after_tokens,
-    });
-    // Load the BPE before taking traffic, so the first request is not slow.
-    let _ = worker::tokenizer::count("warm up");
+/// The engine, its name and description, its model profile and capacity.
+struct Loaded {
+    engine: Engines,
+    name: &'static str,
+    description: String,
+    model: ModelProfile,
+    capacity: u32,
+}
 
+fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    match args.engine {
+        EngineKind::Synthetic => {
+            let engine = SyntheticEngine::new(SyntheticConfig {
+                ttft: Duration::from_millis(args.ttft_ms),
+                tokens_per_second: args.tokens_per_second.max(0.0),
+                coalesce_tokens: args.coalesce_tokens,
+                fail_after_tokens: args.fail_after_tokens,
+            });
+            // Load the BPE before taking traffic, so the first request is not slow.
+            let _ = worker::tokenizer::count("warm up");
+            Ok(Loaded {
+                engine: Engines::Reply(Arc::new(engine)),
+                name: "synthetic",
+                description: SYNTHETIC_DESCRIPTION.to_owned(),
+                model: ModelProfile::new(&args.model, args.context_window),
+                capacity: args.max_concurrency,
+            })
+        }
+        EngineKind::Llama => load_llama(args),
+    }
+}
+
+#[cfg(feature = "llama")]
+fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    use worker::engine::llama::{LlamaConfig, LlamaEngine};
+    use worker::engine::sequence::SequenceEngine;
+    let Some(file) = args.model_file.clone() else {
+        anyhow::bail!("--engine llama needs --model-file PATH (a GGUF file)");
+    };
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(2, |n| i32::try_from(n.get()).unwrap_or(2))
+    });
+    let engine = LlamaEngine::load(&LlamaConfig {
+        model_file: file.clone(),
+        n_ctx: args.n_ctx,
+        parallel: args.parallel,
+        threads,
+    })?;
+    let mut model = ModelProfile::new(&args.model, Some(engine.context_window()));
+    // A text-only model; the think section honours a budget.
+    model.image_input = false;
+    model.reasoning_budget = true;
+    let name = args.model_name.clone().unwrap_or_else(|| {
+        file.file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let description = format!("{name}: {}", engine.description());
+    Ok(Loaded {
+        engine: Engines::Sequence(Arc::new(engine)),
+        name: "llama",
+        description,
+        model,
+        capacity: args.parallel.max(1),
+    })
+}
+
+#[cfg(not(feature = "llama"))]
+fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
+    anyhow::bail!("this worker was built without the `llama` feature")
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let loaded = load_engine(&args)?;
+    let engine_name = loaded.name;
     let state = Arc::new(WorkerState {
-        model: ModelProfile::new(&args.model, args.context_window),
-        engine_name: "synthetic",
-        description: SYNTHETIC_DESCRIPTION.to_owned(),
-        engine: Arc::new(engine),
-        admission: Admission::new(args.max_concurrency, args.max_queue),
+        model: loaded.model,
+        engine_name,
+        description: loaded.description,
+        engine: loaded.engine,
+        admission: Admission::new(loaded.capacity, args.max_queue),
         cache: PrefixCache::new(args.prefix_cache_blocks),
         counters: Counters::default(),
         drain: DrainFlag::default(),
@@ -173,8 +280,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let max_streams = args
-        .max_concurrency
+    let max_streams = loaded
+        .capacity
         .saturating_add(args.max_queue)
         .saturating_add(64);
     let server = tonic::transport::Server::builder()
@@ -182,10 +289,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .max_concurrent_streams(max_streams)
         .add_service(health_service)
-        .add_service(
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             WorkerServer::new(WorkerService::new(Arc::clone(&state)))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
+            RequireToken::new(args.auth_token.as_deref()),
+        ))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
@@ -195,7 +303,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "worker listening on {addr} model={} engine=synthetic",
+            "worker listening on {addr} model={} engine={engine_name}",
             args.model
         )?;
         out.flush()?;

@@ -1,12 +1,19 @@
 //! The tonic `inference.v1.Worker` service: the engine-independent half of
-//! a request (draining, tokenizing, the context check, admission, the prefix
-//! cache, counters), then the engine streams.
+//! a request (draining, admission, counters), then the engine streams.
+//!
+//! Two kinds of engine (see [`Engines`]): a whole-reply engine (`synthetic`)
+//! gets a prompt the service tokenized with o200k, checked against the
+//! public model's window and ran through the simulated prefix cache; a
+//! sequence-level engine (`llama`) goes through the shared [`pipeline`],
+//! where the engine's own tokenizer, template and window govern.
 
 use crate::admission::Admission;
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
+use crate::engine::sequence::SequenceEngine;
 use crate::engine::{Engine, EventSink, Job};
 use crate::model::ModelProfile;
+use crate::pipeline;
 use crate::prefix_cache::PrefixCache;
 use crate::status;
 use crate::tokenizer::{self, Prompt};
@@ -30,11 +37,20 @@ pub struct WorkerState {
     /// `synthetic`, ...
     pub engine_name: &'static str,
     pub description: String,
-    pub engine: Arc<dyn Engine>,
+    pub engine: Engines,
     pub admission: Admission,
     pub cache: PrefixCache,
     pub counters: Counters,
     pub drain: DrainFlag,
+}
+
+/// The engine behind the service, by the seam it implements.
+#[derive(Clone)]
+pub enum Engines {
+    /// Whole-reply (the SIMULATED `synthetic` engine and its test controls).
+    Reply(Arc<dyn Engine>),
+    /// Sequence-level: tokens in, tokens out, through the shared pipeline.
+    Sequence(Arc<dyn SequenceEngine>),
 }
 
 /// The gRPC service; cheap to clone.
@@ -117,6 +133,12 @@ impl WorkerService {
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
         }
+        let engine = match &state.engine {
+            Engines::Reply(engine) => Arc::clone(engine),
+            Engines::Sequence(engine) => {
+                return self.start_sequence(Arc::clone(engine), request, span).await
+            }
+        };
         let (req, prompt) = Self::render(request).await?;
         let completion_limit = self.check(&req, &prompt).map_err(|s| self.reject(s))?;
         let slot = state.admission.admit().await.map_err(|o| {
@@ -133,7 +155,7 @@ impl WorkerService {
             completion_limit,
             model: state.model.clone(),
         };
-        let generation = state.engine.prepare(job).map_err(|s| self.reject(s))?;
+        let generation = engine.prepare(job).map_err(|s| self.reject(s))?;
         state.counters.started(prompt_tokens, cached_prompt_tokens);
         // At info, under the span that carries `trace_id` (RUST_LOG=info).
         tracing::info!(prompt_tokens, cached_prompt_tokens, "generate");
@@ -151,6 +173,53 @@ impl WorkerService {
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    /// A sequence-level engine: the engine renders and tokenizes, its real
+    /// window is checked, then admission, then the shared pipeline streams.
+    async fn start_sequence(
+        &self,
+        engine: Arc<dyn SequenceEngine>,
+        request: pb::GenerateRequest,
+        span: tracing::Span,
+    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
+        let state = &self.state;
+        let request_id = request.request_id.clone();
+        let mut prepared = pipeline::prepare(engine, request)
+            .await
+            .map_err(|s| self.reject(s))?;
+        prepared.check_window().map_err(|s| self.reject(s))?;
+        let slot = state.admission.admit().await.map_err(|o| {
+            tracing::debug!(%request_id, "overloaded");
+            self.reject(status::overloaded(o.running, o.queued))
+        })?;
+        let prompt_tokens = prepared.prompt_tokens();
+        let running = prepared.start().await.map_err(|s| self.reject(s))?;
+        state.counters.started(prompt_tokens, 0);
+        tracing::info!(prompt_tokens, "generate");
+
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let state = Arc::clone(&self.state);
+        tokio::spawn(
+            async move {
+                let _slot = slot;
+                let st = Arc::clone(&state);
+                let outcome = running
+                    .run(EventSink::new(tx), move |cached| st.counters.cached(cached))
+                    .await;
+                tracing::debug!(%request_id, ?outcome, "generation ended");
+                state.counters.finished(outcome);
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    fn context_window(&self) -> u32 {
+        match &self.state.engine {
+            Engines::Reply(_) => self.state.model.context_window,
+            Engines::Sequence(engine) => engine.context_window(),
+        }
     }
 }
 
@@ -196,7 +265,7 @@ impl pb::worker_server::Worker for WorkerService {
             model: s.model.id.clone(),
             engine: s.engine_name.to_owned(),
             description: s.description.clone(),
-            context_window: s.model.context_window,
+            context_window: self.context_window(),
             capabilities: Some(s.model.capabilities()),
             load: Some(pb::Load {
                 running: s.admission.running(),
@@ -214,10 +283,15 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
-        let (_, prompt) = Self::render(request.into_inner()).await?;
-        Ok(Response::new(pb::CountTokensResponse {
-            prompt_tokens: prompt.len(),
-        }))
+        let prompt_tokens = match &self.state.engine {
+            Engines::Reply(_) => Self::render(request.into_inner()).await?.1.len(),
+            Engines::Sequence(engine) => {
+                pipeline::prepare(Arc::clone(engine), request.into_inner())
+                    .await?
+                    .prompt_tokens()
+            }
+        };
+        Ok(Response::new(pb::CountTokensResponse { prompt_tokens }))
     }
 }
 
@@ -233,7 +307,7 @@ mod tests {
             model: ModelProfile::new(model, window),
             engine_name: "synthetic",
             description: "SIMULATED".into(),
-            engine: Arc::new(SyntheticEngine::new(SyntheticConfig::default())),
+            engine: Engines::Reply(Arc::new(SyntheticEngine::new(SyntheticConfig::default()))),
             admission: Admission::new(concurrency, queue),
             cache: PrefixCache::new(4096),
             counters: Counters::default(),

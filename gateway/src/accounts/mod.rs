@@ -31,9 +31,10 @@ pub enum Scope {
     ModelsRead = 1,
     /// `POST /v1/chat/completions`.
     ChatWrite = 2,
-    /// `POST /v1/responses`.
+    /// `POST /v1/responses`, and delete and cancel: what writes or destroys.
     ResponsesWrite = 4,
-    /// Retrieve, delete, cancel and list input items of stored responses.
+    /// Retrieve (and stream on retrieve) and list input items of stored
+    /// responses.
     ResponsesRead = 8,
     /// `planner_mode: true` on chat completions.
     Planner = 16,

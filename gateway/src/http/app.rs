@@ -57,8 +57,14 @@ impl HttpServerApp for PublicApp {
             _ => return None,
         }
         let _in_flight = crate::lifecycle::InFlight::begin();
-        let closing = *shutdown.borrow() || crate::lifecycle::is_draining();
-        // While draining, answer but close the connection afterwards.
+        // Pingora has already decided whether this connection may be
+        // reused (off for `Connection: close`, HTTP/1.0, and, per RFC 9112
+        // section 6.1, a request with both Content-Length and
+        // Transfer-Encoding, so nothing smuggled after it is answered):
+        // keep its "no", set our idle timeout on its "yes", and close while
+        // draining.
+        let reusable = session.get_keepalive().is_some();
+        let closing = *shutdown.borrow() || crate::lifecycle::is_draining() || !reusable;
         session.set_keepalive(if closing { None } else { Some(60) });
         let request_id = crate::translate::new_id("req_");
         // One span per request: ids, route, model and status only (never

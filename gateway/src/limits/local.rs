@@ -1,29 +1,34 @@
-//! The local first stage: per organisation and model, a `governor` rate
-//! limiter at the plan's requests per minute (burst = the whole minute) and
-//! a count of this replica's requests in flight.
+//! The local first stage: per organisation and model, what this replica
+//! already knows about the plan's limits, so that a flood is shed without a
+//! Redis round trip:
+//! - the request window's reset, learned from the global stage's last
+//!   refusal: until then the window is full for every replica, and a local
+//!   refusal carries the same reset and `retry-after` as the global one
+//!   (a client honouring it is not refused again for the same window);
+//! - a count of this replica's requests in flight, sized at the plan's
+//!   whole allowance (a replica's own in-flight requests are part of the
+//!   global count, so it only refuses what the global stage would).
 //!
-//! Both are sized at the plan's full allowance, because one replica may
-//! legitimately receive all of an organisation's traffic: the stage only
-//! refuses what the global stage would refuse too (a replica's own
-//! in-flight requests are part of the global count; a token bucket that
-//! refills continuously admits at least as much as a sliding window of the
-//! same size). Its value is shedding a flood without a Redis round trip.
-//! Tokens per minute are left to the global stage: a local bucket could not
-//! be refunded when a request settles below its reservation.
+//! No local token bucket: a bucket here counts requests the global stage
+//! then refuses, and answers with its own refill time, which contradicts
+//! the global window (the audit saw `retry-after: 1` while the window was
+//! full for 60 s). Tokens per minute are left to the global stage too: a
+//! local count could not be refunded when a request settles below its
+//! reservation.
 
 use super::{LocalRefusal, Plan, Verdict};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use std::collections::HashMap;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Local state of one organisation and model.
 pub struct LocalEntry {
-    /// The plan's rpm this limiter was built for.
+    /// The plan's rpm this entry was built for.
     rpm: u32,
-    requests: Option<DefaultDirectRateLimiter>,
+    /// Until when (the limiter's clock, ms) the request window is known to
+    /// be full: the reset of the global stage's last `requests` refusal.
+    requests_full_until_ms: AtomicU64,
     /// Shared with the entry this one replaced (after a plan change), so
     /// releases of older reservations still count.
     in_flight: Arc<AtomicU32>,
@@ -33,13 +38,14 @@ impl LocalEntry {
     fn new(rpm: u32, in_flight: Arc<AtomicU32>) -> Self {
         Self {
             rpm,
-            requests: NonZeroU32::new(rpm).map(|n| RateLimiter::direct(Quota::per_minute(n))),
+            requests_full_until_ms: AtomicU64::new(0),
             in_flight,
         }
     }
 
     /// Takes a local slot (released by [`LocalEntry::release`]) or refuses.
-    pub(crate) fn check(&self, plan: &Plan, _tokens: u64) -> Result<(), LocalRefusal> {
+    /// `now_ms` is the limiter's clock.
+    pub(crate) fn check(&self, plan: &Plan, now_ms: u64) -> Result<(), LocalRefusal> {
         if plan.max_concurrent > 0 && self.in_flight.load(Ordering::Relaxed) >= plan.max_concurrent
         {
             return Err(LocalRefusal {
@@ -47,19 +53,22 @@ impl LocalEntry {
                 retry_after: Duration::from_secs(1),
             });
         }
-        if let Some(limiter) = &self.requests {
-            if let Err(not_until) = limiter.check() {
-                let wait = not_until.wait_time_from(governor::clock::Clock::now(
-                    &governor::clock::DefaultClock::default(),
-                ));
-                return Err(LocalRefusal {
-                    verdict: Verdict::Requests,
-                    retry_after: wait,
-                });
-            }
+        let full_until = self.requests_full_until_ms.load(Ordering::Relaxed);
+        if plan.rpm > 0 && full_until > now_ms {
+            return Err(LocalRefusal {
+                verdict: Verdict::Requests,
+                retry_after: Duration::from_millis(full_until - now_ms),
+            });
         }
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The global stage refused for requests: the window is full for
+    /// `retry_after_ms` from `now_ms`.
+    pub(crate) fn requests_full_for(&self, now_ms: u64, retry_after_ms: u64) {
+        self.requests_full_until_ms
+            .fetch_max(now_ms + retry_after_ms, Ordering::Relaxed);
     }
 
     pub(crate) fn release(&self) {
@@ -113,26 +122,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_per_minute_burst_is_the_whole_minute() {
+    fn a_full_request_window_refuses_with_its_reset_until_then() {
         let stage = LocalStage::default();
         let plan = Plan {
             rpm: 5,
             ..Plan::default()
         };
         let e = stage.entry(&"org".into(), "base", &plan);
-        for _ in 0..5 {
-            assert!(e.check(&plan, 1).is_ok());
+        // Nothing known: every request goes on to the global stage.
+        for _ in 0..10 {
+            assert!(e.check(&plan, 1_000).is_ok());
         }
-        let refusal = e.check(&plan, 1).unwrap_err();
+        e.requests_full_for(1_000, 59_000);
+        let refusal = e.check(&plan, 2_000).unwrap_err();
         assert_eq!(refusal.verdict, Verdict::Requests);
-        assert!(
-            refusal.retry_after > Duration::from_secs(5)
-                && refusal.retry_after <= Duration::from_secs(12)
+        assert_eq!(refusal.retry_after, Duration::from_millis(58_000));
+        // An older, shorter answer does not shorten the known reset.
+        e.requests_full_for(1_500, 1_000);
+        assert_eq!(
+            e.check(&plan, 59_000).unwrap_err().retry_after,
+            Duration::from_millis(1_000)
         );
-        // Another model has its own allowance.
+        assert!(e.check(&plan, 60_000).is_ok());
+        // Another model has its own window.
         assert!(stage
             .entry(&"org".into(), "base-mini", &plan)
-            .check(&plan, 1)
+            .check(&plan, 2_000)
             .is_ok());
     }
 
@@ -144,17 +159,17 @@ mod tests {
             ..Plan::default()
         };
         let e = stage.entry(&"org".into(), "base", &plan);
-        e.check(&plan, 1).unwrap();
-        e.check(&plan, 1).unwrap();
-        assert_eq!(e.check(&plan, 1).unwrap_err().verdict, Verdict::Concurrency);
+        e.check(&plan, 0).unwrap();
+        e.check(&plan, 0).unwrap();
+        assert_eq!(e.check(&plan, 0).unwrap_err().verdict, Verdict::Concurrency);
         e.release();
-        assert!(e.check(&plan, 1).is_ok());
+        assert!(e.check(&plan, 0).is_ok());
         e.release();
         e.release();
         e.release();
         assert_eq!(e.in_flight(), 0);
         // A plan change keeps the count.
-        e.check(&plan, 1).unwrap();
+        e.check(&plan, 0).unwrap();
         let changed = Plan { rpm: 3, ..plan };
         assert_eq!(stage.entry(&"org".into(), "base", &changed).in_flight(), 1);
     }

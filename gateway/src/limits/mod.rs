@@ -2,10 +2,11 @@
 //! minute (input plus output) and concurrent requests.
 //!
 //! Two stages:
-//! 1. [`local`]: `governor` and an in-flight counter in this process, a
-//!    cheap first filter sized at the plan's full allowance, so it never
-//!    refuses what the global stage would admit (one replica may
-//!    legitimately take everything).
+//! 1. [`local`]: what this process already knows: the request window's
+//!    reset from the global stage's last refusal, and an in-flight counter
+//!    sized at the plan's full allowance; so it never refuses what the
+//!    global stage would admit (one replica may legitimately take
+//!    everything), and its refusals carry the global stage's reset.
 //! 2. The global truth, a [`LimitStore`]: atomic Lua scripts in Redis
 //!    ([`redis_lua`]), one round trip to admit and one to settle, exact
 //!    across replicas; or, without Redis, the in-process [`memory`] store
@@ -283,7 +284,7 @@ impl Limiter {
 
         // Stage 1: this process.
         let local = self.local.entry(org, model.id, &plan);
-        if let Err(refusal) = local.check(&plan, tokens) {
+        if let Err(refusal) = local.check(&plan, self.now_ms()) {
             count_decision(model, LimitStage::Local, refusal.verdict);
             let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
             return (Err(refusal.into_error(tokens, &plan)), headers);
@@ -318,6 +319,9 @@ impl Limiter {
             }
         };
         count_decision(model, holder.stage(), admission.verdict);
+        if admission.verdict == Verdict::Requests {
+            local.requests_full_for(self.now_ms(), admission.retry_after_ms);
+        }
         let headers = headers::rate_limit_headers(&plan, &admission);
         let result = match admission.verdict {
             Verdict::Admitted => Ok(Reservation {
@@ -344,6 +348,26 @@ impl Limiter {
         (result, headers)
     }
 
+    /// The global stage did not answer, so the request runs on this
+    /// replica's limits; but Redis may still have applied the admission
+    /// (a reply lost in a stall). A settlement of nothing, retried until it
+    /// lands, frees whatever slot and tokens it may hold there.
+    fn release_lost_admission(global: &Arc<dyn LimitStore>, req: &AdmitRequest<'_>) {
+        let release = OwnedSettlement {
+            org: req.org.to_owned(),
+            model: req.model.to_owned(),
+            // No usage is recorded, so no key is named.
+            key_id: String::new(),
+            request_id: req.request_id.to_owned(),
+            reserved_tokens: if req.plan.tpm > 0 { req.tokens } else { 0 },
+            actual_tokens: 0,
+            usage: None,
+            cost_nano: 0,
+            day: crate::usage::utc_today().to_string(),
+        };
+        tokio::spawn(settle_until_applied(global.clone(), release));
+    }
+
     async fn ask_store(&self, req: &AdmitRequest<'_>) -> Result<(Admission, Holder), ApiError> {
         let Some(global) = &self.global else {
             return Ok((self.memory.admit_now(req), Holder::Memory));
@@ -353,6 +377,7 @@ impl Limiter {
                 Ok(a) => return Ok((a, Holder::Global)),
                 Err(e) => {
                     tracing::warn!("limiter store unreachable: {e:#}");
+                    Self::release_lost_admission(global, req);
                     self.global_down_until
                         .store(self.now_ms() + GLOBAL_RETRY_MS, Ordering::Relaxed);
                 }
@@ -382,12 +407,94 @@ impl Limiter {
 
     async fn settle(&self, s: &Settlement<'_>, holder: Holder) {
         let result = match (holder, &self.global) {
-            (Holder::Global, Some(g)) => g.settle(s).await,
+            (Holder::Global, Some(g)) => match g.settle(s).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // Settling is idempotent: retry until it lands, so a
+                    // store blip leaves no slot or tokens held.
+                    tracing::warn!(
+                        request_id = s.request_id,
+                        "settling limits failed, retrying in the background: {e:#}"
+                    );
+                    tokio::spawn(settle_until_applied(g.clone(), OwnedSettlement::of(s)));
+                    Ok(())
+                }
+            },
             _ => self.memory.settle(s).await,
         };
         if let Err(e) = result {
             // The in-flight entry's deadline and the window expire it anyway.
             tracing::warn!(request_id = s.request_id, "settling limits failed: {e:#}");
+        }
+    }
+}
+
+/// A [`Settlement`] that owns its strings, for a retry that outlives the
+/// request.
+struct OwnedSettlement {
+    org: String,
+    model: String,
+    key_id: String,
+    request_id: String,
+    reserved_tokens: u64,
+    actual_tokens: u64,
+    usage: Option<TokenUsage>,
+    cost_nano: i64,
+    day: String,
+}
+
+impl OwnedSettlement {
+    fn of(s: &Settlement<'_>) -> Self {
+        Self {
+            org: s.org.to_owned(),
+            model: s.model.to_owned(),
+            key_id: s.key_id.to_owned(),
+            request_id: s.request_id.to_owned(),
+            reserved_tokens: s.reserved_tokens,
+            actual_tokens: s.actual_tokens,
+            usage: s.usage,
+            cost_nano: s.cost_nano,
+            day: s.day.to_owned(),
+        }
+    }
+
+    fn borrow(&self) -> Settlement<'_> {
+        Settlement {
+            org: &self.org,
+            model: &self.model,
+            key_id: &self.key_id,
+            request_id: &self.request_id,
+            reserved_tokens: self.reserved_tokens,
+            actual_tokens: self.actual_tokens,
+            usage: self.usage,
+            cost_nano: self.cost_nano,
+            day: &self.day,
+        }
+    }
+}
+
+/// How long a failed settlement is retried: less than the window its
+/// settled marker lives, so a late retry can never apply twice.
+const SETTLE_RETRY_FOR: Duration = Duration::from_secs(50);
+
+/// Retries a settlement with backoff until the store applies it (or
+/// confirms an earlier attempt already did).
+async fn settle_until_applied(store: Arc<dyn LimitStore>, s: OwnedSettlement) {
+    let give_up = Instant::now() + SETTLE_RETRY_FOR;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(backoff).await;
+        match store.settle(&s.borrow()).await {
+            Ok(()) => return,
+            Err(e) if Instant::now() + backoff < give_up => {
+                tracing::debug!(request_id = %s.request_id, "settlement retry failed: {e:#}");
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                // The in-flight entry's deadline and the window expire it.
+                tracing::warn!(request_id = %s.request_id, "gave up settling limits: {e:#}");
+                return;
+            }
         }
     }
 }
@@ -706,6 +813,55 @@ mod tests {
         );
     }
 
+    /// Every 429 for one full window carries the same reset, whichever
+    /// stage answers it: the global stage's first, then the local stage's.
+    #[tokio::test]
+    async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
+        let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
+        let plan = Plan {
+            rpm: 3,
+            ..Plan::default()
+        };
+        let acc = account(plan);
+        let base = crate::catalog::find("base").unwrap();
+        for i in 0..3 {
+            let (r, _) = limiter
+                .admit_request(&acc, base, format!("r{i}"), 1, 1)
+                .await;
+            r.unwrap().settle(Outcome::NotRun).await;
+        }
+        let header =
+            |h: &[(&str, String)], k: &str| h.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        let mut waits = Vec::new();
+        for i in 3..6 {
+            let (r, headers) = limiter
+                .admit_request(&acc, base, format!("r{i}"), 1, 1)
+                .await;
+            let e = r.err().expect("refused");
+            assert_eq!(
+                (e.status, e.retry_after_secs),
+                (429, Some(60)),
+                "{headers:?}"
+            );
+            let ms: u64 = header(&headers, "retry-after-ms").unwrap().parse().unwrap();
+            assert!((58_000..=60_000).contains(&ms), "{headers:?}");
+            assert!(header(&headers, "x-ratelimit-reset-requests").is_some());
+            assert_eq!(
+                header(&headers, "x-ratelimit-remaining-requests").as_deref(),
+                Some("0")
+            );
+            waits.push(ms);
+        }
+        // One reset, counted down (the first refusal is the global stage's,
+        // the others the local stage's).
+        assert!(
+            waits
+                .windows(2)
+                .all(|w| w[0] >= w[1] && w[0] - w[1] < 1_000),
+            "{waits:?}"
+        );
+    }
+
     #[test]
     fn each_verdict_is_counted_under_its_own_decision_label() {
         use crate::metrics::LIMIT_DECISIONS;
@@ -922,7 +1078,7 @@ pub(crate) mod tests_shared {
         }
     }
 
-    fn settlement<'a>(
+    pub(crate) fn settlement<'a>(
         model: &'a str,
         rid: &'a str,
         reserved: u64,

@@ -10,6 +10,7 @@
 //! <prefix>rl:{<org>}:<model>:tok       zset  token log ("<request id>:<tokens>")
 //! <prefix>rl:{<org>}:<model>:toksum    string sum of the token log
 //! <prefix>rl:{<org>}:<model>:inflight  zset  in-flight requests by deadline
+//! <prefix>rl:{<org>}:<model>:settled:<request id>  string  settled marker (one window)
 //! <prefix>spend:{<org>}                string nano-dollars spent
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
@@ -34,6 +35,8 @@ struct LimitKeys {
     tok: String,
     toksum: String,
     inflight: String,
+    /// `<prefix>rl:{<org>}:<model>:settled:`, completed by the request id.
+    settled_stem: String,
     spend: String,
     /// `<prefix>usage:{<org>}:`, completed by the day.
     usage_stem: String,
@@ -78,6 +81,7 @@ impl RedisLimits {
             tok: self.window_key(org, model, "tok"),
             toksum: self.window_key(org, model, "toksum"),
             inflight: self.window_key(org, model, "inflight"),
+            settled_stem: self.window_key(org, model, "settled:"),
             spend: Self::spend_key(&self.redis, org),
             usage_stem: Self::usage_stem(&self.redis, org),
         });
@@ -162,10 +166,18 @@ impl LimitStore for RedisLimits {
         let k = self.keys(s.org, s.model);
         let usage_key = [k.usage_stem.as_str(), s.day].concat();
         let field_prefix = [s.key_id, "|", s.model, "|"].concat();
+        let settled = [k.settled_stem.as_str(), s.request_id].concat();
         let frame = || {
             Frame::evalsha(
                 &self.settle,
-                &[&k.tok, &k.toksum, &k.inflight, &k.spend, &usage_key],
+                &[
+                    &k.tok,
+                    &k.toksum,
+                    &k.inflight,
+                    &k.spend,
+                    &usage_key,
+                    &settled,
+                ],
                 &[
                     s.request_id.into(),
                     s.reserved_tokens.into(),
@@ -207,6 +219,23 @@ mod tests {
         let redis = test_redis();
         let store = RedisLimits::new(redis.clone());
         tests_shared::suite(&store).await;
+        // A retried settlement (its first reply lost) changes nothing.
+        let used = crate::limits::TokenUsage {
+            input: 100,
+            cached_input: 10,
+            output: 0,
+            reasoning: 5,
+        };
+        store
+            .settle(&tests_shared::settlement(
+                "base",
+                "r1",
+                300,
+                Some(used),
+                777,
+            ))
+            .await
+            .unwrap();
         store.flush().await;
         // Usage and spend landed in the org's keys.
         let mut conn = redis.conn().await.unwrap();

@@ -5,10 +5,18 @@
 --
 -- KEYS[1] token log   KEYS[2] token sum   KEYS[3] in flight
 -- KEYS[4] org spend   KEYS[5] usage hash of the day
+-- KEYS[6] this request's settled marker
 -- ARGV: request id, reserved tokens (0 = not tracked), actual tokens,
 --       window ms, usage field prefix ("<key id>|<model>|"),
 --       requests, input, cached input, output, reasoning, cost nano,
 --       usage ttl seconds
+--
+-- Idempotent: a settlement whose reply was lost is retried, and a retry of
+-- one that landed finds the marker and changes nothing (returns 0).
+
+if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', ARGV[4]) then
+  return 0
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

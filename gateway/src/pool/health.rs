@@ -12,8 +12,10 @@ use tonic_health::pb::HealthCheckRequest;
 
 pub const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
 
-/// Checks one worker and records the outcome on it.
-pub async fn check(endpoint: &WorkerEndpoint) {
+/// Checks one worker and records the outcome on it. `grpc.health.v1` is
+/// open on a worker (a kubelet probe cannot authenticate); `Info` carries
+/// the worker token.
+pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
     let health = async {
         let mut client = HealthClient::new(endpoint.probe_channel());
         let reply = client
@@ -25,8 +27,14 @@ pub async fn check(endpoint: &WorkerEndpoint) {
         Some(reply.into_inner().status == ServingStatus::Serving as i32)
     };
     let info = async {
+        let mut request = tonic::Request::new(pb::InfoRequest {});
+        if let Some(value) = auth {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
         let reply = pb::worker_client::WorkerClient::new(endpoint.probe_channel())
-            .info(pb::InfoRequest {})
+            .info(request)
             .await
             .ok()?;
         let info = reply.into_inner();

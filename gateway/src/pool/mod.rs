@@ -42,6 +42,20 @@ pub struct PoolSpec {
     pub policy: Policy,
 }
 
+/// The `authorization` metadata every call to a worker carries when the
+/// workers require a shared token (`GATEWAY_WORKER_TOKEN`).
+pub type WorkerAuth = Option<MetadataValue<tonic::metadata::Ascii>>;
+
+/// `Bearer <token>` as gRPC metadata; `None` without a token.
+pub fn worker_auth(token: Option<&str>) -> anyhow::Result<WorkerAuth> {
+    token
+        .map(|t| {
+            MetadataValue::try_from(format!("Bearer {t}"))
+                .map_err(|_| anyhow::anyhow!("the worker token must be printable ASCII"))
+        })
+        .transpose()
+}
+
 /// All pools, by model id.
 pub struct Pools {
     by_model: HashMap<String, Arc<WorkerPool>>,
@@ -50,7 +64,10 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn new(specs: impl IntoIterator<Item = PoolSpec>) -> anyhow::Result<Self> {
+    pub fn new(
+        specs: impl IntoIterator<Item = PoolSpec>,
+        auth: WorkerAuth,
+    ) -> anyhow::Result<Self> {
         let specs: Vec<PoolSpec> = specs.into_iter().collect();
         let mut parsed = Vec::with_capacity(specs.len());
         for spec in &specs {
@@ -75,6 +92,7 @@ impl Pools {
             let pool = WorkerPool {
                 model: spec.model.clone(),
                 policy: spec.policy,
+                auth: auth.clone(),
                 endpoints: RwLock::new(Arc::new(Vec::new())),
                 targets,
             };
@@ -122,6 +140,8 @@ impl Pools {
 pub struct WorkerPool {
     model: String,
     policy: Policy,
+    /// Sent on every call to this pool's workers, health checks included.
+    auth: WorkerAuth,
     targets: Vec<Target>,
     /// Replaced as a whole when membership changes; readers take a snapshot.
     endpoints: RwLock<Arc<Vec<Arc<WorkerEndpoint>>>>,
@@ -208,7 +228,7 @@ impl WorkerPool {
 
     async fn check_all(&self) {
         let endpoints = self.snapshot();
-        futures::future::join_all(endpoints.iter().map(|e| health::check(e))).await;
+        futures::future::join_all(endpoints.iter().map(|e| health::check(e, &self.auth))).await;
         let (mut load, mut capacity) = (0u64, 0u64);
         for e in endpoints.iter() {
             let (running, queued, cap) = e.reported_load();
@@ -255,7 +275,7 @@ impl WorkerPool {
         request: pb::GenerateRequest,
         trace: &TraceParent,
     ) -> Result<WorkerCall, ApiError> {
-        let metadata = call_metadata(&request, trace);
+        let metadata = call_metadata(&request, trace, &self.auth);
         let endpoints = self.snapshot();
         let key = select::affinity_key(&request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
@@ -342,8 +362,15 @@ impl WorkerPool {
 /// gRPC metadata of a `Generate` call: the W3C trace context and the
 /// request id. A request id that is not a valid metadata value (it never
 /// is: the gateway makes them) is left out rather than failing the call.
-fn call_metadata(request: &pb::GenerateRequest, trace: &TraceParent) -> MetadataMap {
-    let mut metadata = MetadataMap::with_capacity(2);
+fn call_metadata(
+    request: &pb::GenerateRequest,
+    trace: &TraceParent,
+    auth: &WorkerAuth,
+) -> MetadataMap {
+    let mut metadata = MetadataMap::with_capacity(3);
+    if let Some(value) = auth {
+        metadata.insert("authorization", value.clone());
+    }
     if let Ok(value) = MetadataValue::try_from(trace.to_header()) {
         metadata.insert(telemetry::TRACEPARENT, value);
     }
@@ -456,13 +483,22 @@ mod tests {
     }
 
     #[test]
-    fn calls_carry_traceparent_and_request_id() {
+    fn calls_carry_traceparent_request_id_and_the_worker_token() {
         let trace = TraceParent::new_root();
         let request = pb::GenerateRequest {
             request_id: "req_abc".into(),
             ..Default::default()
         };
-        let metadata = call_metadata(&request, &trace);
+        assert!(call_metadata(&request, &trace, &None)
+            .get("authorization")
+            .is_none());
+        let auth = worker_auth(Some("s3cret")).unwrap();
+        let metadata = call_metadata(&request, &trace, &auth);
+        assert_eq!(
+            metadata.get("authorization").and_then(|v| v.to_str().ok()),
+            Some("Bearer s3cret")
+        );
+        assert!(worker_auth(Some("bad\ntoken")).is_err());
         let sent = metadata
             .get(telemetry::TRACEPARENT)
             .and_then(|v| v.to_str().ok())
@@ -478,11 +514,14 @@ mod tests {
 
     #[test]
     fn membership_changes_keep_surviving_workers() {
-        let pools = Pools::new([PoolSpec {
-            model: "base".into(),
-            workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
-            policy: Policy::LeastLoaded,
-        }])
+        let pools = Pools::new(
+            [PoolSpec {
+                model: "base".into(),
+                workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+                policy: Policy::LeastLoaded,
+            }],
+            None,
+        )
         .unwrap();
         let pool = pools.get("base").unwrap();
         let kept = pool.snapshot()[0].clone();

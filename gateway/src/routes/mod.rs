@@ -58,10 +58,13 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                 ex.route = "responses.retrieve";
                 allow(&method, Method::GET, &path)?;
             }
-            let principal = authorize(app, ex, Scope::ResponsesRead)
-                .await?
-                .principal
-                .clone();
+            // Deleting destroys data: a read-only key may not.
+            let scope = if method == Method::DELETE {
+                Scope::ResponsesWrite
+            } else {
+                Scope::ResponsesRead
+            };
+            let principal = authorize(app, ex, scope).await?.principal.clone();
             let id = id.to_string();
             if method == Method::DELETE {
                 let route = Box::pin(responses::delete(app, ex, principal, &id));
@@ -74,7 +77,8 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         ["v1", "responses", id, "cancel"] => {
             ex.route = "responses.cancel";
             allow(&method, Method::POST, &path)?;
-            let principal = authorize(app, ex, Scope::ResponsesRead)
+            // Cancelling ends a run: a write.
+            let principal = authorize(app, ex, Scope::ResponsesWrite)
                 .await?
                 .principal
                 .clone();

@@ -121,6 +121,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             reservation,
             timeout: app.request_timeout(),
             output_seen: 0,
+            store_lost: false,
         };
         tokio::spawn(run.drive());
         if plan.stream {
@@ -465,6 +466,9 @@ async fn follow(
     }
     METRICS.open_streams.inc();
     let mut status_was_terminal = false;
+    // The sequence number an in-band error event takes: after the last
+    // event this follower wrote.
+    let mut next_seq = after.map_or(0, |n| n + 1);
     loop {
         let batch = tokio::select! {
             batch = follower.next_batch(FOLLOW_WAIT) => batch,
@@ -486,7 +490,7 @@ async fn follow(
                         // Deleted (or expired) under the follower: it would
                         // never see a terminal event, so say why it ends.
                         let mut out = BytesMut::new();
-                        error_event(&mut out, &not_found(id));
+                        error_event(&mut out, &not_found(id), next_seq);
                         let _ = ex.write_chunk(out.freeze()).await;
                         ex.status = 404;
                         break;
@@ -499,6 +503,7 @@ async fn follow(
                 let mut done = false;
                 for f in &frames {
                     f.write_sse(&mut out);
+                    next_seq = f.seq + 1;
                     if f.is_terminal() {
                         done = true;
                         break;
@@ -514,7 +519,7 @@ async fn follow(
             }
             Err(e) => {
                 let mut out = BytesMut::new();
-                error_event(&mut out, &e);
+                error_event(&mut out, &e, next_seq);
                 let _ = ex.write_chunk(out.freeze()).await;
                 ex.status = e.status;
                 break;
@@ -526,17 +531,21 @@ async fn follow(
     Ok(())
 }
 
-/// `event: error` with `{type:"error", code, message, param, sequence_number}`.
-fn error_event(out: &mut BytesMut, e: &ApiError) {
+/// `event: error` with `{type:"error", code, message, param, status,
+/// sequence_number}`: the HTTP status travels in the body, as on every
+/// streamed failure (spec 6.1 rule 5), and the sequence number continues
+/// the stream's.
+fn error_event(out: &mut BytesMut, e: &ApiError, seq: u64) {
     let data = serde_json::json!({
         "type": "error",
         "code": e.code,
         "message": e.message,
         "param": e.param,
-        "sequence_number": 0,
+        "status": e.status,
+        "sequence_number": seq,
     });
     Frame {
-        seq: 0,
+        seq,
         name: "error".into(),
         data: data.to_string(),
     }

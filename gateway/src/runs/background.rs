@@ -22,6 +22,10 @@ use std::time::Duration;
 /// Most events folded into one store write.
 const MAX_BATCH: usize = 256;
 
+/// First and longest pause between retries of a failed store write.
+const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(1);
+
 pub struct BackgroundRun {
     pub runs: Arc<Runs>,
     pub pools: Arc<Pools>,
@@ -37,6 +41,9 @@ pub struct BackgroundRun {
     pub timeout: Duration,
     /// Output events relayed so far (billed if the run is abandoned).
     pub output_seen: u64,
+    /// The store kept failing and the owner gave up: its lease is kept, not
+    /// released, so that once it expires a sweeper fails the run.
+    pub store_lost: bool,
 }
 
 /// How the owner's part of a run ended, for settling its limits.
@@ -53,6 +60,8 @@ enum RunEnd {
 enum Stop {
     /// Cancelled, failed by a sweeper, or deleted: someone else ended it.
     Preempted,
+    /// The store failed for longer than a lease.
+    StoreLost,
 }
 
 impl BackgroundRun {
@@ -66,6 +75,7 @@ impl BackgroundRun {
             ownership,
             mut reservation,
             output_seen,
+            store_lost,
             ..
         } = self;
         reservation.observe_output(output_seen);
@@ -77,7 +87,15 @@ impl BackgroundRun {
             RunEnd::NotRun => reservation.settle(Outcome::NotRun).await,
             RunEnd::Abandoned => reservation.settle(Outcome::Abandoned).await,
         }
-        ownership.release().await;
+        if store_lost {
+            // No terminal status could be written: dropping the ownership
+            // stops the heartbeat, and the lease left in the store expires
+            // into a sweep that fails the run.
+            tracing::warn!(response_id = %id, "the store failed for a whole lease; the run is left to the sweeper");
+            drop(ownership);
+        } else {
+            ownership.release().await;
+        }
     }
 
     async fn run(&mut self, id: &str) -> RunEnd {
@@ -208,10 +226,12 @@ impl BackgroundRun {
         let _ = self.write(id, Some(&object), frames).await;
     }
 
-    /// Writes a batch. A store failure is retried briefly: giving up means
-    /// the lease will expire and a sweeper will fail the run.
+    /// Writes a batch. A store failure is retried (writes are idempotent,
+    /// so a retry of a write that landed is success) for up to one lease,
+    /// while the heartbeat keeps the lease alive; then the owner gives up
+    /// and leaves the run to the sweeper (`store_lost`).
     async fn write(
-        &self,
+        &mut self,
         id: &str,
         object: Option<&crate::api::responses::ResponseObject>,
         frames: &mut Vec<Frame>,
@@ -219,7 +239,8 @@ impl BackgroundRun {
         if frames.is_empty() && object.is_none() {
             return Ok(());
         }
-        let mut attempt = 0;
+        let give_up = tokio::time::Instant::now() + self.runs.lease;
+        let mut backoff = WRITE_RETRY_FIRST;
         loop {
             match self.runs.store.write(id, object, frames).await {
                 Ok(WriteOutcome::Written) => {
@@ -227,12 +248,15 @@ impl BackgroundRun {
                     return Ok(());
                 }
                 Ok(_) => return Err(Stop::Preempted),
-                Err(e) if attempt < 3 => {
-                    attempt += 1;
+                Err(e) if tokio::time::Instant::now() + backoff < give_up => {
                     tracing::warn!(response_id = %id, "store write failed, retrying: {}", e.message);
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(WRITE_RETRY_MAX);
                 }
-                Err(_) => return Err(Stop::Preempted),
+                Err(_) => {
+                    self.store_lost = true;
+                    return Err(Stop::StoreLost);
+                }
             }
         }
     }

@@ -143,6 +143,18 @@ impl ResponseStore for MemoryStore {
         let Some(entry) = state.live(id) else {
             return Ok(WriteOutcome::Gone);
         };
+        // A retried write that already landed is success (see the Redis
+        // store's WRITE script).
+        let landed = match events.last() {
+            Some(last) => entry
+                .events
+                .binary_search_by_key(&last.seq, |f| f.seq)
+                .is_ok_and(|i| entry.events[i] == *last),
+            None => object.is_some_and(|o| *o == entry.object),
+        };
+        if landed {
+            return Ok(WriteOutcome::Written);
+        }
         if entry.object.is_terminal() {
             return Ok(WriteOutcome::AlreadyTerminal);
         }

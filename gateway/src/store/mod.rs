@@ -278,6 +278,12 @@ pub mod suite {
             store.write(&id, None, &more).await.unwrap(),
             WriteOutcome::Written
         );
+        // A retry of a write that landed (its reply was lost) is success
+        // and appends nothing twice.
+        assert_eq!(
+            store.write(&id, None, &more).await.unwrap(),
+            WriteOutcome::Written
+        );
         let all = store.read_events(&id, None, 100).await.unwrap();
         assert_eq!(all.iter().map(|f| f.seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!(all[0], first[0]);
@@ -286,6 +292,14 @@ pub mod suite {
         assert_eq!(store.read_events(&id, Some(0), 1).await.unwrap().len(), 1);
 
         obj.status = "completed".into();
+        assert_eq!(
+            store
+                .write(&id, Some(&obj), &[ev(4, "response.completed")])
+                .await
+                .unwrap(),
+            WriteOutcome::Written
+        );
+        // The owner's retry of its own terminal write is success too.
         assert_eq!(
             store
                 .write(&id, Some(&obj), &[ev(4, "response.completed")])

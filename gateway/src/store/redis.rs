@@ -34,11 +34,23 @@ use std::time::Duration;
 /// The owner's write: object (optional) and events, unless terminal or gone.
 /// KEYS: hash, events. ARGV: obj JSON or "", status, then seq/name/data triples.
 /// Returns 0 written, 1 already terminal, -1 gone.
+///
+/// Idempotent: a write whose reply was lost (a client timeout while Redis
+/// applied it) is retried by the owner, and the retry finds its own last
+/// event (same id, same payload) already in the log, or, for an object
+/// alone, the same object already stored: that is success, not a conflict.
 static WRITE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return -1 end
+if #ARGV >= 5 then
+  local n = #ARGV - 2
+  local landed = redis.call('XRANGE', KEYS[2], '0-' .. (tonumber(ARGV[n]) + 1), '0-' .. (tonumber(ARGV[n]) + 1))
+  if #landed > 0 and landed[1][2][4] == ARGV[n + 2] then return 0 end
+elseif ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then
+  return 0
+end
 if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2]) end
 if #ARGV >= 5 then

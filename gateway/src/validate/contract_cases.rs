@@ -859,6 +859,29 @@ pub fn responses_cases() -> Vec<Case> {
             resp(&format!(r#""metadata":{{"a":"{}"}}"#, "x".repeat(513))),
             "metadata.a",
         ),
+        missing(
+            "flat function tool without parameters",
+            resp(r#""tools":[{"type":"function","name":"f"}]"#),
+            "tools.0.parameters",
+        ),
+        iv(
+            "include with an unknown value",
+            resp(r#""include":["reasoning.encrypted_content","x"]"#),
+            "include.1",
+        ),
+        bad(
+            "include asks for log probabilities",
+            resp(r#""include":["message.output_text.logprobs"]"#),
+            "unsupported_value",
+            Some("include.0"),
+        ),
+        bad(
+            "truncation auto (input is never truncated)",
+            resp(r#""truncation":"auto""#),
+            "unsupported_value",
+            Some("truncation"),
+        ),
+        ok("truncation disabled", resp(r#""truncation":"disabled""#)),
         ok(
             "Codex-style request",
             resp_on(

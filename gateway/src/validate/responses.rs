@@ -136,14 +136,25 @@ pub fn validate(req: &CreateResponseRequest) -> Result<ResponsePlan, ApiError> {
             ));
         }
     }
-    if let Some(t) = &req.truncation {
-        if t != "auto" && t != "disabled" {
+    match req.truncation.as_deref() {
+        None | Some("disabled") => {}
+        // The spec: an over-length request is rejected, earlier items are
+        // never dropped to make it fit.
+        Some("auto") => {
+            return Err(ApiError::unsupported_value(
+                "truncation",
+                "'truncation': 'auto' is not supported: input is never truncated to fit the \
+                 context window; an over-length request is refused. Send 'disabled' or omit it.",
+            ))
+        }
+        Some(_) => {
             return Err(ApiError::invalid_value(
                 "truncation",
                 "'truncation' must be 'auto' or 'disabled'.",
-            ));
+            ))
         }
     }
+    check_include(req.include.as_deref().unwrap_or_default())?;
     if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
         return Err(ApiError::invalid_value(
             "prompt",
@@ -315,6 +326,40 @@ fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
     }
 }
 
+/// `include` values that cannot change a reply here: they add data to
+/// output items this service never produces (hosted tools, input images,
+/// encrypted reasoning, which the Codex CLI asks for with `store: false`).
+const INCLUDE_NO_EFFECT: [&str; 7] = [
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+];
+
+/// Every `include` entry is a value the API defines; one that would change
+/// the reply but cannot be honoured (log probabilities) is refused.
+fn check_include(include: &[String]) -> Result<(), ApiError> {
+    for (i, value) in include.iter().enumerate() {
+        let param = format!("include.{i}");
+        if value == "message.output_text.logprobs" {
+            return Err(ApiError::unsupported_value(
+                param,
+                "'include': 'message.output_text.logprobs' is not supported.",
+            ));
+        }
+        if !INCLUDE_NO_EFFECT.contains(&value.as_str()) {
+            return Err(ApiError::invalid_value(
+                param,
+                format!("'include' has an unknown value '{value}'."),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_tools(req: &CreateResponseRequest) -> Result<Vec<FlatTool>, ApiError> {
     let mut out = Vec::new();
     for (i, t) in req.tools.as_deref().unwrap_or_default().iter().enumerate() {
@@ -342,6 +387,11 @@ fn check_tools(req: &CreateResponseRequest) -> Result<Vec<FlatTool>, ApiError> {
             strict,
         })?;
         let name = name.ok_or_else(|| ApiError::missing_parameter(format!("{prefix}.name")))?;
+        // The flat shape requires `parameters` (spec 2.6); the nested chat
+        // shape keeps it optional (spec 2.2).
+        if t.function.is_none() && parameters.is_none() {
+            return Err(ApiError::missing_parameter(format!("{prefix}.parameters")));
+        }
         out.push(FlatTool {
             name,
             description,

@@ -1,4 +1,12 @@
-//! The engine seam: a prepared request in, a stream of `GenerateEvent`s out.
+//! The engine seams. Two kinds:
+//!
+//! - [`sequence::SequenceEngine`] (real models, e.g. [`llama`]): tokens in,
+//!   tokens out; the shared [`crate::pipeline`] does the rest. A new engine
+//!   is one file implementing it.
+//! - [`Engine`] below, the whole-reply seam kept by the SIMULATED
+//!   [`synthetic`] engine (its plans and test controls are whole replies).
+//!
+//! The whole-reply seam: a prepared request in, a stream of `GenerateEvent`s out.
 //!
 //! The service does everything engine-independent (tokenizing, the context
 //! check, admission, the prefix cache, counters); an engine only decides what
@@ -6,8 +14,11 @@
 //! engine cannot serve fails with a plain status; `run` then streams.
 
 pub mod controls;
+#[cfg(feature = "llama")]
+pub mod llama;
 pub mod rng;
 pub mod schema_gen;
+pub mod sequence;
 pub mod synthetic;
 
 use crate::model::ModelProfile;

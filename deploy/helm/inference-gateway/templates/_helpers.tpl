@@ -1,0 +1,163 @@
+{{/* Prefix of every object name: fullnameOverride, else the release name. */}}
+{{- define "ig.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ig.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ig.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Common labels; call with (dict "root" $ "component" "gateway"). */}}
+{{- define "ig.labels" -}}
+helm.sh/chart: {{ include "ig.chart" .root }}
+{{ include "ig.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: inference-gateway
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "ig.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ig.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- with .model }}
+inference-gateway.io/model: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference: (dict "image" .Values.image "root" $ "suffix" "-cuda"). Digest wins over tag. */}}
+{{- define "ig.image" -}}
+{{- $tag := default .root.Chart.AppVersion .image.tag -}}
+{{- if eq $tag "latest" -}}{{- fail "image tag 'latest' is not allowed: pin a version (or a digest)" -}}{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s%s" .image.repository $tag (default "" .suffix) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ig.namespace" -}}{{ .Release.Namespace }}{{- end -}}
+
+{{- define "ig.gatewayName" -}}{{ include "ig.fullname" . }}-gateway{{- end -}}
+{{- define "ig.redisName" -}}{{ include "ig.fullname" . }}-redis{{- end -}}
+{{- define "ig.workerName" -}}{{ include "ig.fullname" .root }}-worker-{{ .model }}{{- end -}}
+
+{{/* Secret names (existing ones win). */}}
+{{- define "ig.redisSecretName" -}}
+{{- if .Values.redis.enabled -}}
+{{- default (printf "%s-redis" (include "ig.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- else -}}
+{{- default (printf "%s-redis" (include "ig.fullname" .)) .Values.externalRedis.existingSecret -}}
+{{- end -}}
+{{- end -}}
+{{- define "ig.redisSecretKey" -}}
+{{- if .Values.redis.enabled -}}{{ .Values.redis.auth.existingSecretPasswordKey }}{{- else -}}{{ .Values.externalRedis.existingSecretPasswordKey }}{{- end -}}
+{{- end -}}
+{{- define "ig.workerAuthSecretName" -}}
+{{- default (printf "%s-worker-auth" (include "ig.fullname" .)) .Values.workerAuth.existingSecret -}}
+{{- end -}}
+{{- define "ig.bootstrapSecretName" -}}
+{{- default (printf "%s-bootstrap" (include "ig.fullname" .)) .Values.bootstrap.existingSecret -}}
+{{- end -}}
+
+{{/* Whether a password is in use for Redis. */}}
+{{- define "ig.redisAuth" -}}
+{{- if .Values.redis.enabled -}}{{ .Values.redis.auth.enabled }}{{- else if or .Values.externalRedis.existingSecret .Values.externalRedis.password -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{/* GATEWAY_REDIS_URL, with $(REDIS_PASSWORD) expanded by the kubelet from the env var defined before it. */}}
+{{- define "ig.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" .Values.redis.auth.enabled -}}
+{{- printf "redis://%s%s.%s.svc:%d/0" $auth (include "ig.redisName" .) .Release.Namespace (int .Values.redis.port) -}}
+{{- else -}}
+{{- $e := .Values.externalRedis -}}
+{{- $scheme := ternary "rediss" "redis" $e.tls -}}
+{{- $auth := "" -}}
+{{- if eq (include "ig.redisAuth" .) "true" -}}{{- $auth = printf "%s:$(REDIS_PASSWORD)@" (default "" $e.username) -}}{{- end -}}
+{{- printf "%s://%s%s:%d/%d" $scheme $auth $e.host (int $e.port) (int $e.db) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* env entries that give a container GATEWAY_REDIS_URL. */}}
+{{- define "ig.redisEnv" -}}
+{{- if eq (include "ig.redisAuth" .) "true" }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ig.redisSecretName" . }}
+      key: {{ include "ig.redisSecretKey" . }}
+{{- end }}
+- name: GATEWAY_REDIS_URL
+  value: {{ include "ig.redisUrl" . | quote }}
+- name: GATEWAY_KEY_PREFIX
+  value: {{ .Values.gateway.config.store.keyPrefix | quote }}
+{{- end -}}
+
+{{/* A generated secret value that survives upgrades: (dict "root" $ "name" N "key" K "length" L). */}}
+{{- define "ig.persistentSecret" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- if and $existing (hasKey $existing.data .key) -}}
+{{- index $existing.data .key | b64dec -}}
+{{- else -}}
+{{- randAlphaNum (int .length) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Container securityContext shared by every container of the chart. */}}
+{{- define "ig.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* topologySpreadConstraints over zones and nodes: (dict "root" $ "labels" (selector labels string) "spread" values). */}}
+{{- define "ig.topologySpread" -}}
+{{- if .spread.enabled }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: {{ .spread.zone }}
+    labelSelector:
+      matchLabels:
+        {{- .labels | nindent 8 }}
+    matchLabelKeys: ["pod-template-hash"]
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: {{ .spread.hostname }}
+    labelSelector:
+      matchLabels:
+        {{- .labels | nindent 8 }}
+    matchLabelKeys: ["pod-template-hash"]
+{{- end }}
+{{- end -}}
+
+{{/* One model's worker settings: workerDefaults deep-merged under the model entry. */}}
+{{- define "ig.workerValues" -}}
+{{- $d := deepCopy .root.Values.workerDefaults -}}
+{{- include "ig.deepMerge" (dict "dst" $d "src" (deepCopy .model)) -}}
+{{- toYaml $d -}}
+{{- end -}}
+
+{{/* Deep merge of src into dst (src wins, false and 0 included; lists replace). Mutates dst. */}}
+{{- define "ig.deepMerge" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if and (kindIs "map" $v) (hasKey $dst $k) (kindIs "map" (index $dst $k)) -}}
+{{- include "ig.deepMerge" (dict "dst" (index $dst $k) "src" $v) -}}
+{{- else -}}
+{{- $_ := set $dst $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

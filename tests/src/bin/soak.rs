@@ -1,0 +1,391 @@
+//! `soak`: mixed traffic at a fixed rate for a long time, with a network
+//! fault every interval, then an audit of what is stored.
+//!
+//! It starts a gateway on Redis and three synthetic `base` workers, each
+//! behind a [`FaultProxy`] (and one in front of Redis), and sends chat
+//! completions (streaming and not), stored responses, background runs and
+//! cancels of running ones. Every `--fault-every` seconds the next fault of
+//! a fixed rotation hits a link (Redis stall and partition, a worker link
+//! partitioned, slowed or refusing, every connection dropped) and heals.
+//! At the end it waits one lease plus sweeps and reports the answers by
+//! kind and status, and every background run that is not terminal (the
+//! figure that must be zero) or whose event log does not end in exactly
+//! one terminal event.
+//!
+//! ```text
+//! cargo run --release -p tests --bin soak -- --minutes 30 --rate 500
+//! ```
+//! Loopback only; bounded in time and count.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use harness::{FaultProxy, Gateway, GatewayOpts, RedisScope, WorkerOpts};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "Mixed traffic with a network fault every interval; audits stored runs")]
+struct Args {
+    /// How long to send traffic.
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Requests per second, all kinds together.
+    #[arg(long, default_value_t = 500)]
+    rate: u64,
+    /// Seconds between faults.
+    #[arg(long, default_value_t = 60)]
+    fault_every: u64,
+    /// Most requests in flight; beyond it a tick's request is skipped (and counted).
+    #[arg(long, default_value_t = 4000)]
+    max_in_flight: usize,
+}
+
+const LEASES: &str =
+    "[store]\nlease_millis = 3000\nheartbeat_millis = 500\nsweep_interval_millis = 500\n";
+
+/// Answers by (kind, outcome).
+type Tally = Arc<Mutex<BTreeMap<(&'static str, String), u64>>>;
+
+fn count(tally: &Tally, kind: &'static str, outcome: impl Into<String>) {
+    if let Ok(mut t) = tally.lock() {
+        *t.entry((kind, outcome.into())).or_default() += 1;
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let scope = RedisScope::new().context("the Redis on TEST_REDIS_URL or 127.0.0.1:6379")?;
+    let redis_proxy = FaultProxy::start(scope.addr()?)?;
+    let opts = WorkerOpts::paced(0, 2000);
+    let workers = harness::start_workers("base", &[opts.clone(), opts.clone(), opts]);
+    let worker_proxies: Vec<FaultProxy> = workers
+        .iter()
+        .map(|w| FaultProxy::start(w.addr().parse()?))
+        .collect::<Result<_>>()?;
+    let mut opts = GatewayOpts {
+        redis: Some((redis_proxy.redis_url(), scope.prefix().to_string())),
+        extra_toml: LEASES.into(),
+        ..GatewayOpts::default()
+    };
+    opts.workers.insert(
+        "base".into(),
+        worker_proxies
+            .iter()
+            .map(|p| p.addr().to_string())
+            .collect(),
+    );
+    let gateway = Gateway::start(opts)?;
+    let client = gateway.client();
+    let tally: Tally = Arc::default();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
+
+    println!(
+        "soak: {} min at {} req/s, a fault every {} s (load average at start: {})",
+        args.minutes,
+        args.rate,
+        args.fault_every,
+        load_average()
+    );
+    let started = Instant::now();
+    let duration = Duration::from_secs_f64(args.minutes * 60.0);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut next_fault = started + Duration::from_secs(args.fault_every);
+    let mut faults = 0usize;
+    let mut n: u64 = 0;
+    while started.elapsed() < duration {
+        tick.tick().await;
+        if Instant::now() >= next_fault {
+            inject(faults, &redis_proxy, &worker_proxies);
+            faults += 1;
+            next_fault += Duration::from_secs(args.fault_every);
+        }
+        n += 1;
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            count(&tally, "skipped", "max in flight");
+            continue;
+        };
+        let (client, tally, runs) = (client.clone(), tally.clone(), runs.clone());
+        tokio::spawn(async move {
+            one_request(n, &client, &tally, &runs).await;
+            drop(permit);
+        });
+    }
+    println!("traffic done after {n} requests, {faults} faults; healing and waiting");
+    redis_proxy.heal();
+    for p in &worker_proxies {
+        p.heal();
+    }
+    // Requests still running, then a lease and a few sweeps.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(120),
+        in_flight.acquire_many(args.max_in_flight as u32),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    let ids = runs.lock().map(|r| r.clone()).unwrap_or_default();
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stranded = Vec::new();
+    for id in &ids {
+        let r = client.get(&format!("/responses/{id}")).await?;
+        let status = if r.status == 200 {
+            r.json()["status"].as_str().unwrap_or("?").to_string()
+        } else {
+            format!("http {}", r.status)
+        };
+        if matches!(status.as_str(), "queued" | "in_progress") {
+            stranded.push(id.clone());
+        }
+        *by_status.entry(status).or_default() += 1;
+    }
+    let bad_logs = audit_logs(&scope, &ids)?;
+
+    println!("\nanswers by kind and outcome:");
+    if let Ok(t) = tally.lock() {
+        for ((kind, outcome), n) in t.iter() {
+            println!("  {kind:<12} {outcome:<28} {n}");
+        }
+    }
+    println!("\nbackground runs by final status ({} runs):", ids.len());
+    for (s, n) in &by_status {
+        println!("  {s:<12} {n}");
+    }
+    println!("event logs not ending in exactly one terminal event: {bad_logs}");
+    println!("non-terminal runs at the end: {}", stranded.len());
+    for id in stranded.iter().take(10) {
+        println!("  {}", describe(&scope, &client, id).await);
+    }
+    println!("load average at end: {}", load_average());
+    if !stranded.is_empty() || bad_logs > 0 {
+        anyhow::bail!("stranded runs or bad event logs");
+    }
+    Ok(())
+}
+
+/// The fault rotation; each heals itself after a while.
+fn inject(i: usize, redis: &FaultProxy, workers: &[FaultProxy]) {
+    let at = chrono_like_now();
+    match i % 6 {
+        0 => {
+            println!("[{at}] fault: Redis stall 1 s");
+            redis.stall(Duration::from_secs(1));
+        }
+        1 => {
+            println!("[{at}] fault: Redis partition 5 s");
+            redis.partition();
+            heal_later(redis, Duration::from_secs(5));
+        }
+        2 => {
+            println!("[{at}] fault: worker 0 link partition 10 s");
+            workers[0].partition();
+            heal_later(&workers[0], Duration::from_secs(10));
+        }
+        3 => {
+            println!("[{at}] fault: worker 1 link +50 ms for 20 s");
+            workers[1].set_latency(Duration::from_millis(50));
+            heal_later(&workers[1], Duration::from_secs(20));
+        }
+        4 => {
+            println!("[{at}] fault: worker 2 refuses new connections and drops its own for 10 s");
+            workers[2].refuse(true);
+            workers[2].drop_connections();
+            heal_later(&workers[2], Duration::from_secs(10));
+        }
+        _ => {
+            println!("[{at}] fault: every Redis connection dropped");
+            redis.drop_connections();
+        }
+    }
+}
+
+/// Heals `proxy` after `after` (the proxy handle is shared by address: a
+/// clone of its control channel).
+fn heal_later(proxy: &FaultProxy, after: Duration) {
+    let healer = proxy.healer();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        healer();
+    });
+}
+
+fn chrono_like_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "{:02}:{:02}:{:02}Z",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// One request of the mix, chosen by its number.
+async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mutex<Vec<String>>) {
+    match n % 20 {
+        // 45%: chat, half of it streaming.
+        0..=8 => {
+            let stream = n.is_multiple_of(2);
+            let body = json!({"model": "base", "stream": stream,
+                "messages": [{"role": "user", "content": "synthetic:reply_tokens=20 soak"}]});
+            if stream {
+                match client.stream("/chat/completions", &body).await {
+                    Ok(s) if s.status == 200 => match s.collect().await {
+                        Ok(frames) => {
+                            let outcome = if frames.iter().any(|f| f.data.contains("\"error\"")) {
+                                "200 in-band error"
+                            } else if frames.last().is_some_and(|f| f.is_done()) {
+                                "200 complete"
+                            } else {
+                                "200 cut short"
+                            };
+                            count(tally, "chat-stream", outcome);
+                        }
+                        Err(_) => count(tally, "chat-stream", "read error"),
+                    },
+                    Ok(s) => count(tally, "chat-stream", s.status.to_string()),
+                    Err(_) => count(tally, "chat-stream", "transport error"),
+                }
+            } else {
+                let r = client.post_json("/chat/completions", &body).await;
+                count(tally, "chat", status_of(&r));
+            }
+        }
+        // 30%: stored foreground responses.
+        9..=14 => {
+            let r = client
+                .post_json(
+                    "/responses",
+                    &json!({"model": "base", "input": "synthetic:reply_tokens=20 soak"}),
+                )
+                .await;
+            count(tally, "response", status_of(&r));
+        }
+        // 20%: background runs.
+        15..=18 => {
+            let r = client
+                .post_json(
+                    "/responses",
+                    &json!({"model": "base", "input": "synthetic:reply_tokens=300 soak", "background": true}),
+                )
+                .await;
+            if let Ok(reply) = &r {
+                if reply.status == 200 {
+                    if let Some(id) = reply.json()["id"].as_str() {
+                        if let Ok(mut runs) = runs.lock() {
+                            runs.push(id.to_string());
+                        }
+                    }
+                }
+            }
+            count(tally, "background", status_of(&r));
+        }
+        // 5%: cancel the latest background run.
+        _ => {
+            let last = runs.lock().ok().and_then(|r| r.last().cloned());
+            let Some(id) = last else { return };
+            let r = client
+                .post_json(&format!("/responses/{id}/cancel"), &json!({}))
+                .await;
+            count(tally, "cancel", status_of(&r));
+        }
+    }
+}
+
+fn status_of(r: &Result<harness::Reply>) -> String {
+    match r {
+        Ok(reply) => {
+            let code = serde_json::from_slice::<Value>(&reply.body)
+                .ok()
+                .and_then(|v| v["error"]["code"].as_str().map(str::to_string));
+            match code {
+                Some(c) => format!("{} {c}", reply.status),
+                None => reply.status.to_string(),
+            }
+        }
+        Err(_) => "transport error".into(),
+    }
+}
+
+/// What is stored of a stranded run: status, age, event log and lease.
+async fn describe(scope: &RedisScope, client: &harness::Client, id: &str) -> String {
+    let object = match client.get(&format!("/responses/{id}")).await {
+        Ok(r) if r.status == 200 => r.json(),
+        _ => Value::Null,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let age = object["created_at"].as_u64().map(|c| now.saturating_sub(c));
+    let Ok(mut conn) = scope.connection() else {
+        return format!("{id}: no Redis connection");
+    };
+    let key = format!("{}resp:{{{id}}}:events", scope.prefix());
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap_or_default();
+    let last = entries
+        .last()
+        .and_then(|(_, f)| f.get(1).cloned())
+        .unwrap_or_default();
+    let lease: Option<f64> = redis::cmd("ZSCORE")
+        .arg(format!("{}runs:{{leases}}", scope.prefix()))
+        .arg(id)
+        .query(&mut conn)
+        .unwrap_or(None);
+    format!(
+        "{id}: status {} age {age:?} s, {} events (last {last:?}), lease {lease:?}, output tokens {}",
+        object["status"],
+        entries.len(),
+        object["usage"]["output_tokens"]
+    )
+}
+
+/// Event logs that do not end in exactly one terminal event (read from
+/// Redis directly, not through the proxy).
+fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<usize> {
+    let mut conn = scope.connection()?;
+    let mut bad = 0;
+    for id in ids {
+        let key = format!("{}resp:{{{id}}}:events", scope.prefix());
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query(&mut conn)?;
+        let terminal: Vec<usize> = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, f))| {
+                matches!(
+                    f.get(1).map(String::as_str),
+                    Some("response.completed" | "response.failed" | "response.incomplete")
+                )
+            })
+            .map(|(i, _)| i)
+            .collect();
+        // A cancelled run's log ends without a terminal event of its own
+        // only if it was cancelled before its first write; anything else
+        // must end with exactly one.
+        let ok = terminal.is_empty() && entries.is_empty()
+            || terminal.len() == 1 && terminal[0] + 1 == entries.len();
+        if !ok {
+            bad += 1;
+        }
+    }
+    Ok(bad)
+}

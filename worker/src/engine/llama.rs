@@ -1,0 +1,553 @@
+//! The `llama` engine: llama.cpp in process (`llama-cpp-2`, built from
+//! vendored source) on a GGUF model.
+//!
+//! - The tokenizer and chat template come from the GGUF file (llama.cpp's
+//!   built-in template matcher; ChatML when the model has none it knows).
+//! - `LlamaContext` is not `Send`: one engine thread owns the context and
+//!   runs the decode loop, fed by a channel; each sequence streams its
+//!   events back on its own channel.
+//! - Continuous batching: one batch per step holds the next token of every
+//!   generating sequence plus prompt chunks of newly admitted ones, so a new
+//!   request joins without waiting. `--parallel` sequence slots (llama.cpp
+//!   sequence ids), each with `--n-ctx` tokens of KV cache of its own;
+//!   requests beyond that wait in the worker's admission queue.
+//! - Prefix reuse: each slot keeps the tokens whose KV cells it holds; a new
+//!   sequence takes the free slot with the longest common prefix, drops the
+//!   rest of that slot's cells and prefills only the new tail. The reused
+//!   count is `cached_prompt_tokens`.
+//! - Sampling: temperature (0 = greedy), top_p, seed (`dist(seed)`); an
+//!   output constraint is an llguidance sampler first in the chain, so a
+//!   token the schema forbids is never sampled.
+//! - A dropped stream is seen at the next step: the slot is freed.
+
+use super::sequence::{
+    ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
+    SequenceStream, TokenId,
+};
+use crate::status;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Tokens per decode step (prompt chunks plus one per generating sequence).
+const BATCH_TOKENS: u32 = 512;
+
+/// How to load and run the model.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    pub model_file: PathBuf,
+    /// Context window of one sequence; 0 = the model's training context.
+    pub n_ctx: u32,
+    /// Sequences decoded together (slots).
+    pub parallel: u32,
+    /// CPU threads for decoding.
+    pub threads: i32,
+}
+
+/// llama.cpp's process-wide backend, initialized once.
+fn backend() -> Result<&'static LlamaBackend, anyhow::Error> {
+    static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+    if let Some(b) = BACKEND.get() {
+        return Ok(b);
+    }
+    let mut b = LlamaBackend::init()?;
+    // llama.cpp logs every tensor at load; keep stderr for our own logs.
+    b.void_logs();
+    Ok(BACKEND.get_or_init(|| b))
+}
+
+/// A sequence handed to the engine thread.
+struct Job {
+    prompt: Vec<LlamaToken>,
+    sampling: SamplingParams,
+    max_tokens: u32,
+    matcher: Option<Matcher>,
+    tx: mpsc::UnboundedSender<Result<SeqEvent, Status>>,
+}
+
+/// The engine handle (cheap to share); the context lives on its thread.
+pub struct LlamaEngine {
+    model: Arc<LlamaModel>,
+    template: Option<LlamaChatTemplate>,
+    factory: ParserFactory,
+    jobs: mpsc::UnboundedSender<Job>,
+    window: u32,
+    description: String,
+}
+
+impl LlamaEngine {
+    /// Loads the model and starts the engine thread (blocking: call it at
+    /// startup, before serving).
+    pub fn load(config: &LlamaConfig) -> anyhow::Result<Self> {
+        let backend = backend()?;
+        let model =
+            LlamaModel::load_from_file(backend, &config.model_file, &LlamaModelParams::default())
+                .map_err(|e| anyhow::anyhow!("loading {}: {e}", config.model_file.display()))?;
+        let model = Arc::new(model);
+        let template = model.chat_template(None).ok();
+        let tok_env = LlamaSampler::llguidance_tok_env(&model);
+        let mut factory = ParserFactory::new_simple(&tok_env)?;
+        factory.quiet();
+
+        let parallel = config.parallel.max(1);
+        let per_seq = if config.n_ctx == 0 {
+            model.n_ctx_train()
+        } else {
+            config.n_ctx
+        };
+        let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let thread_model = Arc::clone(&model);
+        let threads = config.threads.max(1);
+        std::thread::Builder::new()
+            .name("llama-engine".into())
+            .spawn(move || {
+                let params = LlamaContextParams::default()
+                    .with_n_ctx(NonZeroU32::new(per_seq.saturating_mul(parallel)))
+                    .with_n_batch(BATCH_TOKENS)
+                    .with_n_ubatch(BATCH_TOKENS)
+                    .with_n_seq_max(parallel)
+                    // One KV stream per sequence: each slot always has its
+                    // whole window, whatever the others hold.
+                    .with_kv_unified(false)
+                    .with_n_threads(threads)
+                    .with_n_threads_batch(threads);
+                let ctx = match thread_model.new_context(backend, params) {
+                    Ok(ctx) => ctx,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(anyhow::anyhow!("creating the context: {e}")));
+                        return;
+                    }
+                };
+                let window = ctx.n_ctx() / parallel;
+                let _ = ready_tx.send(Ok(window));
+                let decode = std::panic::AssertUnwindSafe(|| {
+                    DecodeLoop::new(&thread_model, ctx, parallel, window).run(jobs_rx)
+                });
+                if std::panic::catch_unwind(decode).is_err() {
+                    // A worker without its engine must not stay in a pool
+                    // answering ENGINE_FAILURE: exit, to be restarted.
+                    tracing::error!("the llama engine thread panicked; exiting");
+                    std::process::exit(70);
+                }
+            })?;
+        let window = ready_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the engine thread ended during startup"))??;
+        let file = config
+            .model_file
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let description = format!(
+            "llama.cpp in process: {file} ({} parameters), {parallel} slots of {window} tokens, \
+             {threads} threads",
+            model.n_params()
+        );
+        Ok(Self {
+            model,
+            template,
+            factory,
+            jobs: jobs_tx,
+            window,
+            description,
+        })
+    }
+
+    fn matcher(&self, constraint: &Constraint) -> Result<Matcher, Status> {
+        let Constraint::JsonSchema(schema) = constraint;
+        let grammar = TopLevelGrammar::from_json_schema(schema.clone());
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| status::invalid_request(format!("unsupported JSON schema: {e}")))?;
+        Ok(Matcher::new(Ok(parser)))
+    }
+}
+
+/// ChatML, for models whose template llama.cpp does not know.
+fn chatml(messages: &[ChatMessage]) -> String {
+    let mut s = String::new();
+    for m in messages {
+        s.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
+    }
+    s.push_str("<|im_start|>assistant\n");
+    s
+}
+
+#[async_trait::async_trait]
+impl SequenceEngine for LlamaEngine {
+    fn name(&self) -> &'static str {
+        "llama"
+    }
+
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn context_window(&self) -> u32 {
+        self.window
+    }
+
+    fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
+        let Some(template) = &self.template else {
+            return Ok(chatml(messages));
+        };
+        let chat = messages
+            .iter()
+            .map(|m| LlamaChatMessage::new(m.role.clone(), m.content.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| status::invalid_request(format!("message text: {e}")))?;
+        match self.model.apply_chat_template(template, &chat, true) {
+            Ok(text) => Ok(text),
+            Err(e) => {
+                tracing::debug!(error = %e, "chat template failed; using ChatML");
+                Ok(chatml(messages))
+            }
+        }
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status> {
+        let vocab = self.model.vocab();
+        Ok(vocab
+            .tokenize(text.as_bytes(), vocab.should_add_bos(), true)
+            .into_iter()
+            .map(|t| t.0 as TokenId)
+            .collect())
+    }
+
+    async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status> {
+        // Compiling a schema takes about a millisecond: inline.
+        let matcher = sequence
+            .constraint
+            .as_ref()
+            .map(|c| self.matcher(c))
+            .transpose()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt: sequence
+                .prompt
+                .iter()
+                .map(|t| LlamaToken(*t as i32))
+                .collect(),
+            sampling: sequence.sampling,
+            max_tokens: sequence.max_tokens,
+            matcher,
+            tx,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| status::engine_failure("the llama engine thread is gone"))?;
+        Ok(rx)
+    }
+}
+
+/// A sequence being decoded in a slot.
+struct Active {
+    tx: mpsc::UnboundedSender<Result<SeqEvent, Status>>,
+    sampler: LlamaSampler,
+    /// Prompt tokens not yet decoded.
+    pending: VecDeque<LlamaToken>,
+    cached: u32,
+    generated: u32,
+    max_tokens: u32,
+    /// Sampled and streamed, to be decoded in the next step.
+    next: Option<LlamaToken>,
+    /// Batch index of this sequence's logits in the current step.
+    logits_at: Option<i32>,
+    prefilled: bool,
+}
+
+/// One llama.cpp sequence id and the tokens whose KV cells it holds.
+struct Slot {
+    id: i32,
+    history: Vec<LlamaToken>,
+    active: Option<Active>,
+}
+
+struct DecodeLoop<'m> {
+    model: &'m LlamaModel,
+    ctx: LlamaContext<'m>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Job>,
+    window: u32,
+    batch: LlamaBatch<'static>,
+}
+
+fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>) -> LlamaSampler {
+    let mut chain = Vec::with_capacity(4);
+    if let Some(m) = matcher {
+        chain.push(LlamaSampler::from(m));
+    }
+    // The API's default temperature is 1.
+    let temperature = sampling.temperature.unwrap_or(1.0);
+    if temperature <= 0.0 {
+        chain.push(LlamaSampler::greedy());
+    } else {
+        if let Some(p) = sampling.top_p.filter(|p| *p > 0.0 && *p < 1.0) {
+            chain.push(LlamaSampler::top_p(p, 1));
+        }
+        chain.push(LlamaSampler::temp(temperature));
+        let seed = match sampling.seed {
+            Some(s) => (s ^ (s >> 32)) as u32,
+            None => rand_seed(),
+        };
+        chain.push(LlamaSampler::dist(seed));
+    }
+    LlamaSampler::chain_simple(chain)
+}
+
+/// A seed for requests without one (llama.cpp's own default is fixed).
+fn rand_seed() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0);
+    nanos.wrapping_mul(0x9e37_79b9)
+}
+
+fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl<'m> DecodeLoop<'m> {
+    fn new(model: &'m LlamaModel, ctx: LlamaContext<'m>, parallel: u32, window: u32) -> Self {
+        let slots = (0..parallel as i32)
+            .map(|id| Slot {
+                id,
+                history: Vec::new(),
+                active: None,
+            })
+            .collect();
+        Self {
+            model,
+            ctx,
+            slots,
+            queue: VecDeque::new(),
+            window,
+            batch: LlamaBatch::new(BATCH_TOKENS as usize, 1),
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.queue.is_empty() || self.slots.iter().any(|s| s.active.is_some())
+    }
+
+    fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+        loop {
+            if !self.busy() {
+                match jobs.blocking_recv() {
+                    Some(job) => self.queue.push_back(job),
+                    None => return,
+                }
+            }
+            while let Ok(job) = jobs.try_recv() {
+                self.queue.push_back(job);
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.step();
+        }
+    }
+
+    /// Frees the slots whose stream was dropped (their cells stay cached).
+    fn drop_cancelled(&mut self) {
+        for slot in &mut self.slots {
+            if slot.active.as_ref().is_some_and(|a| a.tx.is_closed()) {
+                slot.active = None;
+            }
+        }
+        self.queue.retain(|j| !j.tx.is_closed());
+    }
+
+    /// Moves queued jobs into free slots, reusing the longest cached prefix.
+    fn admit(&mut self) {
+        while let Some(job) = self.queue.front() {
+            let best = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active.is_none())
+                .map(|(i, s)| (i, common_prefix(&s.history, &job.prompt)))
+                .max_by_key(|(i, n)| (*n, usize::MAX - i));
+            let Some((i, lcp)) = best else { return };
+            let Some(job) = self.queue.pop_front() else {
+                return;
+            };
+            if job.prompt.is_empty() {
+                let _ = job.tx.send(Err(status::invalid_request("empty prompt")));
+                continue;
+            }
+            // At least one prompt token is decoded, for its logits.
+            let mut reuse = lcp.min(job.prompt.len() - 1);
+            let slot = &mut self.slots[i];
+            let seq = slot.id as u32;
+            let removed = self
+                .ctx
+                .clear_kv_cache_seq(Some(seq), Some(reuse as u32), None)
+                .unwrap_or(false);
+            if !removed {
+                let _ = self.ctx.clear_kv_cache_seq(Some(seq), None, None);
+                reuse = 0;
+            }
+            slot.history.truncate(reuse);
+            slot.active = Some(Active {
+                tx: job.tx,
+                sampler: sampler(&job.sampling, job.matcher),
+                pending: job.prompt[reuse..].iter().copied().collect(),
+                cached: reuse as u32,
+                generated: 0,
+                max_tokens: job.max_tokens,
+                next: None,
+                logits_at: None,
+                prefilled: false,
+            });
+        }
+    }
+
+    /// One decode step over every active slot, then sampling.
+    fn step(&mut self) {
+        self.batch.clear();
+        let mut room = BATCH_TOKENS as usize;
+        let mut in_batch: Vec<usize> = Vec::new();
+        // Generating sequences first: one token each keeps them moving.
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            a.logits_at = None;
+            if let Some(tok) = a.next.take() {
+                let pos = slot.history.len() as i32;
+                if self.batch.add(tok, pos, &[slot.id], true).is_err() {
+                    a.next = Some(tok);
+                    continue;
+                }
+                a.logits_at = Some(self.batch.n_tokens() - 1);
+                slot.history.push(tok);
+                room -= 1;
+                in_batch.push(i);
+            }
+        }
+        // Then prompt chunks, as much as the batch holds.
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            if a.pending.is_empty() || room == 0 {
+                continue;
+            }
+            let n = a.pending.len().min(room);
+            for k in 0..n {
+                let Some(tok) = a.pending.pop_front() else {
+                    break;
+                };
+                let last = k + 1 == n && a.pending.is_empty();
+                let pos = slot.history.len() as i32;
+                if self.batch.add(tok, pos, &[slot.id], last).is_err() {
+                    a.pending.push_front(tok);
+                    break;
+                }
+                slot.history.push(tok);
+                room -= 1;
+                if last {
+                    a.logits_at = Some(self.batch.n_tokens() - 1);
+                }
+            }
+            in_batch.push(i);
+        }
+        if self.batch.n_tokens() == 0 {
+            return;
+        }
+        if let Err(e) = self.ctx.decode(&mut self.batch) {
+            tracing::error!(error = %e, "llama decode failed");
+            for i in in_batch {
+                let slot = &mut self.slots[i];
+                if let Some(a) = slot.active.take() {
+                    let _ =
+                        a.tx.send(Err(status::engine_failure(format!("decode failed: {e}"))));
+                }
+                let _ = self
+                    .ctx
+                    .clear_kv_cache_seq(Some(slot.id as u32), None, None);
+                slot.history.clear();
+            }
+            return;
+        }
+        for slot in &mut self.slots {
+            let done = match slot.active.as_mut() {
+                Some(a) => match a.logits_at {
+                    Some(at) => sample_one(
+                        self.model,
+                        &self.ctx,
+                        a,
+                        at,
+                        slot.history.len(),
+                        self.window,
+                    ),
+                    None => false,
+                },
+                None => false,
+            };
+            if done {
+                slot.active = None;
+            }
+        }
+    }
+}
+
+/// Samples a sequence's next token and streams it; true when it ended.
+fn sample_one(
+    model: &LlamaModel,
+    ctx: &LlamaContext<'_>,
+    a: &mut Active,
+    at: i32,
+    decoded: usize,
+    window: u32,
+) -> bool {
+    if !a.prefilled {
+        a.prefilled = true;
+        let _ = a.tx.send(Ok(SeqEvent::Prefilled {
+            cached_tokens: a.cached,
+        }));
+    }
+    let tok = a.sampler.sample(ctx, at);
+    let vocab = model.vocab();
+    if vocab.is_eog(tok) {
+        let _ = a.tx.send(Ok(SeqEvent::Finished(SeqEnd::EndOfGeneration)));
+        return true;
+    }
+    a.generated += 1;
+    let bytes = vocab.token_to_piece(tok, false, None);
+    if a.tx
+        .send(Ok(SeqEvent::Token {
+            id: tok.0 as TokenId,
+            bytes,
+        }))
+        .is_err()
+    {
+        return true;
+    }
+    // The token just sampled still needs a cell to be decoded.
+    if a.generated >= a.max_tokens || decoded + 1 >= window as usize {
+        let _ = a.tx.send(Ok(SeqEvent::Finished(SeqEnd::MaxTokens)));
+        return true;
+    }
+    a.next = Some(tok);
+    false
+}

@@ -1,0 +1,100 @@
+//! The sequence-level engine seam: what a real model engine implements.
+//!
+//! An engine owns everything model-specific: its tokenizer and chat template
+//! (from the model file), its context window, its KV/prefix cache, its
+//! scheduler. It takes one [`Sequence`] (prompt tokens, sampling, a token
+//! budget, an optional output constraint) and streams [`SeqEvent`]s: prefill
+//! done (with the real count of reused prompt tokens), one event per token
+//! (id and bytes), then how it ended. Dropping the [`SequenceStream`] aborts
+//! the sequence; the engine frees its slot within one decode step.
+//!
+//! Everything else (UTF-8-safe detokenizing, stop strings, the length cut,
+//! the reasoning split, tool-call parsing, coalescing, usage) is the shared
+//! [`crate::pipeline`], the same for every engine. A new engine is one file
+//! implementing [`SequenceEngine`].
+
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// A token id in the engine's own vocabulary.
+pub type TokenId = u32;
+
+/// One chat message, already flattened to text by the pipeline (tool calls
+/// and results included); the engine renders a list of them with its own
+/// chat template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// Sampling of one sequence. `temperature` 0 (or unset with no `top_p`)
+/// is greedy decoding.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+/// What the output must match, enforced while decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// A JSON Schema (a `json_object` reply is `{"type": "object"}`).
+    JsonSchema(serde_json::Value),
+}
+
+/// One sequence to generate.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub prompt: Vec<TokenId>,
+    pub sampling: SamplingParams,
+    /// Tokens to generate at most; the engine ends with
+    /// [`SeqEnd::MaxTokens`] when they are spent or the window is full.
+    pub max_tokens: u32,
+    pub constraint: Option<Constraint>,
+    /// The caller's cache affinity key (may be empty); a hint only.
+    pub cache_key: String,
+}
+
+/// How the engine ended a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqEnd {
+    /// The model produced an end-of-generation token (not streamed).
+    EndOfGeneration,
+    /// `max_tokens` spent or the context window full.
+    MaxTokens,
+}
+
+/// One event of a running sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqEvent {
+    /// The prompt is in the cache; `cached_tokens` of it were reused.
+    Prefilled { cached_tokens: u32 },
+    /// One generated token and its bytes (possibly a partial UTF-8 char).
+    Token { id: TokenId, bytes: Vec<u8> },
+    /// The last event of a sequence.
+    Finished(SeqEnd),
+}
+
+/// The events of one sequence; drop it to abort the sequence.
+pub type SequenceStream = mpsc::UnboundedReceiver<Result<SeqEvent, Status>>;
+
+/// A model engine at the sequence level.
+#[async_trait::async_trait]
+pub trait SequenceEngine: Send + Sync + 'static {
+    /// `llama`, ... (reported in `Info.engine`).
+    fn name(&self) -> &'static str;
+    /// Human-readable: the model file and how it runs.
+    fn description(&self) -> String;
+    /// Tokens one sequence may hold (prompt plus completion).
+    fn context_window(&self) -> u32;
+    /// Renders messages with the model's chat template, ending with the
+    /// opening of the assistant turn.
+    fn render(&self, messages: &[ChatMessage]) -> Result<String, Status>;
+    /// Tokenizes rendered text (special tokens in it are parsed).
+    fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status>;
+    /// Starts a sequence: compiles its constraint (a bad schema fails here
+    /// with INVALID_ARGUMENT) and queues it for the decode loop.
+    async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status>;
+}

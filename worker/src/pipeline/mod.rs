@@ -1,0 +1,434 @@
+//! The shared pipeline: from a `GenerateRequest` to a [`SequenceEngine`]
+//! sequence, and from its token stream to `inference.v1` events. The same
+//! for every sequence-level engine:
+//!
+//! - [`request`]: messages flattened to text, tools listed, the output
+//!   constraint (JSON object / schema / tool call), the reasoning budget;
+//! - the engine renders (its own chat template) and tokenizes; the context
+//!   window check uses its real window and token count;
+//! - per token: [`utf8`] (bytes to whole characters), [`stop`] (stop strings
+//!   across token boundaries), the length cut, [`tool_calls`] (the
+//!   constrained JSON into proto tool-call deltas), [`coalesce`];
+//! - reasoning on a model without native thinking: the prompt opens a
+//!   `<think>` section; the first sequence runs until the model writes
+//!   `</think>`, ends its turn, or spends the budget; its tokens stream as
+//!   reasoning. A second sequence then continues the same prompt with the
+//!   section closed (its prefix reused from the engine's cache) and gives the
+//!   answer, under the output constraint. Both count as completion tokens;
+//!   the first as `reasoning_tokens`.
+
+pub mod coalesce;
+pub mod request;
+pub mod stop;
+pub mod tool_calls;
+pub mod utf8;
+
+use crate::engine::sequence::{
+    SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
+};
+use crate::engine::{Cancelled, EventSink, Outcome};
+use crate::status;
+use coalesce::Coalescer;
+use inference_proto::v1 as pb;
+use pb::finished::Reason;
+use pb::generate_event::Event;
+use request::{RequestPlan, ToolMode};
+use std::sync::Arc;
+use stop::StopScanner;
+use tonic::Status;
+use tool_calls::ToolCallParser;
+use utf8::Utf8Stream;
+
+/// Opens the think section on models without native thinking tags.
+pub const THINK_OPEN: &str = "<think>\n";
+/// Ends it (written by the model, or by the pipeline when the budget is spent).
+pub const THINK_CLOSE: &str = "</think>";
+
+/// A request rendered and tokenized by its engine, not yet started.
+pub struct Prepared {
+    engine: Arc<dyn SequenceEngine>,
+    request_id: String,
+    cache_key: String,
+    batch: bool,
+    plan: RequestPlan,
+    prompt_text: String,
+    prompt: Vec<TokenId>,
+    completion_limit: u32,
+}
+
+/// Plans, renders and tokenizes a request (off the async threads: long
+/// prompts take milliseconds).
+pub async fn prepare(
+    engine: Arc<dyn SequenceEngine>,
+    req: pb::GenerateRequest,
+) -> Result<Prepared, Status> {
+    let plan = request::plan(&req)?;
+    let eng = Arc::clone(&engine);
+    let messages = plan.messages.clone();
+    let think = plan.reasoning_budget.is_some();
+    let (prompt_text, prompt) = tokio::task::spawn_blocking(move || {
+        let mut text = eng.render(&messages)?;
+        if think {
+            text.push_str(THINK_OPEN);
+        }
+        let tokens = eng.tokenize(&text)?;
+        Ok::<_, Status>((text, tokens))
+    })
+    .await
+    .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))??;
+    Ok(Prepared {
+        engine,
+        request_id: req.request_id,
+        cache_key: req.cache_key,
+        batch: req.batch_events,
+        plan,
+        prompt_text,
+        prompt,
+        completion_limit: 0,
+    })
+}
+
+fn saturate(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Prepared {
+    /// `prompt_tokens`: the model's own count.
+    pub fn prompt_tokens(&self) -> u32 {
+        saturate(self.prompt.len())
+    }
+
+    /// The engine's real window governs: a prompt that does not fit with
+    /// `max_tokens` fails now; with `max_tokens` unset the rest of the window
+    /// is the ceiling.
+    pub fn check_window(&mut self) -> Result<(), Status> {
+        let window = self.engine.context_window();
+        let prompt = self.prompt_tokens();
+        let max = self.plan.max_tokens;
+        if prompt >= window || (max > 0 && u64::from(prompt) + u64::from(max) > u64::from(window)) {
+            return Err(status::context_length_exceeded(window, prompt, max));
+        }
+        self.completion_limit = if max > 0 { max } else { window - prompt };
+        Ok(())
+    }
+
+    /// Starts the first sequence (a bad schema fails here, before the
+    /// stream opens).
+    pub async fn start(self) -> Result<Running, Status> {
+        let (max_tokens, constraint) = match self.plan.reasoning_budget {
+            Some(budget) => (budget.min(self.completion_limit), None),
+            None => (self.completion_limit, self.plan.constraint.clone()),
+        };
+        let stream = self
+            .engine
+            .start(Sequence {
+                prompt: self.prompt.clone(),
+                sampling: self.plan.sampling,
+                max_tokens,
+                constraint,
+                cache_key: self.cache_key.clone(),
+            })
+            .await?;
+        Ok(Running {
+            prepared: self,
+            stream,
+            phase_max: max_tokens,
+        })
+    }
+}
+
+/// A started request, ready to stream.
+pub struct Running {
+    prepared: Prepared,
+    stream: SequenceStream,
+    phase_max: u32,
+}
+
+/// What a phase's output turns into.
+enum Mode {
+    Reasoning(StopScanner),
+    Text(StopScanner),
+    Tools(ToolCallParser),
+}
+
+/// How a phase ended.
+enum PhaseEnd {
+    /// End of generation or a stop string.
+    Stop,
+    Length,
+    Cancelled,
+    Failed(Status),
+}
+
+/// Streams events out, merged by a [`Coalescer`].
+struct Emitter<'a> {
+    out: &'a EventSink,
+    coalescer: Coalescer,
+    batch: bool,
+    completion_tokens: u32,
+    cached: Option<u32>,
+    /// Told the reused prompt tokens once, at the first prefill.
+    on_cached: Box<dyn FnMut(u32) + Send + 'a>,
+    reasoning_text: String,
+}
+
+impl<'a> Emitter<'a> {
+    async fn send(&mut self, event: Event) -> Result<(), Cancelled> {
+        if let Some(ready) = self.coalescer.push(event) {
+            self.out.send(ready).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Cancelled> {
+        match self.coalescer.take() {
+            Some(ev) => self.out.send(ev).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Emits text in the phase's mode; true when a stop string was found.
+    async fn emit(&mut self, mode: &mut Mode, text: &str) -> Result<bool, Cancelled> {
+        let reasoning = mode_is_reasoning(mode);
+        match mode {
+            Mode::Reasoning(scan) | Mode::Text(scan) => {
+                let s = scan.push(text);
+                self.emit_plain(reasoning, s.text).await?;
+                Ok(s.stopped)
+            }
+            Mode::Tools(parser) => {
+                for d in parser.push(text) {
+                    self.send(Event::ToolCall(d)).await?;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn emit_plain(&mut self, reasoning: bool, text: String) -> Result<(), Cancelled> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        if reasoning {
+            self.reasoning_text.push_str(&text);
+            self.send(Event::Reasoning(pb::ReasoningDelta { text }))
+                .await
+        } else {
+            self.send(Event::Text(pb::TextDelta { text })).await
+        }
+    }
+
+    /// The end of a phase without a stop string: release held text.
+    async fn release(&mut self, mode: &mut Mode, utf8: &mut Utf8Stream) -> Result<(), Cancelled> {
+        let rest = utf8.finish();
+        if !rest.is_empty() {
+            self.emit(mode, &rest).await?;
+        }
+        let reasoning = mode_is_reasoning(mode);
+        if let Mode::Reasoning(scan) | Mode::Text(scan) = mode {
+            let held = scan.flush();
+            self.emit_plain(reasoning, held).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs one sequence to its end.
+    async fn phase(&mut self, stream: &mut SequenceStream, mode: &mut Mode, max: u32) -> PhaseEnd {
+        let mut utf8 = Utf8Stream::default();
+        let mut tokens = 0u32;
+        loop {
+            let event = tokio::select! {
+                biased;
+                _ = self.out.closed() => return PhaseEnd::Cancelled,
+                ev = stream.recv() => ev,
+            };
+            let step = match event {
+                None => Err(status::engine_failure("the engine dropped the sequence")),
+                Some(Err(s)) => Err(s),
+                Some(Ok(ev)) => Ok(ev),
+            };
+            let ev = match step {
+                Ok(ev) => ev,
+                Err(s) => return PhaseEnd::Failed(s),
+            };
+            // (how it ended, whether held text is released: not after a
+            // stop string, whose scanner already dropped what followed it)
+            let end = match ev {
+                SeqEvent::Prefilled { cached_tokens } => {
+                    if self.cached.is_none() {
+                        self.cached = Some(cached_tokens);
+                        (self.on_cached)(cached_tokens);
+                    }
+                    None
+                }
+                SeqEvent::Token { bytes, .. } => {
+                    tokens += 1;
+                    self.completion_tokens += 1;
+                    let text = utf8.push(&bytes);
+                    match self.emit(mode, &text).await {
+                        Err(Cancelled) => return PhaseEnd::Cancelled,
+                        Ok(true) => return PhaseEnd::Stop,
+                        Ok(false) if tokens >= max => Some(PhaseEnd::Length),
+                        Ok(false) => None,
+                    }
+                }
+                SeqEvent::Finished(SeqEnd::EndOfGeneration) => Some(PhaseEnd::Stop),
+                SeqEvent::Finished(SeqEnd::MaxTokens) => Some(PhaseEnd::Length),
+            };
+            if let Some(end) = end {
+                if self.release(mode, &mut utf8).await.is_err() {
+                    return PhaseEnd::Cancelled;
+                }
+                return end;
+            }
+            if !self.batch && stream.is_empty() && self.flush().await.is_err() {
+                return PhaseEnd::Cancelled;
+            }
+        }
+    }
+}
+
+fn mode_is_reasoning(mode: &Mode) -> bool {
+    matches!(mode, Mode::Reasoning(_))
+}
+
+impl Running {
+    /// Streams the generation; the `Outcome` is for the worker's counters.
+    /// `on_cached` hears the count of reused prompt tokens after prefill.
+    pub async fn run(self, out: EventSink, on_cached: impl FnMut(u32) + Send + 'static) -> Outcome {
+        let Running {
+            prepared: p,
+            mut stream,
+            phase_max,
+        } = self;
+        let mut em = Emitter {
+            out: &out,
+            coalescer: Coalescer::default(),
+            batch: p.batch,
+            completion_tokens: 0,
+            cached: None,
+            on_cached: Box::new(on_cached),
+            reasoning_text: String::new(),
+        };
+        let mut reasoning_tokens = 0;
+        if p.plan.reasoning_budget.is_some() {
+            let mut mode = Mode::Reasoning(StopScanner::new(&[THINK_CLOSE.to_owned()]));
+            let end = em.phase(&mut stream, &mut mode, phase_max).await;
+            drop(stream);
+            reasoning_tokens = em.completion_tokens;
+            match end {
+                PhaseEnd::Cancelled => {
+                    return Outcome::Cancelled {
+                        tokens: em.completion_tokens,
+                    }
+                }
+                PhaseEnd::Failed(s) => return fail(&out, s, em.completion_tokens).await,
+                PhaseEnd::Length if reasoning_tokens >= p.completion_limit => {
+                    return finish(&mut em, Reason::Length, 0, &p).await;
+                }
+                PhaseEnd::Stop | PhaseEnd::Length => {}
+            }
+            // The answer: the same prompt with the think section closed.
+            let text = format!(
+                "{}{}\n{THINK_CLOSE}\n\n",
+                p.prompt_text,
+                em.reasoning_text.trim_end()
+            );
+            let engine = Arc::clone(&p.engine);
+            let tokens = match tokio::task::spawn_blocking(move || engine.tokenize(&text)).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(s)) => return fail(&out, s, em.completion_tokens).await,
+                Err(e) => {
+                    let s = status::engine_failure(format!("tokenizer task failed: {e}"));
+                    return fail(&out, s, em.completion_tokens).await;
+                }
+            };
+            let window = p.engine.context_window();
+            let room = window.saturating_sub(saturate(tokens.len()));
+            let max = (p.completion_limit - reasoning_tokens).min(room);
+            if max == 0 {
+                return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
+            }
+            let started = p
+                .engine
+                .start(Sequence {
+                    prompt: tokens,
+                    sampling: p.plan.sampling,
+                    max_tokens: max,
+                    constraint: p.plan.constraint.clone(),
+                    cache_key: p.cache_key.clone(),
+                })
+                .await;
+            stream = match started {
+                Ok(s) => s,
+                Err(s) => return fail(&out, s, em.completion_tokens).await,
+            };
+            return answer(&mut em, stream, max, reasoning_tokens, &p).await;
+        }
+        answer(&mut em, stream, phase_max, reasoning_tokens, &p).await
+    }
+}
+
+async fn answer(
+    em: &mut Emitter<'_>,
+    mut stream: SequenceStream,
+    max: u32,
+    reasoning_tokens: u32,
+    p: &Prepared,
+) -> Outcome {
+    let mut mode = match p.plan.tools {
+        ToolMode::Constrained => Mode::Tools(ToolCallParser::new(&p.request_id)),
+        ToolMode::Off => Mode::Text(StopScanner::new(&p.plan.stop)),
+    };
+    let end = em.phase(&mut stream, &mut mode, max).await;
+    drop(stream);
+    let reason = match end {
+        PhaseEnd::Cancelled => {
+            return Outcome::Cancelled {
+                tokens: em.completion_tokens,
+            }
+        }
+        PhaseEnd::Failed(s) => return fail(em.out, s, em.completion_tokens).await,
+        PhaseEnd::Length => Reason::Length,
+        PhaseEnd::Stop => match &mode {
+            Mode::Tools(parser) if parser.calls() > 0 => Reason::ToolCalls,
+            _ => Reason::Stop,
+        },
+    };
+    finish(em, reason, reasoning_tokens, p).await
+}
+
+async fn finish(
+    em: &mut Emitter<'_>,
+    reason: Reason,
+    reasoning_tokens: u32,
+    p: &Prepared,
+) -> Outcome {
+    let tokens = em.completion_tokens;
+    if em.flush().await.is_err() {
+        return Outcome::Cancelled { tokens };
+    }
+    let finished = pb::Finished {
+        reason: reason as i32,
+        usage: Some(pb::Usage {
+            prompt_tokens: p.prompt_tokens(),
+            cached_prompt_tokens: em.cached.unwrap_or(0),
+            completion_tokens: tokens,
+            reasoning_tokens,
+            image_tokens: 0,
+        }),
+    };
+    match em.out.send(Event::Finished(finished)).await {
+        Ok(()) => Outcome::Completed { tokens },
+        Err(Cancelled) => Outcome::Cancelled { tokens },
+    }
+}
+
+async fn fail(out: &EventSink, s: Status, tokens: u32) -> Outcome {
+    tracing::warn!(error = %s.message(), "generation failed");
+    let _ = out.fail(s).await;
+    Outcome::Failed { tokens }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+//! The pipeline over a scripted token source (no model).
+
+use super::*;
+use crate::engine::sequence::ChatMessage;
+use std::sync::Mutex;
+use tokio::sync::mpsc;
+
+/// Replays scripted token byte strings, one script per started sequence.
+struct Scripted {
+    window: u32,
+    scripts: Mutex<VecDeque<Vec<Vec<u8>>>>,
+    started: Mutex<Vec<Sequence>>,
+}
+
+use std::collections::VecDeque;
+
+impl Scripted {
+    fn new(window: u32, scripts: Vec<Vec<&[u8]>>) -> Arc<Self> {
+        Arc::new(Self {
+            window,
+            scripts: Mutex::new(
+                scripts
+                    .into_iter()
+                    .map(|s| s.into_iter().map(<[u8]>::to_vec).collect())
+                    .collect(),
+            ),
+            started: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl SequenceEngine for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    fn description(&self) -> String {
+        String::new()
+    }
+    fn context_window(&self) -> u32 {
+        self.window
+    }
+    fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
+        Ok(messages.iter().map(|m| m.content.as_str()).collect())
+    }
+    /// One token per character.
+    fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status> {
+        Ok(text.chars().map(|c| c as u32).collect())
+    }
+    async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status> {
+        let script = self.scripts.lock().unwrap().pop_front().unwrap_or_default();
+        let max = sequence.max_tokens as usize;
+        self.started.lock().unwrap().push(sequence);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(Ok(SeqEvent::Prefilled { cached_tokens: 3 }));
+        for (i, bytes) in script.iter().enumerate() {
+            if i == max {
+                let _ = tx.send(Ok(SeqEvent::Finished(SeqEnd::MaxTokens)));
+                return Ok(rx);
+            }
+            let _ = tx.send(Ok(SeqEvent::Token {
+                id: i as u32,
+                bytes: bytes.clone(),
+            }));
+        }
+        let _ = tx.send(Ok(SeqEvent::Finished(SeqEnd::EndOfGeneration)));
+        Ok(rx)
+    }
+}
+
+fn request(text: &str, max_tokens: u32, stop: &[&str]) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        request_id: "r1".into(),
+        messages: vec![pb::Message {
+            role: "user".into(),
+            content: vec![pb::ContentPart {
+                part: Some(pb::content_part::Part::Text(text.into())),
+            }],
+            ..Default::default()
+        }],
+        sampling: Some(pb::Sampling {
+            max_tokens,
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Runs a request; returns every event and the outcome.
+async fn run(engine: Arc<Scripted>, req: pb::GenerateRequest) -> (Vec<Event>, Outcome) {
+    let mut p = prepare(engine, req).await.expect("prepare");
+    p.check_window().expect("fits");
+    let running = p.start().await.expect("start");
+    let (tx, mut rx) = mpsc::channel(1024);
+    let outcome = running.run(EventSink::new(tx), |_| {}).await;
+    let mut events = Vec::new();
+    while let Ok(Ok(ev)) = rx.try_recv() {
+        events.extend(ev.event);
+    }
+    (events, outcome)
+}
+
+fn text_of(events: &[Event]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Text(t) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn finished(events: &[Event]) -> &pb::Finished {
+    match events.last() {
+        Some(Event::Finished(f)) => f,
+        other => panic!("last event {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn stop_split_across_tokens_and_utf8_split_across_tokens() {
+    let euro = "€".as_bytes();
+    let engine = Scripted::new(
+        100,
+        vec![vec![b"a ", &euro[..1], &euro[1..], b" E", b"N", b"D tail"]],
+    );
+    let (events, outcome) = run(engine, request("hi", 0, &["END"])).await;
+    assert_eq!(text_of(&events), "a € ");
+    let f = finished(&events);
+    assert_eq!(f.reason(), Reason::Stop);
+    let u = f.usage.as_ref().expect("usage");
+    assert_eq!(
+        (u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens),
+        (2, 3, 6)
+    );
+    assert_eq!(outcome, Outcome::Completed { tokens: 6 });
+}
+
+#[tokio::test]
+async fn max_tokens_cuts_with_length_and_releases_held_text() {
+    let engine = Scripted::new(100, vec![vec![b"one", b" two", b" E", b"N", b"D"]]);
+    let (events, _) = run(engine, request("hi", 3, &["END"])).await;
+    assert_eq!(text_of(&events), "one two E");
+    let f = finished(&events);
+    assert_eq!(f.reason(), Reason::Length);
+    assert_eq!(f.usage.as_ref().map(|u| u.completion_tokens), Some(3));
+}
+
+#[tokio::test]
+async fn the_window_governs_and_is_the_ceiling_without_max_tokens() {
+    let engine = Scripted::new(10, vec![]);
+    let mut p = prepare(engine.clone(), request("0123456789", 0, &[]))
+        .await
+        .expect("prepare");
+    let err = p.check_window().expect_err("prompt fills the window");
+    assert_eq!(status::reason_of(&err), Some("CONTEXT_LENGTH_EXCEEDED"));
+    let mut p = prepare(engine.clone(), request("0123", 7, &[]))
+        .await
+        .expect("prepare");
+    assert!(p.check_window().is_err(), "4 + 7 > 10");
+    let mut p = prepare(engine.clone(), request("0123", 0, &[]))
+        .await
+        .expect("prepare");
+    p.check_window().expect("fits");
+    let _ = p.start().await.expect("start");
+    assert_eq!(engine.started.lock().unwrap()[0].max_tokens, 6);
+}
+
+#[tokio::test]
+async fn a_constrained_tool_call_becomes_tool_call_deltas() {
+    let engine = Scripted::new(
+        1000,
+        vec![vec![
+            br#"{"name": "get_"#,
+            br#"weather", "argu"#,
+            br#"ments": {"city": "#,
+            br#""Paris"}}"#,
+        ]],
+    );
+    let mut req = request("weather?", 0, &[]);
+    req.tools = vec![pb::FunctionTool {
+        name: "get_weather".into(),
+        description: "weather".into(),
+        parameters_json: r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into(),
+        strict: true,
+    }];
+    req.tool_choice = Some(pb::ToolChoice {
+        mode: pb::tool_choice::Mode::Required as i32,
+        function_name: String::new(),
+    });
+    let (events, _) = run(engine.clone(), req).await;
+    let calls: Vec<&pb::ToolCallDelta> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCall(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert!(calls[0].id.starts_with("call_"));
+    assert_eq!(calls[0].name, "get_weather");
+    assert_eq!(calls.iter().filter(|d| !d.id.is_empty()).count(), 1);
+    let args: String = calls
+        .iter()
+        .map(|d| d.arguments_fragment.as_str())
+        .collect();
+    assert_eq!(args, r#"{"city": "Paris"}"#);
+    assert_eq!(finished(&events).reason(), Reason::ToolCalls);
+    assert!(engine.started.lock().unwrap()[0].constraint.is_some());
+}
+
+#[tokio::test]
+async fn reasoning_is_a_think_section_then_the_answer() {
+    let engine = Scripted::new(
+        1000,
+        vec![vec![b"let me ", b"think</th", b"ink> junk"], vec![b"42"]],
+    );
+    let mut req = request("q", 0, &[]);
+    req.reasoning = Some(pb::Reasoning {
+        enabled: true,
+        budget_tokens: 50,
+        effort: String::new(),
+    });
+    let (events, _) = run(engine.clone(), req).await;
+    let reasoning: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Reasoning(r) => Some(r.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasoning, "let me think");
+    assert_eq!(text_of(&events), "42");
+    let u = finished(&events).usage.expect("usage");
+    assert_eq!((u.completion_tokens, u.reasoning_tokens), (4, 3));
+    let started = engine.started.lock().unwrap();
+    assert_eq!(started[0].max_tokens, 50);
+    let second: String = started[1]
+        .prompt
+        .iter()
+        .filter_map(|t| char::from_u32(*t))
+        .collect();
+    assert!(
+        second.ends_with("<think>\nlet me think\n</think>\n\n"),
+        "{second}"
+    );
+}
+
+#[tokio::test]
+async fn batch_events_merge_into_one_text_event() {
+    let engine = Scripted::new(100, vec![vec![b"a", b"b", b"c"]]);
+    let mut req = request("hi", 0, &[]);
+    req.batch_events = true;
+    let (events, _) = run(engine, req).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(text_of(&events), "abc");
+}
