@@ -237,8 +237,11 @@ impl ResponseStore for RedisStore {
         let _rt = RoundTrip::start("create");
         let mut conn = self.conn().await?;
         let key = self.hash(&new.object.id);
+        // One transaction: a connection lost part way must not leave a
+        // running response without the lease that lets a sweeper end it.
         let mut pipe = redis::pipe();
-        pipe.cmd("HSET")
+        pipe.atomic()
+            .cmd("HSET")
             .arg(&key)
             .arg("org")
             .arg(new.org)

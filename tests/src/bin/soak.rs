@@ -7,7 +7,7 @@
 //! cancels of running ones. Every `--fault-every` seconds the next fault of
 //! a fixed rotation hits a link (Redis stall and partition, a worker link
 //! partitioned, slowed or refusing, every connection dropped) and heals.
-//! At the end it waits one lease plus sweeps and reports the answers by
+//! At the end it waits for every run to end (bounded by `--drain-secs`) and reports the answers by
 //! kind and status, and every background run that is not terminal (the
 //! figure that must be zero) or whose event log does not end in exactly
 //! one terminal event.
@@ -40,6 +40,10 @@ struct Args {
     /// Most requests in flight; beyond it a tick's request is skipped (and counted).
     #[arg(long, default_value_t = 4000)]
     max_in_flight: usize,
+    /// After the traffic, how long runs may take to end before those still
+    /// going count as stranded (the request deadline plus a lease).
+    #[arg(long, default_value_t = 660)]
+    drain_secs: u64,
 }
 
 const LEASES: &str =
@@ -126,22 +130,41 @@ async fn main() -> Result<()> {
         in_flight.acquire_many(args.max_in_flight as u32),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
-
+    // Background runs go on after their create answered: wait until every
+    // one ended (each is bounded by the request deadline, and a lost one by
+    // its lease plus a sweep), then audit.
     let ids = runs.lock().map(|r| r.clone()).unwrap_or_default();
+    let drain_started = Instant::now();
+    let drain_limit = Duration::from_secs(args.drain_secs);
     let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
-    let mut stranded = Vec::new();
-    for id in &ids {
-        let r = client.get(&format!("/responses/{id}")).await?;
-        let status = if r.status == 200 {
-            r.json()["status"].as_str().unwrap_or("?").to_string()
-        } else {
-            format!("http {}", r.status)
-        };
-        if matches!(status.as_str(), "queued" | "in_progress") {
-            stranded.push(id.clone());
+    let mut pending = ids.clone();
+    loop {
+        let mut still = Vec::new();
+        for id in pending {
+            let status = status_of_run(&client, &id).await?;
+            if matches!(status.as_str(), "queued" | "in_progress") {
+                still.push(id);
+            } else {
+                *by_status.entry(status).or_default() += 1;
+            }
         }
-        *by_status.entry(status).or_default() += 1;
+        pending = still;
+        println!(
+            "[{}] runs not yet terminal: {} (after {:.0} s)",
+            chrono_like_now(),
+            pending.len(),
+            drain_started.elapsed().as_secs_f64()
+        );
+        if pending.is_empty() || drain_started.elapsed() >= drain_limit {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let stranded = pending;
+    for id in &stranded {
+        *by_status
+            .entry(status_of_run(&client, id).await?)
+            .or_default() += 1;
     }
     let bad_logs = audit_logs(&scope, &ids)?;
 
@@ -156,7 +179,11 @@ async fn main() -> Result<()> {
         println!("  {s:<12} {n}");
     }
     println!("event logs not ending in exactly one terminal event: {bad_logs}");
-    println!("non-terminal runs at the end: {}", stranded.len());
+    println!(
+        "drain: {:.0} s after the traffic; non-terminal runs at the end: {}",
+        drain_started.elapsed().as_secs_f64(),
+        stranded.len()
+    );
     for id in stranded.iter().take(10) {
         println!("  {}", describe(&scope, &client, id).await);
     }
@@ -301,6 +328,16 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mut
             count(tally, "cancel", status_of(&r));
         }
     }
+}
+
+/// A stored run's status as its owner would see it.
+async fn status_of_run(client: &harness::Client, id: &str) -> Result<String> {
+    let r = client.get(&format!("/responses/{id}")).await?;
+    Ok(if r.status == 200 {
+        r.json()["status"].as_str().unwrap_or("?").to_string()
+    } else {
+        format!("http {}", r.status)
+    })
 }
 
 fn status_of(r: &Result<harness::Reply>) -> String {
