@@ -805,3 +805,114 @@ async fn a_worker_with_a_token_serves_only_callers_that_send_it() {
     })
     .await;
 }
+
+/// A worker's own `/metrics` (what the pool's autoscaler reads) reports
+/// the queue it holds right now and its totals: one slot taken, two
+/// requests waiting, then all three cancelled when their callers go.
+#[tokio::test]
+async fn a_worker_serves_its_queue_on_its_own_metrics_endpoint() {
+    bounded(60, async {
+        let metrics_addr = harness::process::free_addr().unwrap();
+        let opts = WorkerOpts {
+            max_concurrency: Some(1),
+            max_queue: Some(4),
+            extra_args: vec!["--metrics-listen".into(), metrics_addr.clone()],
+            ..WorkerOpts::default()
+        };
+        let workers = start_workers("base", &[opts]);
+        let scrape = || async {
+            let r = reqwest::get(format!("http://{metrics_addr}/metrics"))
+                .await
+                .expect("scrape");
+            assert_eq!(r.status(), 200);
+            let content_type = r.headers()["content-type"].to_str().unwrap().to_owned();
+            assert!(
+                content_type.starts_with("text/plain; version=0.0.4"),
+                "{content_type}"
+            );
+            r.text().await.expect("body")
+        };
+        let gauge = |page: &str, name: &str| -> i64 {
+            let prefix = format!("{name}{{model=\"base\"}} ");
+            page.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing in:\n{page}"))
+        };
+        let page = scrape().await;
+        assert_eq!(gauge(&page, "worker_capacity"), 1);
+        assert_eq!(gauge(&page, "worker_requests_running"), 0);
+
+        let mut streams = Vec::new();
+        for i in 0..3 {
+            let mut grpc = workers[0].grpc().await.unwrap();
+            let request = inference_proto::v1::GenerateRequest {
+                request_id: format!("req_metrics_{i}"),
+                model: "base".into(),
+                messages: vec![inference_proto::v1::Message {
+                    role: "user".into(),
+                    content: vec![inference_proto::v1::ContentPart {
+                        part: Some(inference_proto::v1::content_part::Part::Text(
+                            "wait synthetic:hang".into(),
+                        )),
+                    }],
+                    ..Default::default()
+                }],
+                sampling: Some(Default::default()),
+                ..Default::default()
+            };
+            // Held until aborted: an admitted call keeps its slot, a queued
+            // one its place.
+            streams.push(tokio::spawn(async move {
+                let _call = grpc.generate(request).await;
+                std::future::pending::<()>().await;
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let page = scrape().await;
+            let (running, waiting) = (
+                gauge(&page, "worker_requests_running"),
+                gauge(&page, "worker_requests_waiting"),
+            );
+            if (running, waiting) == (1, 2) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "running {running}, waiting {waiting}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for s in &streams {
+            s.abort();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let page = scrape().await;
+            let idle = gauge(&page, "worker_requests_running") == 0
+                && gauge(&page, "worker_requests_waiting") == 0;
+            // The running one, and any queued one admitted before its own
+            // caller's abort reached the worker.
+            let cancelled = page
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(
+                        "worker_generations_total{model=\"base\",outcome=\"cancelled\"} ",
+                    )
+                })
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            if idle && (1..=3).contains(&cancelled) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not idle:\n{page}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let r = reqwest::get(format!("http://{metrics_addr}/other"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    })
+    .await;
+}

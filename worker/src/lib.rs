@@ -3,7 +3,8 @@
 //! Request path: [`service`] (draining check, tokenize with [`tokenizer`],
 //! context-window check, [`admission`], [`prefix_cache`]) hands a prepared
 //! job to an [`engine`], whose events stream back to the gateway. [`drain`]
-//! owns graceful shutdown; [`counters`] the totals that `Info` reports.
+//! owns graceful shutdown; [`counters`] the totals that `Info` reports and
+//! [`metrics`] serves to Prometheus.
 //!
 //! Engines: `synthetic` (SIMULATED output for tests, benchmarks and load,
 //! not a language model; a whole-reply engine) and `llama` (llama.cpp in
@@ -15,6 +16,7 @@ pub mod auth;
 pub mod counters;
 pub mod drain;
 pub mod engine;
+pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod prefix_cache;

@@ -119,6 +119,11 @@ struct ServeArgs {
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    /// Serve Prometheus metrics (`GET /metrics`: worker_requests_running,
+    /// worker_requests_waiting, worker_capacity, totals) on this address;
+    /// absent = no metrics listener.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Delay before the first event of a reply, in milliseconds.
     #[arg(long, default_value_t = 0)]
     ttft_ms: u64,
@@ -298,9 +303,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = stop_rx.await;
         });
     let mut server = tokio::spawn(server);
+    let metrics = match args.metrics_listen {
+        Some(at) => {
+            let (listener, bound) = worker::metrics::bind(at).await?;
+            let page = worker::metrics::MetricsPage::new(Arc::clone(&state))?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            tokio::spawn(page.serve(listener));
+            Some(bound)
+        }
+        None => None,
+    };
 
     {
         let mut out = std::io::stdout().lock();
+        if let Some(bound) = metrics {
+            writeln!(out, "worker metrics on {bound}")?;
+        }
         writeln!(
             out,
             "worker listening on {addr} model={} engine={engine_name}",

@@ -1,0 +1,285 @@
+//! The worker's Prometheus endpoint (`--metrics-listen`): its own queue and
+//! totals, for the operator's autoscaler and alerts.
+//!
+//! The gateway's `gateway_worker_*` series are one replica's view of a
+//! pool; summed across gateway replicas they count each worker several
+//! times. A worker's own `/metrics` is the one source of its queue
+//! (`worker_requests_waiting` drives the pool's HPA). Values are read from
+//! the live admission counters and totals at scrape time, so nothing on the
+//! generation path records twice.
+
+use crate::service::WorkerState;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+/// Reads the worker's state into metric families on every scrape.
+struct WorkerCollector {
+    state: Arc<WorkerState>,
+    running: IntGaugeVec,
+    waiting: IntGaugeVec,
+    capacity: IntGaugeVec,
+    draining: IntGaugeVec,
+    generations: IntCounterVec,
+    rejected: IntCounterVec,
+    tokens: IntCounterVec,
+    descs: Vec<Desc>,
+}
+
+impl WorkerCollector {
+    fn new(state: Arc<WorkerState>) -> prometheus::Result<Self> {
+        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["model"]);
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
+        let running = gauge(
+            "worker_requests_running",
+            "Generations holding a slot of the engine.",
+        )?;
+        let waiting = gauge(
+            "worker_requests_waiting",
+            "Generations admitted and waiting for a slot.",
+        )?;
+        let capacity = gauge(
+            "worker_capacity",
+            "Generations the engine runs at once (its slots).",
+        )?;
+        let draining = gauge(
+            "worker_draining",
+            "1 while the worker drains after SIGTERM.",
+        )?;
+        let generations = counter(
+            "worker_generations_total",
+            "Generations that ended, by outcome (completed, cancelled, failed).",
+            &["model", "outcome"],
+        )?;
+        let rejected = counter(
+            "worker_requests_rejected_total",
+            "Requests refused before generating (overloaded, draining, too long, invalid).",
+            &["model"],
+        )?;
+        let tokens = counter(
+            "worker_tokens_total",
+            "Tokens by kind: prompt, cached_prompt (reused from the prefix cache), generated.",
+            &["model", "kind"],
+        )?;
+        let descs = [&running, &waiting, &capacity, &draining]
+            .iter()
+            .flat_map(|g| g.desc().into_iter().cloned())
+            .chain(
+                [&generations, &rejected, &tokens]
+                    .iter()
+                    .flat_map(|c| c.desc().into_iter().cloned()),
+            )
+            .collect();
+        Ok(Self {
+            state,
+            running,
+            waiting,
+            capacity,
+            draining,
+            generations,
+            rejected,
+            tokens,
+            descs,
+        })
+    }
+}
+
+impl Collector for WorkerCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = &self.state;
+        let model = s.model.id.as_str();
+        let gauges = [
+            (&self.running, s.admission.running()),
+            (&self.waiting, s.admission.queued()),
+            (&self.capacity, s.admission.capacity()),
+            (&self.draining, u32::from(s.drain.is_draining())),
+        ];
+        for (gauge, value) in gauges {
+            gauge.with_label_values(&[model]).set(i64::from(value));
+        }
+        let totals = s.counters.snapshot();
+        // Counters are rebuilt from the totals each scrape: reset, then set.
+        self.generations.reset();
+        self.rejected.reset();
+        self.tokens.reset();
+        for (outcome, n) in [
+            ("completed", totals.completed),
+            ("cancelled", totals.cancelled),
+            ("failed", totals.failed),
+        ] {
+            self.generations
+                .with_label_values(&[model, outcome])
+                .inc_by(n);
+        }
+        self.rejected
+            .with_label_values(&[model])
+            .inc_by(totals.rejected);
+        for (kind, n) in [
+            ("prompt", totals.prompt_tokens),
+            ("cached_prompt", totals.cached_prompt_tokens),
+            ("generated", totals.tokens_generated),
+        ] {
+            self.tokens.with_label_values(&[model, kind]).inc_by(n);
+        }
+        let mut families = Vec::new();
+        for g in [&self.running, &self.waiting, &self.capacity, &self.draining] {
+            families.extend(g.collect());
+        }
+        for c in [&self.generations, &self.rejected, &self.tokens] {
+            families.extend(c.collect());
+        }
+        families
+    }
+}
+
+/// The exposition of one registry, rendered on request.
+#[derive(Clone)]
+pub struct MetricsPage {
+    registry: Registry,
+}
+
+impl MetricsPage {
+    pub fn new(state: Arc<WorkerState>) -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        registry.register(Box::new(WorkerCollector::new(state)?))?;
+        Ok(Self { registry })
+    }
+
+    /// The text exposition format (version 0.0.4).
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+
+    fn answer(&self, request: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match (request.method(), request.uri().path()) {
+            (&Method::GET, "/metrics") => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                Bytes::from(self.render()),
+            ),
+            (_, "/metrics") => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                Bytes::from_static(b"GET only\n"),
+            ),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                Bytes::from_static(b"not found; try /metrics\n"),
+            ),
+        };
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, v);
+        }
+        response
+    }
+
+    /// Serves `GET /metrics` on `listener` until the task is dropped.
+    pub async fn serve(self, listener: TcpListener) {
+        loop {
+            let (socket, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("metrics listener: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let page = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let response = page.answer(&request);
+                    async move { Ok::<_, std::convert::Infallible>(response) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(socket), service)
+                    .await;
+            });
+        }
+    }
+}
+
+/// Binds `addr` for [`MetricsPage::serve`]; the bound address is returned
+/// so that port 0 can be used.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Admission;
+    use crate::counters::Counters;
+    use crate::drain::DrainFlag;
+    use crate::engine::Outcome;
+    use crate::model::ModelProfile;
+    use crate::prefix_cache::PrefixCache;
+    use crate::service::Engines;
+
+    fn state() -> Arc<WorkerState> {
+        let engine = crate::engine::synthetic::SyntheticEngine::new(Default::default());
+        Arc::new(WorkerState {
+            model: ModelProfile::new("base", None),
+            engine_name: "synthetic",
+            description: String::new(),
+            engine: Engines::Reply(Arc::new(engine)),
+            admission: Admission::new(3, 5),
+            cache: PrefixCache::new(16),
+            counters: Counters::default(),
+            drain: DrainFlag::default(),
+        })
+    }
+
+    fn line<'a>(page: &'a str, series: &str) -> Option<&'a str> {
+        page.lines().find(|l| l.starts_with(series))
+    }
+
+    #[test]
+    fn a_scrape_reads_the_live_queue_and_totals() {
+        let state = state();
+        let page = MetricsPage::new(Arc::clone(&state)).expect("registry");
+        state.counters.started(100, 40);
+        state.counters.finished(Outcome::Completed { tokens: 7 });
+        state.counters.finished(Outcome::Cancelled { tokens: 2 });
+        state.counters.rejected();
+        let text = String::from_utf8(page.render()).expect("utf-8");
+        assert_eq!(
+            line(&text, "worker_capacity{"),
+            Some("worker_capacity{model=\"base\"} 3")
+        );
+        assert_eq!(
+            line(&text, "worker_requests_waiting{"),
+            Some("worker_requests_waiting{model=\"base\"} 0")
+        );
+        assert!(text.contains("worker_generations_total{model=\"base\",outcome=\"completed\"} 1"));
+        assert!(text.contains("worker_generations_total{model=\"base\",outcome=\"cancelled\"} 1"));
+        assert!(text.contains("worker_tokens_total{kind=\"generated\",model=\"base\"} 9"));
+        assert!(text.contains("worker_tokens_total{kind=\"cached_prompt\",model=\"base\"} 40"));
+        assert!(text.contains("worker_requests_rejected_total{model=\"base\"} 1"));
+        // A second scrape reports the same totals, not doubled ones.
+        let again = String::from_utf8(page.render()).expect("utf-8");
+        assert!(again.contains("worker_tokens_total{kind=\"generated\",model=\"base\"} 9"));
+    }
+}
