@@ -29,7 +29,11 @@ impl App {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         // Connects lazily, inside the server's runtime.
         let redis = match &config.store.redis_url {
-            Some(url) => Some(Arc::new(RedisHandle::new(url, &config.store.key_prefix)?)),
+            Some(url) => Some(Arc::new(RedisHandle::with_ca(
+                url,
+                &config.store.key_prefix,
+                config.store.redis_ca_file.as_deref(),
+            )?)),
             None => None,
         };
         let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);

@@ -189,8 +189,13 @@ pub struct StaticKey {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
-    /// `redis://host:port/db`; absent = the embedded in-process store.
+    /// `redis://[user:password@]host:port/db`, or `rediss://` for TLS;
+    /// absent = the embedded in-process store.
     pub redis_url: Option<String>,
+    /// PEM file of the CA that signed the Redis server's certificate (for
+    /// `rediss://`); absent = the system's trusted roots.
+    #[serde(default)]
+    pub redis_ca_file: Option<std::path::PathBuf>,
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
     /// How long stored responses (object, input items, event log) are kept.
@@ -217,6 +222,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             redis_url: None,
+            redis_ca_file: None,
             key_prefix: default_key_prefix(),
             storage_window_seconds: default_storage_window(),
             lease_millis: default_lease_millis(),
@@ -347,6 +353,10 @@ impl Config {
         }
         if let Some(v) = get("GATEWAY_REDIS_URL") {
             self.store.redis_url = Some(v).filter(|s| !s.is_empty());
+        }
+        if let Some(v) = get("GATEWAY_REDIS_CA_FILE") {
+            self.store.redis_ca_file =
+                Some(v.into()).filter(|p: &std::path::PathBuf| !p.as_os_str().is_empty());
         }
         if let Some(v) = get("GATEWAY_KEY_PREFIX") {
             self.store.key_prefix = v;

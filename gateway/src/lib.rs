@@ -20,6 +20,7 @@ pub mod routes;
 pub mod runs;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod translate;
 pub mod usage;
 pub mod validate;

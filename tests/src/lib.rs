@@ -48,6 +48,7 @@ pub mod process;
 pub mod procfs;
 pub mod raw;
 pub mod redis_scope;
+pub mod redis_server;
 pub mod stack;
 pub mod worker;
 
@@ -57,6 +58,7 @@ pub use client::{
 pub use fault_proxy::FaultProxy;
 pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
 pub use redis_scope::RedisScope;
+pub use redis_server::RedisServer;
 pub use serde_json::{json, Value};
 pub use stack::{Stack, StackBuilder, MODELS};
 pub use worker::{start_workers, Worker, WorkerOpts};

@@ -21,7 +21,8 @@ pub struct Spec {
     /// Variables removed from the inherited environment (so a developer's
     /// `GATEWAY_LISTEN` cannot redirect a test gateway).
     pub env_remove: Vec<String>,
-    /// The process is ready once it prints a stdout line starting with this.
+    /// The process is ready once it prints a stdout line containing this
+    /// (at its start for our binaries; inside a log line for redis-server).
     pub ready_prefix: String,
     pub ready_timeout: Duration,
 }
@@ -112,7 +113,7 @@ impl ChildProcess {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 let _ = writeln!(log_out, "{line}");
-                if line.starts_with(&prefix) {
+                if line.contains(&prefix) {
                     if let Some(tx) = ready_tx.take() {
                         let _ = tx.send(line);
                     }

@@ -198,18 +198,13 @@ impl Stack {
     #[track_caller]
     pub fn cli(&self, args: &[&str]) -> String {
         let redis = self.redis.as_ref().expect("a Redis stack");
-        let out = std::process::Command::new(crate::bins::bin("gateway").expect("gateway binary"))
-            .args(args)
-            .env("GATEWAY_REDIS_URL", redis.url())
-            .env("GATEWAY_KEY_PREFIX", redis.prefix())
-            .output()
-            .expect("run the gateway CLI");
-        assert!(
-            out.status.success(),
-            "gateway {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        gateway_cli(
+            &[
+                ("GATEWAY_REDIS_URL", redis.url()),
+                ("GATEWAY_KEY_PREFIX", redis.prefix()),
+            ],
+            args,
+        )
     }
 
     /// The logs of every process, for an assertion message.
@@ -221,4 +216,21 @@ impl Stack {
         }
         s
     }
+}
+
+/// Runs the operator CLI (`gateway <args>`) with `env`; returns stdout.
+/// Panics if it fails.
+#[track_caller]
+pub fn gateway_cli(env: &[(&str, &str)], args: &[&str]) -> String {
+    let out = std::process::Command::new(crate::bins::bin("gateway").expect("gateway binary"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the gateway CLI");
+    assert!(
+        out.status.success(),
+        "gateway {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -18,13 +18,18 @@ pub struct StoreArgs {
     /// Key prefix the gateways use.
     #[arg(long, env = "GATEWAY_KEY_PREFIX", default_value = "igw:")]
     pub key_prefix: String,
+    /// For `rediss://`: PEM file of the CA that signed the server's
+    /// certificate (default: the system's trusted roots).
+    #[arg(long, env = "GATEWAY_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
 }
 
 impl StoreArgs {
     fn handle(&self) -> anyhow::Result<Arc<RedisHandle>> {
-        Ok(Arc::new(RedisHandle::new(
+        Ok(Arc::new(RedisHandle::with_ca(
             &self.redis_url,
             &self.key_prefix,
+            self.redis_ca_file.as_deref(),
         )?))
     }
 }

@@ -60,7 +60,7 @@ impl RedisLimits {
     pub fn new(redis: Arc<RedisHandle>) -> Self {
         let admit = Script::new(include_str!("admit.lua"));
         let settle = Script::new(include_str!("settle.lua"));
-        let pipe = RedisPipe::new(redis.client(), &[&admit, &settle]);
+        let pipe = RedisPipe::new(redis.client(), redis.tls(), &[&admit, &settle]);
         Self {
             redis,
             admit,

@@ -20,7 +20,7 @@
 use crate::redis_conn::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use bytes::{Buf, BytesMut};
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -178,16 +178,24 @@ struct Job {
 /// The connection: lazily opened, reopened after a failure.
 pub struct RedisPipe {
     info: redis::ConnectionInfo,
+    /// For a `rediss://` address.
+    tls: Option<Arc<rustls::ClientConfig>>,
     scripts: Vec<&'static str>,
     /// The running connection's queue; closed once its task has ended.
     queue: Mutex<Option<mpsc::UnboundedSender<Job>>>,
 }
 
 impl RedisPipe {
-    /// A connection to where `client` points, keeping `scripts` loaded.
-    pub fn new(client: &redis::Client, scripts: &[&Script]) -> Self {
+    /// A connection to where `client` points (over TLS with `tls` for a
+    /// `rediss://` address), keeping `scripts` loaded.
+    pub fn new(
+        client: &redis::Client,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        scripts: &[&Script],
+    ) -> Self {
         Self {
             info: client.get_connection_info().clone(),
+            tls,
             scripts: scripts.iter().map(|s| s.source).collect(),
             queue: Mutex::new(None),
         }
@@ -231,7 +239,12 @@ impl RedisPipe {
             return tx.clone();
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(self.info.clone(), self.scripts.clone(), rx));
+        tokio::spawn(run(
+            self.info.clone(),
+            self.tls.clone(),
+            self.scripts.clone(),
+            rx,
+        ));
         *queue = Some(tx.clone());
         tx
     }
@@ -241,10 +254,12 @@ impl RedisPipe {
 /// fails; every waiting call learns why.
 async fn run(
     info: redis::ConnectionInfo,
+    tls: Option<Arc<rustls::ClientConfig>>,
     scripts: Vec<&'static str>,
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
-    let failure = match tokio::time::timeout(CONNECT_TIMEOUT, connect(&info, &scripts)).await {
+    let connecting = connect(&info, tls, &scripts);
+    let failure = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Ok(Ok(conn)) => pipeline(conn, &mut rx).await,
         Ok(Err(e)) => e,
         Err(_) => PipeError::Connection("connect timed out".into()),
@@ -268,14 +283,34 @@ struct Conn {
 
 /// Opens the socket, authenticates, selects the database and loads the
 /// scripts, in one round trip after the connect.
-async fn connect(info: &redis::ConnectionInfo, scripts: &[&str]) -> Result<Conn, PipeError> {
+async fn connect(
+    info: &redis::ConnectionInfo,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    scripts: &[&str],
+) -> Result<Conn, PipeError> {
     let io_err = |e: std::io::Error| PipeError::Connection(e.to_string());
+    let tcp = |host: String, port: u16| async move {
+        let s = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(io_err)?;
+        s.set_nodelay(true).map_err(io_err)?;
+        Ok::<_, PipeError>(s)
+    };
     let io: Box<dyn Stream> = match info.addr() {
-        redis::ConnectionAddr::Tcp(host, port) => {
-            let s = tokio::net::TcpStream::connect((host.as_str(), *port))
+        redis::ConnectionAddr::Tcp(host, port) => Box::new(tcp(host.clone(), *port).await?),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            let Some(tls) = tls else {
+                return Err(PipeError::Connection(
+                    "a rediss:// address without a TLS configuration".into(),
+                ));
+            };
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| PipeError::Connection(format!("TLS server name {host}: {e}")))?;
+            let s = tcp(host.clone(), *port).await?;
+            let s = tokio_rustls::TlsConnector::from(tls)
+                .connect(name, s)
                 .await
                 .map_err(io_err)?;
-            s.set_nodelay(true).map_err(io_err)?;
             Box::new(s)
         }
         #[cfg(unix)]
@@ -310,6 +345,8 @@ async fn connect(info: &redis::ConnectionInfo, scripts: &[&str]) -> Result<Conn,
         hello.push(Frame::script_load(source).into_bytes());
     }
     conn.io.write_all(&hello.concat()).await.map_err(io_err)?;
+    // A TLS stream may hold the last record until flushed (a no-op on TCP).
+    conn.io.flush().await.map_err(io_err)?;
     for _ in 0..hello.len() {
         if let Reply::Error(e) = conn.next_reply().await? {
             return Err(PipeError::Server(e));
@@ -411,7 +448,11 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
                         written
                     }
                 };
-                if let Err(e) = written {
+                let flushed = match written {
+                    Ok(()) => conn.io.flush().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = flushed {
                     break PipeError::Connection(e.to_string());
                 }
             }
@@ -591,7 +632,7 @@ mod tests {
     async fn concurrent_calls_share_the_connection_and_come_back_in_order() {
         let redis = crate::accounts::store::tests::test_redis();
         let script = Script::new("return {tonumber(ARGV[1]), 2, 3}");
-        let pipe = RedisPipe::new(redis.client(), &[&script]);
+        let pipe = RedisPipe::new(redis.client(), None, &[&script]);
         let script = &script;
         let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], &[n.into()]));
         let replies = futures::future::join_all((0..100).map(call)).await;
@@ -658,7 +699,7 @@ mod tests {
         .await;
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let script = Script::new("return {7, 8}");
-        let pipe = RedisPipe::new(&client, &[&script]);
+        let pipe = RedisPipe::new(&client, None, &[&script]);
         let reply = pipe
             .call(|| Frame::evalsha(&script, &[], &[]))
             .await
@@ -688,7 +729,7 @@ mod tests {
         });
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let script = Script::new("return 1");
-        let pipe = RedisPipe::new(&client, &[&script]);
+        let pipe = RedisPipe::new(&client, None, &[&script]);
         let started = Instant::now();
         let r = pipe.call(|| Frame::evalsha(&script, &[], &[])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
@@ -707,7 +748,7 @@ mod tests {
             .local_addr()
             .unwrap();
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
-        let pipe = RedisPipe::new(&client, &[]);
+        let pipe = RedisPipe::new(&client, None, &[]);
         let started = Instant::now();
         let r = pipe.call(|| Frame::command(&["PING".into()])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");

@@ -202,24 +202,11 @@ impl KubeApi {
 /// TLS trusting only the cluster's CA (`None`: trusts nothing, for a plain
 /// http API).
 fn tls_config(ca_pem: Option<&[u8]>) -> anyhow::Result<rustls::ClientConfig> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(pem) = ca_pem {
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            roots
-                .add(cert.context("the cluster CA is not PEM")?)
-                .context("the cluster CA")?;
-        }
-        if roots.is_empty() {
-            bail!("the cluster CA file holds no certificate");
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS versions")?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    let roots = match ca_pem {
+        Some(pem) => crate::tls::roots_from_pem(pem, "the cluster CA")?,
+        None => rustls::RootCertStore::empty(),
+    };
+    crate::tls::client_config(roots)
 }
 
 /// The addresses of the endpoints that may take traffic. An endpoint whose

@@ -138,7 +138,11 @@ pub fn from_config(
     let window = Duration::from_secs(config.storage_window_seconds);
     Ok(match &config.redis_url {
         Some(url) => {
-            let handle = crate::redis_conn::RedisHandle::new(url, &config.key_prefix)?;
+            let handle = crate::redis_conn::RedisHandle::with_ca(
+                url,
+                &config.key_prefix,
+                config.redis_ca_file.as_deref(),
+            )?;
             std::sync::Arc::new(redis::RedisStore::new(std::sync::Arc::new(handle), window))
         }
         None => std::sync::Arc::new(memory::MemoryStore::new(window)),

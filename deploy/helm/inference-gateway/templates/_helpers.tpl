@@ -97,6 +97,10 @@ inference-gateway.io/model: {{ . }}
 {{- end }}
 - name: GATEWAY_REDIS_URL
   value: {{ include "ig.redisUrl" . | quote }}
+{{- if include "ig.redisCa" . }}
+- name: GATEWAY_REDIS_CA_FILE
+  value: /etc/igw/redis-ca/ca.crt
+{{- end }}
 - name: GATEWAY_KEY_PREFIX
   value: {{ .Values.gateway.config.store.keyPrefix | quote }}
 {{- end -}}
@@ -160,4 +164,22 @@ topologySpreadConstraints:
 {{- $_ := set $dst $k $v -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the external Redis's CA (ca.crt), when TLS uses a private CA. */}}
+{{- define "ig.redisCa" -}}
+{{- if and (not .Values.redis.enabled) .Values.externalRedis.tls .Values.externalRedis.caSecret -}}{{ .Values.externalRedis.caSecret }}{{- end -}}
+{{- end -}}
+
+{{/* volumeMounts / volumes entries for the Redis CA (empty without one). */}}
+{{- define "ig.redisCaMount" -}}
+{{- if include "ig.redisCa" . }}
+- {name: redis-ca, mountPath: /etc/igw/redis-ca, readOnly: true}
+{{- end }}
+{{- end -}}
+{{- define "ig.redisCaVolume" -}}
+{{- if include "ig.redisCa" . }}
+- name: redis-ca
+  secret: {secretName: {{ include "ig.redisCa" . }}, items: [{key: ca.crt, path: ca.crt}]}
+{{- end }}
 {{- end -}}
