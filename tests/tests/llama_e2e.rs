@@ -91,6 +91,34 @@ async fn chat_non_streaming_and_streaming() {
     );
 }
 
+/// The prompt is the model's own template's: SmolLM2's Jinja template adds
+/// its default system message when the caller sends none, so a bare user
+/// message costs exactly as many prompt tokens as one with that system
+/// message spelled out (and more than one with a shorter system message).
+#[tokio::test]
+async fn the_prompt_is_rendered_by_the_model_s_own_template() {
+    let stack = llama_stack(1);
+    let prompt_tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    let bare = post(&stack, &chat("Hi", 1)).await;
+    let mut body = chat("Hi", 1);
+    body["messages"] = json!([
+        {"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
+        {"role": "user", "content": "Hi"},
+    ]);
+    let spelled_out = post(&stack, &body).await;
+    body["messages"][0]["content"] = json!("Be brief.");
+    let short = post(&stack, &body).await;
+    assert_eq!(
+        prompt_tokens(&bare),
+        prompt_tokens(&spelled_out),
+        "{bare}\n{spelled_out}"
+    );
+    assert!(
+        prompt_tokens(&short) < prompt_tokens(&bare),
+        "{short}\n{bare}"
+    );
+}
+
 #[tokio::test]
 async fn max_tokens_gives_length_and_a_stop_string_ends_the_text_before_it() {
     let stack = llama_stack(2);

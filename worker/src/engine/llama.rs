@@ -1,8 +1,9 @@
 //! The `llama` engine: llama.cpp in process (`llama-cpp-2`, built from
 //! vendored source) on a GGUF model.
 //!
-//! - The tokenizer and chat template come from the GGUF file (llama.cpp's
-//!   built-in template matcher; ChatML when the model has none it knows).
+//! - The tokenizer and chat template come from the GGUF file: the Jinja
+//!   template in its metadata ([`super::chat_template`]); llama.cpp's
+//!   built-in matcher if that does not render, ChatML if neither does.
 //! - `LlamaContext` is not `Send`: one engine thread owns the context and
 //!   runs the decode loop, fed by a channel; each sequence streams its
 //!   events back on its own channel.
@@ -20,6 +21,7 @@
 //!   token the schema forbids is never sampled.
 //! - A dropped stream is seen at the next step: the slot is freed.
 
+use super::chat_template::ChatTemplate;
 use super::sequence::{
     ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
     SequenceStream, TokenId,
@@ -81,6 +83,9 @@ struct Job {
 /// The engine handle (cheap to share); the context lives on its thread.
 pub struct LlamaEngine {
     model: Arc<LlamaModel>,
+    /// The model's own Jinja template.
+    jinja: Option<ChatTemplate>,
+    /// llama.cpp's built-in template of the same family.
     template: Option<LlamaChatTemplate>,
     factory: ParserFactory,
     jobs: mpsc::UnboundedSender<Job>,
@@ -98,6 +103,7 @@ impl LlamaEngine {
                 .map_err(|e| anyhow::anyhow!("loading {}: {e}", config.model_file.display()))?;
         let model = Arc::new(model);
         let template = model.chat_template(None).ok();
+        let jinja = jinja_template(&model);
         let tok_env = LlamaSampler::llguidance_tok_env(&model);
         let mut factory = ParserFactory::new_simple(&tok_env)?;
         factory.quiet();
@@ -159,12 +165,22 @@ impl LlamaEngine {
         );
         Ok(Self {
             model,
+            jinja,
             template,
             factory,
             jobs: jobs_tx,
             window,
             description,
         })
+    }
+
+    /// Whether tokenizing `prompt` adds BOS: not when the template printed it.
+    fn adds_bos(&self, prompt: &str) -> bool {
+        let printed = self
+            .jinja
+            .as_ref()
+            .is_some_and(|j| j.starts_with_bos(prompt));
+        self.model.vocab().should_add_bos() && !printed
     }
 
     fn matcher(&self, constraint: &Constraint) -> Result<Matcher, Status> {
@@ -175,6 +191,21 @@ impl LlamaEngine {
             .create_parser(grammar)
             .map_err(|e| status::invalid_request(format!("unsupported JSON schema: {e}")))?;
         Ok(Matcher::new(Ok(parser)))
+    }
+}
+
+/// The GGUF's `tokenizer.chat_template`, compiled (`None` if absent or not
+/// valid Jinja: the built-in matcher takes over).
+fn jinja_template(model: &LlamaModel) -> Option<ChatTemplate> {
+    let source = model.meta_val_str("tokenizer.chat_template").ok()?;
+    let vocab = model.vocab();
+    let text = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
+    match ChatTemplate::new(&source, &text(vocab.bos()), &text(vocab.eos())) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "the model's chat template does not compile; using llama.cpp's built-in one");
+            None
+        }
     }
 }
 
@@ -206,6 +237,14 @@ impl SequenceEngine for LlamaEngine {
     }
 
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
+        if let Some(jinja) = &self.jinja {
+            match jinja.render(messages) {
+                Ok(text) => return Ok(text),
+                // A template may refuse a conversation (a role it lacks):
+                // the built-in family template is the next best.
+                Err(e) => tracing::debug!(error = %e, "the model's chat template failed"),
+            }
+        }
         let Some(template) = &self.template else {
             return Ok(chatml(messages));
         };
@@ -226,7 +265,7 @@ impl SequenceEngine for LlamaEngine {
     fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status> {
         let vocab = self.model.vocab();
         Ok(vocab
-            .tokenize(text.as_bytes(), vocab.should_add_bos(), true)
+            .tokenize(text.as_bytes(), self.adds_bos(text), true)
             .into_iter()
             .map(|t| t.0 as TokenId)
             .collect())

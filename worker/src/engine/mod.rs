@@ -13,6 +13,8 @@
 //! to say and when. `prepare` runs before the stream opens, so a request the
 //! engine cannot serve fails with a plain status; `run` then streams.
 
+#[cfg(feature = "llama")]
+pub mod chat_template;
 pub mod controls;
 #[cfg(feature = "llama")]
 pub mod llama;
