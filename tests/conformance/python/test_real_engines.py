@@ -104,7 +104,9 @@ def test_required_tool_call(real):
                            "required": ["city"], "additionalProperties": False},
         }}],
         tool_choice="required",
-        max_tokens=60,
+        # One call: an open array of calls may run to max_tokens.
+        parallel_tool_calls=False,
+        max_tokens=120,
         temperature=0,
     )
     choice = reply.choices[0]
