@@ -51,6 +51,7 @@ pub mod process;
 pub mod procfs;
 pub mod raw;
 pub mod redis_scope;
+pub mod replies;
 pub mod stack;
 pub mod worker;
 

@@ -23,20 +23,7 @@ fn locate() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("LLAMA_SERVER").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-server.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    Ok(PathBuf::from(path))
+    crate::model::script_path("llama-server.sh")
 }
 
 /// A running llama-server. Dropping it kills the process.

@@ -4,6 +4,7 @@
 //! is weak: asserts are on structure, not on what it knows.
 
 use harness::model::model_file;
+use harness::replies::{chat, content, output_text, post_chat as post};
 use harness::{assert_error, json, LlamaServer, Stack, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
@@ -25,32 +26,6 @@ async fn upstream_stack(parallel: u32, max_concurrency: Option<u32>) -> (Stack, 
         .start()
         .expect("stack starts");
     (stack, server)
-}
-
-fn chat(content: &str, max_tokens: u32) -> Value {
-    json!({
-        "model": "base",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    })
-}
-
-async fn post(stack: &Stack, body: &Value) -> Value {
-    let reply = stack
-        .client()
-        .post_json("/chat/completions", body)
-        .await
-        .expect("reply");
-    assert_eq!(reply.status, 200, "{reply}\n{}", stack.logs());
-    reply.json()
-}
-
-fn content(reply: &Value) -> String {
-    reply["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 async fn wait_until<F, Fut>(what: &str, secs: u64, mut check: F)
@@ -445,17 +420,6 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
         (load.running, load.queued) == (0, 0)
     })
     .await;
-}
-
-fn output_text(response: &Value) -> String {
-    response["output"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|item| item["type"] == "message")
-        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|part| part["text"].as_str().map(str::to_owned))
-        .collect()
 }
 
 #[tokio::test]

@@ -9,12 +9,12 @@
 //! message-level engine (`upstream`) counts the prompt with the engine's
 //! tokenizer, is checked against its window the same way, and streams.
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Slot};
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
 use crate::engine::chat::ChatEngine;
 use crate::engine::sequence::SequenceEngine;
-use crate::engine::{Engine, EventSink, Job};
+use crate::engine::{Engine, EventSink, Job, Outcome};
 use crate::model::ModelProfile;
 use crate::pipeline;
 use crate::prefix_cache::PrefixCache;
@@ -152,19 +152,7 @@ impl WorkerService {
         // At info, under the span that carries `trace_id` (RUST_LOG=info).
         tracing::info!(prompt_tokens, cached_prompt_tokens, "generate");
 
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let state = Arc::clone(&self.state);
-        tokio::spawn(
-            async move {
-                // The slot is held until the generation ends, however it ends.
-                let _slot = slot;
-                let outcome = generation.run(EventSink::new(tx)).await;
-                tracing::debug!(%request_id, ?outcome, "generation ended");
-                state.counters.finished(outcome);
-            }
-            .instrument(span),
-        );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
     }
 
     /// A sequence-level engine: the engine renders and tokenizes, its real
@@ -190,21 +178,10 @@ impl WorkerService {
         state.counters.started(prompt_tokens, 0);
         tracing::info!(prompt_tokens, "generate");
 
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let state = Arc::clone(&self.state);
-        tokio::spawn(
-            async move {
-                let _slot = slot;
-                let st = Arc::clone(&state);
-                let outcome = running
-                    .run(EventSink::new(tx), move |cached| st.counters.cached(cached))
-                    .await;
-                tracing::debug!(%request_id, ?outcome, "generation ended");
-                state.counters.finished(outcome);
-            }
-            .instrument(span),
-        );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let st = Arc::clone(&self.state);
+        Ok(self.spawn(slot, request_id, span, move |out| {
+            running.run(out, move |cached| st.counters.cached(cached))
+        }))
     }
 
     /// A message-level engine: its own count against its own window (the
@@ -248,18 +225,34 @@ impl WorkerService {
         state.counters.started(prompt_tokens.unwrap_or(0), 0);
         tracing::info!(prompt_tokens, "generate");
 
+        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
+    }
+
+    /// Runs a started generation on a task of its own, under `span`; the
+    /// admission slot is held until it ends, however it ends.
+    fn spawn<F>(
+        &self,
+        slot: Slot,
+        request_id: String,
+        span: tracing::Span,
+        run: impl FnOnce(EventSink) -> F,
+    ) -> Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>
+    where
+        F: std::future::Future<Output = Outcome> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let generation = run(EventSink::new(tx));
         let state = Arc::clone(&self.state);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                let outcome = generation.run(EventSink::new(tx)).await;
+                let outcome = generation.await;
                 tracing::debug!(%request_id, ?outcome, "generation ended");
                 state.counters.finished(outcome);
             }
             .instrument(span),
         );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Response::new(ReceiverStream::new(rx))
     }
 
     fn context_window(&self) -> u32 {
