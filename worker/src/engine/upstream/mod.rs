@@ -180,16 +180,21 @@ impl UpstreamEngine {
         &self.model
     }
 
-    async fn count(&self, messages: &[wire::Message]) -> Result<Option<u32>, Status> {
+    async fn count(
+        &self,
+        messages: &[wire::Message],
+        tools: &[wire::Tool],
+    ) -> Result<Option<u32>, Status> {
         let tokenize = match self.kind.counting() {
             Counting::None => return Ok(None),
             Counting::ChatTokenize => to_json(&wire::ChatTokenize {
                 model: &self.model,
                 messages,
+                tools,
                 add_generation_prompt: true,
             })?,
             Counting::TemplateThenTokenize => {
-                let body = to_json(&wire::ApplyTemplate { messages })?;
+                let body = to_json(&wire::ApplyTemplate { messages, tools })?;
                 let Some(applied) = self.post::<wire::Applied>("/apply-template", body).await?
                 else {
                     return Ok(None);
@@ -275,7 +280,13 @@ impl ChatEngine for UpstreamEngine {
         }
         let enforced = request::enforces_tools(req, self.enforce_tools);
         let messages = request::messages(self.kind, req, enforced)?;
-        self.count(&messages).await
+        // Enforced tool choices list the tools in a message instead.
+        let tools = if enforced {
+            Vec::new()
+        } else {
+            request::tools(req)?
+        };
+        self.count(&messages, &tools).await
     }
 
     async fn start(
@@ -677,6 +688,57 @@ mod tests {
         assert_eq!(chat["model"], "m");
         assert_eq!(chat["stream"], true);
         assert_eq!(chat["max_tokens"], 16);
+    }
+
+    #[tokio::test]
+    async fn the_count_renders_tools_unless_the_worker_enforces_them() {
+        let (url, mut seen) = fake(vec![
+            (
+                "/v1/models",
+                json_reply("200 OK", r#"{"data":[{"id":"m"}]}"#),
+            ),
+            (
+                "/props",
+                json_reply(
+                    "200 OK",
+                    r#"{"default_generation_settings":{"n_ctx":512},"total_slots":2}"#,
+                ),
+            ),
+            (
+                "/apply-template",
+                json_reply("200 OK", r#"{"prompt":"<p>"}"#),
+            ),
+            ("/tokenize", json_reply("200 OK", r#"{"tokens":[1,2,3]}"#)),
+        ])
+        .await;
+        let engine = UpstreamEngine::connect(&config(&url, Kind::LlamaServer))
+            .await
+            .expect("connect");
+        assert_eq!((engine.context_window(), engine.capacity()), (512, Some(2)));
+        let mut req = request(0);
+        req.tools = vec![pb::FunctionTool {
+            name: "f".into(),
+            ..Default::default()
+        }];
+        for (mode, rendered) in [
+            (pb::tool_choice::Mode::Auto, true),
+            (pb::tool_choice::Mode::Required, false),
+        ] {
+            req.tool_choice = Some(pb::ToolChoice {
+                mode: mode as i32,
+                function_name: String::new(),
+            });
+            assert_eq!(engine.count_prompt(&req).await.expect("count"), Some(3));
+            let mut template = None;
+            while let Ok((path, body)) = seen.try_recv() {
+                if path == "/apply-template" {
+                    template = Some(body);
+                }
+            }
+            let body: serde_json::Value =
+                serde_json::from_str(&template.expect("apply-template")).expect("json");
+            assert_eq!(body.get("tools").is_some(), rendered, "{mode:?}: {body}");
+        }
     }
 
     #[tokio::test]

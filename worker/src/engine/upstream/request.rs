@@ -114,7 +114,8 @@ fn message(kind: Kind, m: &pb::Message) -> Result<wire::Message, Status> {
     })
 }
 
-fn tools(req: &pb::GenerateRequest) -> Result<Vec<wire::Tool>, Status> {
+/// The tools as chat fields (also what `/tokenize` renders).
+pub fn tools(req: &pb::GenerateRequest) -> Result<Vec<wire::Tool>, Status> {
     req.tools
         .iter()
         .map(|t| {

@@ -237,6 +237,9 @@ pub struct GenerationSettings {
 pub struct ChatTokenize<'a> {
     pub model: &'a str,
     pub messages: &'a [Message],
+    /// Templates render tool definitions into the prompt: they count.
+    #[serde(skip_serializing_if = "<[Tool]>::is_empty")]
+    pub tools: &'a [Tool],
     pub add_generation_prompt: bool,
 }
 
@@ -244,6 +247,8 @@ pub struct ChatTokenize<'a> {
 #[derive(Debug, Clone, Serialize)]
 pub struct ApplyTemplate<'a> {
     pub messages: &'a [Message],
+    #[serde(skip_serializing_if = "<[Tool]>::is_empty")]
+    pub tools: &'a [Tool],
 }
 
 #[derive(Debug, Clone, Deserialize)]
