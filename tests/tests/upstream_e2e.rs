@@ -497,3 +497,44 @@ async fn responses_background_replay_and_cancel() {
     })
     .await;
 }
+
+/// The engine's health is the worker's: an engine that goes away takes the
+/// worker out of service (grpc.health.v1 NOT_SERVING, what the gateway and
+/// the kubelet probe), and a request fails fast instead of hanging.
+#[tokio::test]
+async fn a_dead_engine_makes_the_worker_not_serving() {
+    let (stack, server) = upstream_stack(1, None).await;
+    let worker = stack.worker("base");
+    let channel = tonic::transport::Endpoint::from_shared(worker.grpc_url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |service: &str| {
+        let mut health = health.clone();
+        let service = service.to_owned();
+        async move {
+            health
+                .check(tonic_health::pb::HealthCheckRequest { service })
+                .await
+                .map(|r| r.into_inner().status)
+                .unwrap_or(-1)
+        }
+    };
+    const SERVING: i32 = 1;
+    const NOT_SERVING: i32 = 2;
+    assert_eq!(status("inference.v1.Worker").await, SERVING);
+    drop(server);
+    wait_until("the worker to follow the engine down", 5, || async {
+        status("inference.v1.Worker").await == NOT_SERVING
+    })
+    .await;
+    assert_eq!(status("").await, NOT_SERVING);
+    let reply = stack
+        .client()
+        .post_json("/chat/completions", &chat("Hi", 4))
+        .await
+        .expect("reply");
+    assert!(reply.status >= 500, "{reply}");
+}
