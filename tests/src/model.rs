@@ -22,7 +22,15 @@ fn locate() -> Result<PathBuf> {
         }
         return Ok(path);
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
+    script_path("fetch-model.sh")
+}
+
+/// Runs `scripts/NAME` (a script that caches what it fetches or builds)
+/// and returns the path it prints.
+pub(crate) fn script_path(name: &str) -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(name);
     let out = std::process::Command::new("bash")
         .arg(&script)
         .output()

@@ -65,6 +65,24 @@ impl WorkerOpts {
         }
     }
 
+    /// An `upstream` worker in front of an OpenAI-compatible engine at
+    /// `url` of `kind` (`llama-server`, `vllm`, ...), scraping its load
+    /// every 50 ms so tests see the engine's counts quickly.
+    pub fn upstream(url: &str, kind: &str) -> Self {
+        Self {
+            engine: "upstream".into(),
+            extra_args: vec![
+                "--upstream-url".into(),
+                url.into(),
+                "--upstream-kind".into(),
+                kind.into(),
+                "--upstream-scrape-ms".into(),
+                "50".into(),
+            ],
+            ..Self::default()
+        }
+    }
+
     /// A worker with realistic pacing: `ttft_ms` before the first token, then
     /// `tokens_per_second`.
     pub fn paced(ttft_ms: u64, tokens_per_second: u64) -> Self {

@@ -5,6 +5,7 @@
 //! what it knows.
 
 use harness::model::model_file;
+use harness::replies::{chat, content, output_text, post_chat as post};
 use harness::{assert_error, json, Stack, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
@@ -17,32 +18,6 @@ fn llama_stack(parallel: u32) -> Stack {
         .worker_opts(WorkerOpts::llama(&file, N_CTX, parallel))
         .start()
         .expect("stack starts")
-}
-
-fn chat(content: &str, max_tokens: u32) -> Value {
-    json!({
-        "model": "base",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    })
-}
-
-async fn post(stack: &Stack, body: &Value) -> Value {
-    let reply = stack
-        .client()
-        .post_json("/chat/completions", body)
-        .await
-        .expect("reply");
-    assert_eq!(reply.status, 200, "{reply}\n{}", stack.logs());
-    reply.json()
-}
-
-fn content(reply: &Value) -> String {
-    reply["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 #[tokio::test]
@@ -428,17 +403,6 @@ async fn four_concurrent_streams_decode_together() {
         assert!(Instant::now() < deadline, "slots not freed: {load:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn output_text(response: &Value) -> String {
-    response["output"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|item| item["type"] == "message")
-        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|part| part["text"].as_str().map(str::to_owned))
-        .collect()
 }
 
 async fn wait_response(stack: &Stack, id: &str, done: &[&str]) -> Value {

@@ -28,7 +28,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
     name = "worker",
     version,
     about = "A model worker serving one model over the inference.v1 gRPC protocol. \
-             Engines: `llama` (llama.cpp in process on a GGUF file) and `synthetic` \
+             Engines: `llama` (llama.cpp in process on a GGUF file), `upstream` (an \
+             OpenAI-compatible engine server: vLLM, SGLang, llama-server) and `synthetic` \
              (SIMULATED output, not a language model)."
 )]
 struct Cli {
@@ -52,6 +53,17 @@ Engines:
              thinking tags: a <think> section the prompt opens, closed by the model or when
              reasoning.budget_tokens (default by effort) is spent, streamed as reasoning.
              Image parts are refused (INVALID_ARGUMENT naming the part).
+  upstream   An OpenAI-compatible engine server beside the worker (--upstream-url,
+             --upstream-kind vllm|sglang|llama-server|openai). Each Generate is one
+             streaming POST /v1/chat/completions on a pooled keep-alive connection; the
+             engine applies its own template, tokenizer and parsers. The context window
+             comes from the engine (/v1/models max_model_len, llama-server /props) or
+             --context-window; the prompt is counted with the engine's /tokenize, so an
+             overflow is context_length_exceeded before generating. Engine 429/503 ->
+             OVERLOADED (retryable), other 4xx -> INVALID_REQUEST, 5xx -> ENGINE_FAILURE.
+             Health from its /health and load from its /metrics, scraped every
+             --upstream-scrape-ms. Closing the stream closes the request (SGLang also
+             gets /abort_request). Field mapping: docs/upstream-engines.md.
   synthetic  SIMULATED output (below).
 
 Adding an engine: implement worker::engine::sequence::SequenceEngine in one file under
@@ -90,6 +102,8 @@ enum EngineKind {
     Synthetic,
     /// llama.cpp in process on a GGUF model (--model-file).
     Llama,
+    /// An OpenAI-compatible engine server (--upstream-url, --upstream-kind).
+    Upstream,
 }
 
 #[derive(Parser, Debug)]
@@ -116,6 +130,29 @@ struct ServeArgs {
     /// llama: CPU threads (default: the available cores).
     #[arg(long)]
     threads: Option<i32>,
+    /// upstream: the engine's base URL (`http://127.0.0.1:8000`).
+    #[arg(long)]
+    upstream_url: Option<String>,
+    /// upstream: which engine serves there (field mapping, tokenizer,
+    /// metrics).
+    #[arg(long, value_enum, default_value = "vllm")]
+    upstream_kind: worker::engine::upstream::kind::Kind,
+    /// upstream: the engine's model id (default: the first it lists).
+    #[arg(long)]
+    upstream_model: Option<String>,
+    /// upstream: enforce `tool_choice` required/named with a JSON schema of
+    /// the call (default: on for llama-server, off for the others).
+    #[arg(long)]
+    upstream_enforce_tools: Option<bool>,
+    /// upstream: the engine's API key, if it was started with one.
+    #[arg(long, env = "UPSTREAM_API_KEY", hide_env_values = true)]
+    upstream_api_key: Option<String>,
+    /// upstream: how long to wait for the engine at start-up.
+    #[arg(long, default_value_t = 600)]
+    upstream_startup_timeout_seconds: u64,
+    /// upstream: health and load scrape interval, in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    upstream_scrape_ms: u64,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -130,14 +167,16 @@ struct ServeArgs {
     /// Output pace; 0 = as fast as possible.
     #[arg(long, default_value_t = 0.0)]
     tokens_per_second: f64,
-    /// Generations running at once (synthetic; llama runs --parallel).
+    /// Generations running at once (synthetic and upstream; llama runs
+    /// --parallel). Upstream: requests in flight to the engine, which
+    /// queues them itself.
     #[arg(long, default_value_t = 64)]
     max_concurrency: u32,
     /// Requests waiting for a slot; beyond this they fail with OVERLOADED.
     #[arg(long, default_value_t = 1024)]
     max_queue: u32,
     /// Context window in tokens (default: the model's: base 196608,
-    /// base-ultra 1000000, base-mini 262144).
+    /// base-ultra 1000000, base-mini 262144; upstream: the engine's).
     #[arg(long)]
     context_window: Option<u32>,
     /// On SIGTERM, how long running generations get to finish.
@@ -195,9 +234,11 @@ struct Loaded {
     description: String,
     model: ModelProfile,
     capacity: u32,
+    /// Readiness reported by the engine itself (upstream), when it has one.
+    ready: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
+async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
     match args.engine {
         EngineKind::Synthetic => {
             let engine = SyntheticEngine::new(SyntheticConfig {
@@ -214,10 +255,45 @@ fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 description: SYNTHETIC_DESCRIPTION.to_owned(),
                 model: ModelProfile::new(&args.model, args.context_window),
                 capacity: args.max_concurrency,
+                ready: None,
             })
         }
         EngineKind::Llama => load_llama(args),
+        EngineKind::Upstream => load_upstream(args).await,
     }
+}
+
+async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    use worker::engine::chat::ChatEngine;
+    use worker::engine::upstream::kind::Kind;
+    use worker::engine::upstream::{UpstreamConfig, UpstreamEngine};
+    let Some(url) = args.upstream_url.clone() else {
+        anyhow::bail!("--engine upstream needs --upstream-url http://HOST:PORT");
+    };
+    let kind = args.upstream_kind;
+    let scrape = Duration::from_millis(args.upstream_scrape_ms.max(10));
+    let engine = UpstreamEngine::connect(&UpstreamConfig {
+        url,
+        kind,
+        model: args.upstream_model.clone(),
+        context_window: args.context_window,
+        enforce_tools: args.upstream_enforce_tools,
+        api_key: args.upstream_api_key.clone(),
+        startup_timeout: Duration::from_secs(args.upstream_startup_timeout_seconds),
+        scrape_interval: scrape,
+    })
+    .await?;
+    let ready = engine.spawn_scraper(scrape);
+    let mut model = ModelProfile::new(&args.model, Some(engine.context_window()));
+    model.reasoning_budget = kind == Kind::Vllm;
+    Ok(Loaded {
+        description: engine.description(),
+        engine: Engines::Chat(Arc::new(engine)),
+        name: "upstream",
+        model,
+        capacity: args.max_concurrency,
+        ready: Some(ready),
+    })
 }
 
 #[cfg(feature = "llama")]
@@ -252,6 +328,7 @@ fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
         description,
         model,
         capacity: args.parallel.max(1),
+        ready: None,
     })
 }
 
@@ -261,7 +338,7 @@ fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let loaded = load_engine(&args)?;
+    let loaded = load_engine(&args).await?;
     let engine_name = loaded.name;
     let state = Arc::new(WorkerState {
         model: loaded.model,
@@ -279,6 +356,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+
+    if let Some(mut ready) = loaded.ready.clone() {
+        // The engine's own health is the worker's: a sick engine takes the
+        // worker out of the gateway's selection.
+        let health = health.clone();
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            while ready.changed().await.is_ok() {
+                if state.drain.is_draining() {
+                    break;
+                }
+                let status = if *ready.borrow_and_update() {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                tracing::info!(?status, "upstream engine health changed");
+                health.set_service_status("", status).await;
+                health
+                    .set_service_status(
+                        <WorkerServer<WorkerService> as tonic::server::NamedService>::NAME,
+                        status,
+                    )
+                    .await;
+            }
+        });
+    }
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;

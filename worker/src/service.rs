@@ -1,17 +1,20 @@
 //! The tonic `inference.v1.Worker` service: the engine-independent half of
 //! a request (draining, admission, counters), then the engine streams.
 //!
-//! Two kinds of engine (see [`Engines`]): a whole-reply engine (`synthetic`)
+//! Three kinds of engine (see [`Engines`]): a whole-reply engine (`synthetic`)
 //! gets a prompt the service tokenized with o200k, checked against the
 //! public model's window and ran through the simulated prefix cache; a
 //! sequence-level engine (`llama`) goes through the shared [`pipeline`],
-//! where the engine's own tokenizer, template and window govern.
+//! where the engine's own tokenizer, template and window govern; a
+//! message-level engine (`upstream`) counts the prompt with the engine's
+//! tokenizer, is checked against its window the same way, and streams.
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Slot};
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
+use crate::engine::chat::ChatEngine;
 use crate::engine::sequence::SequenceEngine;
-use crate::engine::{Engine, EventSink, Job};
+use crate::engine::{Engine, EventSink, Job, Outcome};
 use crate::model::ModelProfile;
 use crate::pipeline;
 use crate::prefix_cache::PrefixCache;
@@ -51,6 +54,8 @@ pub enum Engines {
     Reply(Arc<dyn Engine>),
     /// Sequence-level: tokens in, tokens out, through the shared pipeline.
     Sequence(Arc<dyn SequenceEngine>),
+    /// Message-level: an engine server with its own template and parsers.
+    Chat(Arc<dyn ChatEngine>),
 }
 
 /// The gRPC service; cheap to clone.
@@ -102,23 +107,7 @@ impl WorkerService {
             )));
         }
         let max_tokens = req.sampling.as_ref().map_or(0, |s| s.max_tokens);
-        let window = model.context_window;
-        let prompt_tokens = prompt.len();
-        let over = prompt_tokens >= window
-            || (max_tokens > 0
-                && u64::from(prompt_tokens) + u64::from(max_tokens) > u64::from(window));
-        if over {
-            return Err(status::context_length_exceeded(
-                window,
-                prompt_tokens,
-                max_tokens,
-            ));
-        }
-        Ok(if max_tokens > 0 {
-            max_tokens
-        } else {
-            window - prompt_tokens
-        })
+        pipeline::fit_window(model.context_window, prompt.len(), max_tokens)
     }
 
     /// Draining, tokenizing, the context check, admission, then the engine
@@ -137,6 +126,9 @@ impl WorkerService {
             Engines::Reply(engine) => Arc::clone(engine),
             Engines::Sequence(engine) => {
                 return self.start_sequence(Arc::clone(engine), request, span).await
+            }
+            Engines::Chat(engine) => {
+                return self.start_chat(Arc::clone(engine), request, span).await
             }
         };
         let (req, prompt) = Self::render(request).await?;
@@ -160,19 +152,7 @@ impl WorkerService {
         // At info, under the span that carries `trace_id` (RUST_LOG=info).
         tracing::info!(prompt_tokens, cached_prompt_tokens, "generate");
 
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let state = Arc::clone(&self.state);
-        tokio::spawn(
-            async move {
-                // The slot is held until the generation ends, however it ends.
-                let _slot = slot;
-                let outcome = generation.run(EventSink::new(tx)).await;
-                tracing::debug!(%request_id, ?outcome, "generation ended");
-                state.counters.finished(outcome);
-            }
-            .instrument(span),
-        );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
     }
 
     /// A sequence-level engine: the engine renders and tokenizes, its real
@@ -198,27 +178,112 @@ impl WorkerService {
         state.counters.started(prompt_tokens, 0);
         tracing::info!(prompt_tokens, "generate");
 
+        let st = Arc::clone(&self.state);
+        Ok(self.spawn(slot, request_id, span, move |out| {
+            running.run(out, move |cached| st.counters.cached(cached))
+        }))
+    }
+
+    /// A message-level engine: its own count against its own window (the
+    /// same check and status as the others), admission, then the request
+    /// goes to the engine; a refusal before the first token is a plain
+    /// status, so the gateway may retry elsewhere.
+    async fn start_chat(
+        &self,
+        engine: Arc<dyn ChatEngine>,
+        request: pb::GenerateRequest,
+        span: tracing::Span,
+    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
+        let state = &self.state;
+        let request_id = request.request_id.clone();
+        let prompt_tokens = engine
+            .count_prompt(&request)
+            .await
+            .map_err(|s| self.reject(s))?;
+        let max_tokens = request.sampling.as_ref().map_or(0, |s| s.max_tokens);
+        let completion_limit = match prompt_tokens {
+            Some(prompt) => Some(
+                pipeline::fit_window(engine.context_window(), prompt, max_tokens)
+                    .map_err(|s| self.reject(s))?,
+            ),
+            None => (max_tokens > 0).then_some(max_tokens),
+        };
+        let slot = state.admission.admit().await.map_err(|o| {
+            tracing::debug!(%request_id, "overloaded");
+            self.reject(status::overloaded(o.running, o.queued))
+        })?;
+        let st = Arc::clone(&self.state);
+        let generation = engine
+            .start(
+                request,
+                completion_limit,
+                prompt_tokens,
+                Box::new(move |cached| st.counters.cached(cached)),
+            )
+            .await
+            .map_err(|s| self.reject(s))?;
+        state.counters.started(prompt_tokens.unwrap_or(0), 0);
+        tracing::info!(prompt_tokens, "generate");
+
+        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
+    }
+
+    /// Runs a started generation on a task of its own, under `span`; the
+    /// admission slot is held until it ends, however it ends.
+    fn spawn<F>(
+        &self,
+        slot: Slot,
+        request_id: String,
+        span: tracing::Span,
+        run: impl FnOnce(EventSink) -> F,
+    ) -> Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>
+    where
+        F: std::future::Future<Output = Outcome> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let generation = run(EventSink::new(tx));
         let state = Arc::clone(&self.state);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                let st = Arc::clone(&state);
-                let outcome = running
-                    .run(EventSink::new(tx), move |cached| st.counters.cached(cached))
-                    .await;
+                let outcome = generation.await;
                 tracing::debug!(%request_id, ?outcome, "generation ended");
                 state.counters.finished(outcome);
             }
             .instrument(span),
         );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Response::new(ReceiverStream::new(rx))
     }
 
     fn context_window(&self) -> u32 {
         match &self.state.engine {
             Engines::Reply(_) => self.state.model.context_window,
             Engines::Sequence(engine) => engine.context_window(),
+            Engines::Chat(engine) => engine.context_window(),
+        }
+    }
+
+    /// The worker's load: an engine that reports its own (running and
+    /// waiting inside the engine, its slots) is the truth, since it may
+    /// serve other clients too and queues beyond the worker's admission;
+    /// requests still in the worker's own queue come on top.
+    fn load(&self) -> pb::Load {
+        let admission = &self.state.admission;
+        let own = pb::Load {
+            running: admission.running(),
+            queued: admission.queued(),
+            capacity: admission.capacity(),
+        };
+        let Engines::Chat(engine) = &self.state.engine else {
+            return own;
+        };
+        match engine.load() {
+            Some(l) => pb::Load {
+                running: l.running,
+                queued: l.waiting.saturating_add(own.queued),
+                capacity: l.capacity.unwrap_or(own.capacity),
+            },
+            None => own,
         }
     }
 }
@@ -267,11 +332,7 @@ impl pb::worker_server::Worker for WorkerService {
             description: s.description.clone(),
             context_window: self.context_window(),
             capabilities: Some(s.model.capabilities()),
-            load: Some(pb::Load {
-                running: s.admission.running(),
-                queued: s.admission.queued(),
-                capacity: s.admission.capacity(),
-            }),
+            load: Some(self.load()),
             draining: s.drain.is_draining(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             counters: Some(s.counters.snapshot()),
@@ -290,6 +351,10 @@ impl pb::worker_server::Worker for WorkerService {
                     .await?
                     .prompt_tokens()
             }
+            Engines::Chat(engine) => engine
+                .count_prompt(&request.into_inner())
+                .await?
+                .ok_or_else(|| Status::unimplemented("this worker's engine cannot count tokens"))?,
         };
         Ok(Response::new(pb::CountTokensResponse { prompt_tokens }))
     }

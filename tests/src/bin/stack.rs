@@ -1,13 +1,27 @@
 //! `stack`: starts a whole service (one synthetic worker per model and a
 //! gateway) on free loopback ports for suites written in other languages.
+//! With `--engine llama` or `--engine upstream` the one model `base` is
+//! served by the real SmolLM2 model instead: in process, or through
+//! llama.cpp's own `llama-server` behind an upstream worker.
 //!
 //! Prints one JSON line `{"base_url", "api_key", "admin_url", "gateway_pid"}`
 //! on stdout once everything is ready, then runs until its stdin closes (the
 //! parent exited or closed the pipe); the children die with it.
 
-use clap::Parser;
-use harness::{Stack, WorkerOpts};
+use clap::{Parser, ValueEnum};
+use harness::{LlamaServer, Stack, WorkerOpts};
 use std::io::Read;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Engine {
+    Synthetic,
+    Llama,
+    Upstream,
+}
+
+/// Context per sequence of the real engines (as in the Rust real-model
+/// tests).
+const N_CTX: u32 = 1024;
 
 #[derive(Parser)]
 #[command(about = "Start a test stack and print its address and key as JSON")]
@@ -28,12 +42,31 @@ struct Args {
     /// extra keys, plans, orgs, or a model on a dead address.
     #[arg(long, default_value = "")]
     extra_toml: String,
+    /// The engine of the workers; `llama` and `upstream` serve only `base`,
+    /// with the real model.
+    #[arg(long, value_enum, default_value = "synthetic")]
+    engine: Engine,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut builder =
-        Stack::builder().worker_opts(WorkerOpts::paced(args.ttft_ms, args.tokens_per_second));
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut server = None;
+    let opts = match args.engine {
+        Engine::Synthetic => WorkerOpts::paced(args.ttft_ms, args.tokens_per_second),
+        Engine::Llama => WorkerOpts::llama(&harness::model::model_file()?, N_CTX, 2),
+        Engine::Upstream => {
+            let file = harness::model::model_file()?;
+            let started = runtime.block_on(LlamaServer::start(&file, N_CTX, 2))?;
+            let opts = WorkerOpts::upstream(started.url(), "llama-server");
+            server = Some(started);
+            opts
+        }
+    };
+    let mut builder = Stack::builder().worker_opts(opts);
+    if args.engine != Engine::Synthetic {
+        builder = builder.models(&["base"]);
+    }
     if args.redis {
         builder = builder.redis();
     }
@@ -58,5 +91,6 @@ fn main() -> anyhow::Result<()> {
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
     drop(stack);
+    drop(server);
     Ok(())
 }

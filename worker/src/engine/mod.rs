@@ -1,8 +1,11 @@
-//! The engine seams. Two kinds:
+//! The engine seams. Three kinds:
 //!
 //! - [`sequence::SequenceEngine`] (real models, e.g. [`llama`]): tokens in,
 //!   tokens out; the shared [`crate::pipeline`] does the rest. A new engine
 //!   is one file implementing it.
+//! - [`chat::ChatEngine`] (an engine server in front of its own model, e.g.
+//!   [`upstream`]): messages in, events out; the engine templates,
+//!   tokenizes and parses.
 //! - [`Engine`] below, the whole-reply seam kept by the SIMULATED
 //!   [`synthetic`] engine (its plans and test controls are whole replies).
 //!
@@ -13,6 +16,7 @@
 //! to say and when. `prepare` runs before the stream opens, so a request the
 //! engine cannot serve fails with a plain status; `run` then streams.
 
+pub mod chat;
 #[cfg(feature = "llama")]
 pub mod chat_template;
 pub mod controls;
@@ -22,6 +26,7 @@ pub mod rng;
 pub mod schema_gen;
 pub mod sequence;
 pub mod synthetic;
+pub mod upstream;
 
 use crate::model::ModelProfile;
 use crate::tokenizer::Prompt;

@@ -88,6 +88,22 @@ pub async fn prepare(
     })
 }
 
+/// The context-window check every engine shares: a prompt that does not
+/// fit with `max_tokens` (0 = unset) is `context_length_exceeded`;
+/// otherwise the completion limit, `max_tokens` or the rest of the window.
+pub fn fit_window(window: u32, prompt: u32, max_tokens: u32) -> Result<u32, Status> {
+    let over = prompt >= window
+        || (max_tokens > 0 && u64::from(prompt) + u64::from(max_tokens) > u64::from(window));
+    if over {
+        return Err(status::context_length_exceeded(window, prompt, max_tokens));
+    }
+    Ok(if max_tokens > 0 {
+        max_tokens
+    } else {
+        window - prompt
+    })
+}
+
 fn saturate(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -102,13 +118,11 @@ impl Prepared {
     /// `max_tokens` fails now; with `max_tokens` unset the rest of the window
     /// is the ceiling.
     pub fn check_window(&mut self) -> Result<(), Status> {
-        let window = self.engine.context_window();
-        let prompt = self.prompt_tokens();
-        let max = self.plan.max_tokens;
-        if prompt >= window || (max > 0 && u64::from(prompt) + u64::from(max) > u64::from(window)) {
-            return Err(status::context_length_exceeded(window, prompt, max));
-        }
-        self.completion_limit = if max > 0 { max } else { window - prompt };
+        self.completion_limit = fit_window(
+            self.engine.context_window(),
+            self.prompt_tokens(),
+            self.plan.max_tokens,
+        )?;
         Ok(())
     }
 

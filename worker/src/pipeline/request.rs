@@ -58,7 +58,7 @@ fn guidance_options() -> Value {
 /// `additionalProperties: false` in the constraint: the output stays valid
 /// against the caller's schema, and a small model cannot wander off into
 /// invented keys until `max_tokens` (seen with SmolLM2).
-fn close_objects(schema: &mut Value) {
+pub fn close_objects(schema: &mut Value) {
     match schema {
         Value::Object(map) => {
             if map.contains_key("properties") && !map.contains_key("additionalProperties") {
