@@ -350,6 +350,9 @@ async fn a_dropped_stream_frees_its_slot() {
         let load = info.load.unwrap_or_default();
         let cancelled = info.counters.unwrap_or_default().cancelled;
         if load.running == 0 && cancelled == 1 {
+            // The slot is free; its cells stay cached for prefix reuse.
+            let usage = load.kv_cache_usage.unwrap_or(0.0);
+            assert!(usage > 0.0 && usage <= 1.0, "{load:?}");
             break;
         }
         assert!(Instant::now() < deadline, "slot not freed: {load:?}");

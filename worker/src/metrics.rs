@@ -4,8 +4,9 @@
 //! The gateway's `gateway_worker_*` series are one replica's view of a
 //! pool; summed across gateway replicas they count each worker several
 //! times. A worker's own `/metrics` is the one source of its queue
-//! (`worker_requests_waiting` drives the pool's HPA). Values are read from
-//! the live admission counters and totals at scrape time, so nothing on the
+//! (`worker_requests_waiting` drives the pool's HPA). Values are read at
+//! scrape time from the same load report as `Info` (the admission's counts,
+//! or an upstream engine's own queue) and the totals, so nothing on the
 //! generation path records twice.
 
 use crate::service::WorkerState;
@@ -15,7 +16,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -27,6 +28,7 @@ struct WorkerCollector {
     waiting: IntGaugeVec,
     capacity: IntGaugeVec,
     draining: IntGaugeVec,
+    kv_cache_usage: GaugeVec,
     generations: IntCounterVec,
     rejected: IntCounterVec,
     tokens: IntCounterVec,
@@ -55,6 +57,13 @@ impl WorkerCollector {
             "worker_draining",
             "1 while the worker drains after SIGTERM.",
         )?;
+        let kv_cache_usage = GaugeVec::new(
+            Opts::new(
+                "worker_kv_cache_usage_ratio",
+                "Share of the engine's KV cache holding tokens (the simulator: its prefix cache), 0..1.",
+            ),
+            &["model"],
+        )?;
         let generations = counter(
             "worker_generations_total",
             "Generations that ended, by outcome (completed, cancelled, failed).",
@@ -73,6 +82,7 @@ impl WorkerCollector {
         let descs = [&running, &waiting, &capacity, &draining]
             .iter()
             .flat_map(|g| g.desc().into_iter().cloned())
+            .chain(kv_cache_usage.desc().into_iter().cloned())
             .chain(
                 [&generations, &rejected, &tokens]
                     .iter()
@@ -85,6 +95,7 @@ impl WorkerCollector {
             waiting,
             capacity,
             draining,
+            kv_cache_usage,
             generations,
             rejected,
             tokens,
@@ -101,14 +112,20 @@ impl Collector for WorkerCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let s = &self.state;
         let model = s.model.id.as_str();
+        let load = s.load();
         let gauges = [
-            (&self.running, s.admission.running()),
-            (&self.waiting, s.admission.queued()),
-            (&self.capacity, s.admission.capacity()),
+            (&self.running, load.running),
+            (&self.waiting, load.queued),
+            (&self.capacity, load.capacity),
             (&self.draining, u32::from(s.drain.is_draining())),
         ];
         for (gauge, value) in gauges {
             gauge.with_label_values(&[model]).set(i64::from(value));
+        }
+        // Absent rather than 0 when the engine does not report it.
+        self.kv_cache_usage.reset();
+        if let Some(usage) = load.kv_cache_usage {
+            self.kv_cache_usage.with_label_values(&[model]).set(usage);
         }
         let totals = s.counters.snapshot();
         // Counters are rebuilt from the totals each scrape: reset, then set.
@@ -138,6 +155,7 @@ impl Collector for WorkerCollector {
         for g in [&self.running, &self.waiting, &self.capacity, &self.draining] {
             families.extend(g.collect());
         }
+        families.extend(self.kv_cache_usage.collect());
         for c in [&self.generations, &self.rejected, &self.tokens] {
             families.extend(c.collect());
         }
@@ -278,6 +296,11 @@ mod tests {
         assert!(text.contains("worker_tokens_total{kind=\"generated\",model=\"base\"} 9"));
         assert!(text.contains("worker_tokens_total{kind=\"cached_prompt\",model=\"base\"} 40"));
         assert!(text.contains("worker_requests_rejected_total{model=\"base\"} 1"));
+        // The simulator reports its prefix cache.
+        assert!(
+            text.contains("worker_kv_cache_usage_ratio{model=\"base\"} 0"),
+            "{text}"
+        );
         // A second scrape reports the same totals, not doubled ones.
         let again = String::from_utf8(page.render()).expect("utf-8");
         assert!(again.contains("worker_tokens_total{kind=\"generated\",model=\"base\"} 9"));

@@ -80,6 +80,14 @@ impl PrefixCache {
         self.inner.lock().map(|l| l.last_use.len()).unwrap_or(0)
     }
 
+    /// Share of the capacity in use, 0..=1.
+    pub fn usage(&self) -> f64 {
+        self.inner
+            .lock()
+            .map(|l| l.last_use.len() as f64 / l.capacity.max(1) as f64)
+            .unwrap_or(0.0)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -64,6 +64,42 @@ pub struct WorkerService {
     state: Arc<WorkerState>,
 }
 
+impl WorkerState {
+    /// What `Info` and `/metrics` report. An engine that reports its own
+    /// load (running and waiting inside the engine, its slots) is the
+    /// truth, since it may serve other clients too and queue beyond the
+    /// worker's admission; requests still in the worker's own queue come
+    /// on top. Otherwise the admission's counts.
+    pub fn load(&self) -> pb::Load {
+        let admission = &self.admission;
+        let own = pb::Load {
+            running: admission.running(),
+            queued: admission.queued(),
+            capacity: admission.capacity(),
+            kv_cache_usage: None,
+        };
+        match &self.engine {
+            Engines::Reply(_) => pb::Load {
+                kv_cache_usage: Some(self.cache.usage()),
+                ..own
+            },
+            Engines::Sequence(engine) => pb::Load {
+                kv_cache_usage: engine.kv_cache_usage(),
+                ..own
+            },
+            Engines::Chat(engine) => match engine.load() {
+                Some(l) => pb::Load {
+                    running: l.running,
+                    queued: l.waiting.saturating_add(own.queued),
+                    capacity: l.capacity.unwrap_or(own.capacity),
+                    kv_cache_usage: l.kv_cache_usage,
+                },
+                None => own,
+            },
+        }
+    }
+}
+
 impl WorkerService {
     pub fn new(state: Arc<WorkerState>) -> Self {
         Self { state }
@@ -262,30 +298,6 @@ impl WorkerService {
             Engines::Chat(engine) => engine.context_window(),
         }
     }
-
-    /// The worker's load: an engine that reports its own (running and
-    /// waiting inside the engine, its slots) is the truth, since it may
-    /// serve other clients too and queues beyond the worker's admission;
-    /// requests still in the worker's own queue come on top.
-    fn load(&self) -> pb::Load {
-        let admission = &self.state.admission;
-        let own = pb::Load {
-            running: admission.running(),
-            queued: admission.queued(),
-            capacity: admission.capacity(),
-        };
-        let Engines::Chat(engine) = &self.state.engine else {
-            return own;
-        };
-        match engine.load() {
-            Some(l) => pb::Load {
-                running: l.running,
-                queued: l.waiting.saturating_add(own.queued),
-                capacity: l.capacity.unwrap_or(own.capacity),
-            },
-            None => own,
-        }
-    }
 }
 
 #[tonic::async_trait]
@@ -332,7 +344,7 @@ impl pb::worker_server::Worker for WorkerService {
             description: s.description.clone(),
             context_window: self.context_window(),
             capabilities: Some(s.model.capabilities()),
-            load: Some(self.load()),
+            load: Some(s.load()),
             draining: s.drain.is_draining(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             counters: Some(s.counters.snapshot()),

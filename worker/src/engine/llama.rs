@@ -40,6 +40,7 @@ use llguidance::{Matcher, ParserFactory};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -89,6 +90,9 @@ pub struct LlamaEngine {
     template: Option<LlamaChatTemplate>,
     factory: ParserFactory,
     jobs: mpsc::UnboundedSender<Job>,
+    /// KV cells holding tokens (running or kept for reuse), of `kv_capacity`.
+    kv_cells: Arc<AtomicU32>,
+    kv_capacity: u32,
     window: u32,
     description: String,
 }
@@ -117,6 +121,8 @@ impl LlamaEngine {
         let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let thread_model = Arc::clone(&model);
+        let kv_cells = Arc::new(AtomicU32::new(0));
+        let thread_kv_cells = Arc::clone(&kv_cells);
         let threads = config.threads.max(1);
         std::thread::Builder::new()
             .name("llama-engine".into())
@@ -141,7 +147,8 @@ impl LlamaEngine {
                 let window = ctx.n_ctx() / parallel;
                 let _ = ready_tx.send(Ok(window));
                 let decode = std::panic::AssertUnwindSafe(|| {
-                    DecodeLoop::new(&thread_model, ctx, parallel, window).run(jobs_rx)
+                    DecodeLoop::new(&thread_model, ctx, parallel, window, thread_kv_cells)
+                        .run(jobs_rx)
                 });
                 if std::panic::catch_unwind(decode).is_err() {
                     // A worker without its engine must not stay in a pool
@@ -169,6 +176,8 @@ impl LlamaEngine {
             template,
             factory,
             jobs: jobs_tx,
+            kv_cells,
+            kv_capacity: window.saturating_mul(parallel),
             window,
             description,
         })
@@ -234,6 +243,11 @@ impl SequenceEngine for LlamaEngine {
 
     fn context_window(&self) -> u32 {
         self.window
+    }
+
+    fn kv_cache_usage(&self) -> Option<f64> {
+        let cells = self.kv_cells.load(Ordering::Relaxed);
+        Some(f64::from(cells) / f64::from(self.kv_capacity.max(1)))
     }
 
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
@@ -327,6 +341,8 @@ struct DecodeLoop<'m> {
     queue: VecDeque<Job>,
     window: u32,
     batch: LlamaBatch<'static>,
+    /// Published after every step for the load report.
+    kv_cells: Arc<AtomicU32>,
 }
 
 fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>) -> LlamaSampler {
@@ -366,7 +382,13 @@ fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 }
 
 impl<'m> DecodeLoop<'m> {
-    fn new(model: &'m LlamaModel, ctx: LlamaContext<'m>, parallel: u32, window: u32) -> Self {
+    fn new(
+        model: &'m LlamaModel,
+        ctx: LlamaContext<'m>,
+        parallel: u32,
+        window: u32,
+        kv_cells: Arc<AtomicU32>,
+    ) -> Self {
         let slots = (0..parallel as i32)
             .map(|id| Slot {
                 id,
@@ -381,6 +403,7 @@ impl<'m> DecodeLoop<'m> {
             queue: VecDeque::new(),
             window,
             batch: LlamaBatch::new(BATCH_TOKENS as usize, 1),
+            kv_cells,
         }
     }
 
@@ -402,6 +425,9 @@ impl<'m> DecodeLoop<'m> {
             self.drop_cancelled();
             self.admit();
             self.step();
+            let cells: usize = self.slots.iter().map(|s| s.history.len()).sum();
+            self.kv_cells
+                .store(u32::try_from(cells).unwrap_or(u32::MAX), Ordering::Relaxed);
         }
     }
 

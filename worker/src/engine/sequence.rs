@@ -92,6 +92,11 @@ pub trait SequenceEngine: Send + Sync + 'static {
     /// Renders messages with the model's chat template, ending with the
     /// opening of the assistant turn.
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status>;
+    /// Share of the KV cache holding tokens (running or kept for prefix
+    /// reuse), 0..=1; `None` if the engine does not track it.
+    fn kv_cache_usage(&self) -> Option<f64> {
+        None
+    }
     /// Tokenizes rendered text (special tokens in it are parsed).
     fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status>;
     /// Starts a sequence: compiles its constraint (a bad schema fails here
