@@ -9,6 +9,7 @@ pub mod responses;
 use crate::accounts::{authorize, Scope};
 use crate::app::App;
 use crate::error::ApiError;
+use crate::generation::Generation;
 use crate::http::exchange::Exchange;
 use http::Method;
 
@@ -98,6 +99,25 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             route.await
         }
         _ => Err(ApiError::route_not_found(method.as_str(), &path)),
+    }
+}
+
+/// The generation of a foreground request: its deadline starts now, and a
+/// stream's first token is timed from the request's start.
+fn generation<'a>(
+    app: &'a App,
+    ex: &Exchange,
+    model: &'static str,
+    work: inference_proto::v1::GenerateRequest,
+    stream: bool,
+) -> Generation<'a> {
+    Generation {
+        pools: &app.pools,
+        model,
+        work,
+        trace: ex.trace,
+        deadline: tokio::time::Instant::now() + app.request_timeout(),
+        timed_from: stream.then_some(ex.started),
     }
 }
 
