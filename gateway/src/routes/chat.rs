@@ -36,10 +36,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = app
-        .limiter
-        .admit(ex, &account, plan.model, input_estimate, plan.max_tokens)
-        .await?;
+    let reservation = super::admit(
+        app,
+        ex,
+        &account,
+        plan.model,
+        input_estimate,
+        plan.max_tokens,
+    )
+    .await?;
 
     // 4. Translate, and drive the generation on a worker of the model's
     //    pool: SSE chunks, or one aggregated body.

@@ -56,16 +56,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     context.extend(input_items.iter().cloned());
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = app
-        .limiter
-        .admit(
-            ex,
-            &account,
-            plan.model,
-            input_estimate,
-            plan.max_output_tokens,
-        )
-        .await?;
+    let reservation = super::admit(
+        app,
+        ex,
+        &account,
+        plan.model,
+        input_estimate,
+        plan.max_output_tokens,
+    )
+    .await?;
 
     // 4. Translate; store the new response (with its run lease).
     let mut work = to_worker(&req, &plan, &context, &ex.request_id);
