@@ -18,7 +18,7 @@ use crate::runs::background::BackgroundRun;
 use crate::store::{NewResponse, WriteOutcome};
 use crate::translate::new_id;
 use crate::translate::responses::{new_object, output_as_input, to_worker, Frame, ResponseEncoder};
-use crate::{lifecycle, parse, validate};
+use crate::{parse, validate};
 use bytes::BytesMut;
 use serde_json::Value;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let plan = validate::responses::validate(&req)?;
     ex.model = plan.model.id;
     account.check_model(plan.model.id)?;
-    if plan.background && lifecycle::is_draining() {
+    if plan.background && app.shutdown.is_draining() {
         return Err(ApiError::overloaded(
             "This gateway replica is shutting down and takes no new background runs; retry.",
         ));
@@ -107,6 +107,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             ownership: app.runs.own(&id),
             reservation,
             timeout: app.request_timeout(),
+            in_flight: app.shutdown.begin(),
         };
         tokio::spawn(run.drive());
         if plan.stream {

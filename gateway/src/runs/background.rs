@@ -10,13 +10,14 @@
 //! cancels the generation on the worker.
 
 use super::{Ownership, Runs};
+use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::{Encoder, End, Generation, Gone};
+use crate::lifecycle::InFlight;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::Pools;
 use crate::store::WriteOutcome;
 use crate::translate::responses::{Frame, ResponseEncoder};
-use crate::{catalog::ModelSpec, lifecycle};
 use inference_proto::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,13 +42,14 @@ pub struct BackgroundRun {
     pub reservation: Reservation,
     /// Upper bound on the whole generation.
     pub timeout: Duration,
+    /// Counted as in-flight work, so a draining replica waits for the run
+    /// within its grace period.
+    pub in_flight: InFlight,
 }
 
 impl BackgroundRun {
-    /// Runs to the end. Counted as in-flight work, so a draining replica
-    /// waits for it within its grace period.
+    /// Runs to the end.
     pub async fn drive(self) {
-        let _in_flight = lifecycle::InFlight::begin();
         let BackgroundRun {
             runs,
             pools,
@@ -58,6 +60,7 @@ impl BackgroundRun {
             ownership,
             reservation,
             timeout,
+            in_flight,
         } = self;
         let mut writer = RunWriter {
             id: encoder.object.id.clone(),
@@ -78,6 +81,7 @@ impl BackgroundRun {
         } else {
             ownership.release().await;
         }
+        drop(in_flight);
     }
 }
 
