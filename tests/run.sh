@@ -8,7 +8,8 @@
 #    reference model and builds llama.cpp's llama-server once (cached under
 #    target/);
 # 3. builds every binary and test of the workspace once, in release;
-# 4. runs the unit tests, then the end-to-end and conformance tests (they
+# 4. checks gateway/src's dependency rules (scripts/check-deps.py: no
+#    import cycle, no forbidden import), runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
 # 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
 #    venv it creates);
@@ -96,6 +97,8 @@ step() {
 }
 
 # ---- 4. Rust tests -----------------------------------------------------------
+step "dependency rules (scripts/check-deps.py)" python3 scripts/check-deps.py
+
 step "unit tests" timeout 900 cargo test --release --workspace --no-fail-fast --lib --bins
 # End-to-end tests start real processes; on 2 cores a few at a time.
 step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-fast --test '*' -- \

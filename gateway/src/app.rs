@@ -3,6 +3,7 @@
 
 use crate::accounts::cache::Accounts;
 use crate::config::Config;
+use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 use crate::pool::{PoolSpec, Pools};
 use crate::redis_conn::RedisHandle;
@@ -23,6 +24,8 @@ pub struct App {
     pub store: Arc<dyn ResponseStore>,
     /// Runs owned by this replica: leases, heartbeat, sweeper.
     pub runs: Arc<Runs>,
+    /// The shutdown signal and the work in flight it waits for.
+    pub shutdown: Arc<Shutdown>,
 }
 
 impl App {
@@ -55,6 +58,7 @@ impl App {
             pools: Arc::new(pools),
             store,
             runs,
+            shutdown: Arc::new(Shutdown::default()),
         })
     }
 

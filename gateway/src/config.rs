@@ -379,13 +379,6 @@ impl Config {
                 bail!("keys[].sha256 must be 64 hex digits (see `gateway hash-key`)");
             }
         }
-        for k in &self.keys {
-            for s in k.scopes.iter().flatten() {
-                if crate::accounts::Scope::parse(s).is_none() {
-                    bail!("keys[].scopes: unknown scope '{s}'");
-                }
-            }
-        }
         if self.threads == 0 {
             bail!("threads must be at least 1");
         }

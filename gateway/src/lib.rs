@@ -8,6 +8,7 @@ pub mod auth;
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod generation;
 pub mod http;
 pub mod lifecycle;
 pub mod limits;

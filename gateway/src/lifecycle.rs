@@ -1,53 +1,95 @@
-//! Process lifecycle: the draining flag and the count of work in flight,
-//! shared by the listeners, background runs and the shutdown sequence.
+//! Process lifecycle: one explicit shutdown signal and the count of work in
+//! flight, passed (in `App`) to the listeners, background runs and the
+//! shutdown sequence, as mini-redis passes its `Shutdown` and guard.
 //!
 //! On SIGTERM the gateway (1) fails `/readyz` so load balancers stop sending
 //! traffic, (2) keeps serving while in-flight work finishes, up to the grace
 //! period, then (3) lets Pingora close listeners and runtimes.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
-static DRAINING: AtomicBool = AtomicBool::new(false);
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
-/// True once shutdown began: readiness fails, new background runs are refused.
-pub fn is_draining() -> bool {
-    DRAINING.load(Ordering::Relaxed)
+/// Whether shutdown began, and what is still running. One per process.
+#[derive(Debug, Default)]
+pub struct Shutdown {
+    draining: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Woken when the last unit of work in flight ends.
+    idle: Notify,
 }
 
-pub fn start_draining() {
-    DRAINING.store(true, Ordering::Relaxed);
-}
+impl Shutdown {
+    /// True once shutdown began: readiness fails, new background runs are
+    /// refused, connections are not kept alive.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 
-pub fn in_flight() -> usize {
-    IN_FLIGHT.load(Ordering::Relaxed)
-}
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
 
-/// Marks one unit of work (a request, a background run) as in flight until dropped.
-pub struct InFlight(());
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
 
-impl InFlight {
-    pub fn begin() -> Self {
-        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-        InFlight(())
+    /// Marks one unit of work (a request, a background run) as in flight
+    /// until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Waits until no work is in flight, or `limit` passes. Returns whether idle.
+    pub async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before the count is read, so an end in between
+            // still wakes this waiter.
+            let woken = self.idle.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.in_flight() == 0 {
+                return true;
+            }
+            tokio::select! {
+                _ = &mut woken => {}
+                _ = tokio::time::sleep_until(deadline) => return self.in_flight() == 0,
+            }
+        }
     }
 }
+
+/// One unit of work in flight; dropping it ends it.
+#[derive(Debug)]
+pub struct InFlight(Arc<Shutdown>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
-/// Waits until no work is in flight, or `limit` passes. Returns whether idle.
-pub async fn wait_idle(limit: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while in_flight() > 0 {
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn waits_for_the_last_unit_of_work() {
+        let shutdown = Arc::new(Shutdown::default());
+        assert!(shutdown.wait_idle(Duration::ZERO).await);
+        let work = shutdown.begin();
+        assert!(!shutdown.wait_idle(Duration::from_millis(10)).await);
+        let waiter = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.wait_idle(Duration::from_secs(5)).await }
+        });
+        drop(work);
+        assert!(waiter.await.unwrap());
+        assert_eq!(shutdown.in_flight(), 0);
     }
-    true
 }

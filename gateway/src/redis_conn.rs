@@ -111,6 +111,12 @@ impl RedisHandle {
 
     /// The client, for callers that need a dedicated connection (blocking
     /// reads such as `XREAD BLOCK` would stall the shared one).
+    /// `<prefix>usage:{<org>}:<day>`: an organisation's usage of one UTC
+    /// day (the limiter's settle script writes it; `usage` reads it).
+    pub fn usage_key(&self, org: &str, day: &str) -> String {
+        self.key("usage", org, ":") + day
+    }
+
     pub fn client(&self) -> &redis::Client {
         &self.client
     }

@@ -5,7 +5,7 @@ use crate::app::App;
 use crate::config::Config;
 use crate::http::admin::AdminApp;
 use crate::http::app::PublicApp;
-use crate::lifecycle;
+use crate::lifecycle::Shutdown;
 use async_trait::async_trait;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::ServerConf;
@@ -37,15 +37,17 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         readiness_delay,
         grace,
         runs: app.runs.clone(),
+        shutdown: app.shutdown.clone(),
     };
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
     let runs_maintainer = background_service("response runs", RunsMaintainer(app.runs.clone()));
     let key_invalidations =
         background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
 
+    let admin_app = AdminApp(app.shutdown.clone());
     let mut public = Service::new("public".into(), PublicApp(app));
     public.add_listener(public_listener(&listen));
-    let mut admin = Service::new("admin".into(), AdminApp);
+    let mut admin = Service::new("admin".into(), admin_app);
     admin.threads = Some(1);
     admin.add_tcp(&admin_listen);
     let announcer = background_service(
@@ -88,6 +90,7 @@ struct DrainingSignal {
     /// Background runs still going when the grace period ends are failed
     /// (`replica_shutdown`) rather than left for a peer's lease sweep.
     runs: Arc<crate::runs::Runs>,
+    shutdown: Arc<Shutdown>,
 }
 
 #[async_trait]
@@ -105,18 +108,18 @@ impl ShutdownSignalWatch for DrainingSignal {
             _ = int.recv() => return ShutdownSignal::FastShutdown,
             _ = term.recv() => {}
         }
-        tracing::info!(in_flight = lifecycle::in_flight(), "SIGTERM: draining");
-        lifecycle::start_draining();
+        tracing::info!(in_flight = self.shutdown.in_flight(), "SIGTERM: draining");
+        self.shutdown.start_draining();
         let started = tokio::time::Instant::now();
         tokio::time::sleep(self.readiness_delay.min(self.grace)).await;
         let left = self.grace.saturating_sub(started.elapsed());
-        let idle = lifecycle::wait_idle(left).await;
+        let idle = self.shutdown.wait_idle(left).await;
         if !idle {
             self.runs.fail_owned().await;
         }
         tracing::info!(
             idle,
-            in_flight = lifecycle::in_flight(),
+            in_flight = self.shutdown.in_flight(),
             "drain finished; closing"
         );
         ShutdownSignal::GracefulTerminate

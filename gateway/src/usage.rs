@@ -8,12 +8,36 @@
 
 use crate::auth::Principal;
 use crate::catalog::ModelSpec;
-use crate::limits::TokenUsage;
 use crate::metrics::{model_series, AccountSeries, TokenKind};
 use crate::redis_conn::RedisHandle;
 use inference_proto::v1 as pb;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Token usage of one request, as billed. `output` includes `reasoning`;
+/// `input` includes `cached_input`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub input: u64,
+    pub cached_input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl TokenUsage {
+    pub fn from_worker(u: &pb::Usage) -> Self {
+        Self {
+            input: u.prompt_tokens.into(),
+            cached_input: u.cached_prompt_tokens.into(),
+            output: u.completion_tokens.into(),
+            reasoning: u.reasoning_tokens.into(),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.input + self.output
+    }
+}
 
 /// Records a finished generation's tokens.
 pub fn record(model: &ModelSpec, usage: &pb::Usage) {
@@ -172,7 +196,7 @@ pub async fn read_usage(
     for day in since..=today {
         let (y, m, d) = civil_from_days(day);
         let day = format!("{y:04}-{m:02}-{d:02}");
-        let key = crate::limits::redis_lua::RedisLimits::usage_key(redis, org, &day);
+        let key = redis.usage_key(org, &day);
         let h: BTreeMap<String, i64> = redis::AsyncCommands::hgetall(&mut conn, key).await?;
         for (field, n) in h {
             let mut parts = field.rsplitn(3, '|');

@@ -1074,3 +1074,66 @@ async fn bench_background(opts: WorkerOpts, runs: usize, concurrency: usize, lab
     println!("by operation: {by_op:?}");
     assert!(run_trips as f64 / ((runs as u64 * events_per_run) as f64) <= 2.0);
 }
+
+/// A finished call is read to its trailers by every driver of a generation:
+/// a background run must not drop its worker stream after `Finished` (an h2
+/// stream reset where the trailers belong), exactly like the foreground relay.
+#[tokio::test]
+async fn a_finished_run_reads_its_worker_stream_to_the_end() {
+    let stack = base_stack(WorkerOpts::default());
+    let client = stack.client();
+    // The worker ends each stream 400 ms after its `Finished` event.
+    let input = "x synthetic:reply_tokens=5 synthetic:trailers_ms=400";
+    let request = |background: bool| json!({"model":"base","input":input,"background":background});
+
+    let r = client
+        .post_json("/responses", &request(false))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let r = client
+        .post_json("/responses", &request(true))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let v = wait_status(&client, &id, Duration::from_secs(10), &["completed"]).await;
+    assert_eq!(v["status"], "completed", "{v}");
+
+    let worker = stack.worker("base");
+    let c = worker
+        .wait_counters(Duration::from_secs(5), |c| c.completed >= 2)
+        .await
+        .unwrap();
+    assert_eq!(c.completed, 2, "{c:?}");
+    // Past the trailers' pause, nothing was reset after finishing.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let c = worker.counters().await.unwrap();
+    assert_eq!(c.reset_after_finish, 0, "{c:?}");
+}
+
+/// After the first token a worker's 503 (overloaded, unreachable) is a 502
+/// `upstream_error` for every driver: the foreground reply and a background
+/// run's stored `response.failed` say the same thing.
+#[tokio::test]
+async fn a_worker_503_mid_run_fails_like_the_foreground_relay() {
+    let stack = base_stack(WorkerOpts::default());
+    let client = stack.client();
+    let input = "x synthetic:reply_tokens=20 synthetic:fail_after=3 synthetic:fail_unavailable";
+    let request = |background: bool| json!({"model":"base","input":input,"background":background});
+
+    let r = client
+        .post_json("/responses", &request(false))
+        .await
+        .unwrap();
+    assert_error(&r, 502, "upstream_error");
+
+    let r = client
+        .post_json("/responses", &request(true))
+        .await
+        .unwrap();
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let v = wait_status(&client, &id, Duration::from_secs(10), &["failed"]).await;
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+}

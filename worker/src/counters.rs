@@ -16,6 +16,7 @@ pub struct Counters {
     prompt_tokens: AtomicU64,
     cached_prompt_tokens: AtomicU64,
     rejected: AtomicU64,
+    reset_after_finish: AtomicU64,
     /// Trace id of the last generation that carried a valid `traceparent`.
     last_trace_id: Mutex<Option<u128>>,
 }
@@ -53,6 +54,12 @@ impl Counters {
         self.tokens_generated.fetch_add(u64::from(tokens), Relaxed);
     }
 
+    /// The gateway dropped a stream whose generation had sent its last
+    /// event, before reading the stream's end (its trailers).
+    pub fn reset_after_finish(&self) {
+        self.reset_after_finish.fetch_add(1, Relaxed);
+    }
+
     /// A generation arrived with this trace id (`traceparent` metadata).
     pub fn traced(&self, trace_id: u128) {
         let mut last = match self.last_trace_id.lock() {
@@ -81,6 +88,7 @@ impl Counters {
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             cached_prompt_tokens: self.cached_prompt_tokens.load(Relaxed),
             rejected: self.rejected.load(Relaxed),
+            reset_after_finish: self.reset_after_finish.load(Relaxed),
         }
     }
 }

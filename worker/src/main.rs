@@ -79,6 +79,8 @@ and is paced by --ttft-ms and --tokens-per-second.
 Test controls of the SIMULATED engine, written anywhere in the last user message:
   synthetic:reply_tokens=N   reply with exactly N tokens (capped by max_tokens)
   synthetic:fail_after=N     after N tokens, fail with INTERNAL + ENGINE_FAILURE
+  synthetic:fail_unavailable with fail_after, fail with UNAVAILABLE instead
+  synthetic:trailers_ms=N    end the stream N ms after its Finished event
   synthetic:hang             send nothing until the stream is dropped
   synthetic:slow_ms=N        wait N ms between tokens
   synthetic:echo             reply with the last user message's text

@@ -34,6 +34,66 @@ const BLOCKING_TOKENIZE_BYTES: usize = 64 * 1024;
 /// Events buffered between the engine and the gRPC stream.
 const STREAM_BUFFER: usize = 64;
 
+/// A generation's events as the gRPC response stream. It notices a
+/// gateway that drops the stream after its `Finished` event but before its
+/// end: that is an h2 stream reset where trailers belong, which the gateway
+/// promises never to cause (`Counters.reset_after_finish`).
+pub struct EventStream {
+    inner: ReceiverStream<Result<pb::GenerateEvent, Status>>,
+    state: Arc<WorkerState>,
+    finished: bool,
+    ended: bool,
+}
+
+impl EventStream {
+    fn new(rx: mpsc::Receiver<Result<pb::GenerateEvent, Status>>, state: Arc<WorkerState>) -> Self {
+        Self {
+            inner: ReceiverStream::new(rx),
+            state,
+            finished: false,
+            ended: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStream")
+            .field("finished", &self.finished)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl futures::Stream for EventStream {
+    type Item = Result<pb::GenerateEvent, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let next = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        match &next {
+            std::task::Poll::Ready(Some(Ok(event))) => {
+                if matches!(event.event, Some(pb::generate_event::Event::Finished(_))) {
+                    self.finished = true;
+                }
+            }
+            std::task::Poll::Ready(_) => self.ended = true,
+            std::task::Poll::Pending => {}
+        }
+        next
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if self.finished && !self.ended {
+            self.state.counters.reset_after_finish();
+        }
+    }
+}
+
 /// Everything the service shares across requests.
 pub struct WorkerState {
     pub model: ModelProfile,
@@ -152,7 +212,7 @@ impl WorkerService {
         &self,
         request: pb::GenerateRequest,
         span: tracing::Span,
-    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
+    ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
         span.record("request_id", tracing::field::display(&request.request_id));
         if state.drain.is_draining() {
@@ -198,7 +258,7 @@ impl WorkerService {
         engine: Arc<dyn SequenceEngine>,
         request: pb::GenerateRequest,
         span: tracing::Span,
-    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
+    ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
         let request_id = request.request_id.clone();
         let mut prepared = pipeline::prepare(engine, request)
@@ -229,7 +289,7 @@ impl WorkerService {
         engine: Arc<dyn ChatEngine>,
         request: pb::GenerateRequest,
         span: tracing::Span,
-    ) -> Result<Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>, Status> {
+    ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
         let request_id = request.request_id.clone();
         let prompt_tokens = engine
@@ -272,7 +332,7 @@ impl WorkerService {
         request_id: String,
         span: tracing::Span,
         run: impl FnOnce(EventSink) -> F,
-    ) -> Response<ReceiverStream<Result<pb::GenerateEvent, Status>>>
+    ) -> Response<EventStream>
     where
         F: std::future::Future<Output = Outcome> + Send + 'static,
     {
@@ -288,7 +348,7 @@ impl WorkerService {
             }
             .instrument(span),
         );
-        Response::new(ReceiverStream::new(rx))
+        Response::new(EventStream::new(rx, Arc::clone(&self.state)))
     }
 
     fn context_window(&self) -> u32 {
@@ -302,7 +362,7 @@ impl WorkerService {
 
 #[tonic::async_trait]
 impl pb::worker_server::Worker for WorkerService {
-    type GenerateStream = ReceiverStream<Result<pb::GenerateEvent, Status>>;
+    type GenerateStream = EventStream;
 
     async fn generate(
         &self,

@@ -4,7 +4,7 @@
 
 use super::store::AccountStore;
 use super::Scopes;
-use crate::limits::Plan;
+use crate::accounts::Plan;
 use crate::redis_conn::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};

@@ -8,11 +8,11 @@
 //! (the listener clears the whole cache when it reconnects).
 
 use super::store::{AccountStore, KeyRecord};
+use super::Plan;
 use super::{Account, OrgStatus, Scopes};
 use crate::auth::{bearer_token, hash_key, Principal};
 use crate::config::{Config, OnStoreFailure};
 use crate::error::ApiError;
-use crate::limits::Plan;
 use crate::redis_conn::RedisHandle;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +49,22 @@ pub struct Accounts {
 const REDIS_RETRY: Duration = Duration::from_secs(1);
 
 impl Accounts {
+    /// The request path's access check, in order: authenticate the bearer
+    /// key of the `authorization` header (401), the organisation's standing
+    /// (402), the key's permission for `scope` (403). Call it before
+    /// reading the body; once the body names a model, call
+    /// [`Account::check_model`]. Every route uses this one entry.
+    pub async fn authorize(
+        &self,
+        authorization: Option<&[u8]>,
+        scope: super::Scope,
+    ) -> Result<Arc<Account>, ApiError> {
+        let account = self.authenticate(authorization).await?;
+        account.check_org()?;
+        account.check_scope(scope)?;
+        Ok(account)
+    }
+
     pub fn from_config(config: &Config, redis: Option<Arc<RedisHandle>>) -> anyhow::Result<Self> {
         let mut static_keys = HashMap::with_capacity(config.keys.len());
         for k in &config.keys {

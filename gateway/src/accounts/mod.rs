@@ -1,8 +1,9 @@
 //! Keys, organisations, plans and permissions: who is calling and what they
 //! may do.
 //!
-//! The request path asks one question here, [`authorize`]: the bearer key is
-//! hashed and resolved to an [`Account`] (401 if unknown or revoked), the
+//! The request path asks one question here, [`cache::Accounts::authorize`]:
+//! the bearer key is hashed and resolved to an [`Account`] (401 if unknown
+//! or revoked), the
 //! organisation's status is checked (402 when blocked), then the key's scope
 //! for the endpoint family (403). Once the body names a model,
 //! [`Account::check_model`] applies the key's model allow-list (403).
@@ -16,12 +17,37 @@ pub mod admin;
 pub mod cache;
 pub mod store;
 
-use crate::app::App;
 use crate::auth::Principal;
+use crate::config::PlanConfig;
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
-use crate::limits::Plan;
 use std::sync::Arc;
+
+/// A plan's limits for one organisation and model; 0 means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub rpm: u32,
+    pub tpm: u64,
+    pub max_concurrent: u32,
+    /// Output tokens reserved when a request sets no `max_tokens`.
+    pub default_max_tokens: u32,
+}
+
+impl Plan {
+    pub fn is_unlimited(&self) -> bool {
+        self.rpm == 0 && self.tpm == 0 && self.max_concurrent == 0
+    }
+}
+
+impl From<&PlanConfig> for Plan {
+    fn from(p: &PlanConfig) -> Self {
+        Self {
+            rpm: p.rpm,
+            tpm: p.tpm,
+            max_concurrent: p.max_concurrent,
+            default_max_tokens: p.default_max_tokens,
+        }
+    }
+}
 
 /// One endpoint family a key may be allowed to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +95,16 @@ impl Scope {
 pub struct Scopes(u8);
 
 impl Scopes {
-    pub const ALL: Scopes = Scopes(31);
+    /// Every scope: derived from [`Scope::ALL`], so a new scope is in it.
+    pub const ALL: Scopes = {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < Scope::ALL.len() {
+            bits |= Scope::ALL[i] as u8;
+            i += 1;
+        }
+        Scopes(bits)
+    };
     pub const NONE: Scopes = Scopes(0);
 
     pub fn contains(self, s: Scope) -> bool {
@@ -174,20 +209,6 @@ pub const OVER_BUDGET_EV: i64 = 2;
 /// The 402 for an organisation past its spending budget.
 pub fn over_budget() -> ApiError {
     ApiError::blocked("budget_exceeded", OVER_BUDGET_EV)
-}
-
-/// The request path's access check, in order: authenticate the bearer key
-/// (401), the organisation's standing (402), the key's permission for
-/// `scope` (403). Call it before reading the body; once the body names a
-/// model, call [`Account::check_model`]. Every route uses this one entry.
-pub async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
-    let account = app
-        .accounts
-        .authenticate(ex.header("authorization"))
-        .await?;
-    account.check_org()?;
-    account.check_scope(scope)?;
-    Ok(account)
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@
 //!
 //! The secret itself is never stored: `keys create` prints it once.
 
+use super::Plan;
 use super::{OrgStatus, Scopes};
-use crate::limits::Plan;
 use crate::redis_conn::RedisHandle;
 use rand::distr::{Alphanumeric, SampleString};
 use redis::AsyncCommands;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// Readiness fails as soon as the gateway starts draining, so the load
 /// balancer stops sending traffic before listeners close.
-pub struct AdminApp;
+pub struct AdminApp(pub std::sync::Arc<crate::lifecycle::Shutdown>);
 
 #[async_trait]
 impl HttpServerApp for AdminApp {
@@ -24,7 +24,7 @@ impl HttpServerApp for AdminApp {
         if !matches!(session.read_request().await, Ok(true)) {
             return None;
         }
-        let ready = !crate::lifecycle::is_draining() && !*shutdown.borrow();
+        let ready = !self.0.is_draining() && !*shutdown.borrow();
         let (status, content_type, body): (u16, &str, Bytes) = match session.req_header().uri.path()
         {
             "/metrics" => (200, "text/plain; version=0.0.4", METRICS.render().into()),

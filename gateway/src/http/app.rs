@@ -56,7 +56,7 @@ impl HttpServerApp for PublicApp {
             // slowloris client, or an idle keep-alive connection): close.
             _ => return None,
         }
-        let _in_flight = crate::lifecycle::InFlight::begin();
+        let _in_flight = app.shutdown.begin();
         // Pingora has already decided whether this connection may be
         // reused (off for `Connection: close`, HTTP/1.0, and, per RFC 9112
         // section 6.1, a request with both Content-Length and
@@ -64,7 +64,7 @@ impl HttpServerApp for PublicApp {
         // keep its "no", set our idle timeout on its "yes", and close while
         // draining.
         let reusable = session.get_keepalive().is_some();
-        let closing = *shutdown.borrow() || crate::lifecycle::is_draining() || !reusable;
+        let closing = *shutdown.borrow() || app.shutdown.is_draining() || !reusable;
         session.set_keepalive(if closing { None } else { Some(60) });
         let request_id = crate::translate::new_id("req_");
         // One span per request: ids, route, model and status only (never

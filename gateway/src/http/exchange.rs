@@ -60,6 +60,13 @@ impl Exchange {
         self.session.get_header(name).map(|v| v.as_bytes())
     }
 
+    /// The `x-session-id` header, when it is valid UTF-8: groups a
+    /// session's turns (worker affinity, planner mode).
+    pub fn session_id(&self) -> Option<&str> {
+        self.header("x-session-id")
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
     pub fn response_started(&self) -> bool {
         self.response_started
     }

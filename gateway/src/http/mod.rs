@@ -1,7 +1,6 @@
 //! The HTTP edge on Pingora: one `Exchange` per request, the public app and
-//! its router, the relay that streams worker output, and the admin listener.
+//! its router, and the admin listener.
 
 pub mod admin;
 pub mod app;
 pub mod exchange;
-pub mod relay;

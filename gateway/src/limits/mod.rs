@@ -31,9 +31,8 @@ pub mod redis_pipe;
 
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
-use crate::config::{Config, OnStoreFailure, PlanConfig};
+use crate::config::{Config, OnStoreFailure};
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
 use crate::metrics::LimitStage;
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
@@ -46,32 +45,7 @@ use std::time::{Duration, Instant};
 /// Length of the sliding windows of "per minute" limits.
 pub const WINDOW_MS: u64 = 60_000;
 
-/// A plan's limits for one organisation and model; 0 means unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub rpm: u32,
-    pub tpm: u64,
-    pub max_concurrent: u32,
-    /// Output tokens reserved when a request sets no `max_tokens`.
-    pub default_max_tokens: u32,
-}
-
-impl Plan {
-    pub fn is_unlimited(&self) -> bool {
-        self.rpm == 0 && self.tpm == 0 && self.max_concurrent == 0
-    }
-}
-
-impl From<&PlanConfig> for Plan {
-    fn from(p: &PlanConfig) -> Self {
-        Self {
-            rpm: p.rpm,
-            tpm: p.tpm,
-            max_concurrent: p.max_concurrent,
-            default_max_tokens: p.default_max_tokens,
-        }
-    }
-}
+pub use crate::accounts::Plan;
 
 /// Output tokens reserved when neither the request nor the plan says.
 pub const FALLBACK_MAX_TOKENS: u32 = 4096;
@@ -137,30 +111,7 @@ impl Admission {
     }
 }
 
-/// Token usage of one request, as billed. `output` includes `reasoning`;
-/// `input` includes `cached_input`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenUsage {
-    pub input: u64,
-    pub cached_input: u64,
-    pub output: u64,
-    pub reasoning: u64,
-}
-
-impl TokenUsage {
-    pub fn from_worker(u: &pb::Usage) -> Self {
-        Self {
-            input: u.prompt_tokens.into(),
-            cached_input: u.cached_prompt_tokens.into(),
-            output: u.completion_tokens.into(),
-            reasoning: u.reasoning_tokens.into(),
-        }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.input + self.output
-    }
-}
+pub use crate::usage::TokenUsage;
 
 /// The end of an admitted request, for [`LimitStore::settle`].
 #[derive(Debug, Clone)]
@@ -243,28 +194,10 @@ impl Limiter {
 
     /// Admits a request of `account` to `model` or refuses it: 429
     /// `rate_limit_exceeded` (with `retry-after`), 402 over budget, or 503
-    /// when Redis is down under `fail_closed`. Adds the `x-ratelimit-*`
-    /// headers to `ex` either way, so every later response carries them.
+    /// when Redis is down under `fail_closed`. Returns the `x-ratelimit-*`
+    /// headers either way, for every later response to carry.
     /// `input_estimate` is the prompt's token estimate
     /// ([`estimate_input_tokens`]); `max_tokens` 0 means the request set none.
-    pub async fn admit(
-        self: &Arc<Self>,
-        ex: &mut Exchange,
-        account: &Arc<Account>,
-        model: &'static ModelSpec,
-        input_estimate: u64,
-        max_tokens: u32,
-    ) -> Result<Reservation, ApiError> {
-        let request_id = ex.request_id.clone();
-        let (result, headers) = self
-            .admit_request(account, model, request_id, input_estimate, max_tokens)
-            .await;
-        ex.extra_headers.extend(headers);
-        result
-    }
-
-    /// [`Limiter::admit`] without an HTTP exchange: the decision and the
-    /// rate-limit headers to send with whatever response follows.
     pub async fn admit_request(
         self: &Arc<Self>,
         account: &Arc<Account>,

@@ -106,13 +106,9 @@ impl RedisLimits {
     }
 
     /// `<prefix>usage:{<org>}:`: the day completes an organisation's
-    /// usage key.
+    /// usage key (`RedisHandle::usage_key`).
     fn usage_stem(redis: &RedisHandle, org: &str) -> String {
-        redis.key("usage", org, ":")
-    }
-
-    pub fn usage_key(redis: &RedisHandle, org: &str, day: &str) -> String {
-        Self::usage_stem(redis, org) + day
+        redis.usage_key(org, "")
     }
 }
 
@@ -239,12 +235,10 @@ mod tests {
         store.flush().await;
         // Usage and spend landed in the org's keys.
         let mut conn = redis.conn().await.unwrap();
-        let usage: std::collections::HashMap<String, i64> = redis::AsyncCommands::hgetall(
-            &mut conn,
-            RedisLimits::usage_key(&redis, "org-suite", "2026-11-23"),
-        )
-        .await
-        .unwrap();
+        let usage: std::collections::HashMap<String, i64> =
+            redis::AsyncCommands::hgetall(&mut conn, redis.usage_key("org-suite", "2026-11-23"))
+                .await
+                .unwrap();
         assert_eq!(usage.get("k1|base|requests"), Some(&1));
         assert_eq!(usage.get("k1|base|input"), Some(&100));
         assert_eq!(usage.get("k1|base|cost_nano"), Some(&777));

@@ -1,16 +1,20 @@
 //! Routing: method and path to handler. Every known route authorizes first
-//! (`accounts::authorize`: key 401, organisation 402, scope 403); an
+//! (`Accounts::authorize`: key 401, organisation 402, scope 403); an
 //! unknown route is a 404 in the standard envelope.
 
 pub mod chat;
 pub mod models;
 pub mod responses;
 
-use crate::accounts::{authorize, Scope};
+use crate::accounts::{Account, Scope};
 use crate::app::App;
+use crate::catalog::ModelSpec;
 use crate::error::ApiError;
+use crate::generation::Generation;
 use crate::http::exchange::Exchange;
+use crate::limits::Reservation;
 use http::Method;
+use std::sync::Arc;
 
 /// Routes one request to its handler.
 ///
@@ -99,6 +103,51 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         _ => Err(ApiError::route_not_found(method.as_str(), &path)),
     }
+}
+
+/// The generation of a foreground request: its deadline starts now, and a
+/// stream's first token is timed from the request's start.
+fn generation<'a>(
+    app: &'a App,
+    ex: &Exchange,
+    model: &'static str,
+    work: inference_proto::v1::GenerateRequest,
+    stream: bool,
+) -> Generation<'a> {
+    Generation {
+        pools: &app.pools,
+        model,
+        work,
+        trace: ex.trace,
+        deadline: tokio::time::Instant::now() + app.request_timeout(),
+        timed_from: stream.then_some(ex.started),
+    }
+}
+
+/// The access check of every route (see `Accounts::authorize`).
+async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
+    app.accounts
+        .authorize(ex.header("authorization"), scope)
+        .await
+}
+
+/// Admits the request under its plan's limits (see `Limiter::admit_request`);
+/// the `x-ratelimit-*` headers go on whatever response follows.
+async fn admit(
+    app: &App,
+    ex: &mut Exchange,
+    account: &Arc<Account>,
+    model: &'static ModelSpec,
+    input_estimate: u64,
+    max_tokens: u32,
+) -> Result<Reservation, ApiError> {
+    let request_id = ex.request_id.clone();
+    let (result, headers) = app
+        .limiter
+        .admit_request(account, model, request_id, input_estimate, max_tokens)
+        .await;
+    ex.extra_headers.extend(headers);
+    result
 }
 
 fn allow(method: &Method, expected: Method, path: &str) -> Result<(), ApiError> {

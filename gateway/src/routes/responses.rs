@@ -10,17 +10,16 @@ use crate::api::responses::{
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
+use crate::generation::{self, End, ResponseEvents};
 use crate::http::exchange::Exchange;
-use crate::http::relay::{relay, RelayEnd};
 use crate::limits::{estimate_input_tokens, Outcome};
 use crate::metrics::METRICS;
 use crate::runs::background::BackgroundRun;
 use crate::store::{NewResponse, WriteOutcome};
 use crate::translate::new_id;
 use crate::translate::responses::{new_object, output_as_input, to_worker, Frame, ResponseEncoder};
-use crate::{lifecycle, parse, validate};
+use crate::{parse, validate};
 use bytes::BytesMut;
-use inference_proto::v1 as pb;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,17 +39,13 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let plan = validate::responses::validate(&req)?;
     ex.model = plan.model.id;
     account.check_model(plan.model.id)?;
-    if plan.background && lifecycle::is_draining() {
+    if plan.background && app.shutdown.is_draining() {
         return Err(ApiError::overloaded(
             "This gateway replica is shutting down and takes no new background runs; retry.",
         ));
     }
-    let pool = app.pools.get(plan.model.id).cloned().ok_or_else(|| {
-        ApiError::overloaded(format!(
-            "Model '{}' has no workers configured.",
-            plan.model.id
-        ))
-    })?;
+    // A model without workers is refused before anything is stored.
+    generation::pool_of(&app.pools, plan.model.id)?;
 
     // 2. The conversation: the stored chain, then this input.
     let mut context = match &req.previous_response_id {
@@ -61,27 +56,19 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     context.extend(input_items.iter().cloned());
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let mut reservation = app
-        .limiter
-        .admit(
-            ex,
-            &account,
-            plan.model,
-            input_estimate,
-            plan.max_output_tokens,
-        )
-        .await?;
+    let reservation = super::admit(
+        app,
+        ex,
+        &account,
+        plan.model,
+        input_estimate,
+        plan.max_output_tokens,
+    )
+    .await?;
 
     // 4. Translate; store the new response (with its run lease).
     let mut work = to_worker(&req, &plan, &context, &ex.request_id);
-    if work.cache_key.is_empty() {
-        if let Some(session) = ex
-            .header("x-session-id")
-            .and_then(|v| std::str::from_utf8(v).ok())
-        {
-            work.cache_key = super::chat::session_cache_key(session);
-        }
-    }
+    generation::session_affinity(&mut work, ex.session_id());
     let id = new_id("resp_");
     let status = if plan.background {
         "queued"
@@ -120,8 +107,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             ownership: app.runs.own(&id),
             reservation,
             timeout: app.request_timeout(),
-            output_seen: 0,
-            store_lost: false,
+            in_flight: app.shutdown.begin(),
         };
         tokio::spawn(run.drive());
         if plan.stream {
@@ -133,62 +119,22 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
 
     // 5b. In the foreground: relay to this client.
     let ownership = plan.store.then(|| app.runs.own(&id));
-    let mut encoder = encoder;
-    let deadline = tokio::time::Instant::now() + app.request_timeout();
-    let call = match tokio::time::timeout_at(deadline, pool.generate(work, &ex.trace)).await {
-        Ok(Ok(call)) => call,
-        Ok(Err(e)) => {
-            reservation.settle(Outcome::NotRun).await;
+    let generation = super::generation(app, ex, plan.model.id, work, plan.stream);
+    let mut events = ResponseEvents::new(ex, encoder, plan.stream);
+    let end = generation.run(reservation, &mut events).await;
+    let mut encoder = events.encoder;
+    let result = match end {
+        End::NotStarted(e) => {
             end_stored(app, &plan, &mut encoder, Some(&e), ownership).await;
             return Err(e);
         }
-        Err(_) => {
-            reservation.settle(Outcome::NotRun).await;
-            let e = ApiError::timeout("No worker answered before the request deadline.");
-            end_stored(app, &plan, &mut encoder, Some(&e), ownership).await;
-            return Err(e);
-        }
-    };
-    reservation.mark_started();
-    let mut output_seen = 0u64;
-    if plan.stream {
-        // Only a stream has a first token to time: a non-streaming reply
-        // comes from the worker in one batch at its end.
-        if let Some(series) = crate::metrics::model_series(plan.model.id) {
-            series
-                .time_to_first_token()
-                .observe(ex.started.elapsed().as_secs_f64());
-        }
-    }
-
-    let mut frames = Vec::new();
-    encoder.start(&mut frames);
-    let result = if plan.stream {
-        let mut opening = BytesMut::with_capacity(1024);
-        for f in frames.drain(..) {
-            f.write_sse(&mut opening);
-        }
-        if ex.start_sse().await.is_err() {
-            reservation.settle(Outcome::Abandoned).await;
+        End::Gone => {
             ex.status = 499;
             cancel_stored(app, &plan, &mut encoder, ownership).await;
             return Ok(());
         }
-        METRICS.open_streams.inc();
-        let end = relay(ex, call, deadline, opening, |event, out| {
-            output_seen += u64::from(is_output(&event));
-            encoder.event(event, &mut frames);
-            for f in frames.drain(..) {
-                f.write_sse(out);
-            }
-        })
-        .await;
-        METRICS.open_streams.dec();
-        reservation.observe_output(output_seen);
-        match end {
-            RelayEnd::Finished(f) => {
-                let u = f.usage.unwrap_or_default();
-                reservation.settle(Outcome::Finished(&u)).await;
+        End::Finished(_) => {
+            if plan.stream {
                 if let Some(e) = &encoder.object.error {
                     ex.status = if e.code == "output_validation_failed" {
                         500
@@ -197,55 +143,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
                     };
                 }
                 ex.end_stream().await;
-                Ok(())
             }
-            RelayEnd::ClientGone => {
-                reservation.settle(Outcome::Abandoned).await;
-                ex.status = 499;
-                cancel_stored(app, &plan, &mut encoder, ownership).await;
-                return Ok(());
-            }
-            RelayEnd::Failed(e) => {
-                reservation.settle(Outcome::Abandoned).await;
-                // The status line is long gone: the failure travels in-band.
-                encoder.fail(&e, &mut frames);
-                let mut out = BytesMut::new();
-                for f in frames.drain(..) {
-                    f.write_sse(&mut out);
-                }
-                let _ = ex.write_chunk(out.freeze()).await;
-                ex.end_stream().await;
-                ex.status = e.status;
-                Ok(())
-            }
+            Ok(())
         }
-    } else {
-        frames.clear();
-        let end = relay(ex, call, deadline, BytesMut::new(), |event, _| {
-            output_seen += u64::from(is_output(&event));
-            encoder.event(event, &mut frames);
-            frames.clear();
-        })
-        .await;
-        reservation.observe_output(output_seen);
-        match end {
-            RelayEnd::Finished(f) => {
-                let u = f.usage.unwrap_or_default();
-                reservation.settle(Outcome::Finished(&u)).await;
-                Ok(())
-            }
-            RelayEnd::ClientGone => {
-                reservation.settle(Outcome::Abandoned).await;
-                ex.status = 499;
-                cancel_stored(app, &plan, &mut encoder, ownership).await;
-                return Ok(());
-            }
-            RelayEnd::Failed(e) => {
-                reservation.settle(Outcome::Abandoned).await;
-                encoder.fail(&e, &mut frames);
-                Err(e)
-            }
+        End::Failed(e) if plan.stream => {
+            ex.end_stream().await;
+            ex.status = e.status;
+            Ok(())
         }
+        End::Failed(e) => Err(e),
     };
     end_stored(app, &plan, &mut encoder, None, ownership).await;
     match result {
@@ -264,15 +170,6 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             }
         },
     }
-}
-
-/// Whether a worker event carries generated output (about one token each).
-fn is_output(event: &pb::GenerateEvent) -> bool {
-    use pb::generate_event::Event;
-    matches!(
-        event.event,
-        Some(Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_))
-    )
 }
 
 /// Writes the final object of a foreground stored response (failing it

@@ -4,6 +4,12 @@
 //!   capped by `max_tokens`, which then finishes `length`).
 //! - `synthetic:fail_after=N`: after N completion tokens the stream ends with
 //!   an INTERNAL status and reason `ENGINE_FAILURE` (N = 0: before any token).
+//! - `synthetic:fail_unavailable`: with `fail_after`, the failure is an
+//!   UNAVAILABLE status (a worker losing its device), which the gateway
+//!   maps to 503 before the first token.
+//! - `synthetic:trailers_ms=N`: hold the stream open N milliseconds after
+//!   `Finished` before ending it (late trailers), so a test can see whether
+//!   the gateway reads a finished call to its end or resets it.
 //! - `synthetic:hang`: send nothing and wait until the stream is dropped.
 //! - `synthetic:slow_ms=N`: N milliseconds between tokens (overrides
 //!   `--tokens-per-second`).
@@ -21,6 +27,8 @@
 pub struct Controls {
     pub reply_tokens: Option<u32>,
     pub fail_after: Option<u32>,
+    pub fail_unavailable: bool,
+    pub trailers_ms: Option<u64>,
     pub hang: bool,
     pub slow_ms: Option<u64>,
     pub echo: bool,
@@ -45,6 +53,8 @@ impl Controls {
                 Some(("reply_tokens", n)) => c.reply_tokens = n.parse().ok(),
                 Some(("fail_after", n)) => c.fail_after = n.parse().ok(),
                 Some(("slow_ms", n)) => c.slow_ms = n.parse().ok(),
+                Some(("trailers_ms", n)) => c.trailers_ms = n.parse().ok(),
+                None if directive == "fail_unavailable" => c.fail_unavailable = true,
                 None if directive == "hang" => c.hang = true,
                 None if directive == "echo" => c.echo = true,
                 None if directive == "echo_messages" => c.echo_messages = true,
@@ -71,6 +81,8 @@ mod tests {
             Controls {
                 reply_tokens: Some(12),
                 fail_after: Some(3),
+                fail_unavailable: false,
+                trailers_ms: None,
                 hang: true,
                 slow_ms: Some(5),
                 echo: true,
@@ -79,6 +91,9 @@ mod tests {
             }
         );
         assert!(Controls::parse("synthetic:ignore_format").ignore_format);
+        let c = Controls::parse("synthetic:fail_unavailable synthetic:trailers_ms=400");
+        assert!(c.fail_unavailable);
+        assert_eq!(c.trailers_ms, Some(400));
         assert_eq!(Controls::parse("plain text"), Controls::default());
         let c = Controls::parse("synthetic:echo_messages");
         assert!(c.echo_messages && !c.echo);

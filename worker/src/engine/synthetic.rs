@@ -166,7 +166,7 @@ impl Generation for SyntheticGeneration {
         let start = tokio::time::Instant::now();
         for (i, step) in steps.into_iter().enumerate() {
             if controls.fail_after.is_some_and(|n| emitted >= n) {
-                return fail(&out, emitted).await;
+                return fail(&out, emitted, controls.fail_unavailable).await;
             }
             // Paced: a step goes out when its last token would have been
             // generated (one token per step, unless merged for batching).
@@ -193,19 +193,29 @@ impl Generation for SyntheticGeneration {
             emitted += step.tokens;
         }
         if controls.fail_after.is_some() {
-            return fail(&out, emitted).await;
+            return fail(&out, emitted, controls.fail_unavailable).await;
         }
         match out.send(Event::Finished(finished)).await {
-            Ok(()) => Outcome::Completed { tokens: emitted },
+            Ok(()) => {
+                if let Some(ms) = controls.trailers_ms {
+                    // Late trailers: the stream ends only after this pause
+                    // (or when the gateway drops it).
+                    let _ = out.sleep(Duration::from_millis(ms)).await;
+                }
+                Outcome::Completed { tokens: emitted }
+            }
             Err(Cancelled) => Outcome::Cancelled { tokens: emitted },
         }
     }
 }
 
-async fn fail(out: &EventSink, emitted: u32) -> Outcome {
-    let status = status::engine_failure(format!(
-        "synthetic engine failure after {emitted} tokens (synthetic:fail_after)"
-    ));
+async fn fail(out: &EventSink, emitted: u32, unavailable: bool) -> Outcome {
+    let message = format!("synthetic engine failure after {emitted} tokens (synthetic:fail_after)");
+    let status = if unavailable {
+        Status::unavailable(message)
+    } else {
+        status::engine_failure(message)
+    };
     match out.fail(status).await {
         Ok(()) => Outcome::Failed { tokens: emitted },
         Err(Cancelled) => Outcome::Cancelled { tokens: emitted },

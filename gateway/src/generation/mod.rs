@@ -1,0 +1,175 @@
+//! The one driver of a generation, from the worker pool to the end of the
+//! reply, whatever the reply's wire format.
+//!
+//! Its stages, in order: find the model's pool; start the call before the
+//! deadline (`pool::generate` retries on another worker until the first
+//! event); time the first token; start the consumer's output; relay events
+//! in batches (`relay.rs`), with a failure after the first token delivered
+//! in band; read a finished call to its trailers; settle the reservation on
+//! every ending. What differs between chat streams, chat bodies, Responses
+//! events and background runs is only where the events go: an
+//! [`Encoder`] (`client.rs` for HTTP replies, `runs::background` for the
+//! store).
+
+mod client;
+mod relay;
+
+pub use client::{ChatBody, ChatStream, ResponseEvents};
+
+use crate::error::ApiError;
+use crate::limits::{Outcome, Reservation};
+use crate::pool::{Pools, WorkerCall, WorkerPool};
+use inference_proto::v1 as pb;
+use std::future::Future;
+use std::sync::Arc;
+use telemetry::TraceParent;
+use tokio::time::Instant;
+
+/// Most events folded into one delivery to a client.
+const MAX_BATCH: usize = 64;
+
+/// The consumer of a generation went away: the client disconnected, or a
+/// background run was ended elsewhere (or its store was lost).
+#[derive(Debug)]
+pub struct Gone;
+
+/// Where a generation's events go, in the consumer's wire format.
+pub trait Encoder {
+    /// The call started on a worker: a stream's response head goes out
+    /// here (its opening frames wait for the first delivery).
+    fn started(&mut self) -> impl Future<Output = Result<(), Gone>> + Send {
+        async { Ok(()) }
+    }
+    /// Encodes one worker event into the pending batch.
+    fn event(&mut self, event: pb::GenerateEvent);
+    /// Whether the pending batch (`events` events) is as large as one
+    /// delivery should be.
+    fn batch_full(&self, events: usize) -> bool {
+        events >= MAX_BATCH
+    }
+    /// Delivers the pending batch (one write to the client or the store).
+    fn deliver(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
+    /// Resolves when the consumer goes away while the worker is quiet.
+    fn gone(&mut self) -> impl Future<Output = ()> + Send;
+    /// Resolves when the consumer goes away before a worker answered. By
+    /// default nobody watches (a client is only watched once it streams).
+    fn gone_while_starting(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+    /// The generation failed after its first event: deliver what is
+    /// pending, then the failure, in band.
+    fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
+}
+
+/// How a generation ended. The reservation is already settled.
+#[derive(Debug)]
+pub enum End {
+    /// No worker started the call; nothing reached the consumer.
+    NotStarted(ApiError),
+    /// The worker finished; everything was delivered.
+    Finished(pb::Finished),
+    /// The consumer went away; the worker's generation was cancelled.
+    Gone,
+    /// The worker failed after the first event; the encoder delivered the
+    /// failure in band.
+    Failed(ApiError),
+}
+
+/// One generation to drive.
+pub struct Generation<'a> {
+    pub pools: &'a Pools,
+    pub model: &'static str,
+    pub work: pb::GenerateRequest,
+    /// Sent to the worker as `traceparent`.
+    pub trace: TraceParent,
+    /// Upper bound on the whole generation, first event included.
+    pub deadline: Instant,
+    /// When the request started, for the time-to-first-token metric; `None`
+    /// for replies without a first token to time (a non-streaming reply
+    /// comes from the worker in one batch at its end).
+    pub timed_from: Option<std::time::Instant>,
+}
+
+impl Generation<'_> {
+    /// Drives the generation to its end through `encoder`, and settles
+    /// `reservation` however it ends.
+    pub async fn run<E: Encoder>(self, mut reservation: Reservation, encoder: &mut E) -> End {
+        let request_id = self.work.request_id.clone();
+        let started = tokio::select! {
+            call = start(self.pools, self.model, self.work, &self.trace, self.deadline) => call,
+            _ = encoder.gone_while_starting() => {
+                reservation.settle(Outcome::NotRun).await;
+                return End::Gone;
+            }
+        };
+        let call = match started {
+            Ok(call) => call,
+            Err(e) => {
+                reservation.settle(Outcome::NotRun).await;
+                return End::NotStarted(e);
+            }
+        };
+        reservation.mark_started();
+        if let Some(from) = self.timed_from {
+            if let Some(series) = crate::metrics::model_series(self.model) {
+                series
+                    .time_to_first_token()
+                    .observe(from.elapsed().as_secs_f64());
+            }
+        }
+        if encoder.started().await.is_err() {
+            reservation.settle(Outcome::Abandoned).await;
+            return End::Gone;
+        }
+        let mut output_seen = 0;
+        let end = relay::relay(
+            call,
+            self.deadline,
+            self.model,
+            &request_id,
+            encoder,
+            &mut output_seen,
+        )
+        .await;
+        reservation.observe_output(output_seen);
+        match &end {
+            End::Finished(f) => {
+                let usage = f.usage.unwrap_or_default();
+                reservation.settle(Outcome::Finished(&usage)).await;
+            }
+            _ => reservation.settle(Outcome::Abandoned).await,
+        }
+        end
+    }
+}
+
+/// The pool of `model`; a model without workers is a 503.
+pub fn pool_of<'a>(pools: &'a Pools, model: &str) -> Result<&'a Arc<WorkerPool>, ApiError> {
+    pools
+        .get(model)
+        .ok_or_else(|| ApiError::overloaded(format!("Model '{model}' has no workers configured.")))
+}
+
+/// Starts the call on a worker of the model's pool before the deadline.
+async fn start(
+    pools: &Pools,
+    model: &str,
+    work: pb::GenerateRequest,
+    trace: &TraceParent,
+    deadline: Instant,
+) -> Result<WorkerCall, ApiError> {
+    let pool = pool_of(pools, model)?;
+    tokio::time::timeout_at(deadline, pool.generate(work, trace))
+        .await
+        .map_err(|_| ApiError::timeout("No worker answered before the request deadline."))?
+}
+
+/// Without an explicit `prompt_cache_key`, a session's turns (`x-session-id`)
+/// share a prefix, so they stick to one worker through the session id.
+pub fn session_affinity(work: &mut pb::GenerateRequest, session_id: Option<&str>) {
+    if work.cache_key.is_empty() {
+        if let Some(session) = session_id {
+            work.cache_key = format!("session:{session}");
+        }
+    }
+}
