@@ -126,6 +126,36 @@ impl RedisHandle {
     }
 }
 
+/// Test support: deletes every key under `handle`'s prefix with SCAN, so
+/// it stays quick on a server that holds many keys of other tests (KEYS
+/// would walk them all in one command and time out).
+#[cfg(test)]
+pub(crate) async fn delete_prefix(handle: &RedisHandle) -> redis::RedisResult<()> {
+    let mut conn = handle.conn().await?;
+    let pattern = format!("{}*", handle.prefix());
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(keys)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -335,11 +335,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) async fn cleanup(redis: &RedisHandle) {
-        let mut conn = redis.conn().await.unwrap();
-        let keys: Vec<String> = conn.keys(format!("{}*", redis.prefix())).await.unwrap();
-        if !keys.is_empty() {
-            let _: () = conn.del(keys).await.unwrap();
-        }
+        crate::redis_conn::delete_prefix(redis).await.unwrap();
     }
 
     #[tokio::test]

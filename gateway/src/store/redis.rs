@@ -515,19 +515,7 @@ mod tests {
     }
 
     async fn cleanup(handle: &RedisHandle) {
-        let mut conn = handle.conn().await.unwrap();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}*", handle.prefix()))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if !keys.is_empty() {
-            redis::cmd("DEL")
-                .arg(keys)
-                .query_async::<()>(&mut conn)
-                .await
-                .unwrap();
-        }
+        crate::redis_conn::delete_prefix(handle).await.unwrap();
     }
 
     #[tokio::test]
