@@ -18,10 +18,20 @@ pub struct Metrics {
     /// Whole-request latency by route and model.
     pub request_duration: HistogramVec,
     pub time_to_first_token: HistogramVec,
+    /// One sample per request: decode time / (output tokens − 1).
     pub time_per_output_token: HistogramVec,
+    /// Gaps between relayed output events of a stream, every one.
+    pub inter_token_latency: HistogramVec,
+    /// Generations that failed after their first event (a stream's status
+    /// was already 200), by model and error code.
+    pub stream_failures: IntCounterVec,
+    /// Worker calls retried on another worker before the first event.
+    pub worker_retries: IntCounterVec,
     /// Tokens by model and type (`input`, `cached_input`, `output`, `reasoning`).
     pub tokens: IntCounterVec,
-    /// Worker call failures by model and reason.
+    /// Worker call failures by model, reason and class (`client`: the
+    /// request's fault; `capacity`: overloaded or draining; `fault`: the
+    /// worker's).
     pub worker_errors: IntCounterVec,
     pub open_streams: IntGauge,
     /// 1 while a worker is selectable (healthy, not draining, circuit closed).
@@ -48,9 +58,11 @@ pub struct Metrics {
     pub runs_lost: prometheus::IntCounter,
 }
 
+/// Up to the longest request deadline (600 s), so a slow generation lands
+/// in a bucket of its own rather than in +Inf.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0,
+    60.0, 120.0, 300.0, 600.0,
 ];
 const TOKEN_GAP_BUCKETS: &[f64] = &[
     0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -82,9 +94,29 @@ impl Metrics {
             )?,
             time_per_output_token: register_histogram_vec_with_registry!(
                 "gen_ai_server_time_per_output_token_seconds",
-                "Time between streamed tokens after the first.",
+                "Decode time per output token after the first, one sample per request: \
+                 (last output - first output) / (output tokens - 1).",
                 &["gen_ai_request_model"],
                 TOKEN_GAP_BUCKETS.to_vec(),
+                registry
+            )?,
+            inter_token_latency: register_histogram_vec_with_registry!(
+                "gateway_inter_token_latency_seconds",
+                "Gaps between relayed output events of a generation (each gap one sample).",
+                &["gen_ai_request_model"],
+                TOKEN_GAP_BUCKETS.to_vec(),
+                registry
+            )?,
+            stream_failures: register_int_counter_vec_with_registry!(
+                "gateway_stream_failures_total",
+                "Generations that failed after their first event, by model and error code.",
+                &["model", "code"],
+                registry
+            )?,
+            worker_retries: register_int_counter_vec_with_registry!(
+                "gateway_worker_retries_total",
+                "Worker calls retried on another worker before the first event, by model and reason.",
+                &["model", "reason"],
                 registry
             )?,
             tokens: register_int_counter_vec_with_registry!(
@@ -95,8 +127,8 @@ impl Metrics {
             )?,
             worker_errors: register_int_counter_vec_with_registry!(
                 "gateway_worker_errors_total",
-                "Failed worker calls by model and reason.",
-                &["model", "reason"],
+                "Failed worker calls by model, reason and class (client, capacity, fault).",
+                &["model", "reason", "class"],
                 registry
             )?,
             open_streams: register_int_gauge_with_registry!(
@@ -229,6 +261,7 @@ pub struct ModelSeries {
     tokens: [OnceLock<IntCounter>; 4],
     time_to_first_token: OnceLock<Histogram>,
     time_per_output_token: OnceLock<Histogram>,
+    inter_token_latency: OnceLock<Histogram>,
     decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; LIMIT_STAGES.len()],
 }
 
@@ -254,6 +287,11 @@ impl ModelSeries {
         })
     }
 
+    pub fn inter_token_latency(&self) -> &Histogram {
+        self.inter_token_latency
+            .get_or_init(|| METRICS.inter_token_latency.with_label_values(&[self.model]))
+    }
+
     /// `decision` indexes [`LIMIT_DECISIONS`].
     pub fn limiter_decision(&self, stage: LimitStage, decision: usize) -> &IntCounter {
         let stage = stage as usize;
@@ -273,6 +311,7 @@ static MODEL_SERIES: LazyLock<[ModelSeries; MODELS.len()]> = LazyLock::new(|| {
         tokens: Default::default(),
         time_to_first_token: OnceLock::new(),
         time_per_output_token: OnceLock::new(),
+        inter_token_latency: OnceLock::new(),
         decisions: Default::default(),
     })
 });

@@ -48,7 +48,7 @@ pub fn check(format: &OutputFormat, text: &str, model: &str) -> Result<(), ApiEr
         Some(detail) => {
             METRICS
                 .worker_errors
-                .with_label_values(&[model, "output_validation"])
+                .with_label_values(&[model, "output_validation", "fault"])
                 .inc();
             tracing::error!(model, "structured output check failed: {detail}");
             Err(ApiError::new(

@@ -16,6 +16,19 @@ async fn post_chat(client: &Client, body: &Value) -> harness::Reply {
         .expect("HTTP exchange")
 }
 
+/// The value of the first sample of `name` whose labels include all of
+/// `labels` (`key="value"` strings) on a Prometheus text page; 0 if none.
+fn sample(page: &str, name: &str, labels: &[&str]) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .find(|rest| labels.iter().all(|label| rest.contains(label)))
+        .and_then(|rest| rest.rsplit(' ').next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn ends_with_done(frames: &[SseFrame]) -> bool {
     frames.last().is_some_and(SseFrame::is_done)
         && frames[..frames.len() - 1]
@@ -90,6 +103,18 @@ async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
             "the busy worker was tried and refused: {b:?}"
         );
         assert_eq!((o.started, o.completed), (2, 2), "{o:?}");
+        // Each was counted as a retry, and the refusal as capacity, not a fault.
+        let (_, metrics) = gateway.admin_get("/metrics").await.unwrap();
+        let retries = ["model=\"base\"", "reason=\"overloaded\""];
+        assert_eq!(
+            sample(&metrics, "gateway_worker_retries_total", &retries),
+            2.0
+        );
+        let refusals = ["reason=\"overloaded\"", "class=\"capacity\""];
+        assert_eq!(
+            sample(&metrics, "gateway_worker_errors_total", &refusals),
+            2.0
+        );
 
         // Both busy: nothing can take it.
         let mut second = client
@@ -573,6 +598,31 @@ async fn a_worker_that_fails_every_reply_midway_is_ejected() {
             healthy.completed,
             40 - failed_at.len() as u64,
             "{healthy:?}"
+        );
+        // Streams that failed after their first token are counted as such
+        // (their HTTP status was 200); time per output token is one sample
+        // per finished request, inter-token gaps one per gap.
+        let (_, metrics) = gateway.admin_get("/metrics").await.unwrap();
+        let failures = ["code=\"upstream_error\"", "model=\"base\""];
+        assert_eq!(
+            sample(&metrics, "gateway_stream_failures_total", &failures),
+            failed_at.len() as f64
+        );
+        let model = ["gen_ai_request_model=\"base\""];
+        assert_eq!(
+            sample(
+                &metrics,
+                "gen_ai_server_time_per_output_token_seconds_count",
+                &model
+            ),
+            healthy.completed as f64
+        );
+        assert!(
+            sample(
+                &metrics,
+                "gateway_inter_token_latency_seconds_count",
+                &model
+            ) > healthy.completed as f64
         );
     })
     .await;

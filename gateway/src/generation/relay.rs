@@ -30,16 +30,17 @@ pub(super) async fn relay<E: Encoder>(
         mut rest,
         guard,
     } = call;
-    let time_per_output_token =
-        crate::metrics::model_series(model).map(|series| series.time_per_output_token());
-    let mut last_token_at = Instant::now();
+    let series = crate::metrics::model_series(model);
+    let mut decode = DecodeClock::default();
     let mut take = |event: pb::GenerateEvent, encoder: &mut E| {
-        let now = Instant::now();
-        if let Some(h) = time_per_output_token {
-            h.observe(now.duration_since(last_token_at).as_secs_f64());
+        if is_output(&event) {
+            *output_seen += 1;
+            if let Some(gap) = decode.output(Instant::now()) {
+                if let Some(s) = series {
+                    s.inter_token_latency().observe(gap.as_secs_f64());
+                }
+            }
         }
-        last_token_at = now;
-        *output_seen += u64::from(is_output(&event));
         let finished = finished_of(&event);
         encoder.event(event);
         finished
@@ -58,9 +59,9 @@ pub(super) async fn relay<E: Encoder>(
                     finished = take(event, encoder);
                     batched += 1;
                 }
-                Some(Ok(None)) => return failed(&guard, None, request_id, encoder).await,
+                Some(Ok(None)) => return failed(&guard, None, model, request_id, encoder).await,
                 Some(Err(status)) => {
-                    return failed(&guard, Some(status), request_id, encoder).await
+                    return failed(&guard, Some(status), model, request_id, encoder).await
                 }
             }
         }
@@ -71,6 +72,10 @@ pub(super) async fn relay<E: Encoder>(
                 return End::Gone;
             }
             guard.record_finished();
+            let tokens = f.usage.map_or(0, |u| u.completion_tokens);
+            if let (Some(per_token), Some(s)) = (decode.per_token(tokens), series) {
+                s.time_per_output_token().observe(per_token.as_secs_f64());
+            }
             return End::Finished(f);
         }
         if delivered.is_err() {
@@ -82,6 +87,7 @@ pub(super) async fn relay<E: Encoder>(
             _ = encoder.gone() => return End::Gone,
             _ = &mut deadline => {
                 let e = ApiError::timeout("The generation exceeded the request deadline.");
+                count_stream_failure(model, &e);
                 encoder.fail(&e).await;
                 return End::Failed(e);
             }
@@ -91,10 +97,41 @@ pub(super) async fn relay<E: Encoder>(
                 finished = take(event, encoder);
                 batched = 1;
             }
-            Ok(None) => return failed(&guard, None, request_id, encoder).await,
-            Err(status) => return failed(&guard, Some(status), request_id, encoder).await,
+            Ok(None) => return failed(&guard, None, model, request_id, encoder).await,
+            Err(status) => return failed(&guard, Some(status), model, request_id, encoder).await,
         }
     }
+}
+
+/// When a generation's output events arrived, for its decode-time metrics.
+#[derive(Debug, Default)]
+struct DecodeClock {
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl DecodeClock {
+    /// An output event arrived at `now`; the gap since the previous one.
+    fn output(&mut self, now: Instant) -> Option<Duration> {
+        let gap = self.last.map(|last| now.duration_since(last));
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+        gap
+    }
+
+    /// Time per output token after the first, for `tokens` output tokens:
+    /// (last − first) / (tokens − 1). `None` below two tokens.
+    fn per_token(&self, tokens: u32) -> Option<Duration> {
+        let (first, last) = (self.first?, self.last?);
+        (tokens >= 2).then(|| last.duration_since(first) / (tokens - 1))
+    }
+}
+
+fn count_stream_failure(model: &str, e: &ApiError) {
+    crate::metrics::METRICS
+        .stream_failures
+        .with_label_values(&[model, e.code.as_ref()])
+        .inc();
 }
 
 /// The worker failed after the first event (`None`: it ended the stream
@@ -102,6 +139,7 @@ pub(super) async fn relay<E: Encoder>(
 async fn failed<E: Encoder>(
     guard: &CallGuard,
     status: Option<Status>,
+    model: &str,
     request_id: &str,
     encoder: &mut E,
 ) -> End {
@@ -113,6 +151,7 @@ async fn failed<E: Encoder>(
             mid_stream_error(&status)
         }
     };
+    count_stream_failure(model, &e);
     encoder.fail(&e).await;
     End::Failed(e)
 }
@@ -165,6 +204,25 @@ fn finished_of(event: &pb::GenerateEvent) -> Option<pb::Finished> {
 mod tests {
     use super::*;
     use tonic::Code;
+
+    #[test]
+    fn time_per_output_token_is_one_sample_of_the_whole_decode() {
+        let t0 = Instant::now();
+        let mut clock = DecodeClock::default();
+        assert_eq!(clock.output(t0), None);
+        assert_eq!(
+            clock.output(t0 + Duration::from_millis(30)),
+            Some(Duration::from_millis(30))
+        );
+        assert_eq!(
+            clock.output(t0 + Duration::from_millis(100)),
+            Some(Duration::from_millis(70))
+        );
+        // Five tokens in three coalesced events: 100 ms over four gaps.
+        assert_eq!(clock.per_token(5), Some(Duration::from_millis(25)));
+        assert_eq!(clock.per_token(1), None);
+        assert_eq!(DecodeClock::default().per_token(9), None);
+    }
 
     #[test]
     fn after_the_first_token_only_502_and_504_pass_through() {

@@ -280,6 +280,8 @@ impl WorkerPool {
         let key = select::affinity_key(&request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error: Option<ApiError> = None;
+        // The reason the previous attempt failed, counted once another starts.
+        let mut retrying: Option<&'static str> = None;
         while tried.len() < MAX_ATTEMPTS {
             let mut candidates: Vec<usize> = (0..endpoints.len())
                 .filter(|i| !tried.contains(i) && endpoints[*i].is_available())
@@ -299,6 +301,12 @@ impl WorkerPool {
             let Some(index) = select::pick(self.policy, &endpoints, &candidates, key) else {
                 break;
             };
+            if let Some(reason) = retrying.take() {
+                METRICS
+                    .worker_retries
+                    .with_label_values(&[&self.model, reason])
+                    .inc();
+            }
             tried.push(index);
             let endpoint = &endpoints[index];
             let slot = endpoint.acquire();
@@ -321,7 +329,7 @@ impl WorkerPool {
                     let failure = classify(&status);
                     METRICS
                         .worker_errors
-                        .with_label_values(&[&self.model, failure.reason])
+                        .with_label_values(&[&self.model, failure.reason, failure.class()])
                         .inc();
                     if failure.worker_fault {
                         endpoint.record_failure();
@@ -330,6 +338,7 @@ impl WorkerPool {
                         return Err(failure.error);
                     }
                     tracing::warn!(model = %self.model, worker = %endpoint.addr(), reason = failure.reason, "worker call failed before the first token; trying another");
+                    retrying = Some(failure.reason);
                     last_error = Some(failure.error);
                 }
             }
@@ -388,6 +397,20 @@ pub struct Failure {
     /// Counts against the worker's health. Client errors never do.
     pub worker_fault: bool,
     pub reason: &'static str,
+}
+
+impl Failure {
+    /// The `class` label: the request's fault, the pool's capacity, or the
+    /// worker's fault.
+    pub fn class(&self) -> &'static str {
+        if self.worker_fault {
+            "fault"
+        } else if self.try_elsewhere {
+            "capacity"
+        } else {
+            "client"
+        }
+    }
 }
 
 /// Maps a worker's gRPC status to the public error and the retry decision.
@@ -469,6 +492,7 @@ mod tests {
             (400, "context_length_exceeded")
         );
         assert!(!f.try_elsewhere && !f.worker_fault);
+        assert_eq!(f.class(), "client");
     }
 
     #[test]
@@ -476,8 +500,10 @@ mod tests {
         let f = classify(&with_reason(Code::ResourceExhausted, "OVERLOADED"));
         assert!(f.try_elsewhere && !f.worker_fault);
         assert_eq!(f.error.status, 503);
+        assert_eq!(f.class(), "capacity");
         let f = classify(&Status::unavailable("connection refused"));
         assert!(f.try_elsewhere && f.worker_fault);
+        assert_eq!(f.class(), "fault");
         let f = classify(&Status::internal("boom"));
         assert_eq!(f.error.status, 502);
     }
