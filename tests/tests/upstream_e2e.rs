@@ -389,20 +389,24 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
             anyhow::Ok(())
         });
     }
-    wait_until(
-        "the engine to hold 2 running and 6 deferred",
-        20,
-        || async { server.running_and_waiting().await.ok() == Some((2, 6)) },
-    )
-    .await;
-    wait_until("the worker to report the engine's load", 5, || async {
+    // Some stories may end early (the model may stop before 800 tokens),
+    // so the check is not a fixed count: at a moment when the engine holds
+    // both slots and defers at least one request, the worker reports
+    // exactly the engine's own counts.
+    wait_until("the worker to report the engine's queue", 30, || async {
+        let Ok((running, waiting)) = server.running_and_waiting().await else {
+            return false;
+        };
+        if running != 2 || waiting == 0 {
+            return false;
+        }
         let load = worker
             .info()
             .await
             .ok()
             .and_then(|i| i.load)
             .unwrap_or_default();
-        (load.running, load.queued, load.capacity) == (2, 6, 2)
+        (load.running, load.queued, load.capacity) == (2, waiting, 2)
     })
     .await;
     streams.abort_all();
