@@ -148,6 +148,8 @@ refuses() { # description, helm template args...: rendering must fail
 check "chart refuses image tag latest" refuses "image.tag=latest" --set image.tag=latest
 check "chart refuses llama without modelFile" refuses "no modelFile" --set 'models[0].name=base' --set 'models[0].engine=llama'
 check "chart refuses external Redis without host" refuses "no host" --set redis.enabled=false
+check "chart refuses a Redis Cluster on a database other than 0" refuses "cluster db 2" \
+    --set redis.enabled=false --set externalRedis.host=h --set externalRedis.cluster=true --set externalRedis.db=2
 check "chart refuses a termination grace below the drain" refuses "short grace" --set gateway.terminationGracePeriodSeconds=5
 
 gpu_render_has() {

@@ -234,7 +234,7 @@ GATEWAY_KEYS = {
     "keys", "store", "plans", "orgs", "limits", "telemetry", "models",
 }
 SECTION_KEYS = {
-    "store": {"redis_url", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
+    "store": {"redis_url", "redis_cluster", "redis_ca_file", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
               "sweep_interval_millis", "cancel_poll_millis"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},

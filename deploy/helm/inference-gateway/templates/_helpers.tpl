@@ -82,7 +82,14 @@ inference-gateway.io/model: {{ . }}
 {{- $scheme := ternary "rediss" "redis" $e.tls -}}
 {{- $auth := "" -}}
 {{- if eq (include "ig.redisAuth" .) "true" -}}{{- $auth = printf "%s:$(REDIS_PASSWORD)@" (default "" $e.username) -}}{{- end -}}
+{{- if $e.cluster -}}
+{{- if ne (int $e.db) 0 -}}{{- fail "externalRedis.cluster: a Redis Cluster has database 0 only (externalRedis.db)" -}}{{- end -}}
+{{- $seeds := list (printf "%s://%s%s:%d" $scheme $auth $e.host (int $e.port)) -}}
+{{- range $e.clusterNodes -}}{{- $seeds = append $seeds (printf "%s://%s%s" $scheme $auth .) -}}{{- end -}}
+{{- join "," $seeds -}}
+{{- else -}}
 {{- printf "%s://%s%s:%d/%d" $scheme $auth $e.host (int $e.port) (int $e.db) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -97,6 +104,10 @@ inference-gateway.io/model: {{ . }}
 {{- end }}
 - name: GATEWAY_REDIS_URL
   value: {{ include "ig.redisUrl" . | quote }}
+{{- if and (not .Values.redis.enabled) .Values.externalRedis.cluster }}
+- name: GATEWAY_REDIS_CLUSTER
+  value: "true"
+{{- end }}
 {{- if include "ig.redisCa" . }}
 - name: GATEWAY_REDIS_CA_FILE
   value: /etc/igw/redis-ca/ca.crt
