@@ -32,15 +32,17 @@ impl App {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         // Connects lazily, inside the server's runtime.
         let redis = match &config.store.redis_url {
-            Some(url) => Some(Arc::new(RedisHandle::with_ca(
+            Some(url) => Some(Arc::new(RedisHandle::open(
                 url,
                 &config.store.key_prefix,
                 config.store.redis_ca_file.as_deref(),
+                config.store.redis_cluster,
             )?)),
             None => None,
         };
+        // One handle (one shared connection) for keys, limits and the store.
         let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);
-        let limiter = Arc::new(Limiter::from_config(&config, redis));
+        let limiter = Arc::new(Limiter::from_config(&config, redis.clone()));
         let pools = Pools::new(
             config.models.iter().map(|(model, pool)| PoolSpec {
                 model: model.clone(),
@@ -49,7 +51,7 @@ impl App {
             }),
             crate::pool::worker_auth(config.worker_token.as_deref())?,
         )?;
-        let store = crate::store::from_config(&config.store)?;
+        let store = crate::store::from_config(&config.store, redis);
         let runs = Arc::new(Runs::new(store.clone(), &config.store));
         Ok(Self {
             config,

@@ -190,8 +190,14 @@ pub struct StaticKey {
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `redis://[user:password@]host:port/db`, or `rediss://` for TLS;
-    /// absent = the embedded in-process store.
+    /// absent = the embedded in-process store. With `redis_cluster`, one
+    /// or more seed nodes of the cluster, separated by commas.
     pub redis_url: Option<String>,
+    /// `redis_url` names nodes of a Redis Cluster (cluster mode enabled):
+    /// commands go to the primary serving each key's slot, following the
+    /// cluster's redirects. Database 0 only.
+    #[serde(default)]
+    pub redis_cluster: bool,
     /// PEM file of the CA that signed the Redis server's certificate (for
     /// `rediss://`); absent = the system's trusted roots.
     #[serde(default)]
@@ -222,6 +228,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             redis_url: None,
+            redis_cluster: false,
             redis_ca_file: None,
             key_prefix: default_key_prefix(),
             storage_window_seconds: default_storage_window(),
@@ -354,6 +361,9 @@ impl Config {
         if let Some(v) = get("GATEWAY_REDIS_URL") {
             self.store.redis_url = Some(v).filter(|s| !s.is_empty());
         }
+        if let Some(v) = get("GATEWAY_REDIS_CLUSTER") {
+            self.store.redis_cluster = parse_bool(&v).context("GATEWAY_REDIS_CLUSTER")?;
+        }
         if let Some(v) = get("GATEWAY_REDIS_CA_FILE") {
             self.store.redis_ca_file =
                 Some(v.into()).filter(|p: &std::path::PathBuf| !p.as_os_str().is_empty());
@@ -398,7 +408,19 @@ impl Config {
                 );
             }
         }
+        if self.store.redis_cluster && self.store.redis_url.is_none() {
+            bail!("store.redis_cluster = true needs store.redis_url (the cluster's seed nodes)");
+        }
         Ok(())
+    }
+}
+
+/// `true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off` (any case).
+fn parse_bool(v: &str) -> anyhow::Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" | "" => Ok(false),
+        other => bail!("expected true or false, got '{other}'"),
     }
 }
 
@@ -415,6 +437,21 @@ mod tests {
             .unwrap();
         assert_eq!(c.store.redis_url.as_deref(), Some("redis://127.0.0.1/"));
         assert!(c.check().is_ok());
+        assert!(!c.store.redis_cluster);
+        c.apply_env(|k| (k == "GATEWAY_REDIS_CLUSTER").then(|| "true".to_string()))
+            .unwrap();
+        assert!(c.store.redis_cluster);
+        assert!(c
+            .apply_env(|k| (k == "GATEWAY_REDIS_CLUSTER").then(|| "maybe".to_string()))
+            .is_err());
+        let e = toml::from_str::<Config>(
+            "[store]\nredis_cluster = true\n[models.base]\nworkers = []\n",
+        )
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs store.redis_url"), "{e}");
         c.admin_listen = c.listen.clone();
         let e = c.check().unwrap_err().to_string();
         assert!(e.contains("must differ"), "{e}");

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod output_check;
 pub mod parse;
 pub mod pool;
+pub mod redis_cluster;
 pub mod redis_conn;
 pub mod routes;
 pub mod runs;

@@ -56,6 +56,13 @@ pub struct Metrics {
     pub runs_owned: IntGauge,
     /// Runs ended by a sweeper after their owner's lease expired.
     pub runs_lost: prometheus::IntCounter,
+    /// Failed Redis operations by component (`store`, `limiter`,
+    /// `accounts`) and operation.
+    pub redis_errors: IntCounterVec,
+    /// Failed worker discovery refreshes (a DNS name or a Kubernetes
+    /// Service that did not resolve) by model and source (`dns`,
+    /// `kubernetes`); the pool keeps its members meanwhile.
+    pub discovery_failures: IntCounterVec,
 }
 
 /// Up to the longest request deadline (600 s), so a slow generation lands
@@ -195,6 +202,20 @@ impl Metrics {
                 "Runs failed by a sweeper after their owner's lease expired.",
                 registry
             )?,
+            redis_errors: register_int_counter_vec_with_registry!(
+                "gateway_redis_errors_total",
+                "Failed Redis operations (errors, timeouts, lost connections) by component \
+                 (store, limiter, accounts) and operation.",
+                &["component", "op"],
+                registry
+            )?,
+            discovery_failures: register_int_counter_vec_with_registry!(
+                "gateway_discovery_failures_total",
+                "Failed worker discovery lookups (DNS, Kubernetes EndpointSlices) by model and \
+                 source; the pool keeps its current members.",
+                &["model", "source"],
+                registry
+            )?,
             registry,
         })
     }
@@ -206,6 +227,15 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
     }
+}
+
+/// Counts one failed Redis operation of `component` (`store`, `limiter`,
+/// `accounts`).
+pub fn redis_error(component: &'static str, op: &'static str) {
+    METRICS
+        .redis_errors
+        .with_label_values(&[component, op])
+        .inc();
 }
 
 /// The process-wide metrics. Registration of the fixed names above cannot
@@ -395,7 +425,14 @@ mod tests {
             .requests
             .with_label_values(&["chat", "base", "200"])
             .inc();
+        redis_error("limiter", "admit");
+        METRICS
+            .discovery_failures
+            .with_label_values(&["base", "dns"])
+            .inc();
         let text = String::from_utf8(METRICS.render()).unwrap();
+        assert!(text.contains("gateway_redis_errors_total{component=\"limiter\",op=\"admit\"}"));
+        assert!(text.contains("gateway_discovery_failures_total{model=\"base\",source=\"dns\"}"));
         assert!(
             text.contains("gateway_requests_total{model=\"base\",route=\"chat\",status=\"200\"}")
         );

@@ -29,6 +29,8 @@
 //! - [`llama_server::LlamaServer`]: llama.cpp's own server on that model, the
 //!   real engine behind `upstream` workers.
 //! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
+//! - [`RedisServer`] / [`RedisCluster`]: private `redis-server`s (TLS only, or
+//!   a Redis Cluster of N primaries), killed on drop.
 //! - [`FaultProxy`]: a TCP proxy that adds latency, caps bandwidth, stalls,
 //!   partitions, drops or refuses, put between the gateway and Redis or a
 //!   worker.
@@ -63,7 +65,7 @@ pub use fault_proxy::FaultProxy;
 pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
 pub use llama_server::LlamaServer;
 pub use redis_scope::RedisScope;
-pub use redis_server::RedisServer;
+pub use redis_server::{RedisCluster, RedisServer};
 pub use serde_json::{json, Value};
 pub use stack::{Stack, StackBuilder, MODELS};
 pub use worker::{start_workers, Worker, WorkerOpts};

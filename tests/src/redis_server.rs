@@ -1,5 +1,6 @@
-//! A private `redis-server` on free loopback ports, for what the shared
-//! test Redis cannot be: a server that speaks only TLS. Killed on drop.
+//! Private `redis-server`s on free loopback ports, for what the shared
+//! test Redis cannot be: a server that speaks only TLS, or a Redis Cluster
+//! ([`RedisCluster`]). Killed on drop.
 
 use crate::process::{free_addr, ChildProcess, Spec};
 use anyhow::{Context, Result};
@@ -36,8 +37,11 @@ impl RedisServer {
         Self::start("redis-tls", port, args)
     }
 
-    fn start(name: &str, port: u16, mut args: Vec<String>) -> Result<RedisServer> {
-        let dir = TempDir::new(name)?;
+    fn start(name: &str, port: u16, args: Vec<String>) -> Result<RedisServer> {
+        Self::start_in(name, port, args, TempDir::new(name)?)
+    }
+
+    fn start_in(name: &str, port: u16, mut args: Vec<String>, dir: TempDir) -> Result<RedisServer> {
         args.extend(
             [
                 "--bind",
@@ -72,6 +76,115 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+}
+
+/// A Redis Cluster of `n` primaries (no replicas) on loopback ports, each
+/// a private `redis-server --cluster-enabled yes`, joined by
+/// `redis-cli --cluster create` and ready once every node reports
+/// `cluster_state:ok`. Killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> Result<RedisCluster> {
+        anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let port = free_port()?;
+            let dir = TempDir::new("redis-cluster")?;
+            let args: Vec<String> = vec![
+                "--port".into(),
+                port.to_string(),
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                dir.0.join("nodes.conf").to_string_lossy().into_owned(),
+                "--cluster-node-timeout".into(),
+                "2000".into(),
+            ];
+            nodes.push(RedisServer::start_in("redis-cluster", port, args, dir)?);
+        }
+        let cluster = RedisCluster { nodes };
+        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
+        create.extend(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = std::process::Command::new("redis-cli")
+            .args(&create)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("redis-cli (tests/run.sh installs it)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for port in cluster.ports() {
+            loop {
+                let info = cluster.command(port, &["CLUSTER", "INFO"])?;
+                if info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384") {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "node {port} of the Redis Cluster is not ready:\n{info}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// The primaries' ports, in start order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// Every node as a seed: `redis://127.0.0.1:P1/,redis://127.0.0.1:P2/,...`.
+    pub fn urls(&self) -> String {
+        self.ports()
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `redis-cli -p PORT ARGS...` on one node; its stdout.
+    pub fn command(&self, port: u16, args: &[&str]) -> Result<String> {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("redis-cli")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "redis-cli -p {port} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The cluster node id of the node on `port`.
+    pub fn node_id(&self, port: u16) -> Result<String> {
+        Ok(self.command(port, &["CLUSTER", "MYID"])?.trim().to_owned())
+    }
+
+    /// How many keys each node holds, in [`Self::ports`] order.
+    pub fn key_counts(&self) -> Result<Vec<u64>> {
+        self.ports()
+            .into_iter()
+            .map(|p| {
+                self.command(p, &["DBSIZE"])?
+                    .trim()
+                    .parse()
+                    .context("DBSIZE")
+            })
+            .collect()
     }
 }
 

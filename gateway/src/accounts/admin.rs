@@ -22,14 +22,19 @@ pub struct StoreArgs {
     /// certificate (default: the system's trusted roots).
     #[arg(long, env = "GATEWAY_REDIS_CA_FILE")]
     pub redis_ca_file: Option<std::path::PathBuf>,
+    /// The URL names seed nodes of a Redis Cluster (comma-separated), as
+    /// `store.redis_cluster = true` in the gateways' config.
+    #[arg(long, env = "GATEWAY_REDIS_CLUSTER", value_parser = clap::builder::FalseyValueParser::new())]
+    pub redis_cluster: bool,
 }
 
 impl StoreArgs {
     fn handle(&self) -> anyhow::Result<Arc<RedisHandle>> {
-        Ok(Arc::new(RedisHandle::with_ca(
+        Ok(Arc::new(RedisHandle::open(
             &self.redis_url,
             &self.key_prefix,
             self.redis_ca_file.as_deref(),
+            self.redis_cluster,
         )?))
     }
 }

@@ -148,6 +148,7 @@ impl Accounts {
         } else {
             self.resolve(&digest).await.inspect_err(|e| {
                 tracing::warn!("key lookup failed: {e}");
+                crate::metrics::redis_error("accounts", "lookup");
                 if let Ok(mut d) = self.redis_down_until.write() {
                     *d = Some(Instant::now() + REDIS_RETRY);
                 }
@@ -303,7 +304,10 @@ impl Accounts {
                     }
                     tracing::warn!("key invalidation channel closed; resubscribing");
                 }
-                Err(e) => tracing::warn!("cannot subscribe to key invalidations: {e}"),
+                Err(e) => {
+                    crate::metrics::redis_error("accounts", "subscribe");
+                    tracing::warn!("cannot subscribe to key invalidations: {e}")
+                }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -311,12 +315,7 @@ impl Accounts {
 }
 
 async fn subscribe(redis: &RedisHandle, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
-    let mut pubsub = tokio::time::timeout(
-        crate::redis_conn::CONNECT_TIMEOUT,
-        redis.client().get_async_pubsub(),
-    )
-    .await
-    .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out")))??;
+    let mut pubsub = redis.pubsub().await?;
     pubsub.subscribe(channel).await?;
     Ok(pubsub)
 }

@@ -102,17 +102,20 @@ impl AccountStore {
 
     /// An organisation's status and a plan, in one round trip. `None` for
     /// each that Redis does not hold.
+    ///
+    /// Two commands sent together rather than one pipeline: the keys are
+    /// of two hash tags (two Redis Cluster slots, maybe two nodes). On one
+    /// server the multiplexed connection writes both before reading.
     pub async fn org_and_plan(
         &self,
         org: &str,
         plan: &str,
     ) -> redis::RedisResult<(Option<OrgStatus>, Option<Plan>)> {
-        let mut conn = self.redis.conn().await?;
-        let (o, p): (HashMap<String, String>, HashMap<String, String>) = redis::pipe()
-            .hgetall(self.org_key(org))
-            .hgetall(self.plan_key(plan))
-            .query_async(&mut conn)
-            .await?;
+        let conn = self.redis.conn().await?;
+        let (mut c1, mut c2) = (conn.clone(), conn);
+        let (org_key, plan_key) = (self.org_key(org), self.plan_key(plan));
+        let (o, p): (HashMap<String, String>, HashMap<String, String>) =
+            futures::try_join!(c1.hgetall(&org_key), c2.hgetall(&plan_key))?;
         Ok((org_from_hash(&o), plan_from_hash(&p)))
     }
 
@@ -127,6 +130,7 @@ impl AccountStore {
         scopes: Scopes,
         models: Option<&[String]>,
     ) -> anyhow::Result<(String, KeyRecord)> {
+        anyhow::ensure!(!org.is_empty(), "the organisation must not be empty");
         let secret = format!("sk-{}", Alphanumeric.sample_string(&mut rand::rng(), 40));
         let digest_hex = crate::auth::hash_key_hex(&secret);
         let record = KeyRecord {
@@ -145,7 +149,12 @@ impl AccountStore {
             .as_deref()
             .map(|m| m.join(","))
             .unwrap_or_default();
-        let _: () = redis::pipe()
+        // The index first, then the record (two slots on a cluster, so two
+        // commands): a failure between them leaves an index entry without
+        // a record, which lists and authenticates as nothing, never a
+        // working key that `keys list` and `keys revoke` cannot see.
+        let _: () = conn.sadd(self.index_key(), &digest_hex).await?;
+        let _: () = conn
             .hset_multiple(
                 self.key_key(&digest_hex),
                 &[
@@ -158,10 +167,6 @@ impl AccountStore {
                     ("revoked", "0"),
                 ],
             )
-            .ignore()
-            .sadd(self.index_key(), &digest_hex)
-            .ignore()
-            .query_async(&mut conn)
             .await?;
         // A replica may have cached this digest as unknown.
         self.publish(&format!("key:{digest_hex}")).await?;
@@ -341,6 +346,20 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn create_lookup_list_revoke_against_redis() {
         let redis = test_redis();
+        lifecycle(&redis).await;
+        cleanup(&redis).await;
+    }
+
+    /// The same on a real 3-primary Redis Cluster: the key, its index, the
+    /// org and the plan are in different slots.
+    #[tokio::test]
+    async fn create_lookup_list_revoke_on_a_cluster() {
+        let cluster = harness::RedisCluster::start(3).expect("a Redis Cluster");
+        let redis = Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", None, true).unwrap());
+        lifecycle(&redis).await;
+    }
+
+    async fn lifecycle(redis: &Arc<RedisHandle>) {
         let store = AccountStore::new(redis.clone());
         let (secret, rec) = store
             .create_key(
@@ -406,6 +425,5 @@ pub(crate) mod tests {
             store.org_and_plan("nobody", "none").await.unwrap(),
             (None, None)
         );
-        cleanup(&redis).await;
     }
 }

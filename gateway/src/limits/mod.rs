@@ -23,6 +23,7 @@
 //! `fail_open_local` (default) admits under this replica's in-process
 //! limits; `fail_closed` answers 503.
 
+pub mod cluster_pipe;
 pub mod headers;
 pub mod local;
 pub mod memory;

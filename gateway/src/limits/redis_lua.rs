@@ -3,7 +3,8 @@
 //! limiter's own pipelined connection ([`super::redis_pipe`]).
 //!
 //! Keys of one organisation share its hash tag, so both scripts touch one
-//! Redis Cluster slot:
+//! Redis Cluster slot (on a cluster, each call goes to the primary serving
+//! it: [`super::cluster_pipe`]):
 //!
 //! ```text
 //! <prefix>rl:{<org>}:<model>:req       zset  request log (sliding minute)
@@ -15,9 +16,11 @@
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
 
-use super::redis_pipe::{Frame, RedisPipe, Script};
+use super::cluster_pipe::ClusterPipe;
+use super::redis_pipe::{Frame, PipeError, RedisPipe, Reply, Script};
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
-use crate::redis_conn::RedisHandle;
+use crate::metrics::redis_error;
+use crate::redis_conn::{RedisHandle, Target};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -49,10 +52,11 @@ pub struct RedisLimits {
     redis: Arc<RedisHandle>,
     admit: Script,
     settle: Script,
-    /// Both scripts go over one lean pipelined connection: concurrent
-    /// admissions and settlements share writes and reads, each still one
-    /// round trip (see [`super::redis_pipe`] for why not the redis crate's).
-    pipe: RedisPipe,
+    /// Both scripts go over one lean pipelined connection (one per primary
+    /// on a cluster): concurrent admissions and settlements share writes
+    /// and reads, each still one round trip (see [`super::redis_pipe`] for
+    /// why not the redis crate's).
+    pipe: Pipe,
     keys: RwLock<KeyCache>,
 }
 
@@ -60,7 +64,18 @@ impl RedisLimits {
     pub fn new(redis: Arc<RedisHandle>) -> Self {
         let admit = Script::new(include_str!("admit.lua"));
         let settle = Script::new(include_str!("settle.lua"));
-        let pipe = RedisPipe::new(redis.client(), redis.tls(), &[&admit, &settle]);
+        let pipe = match redis.target() {
+            Target::Single(info) => Pipe::Single(RedisPipe::to(
+                info.clone(),
+                redis.tls(),
+                vec![admit.source, settle.source],
+            )),
+            Target::Cluster(topology) => Pipe::Cluster(ClusterPipe::new(
+                topology.clone(),
+                redis.tls(),
+                vec![admit.source, settle.source],
+            )),
+        };
         Self {
             redis,
             admit,
@@ -97,6 +112,11 @@ impl RedisLimits {
         keys
     }
 
+    /// The keys of `admit.lua` (all of one org's hash tag).
+    fn admit_keys(k: &LimitKeys) -> [&str; 5] {
+        [&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend]
+    }
+
     fn window_key(&self, org: &str, model: &str, what: &str) -> String {
         self.redis.key("rl", org, &format!(":{model}:{what}"))
     }
@@ -119,7 +139,7 @@ impl LimitStore for RedisLimits {
         let frame = || {
             Frame::evalsha(
                 &self.admit,
-                &[&k.req, &k.tok, &k.toksum, &k.inflight, &k.spend],
+                &Self::admit_keys(&k),
                 &[
                     r.request_id.into(),
                     r.plan.rpm.into(),
@@ -132,7 +152,11 @@ impl LimitStore for RedisLimits {
                 ],
             )
         };
-        let reply = self.pipe.call(frame).await?;
+        let reply = self
+            .pipe
+            .call(&k.spend, frame)
+            .await
+            .inspect_err(|_| redis_error("limiter", "admit"))?;
         let Some(&[verdict, used_req, used_tok, reset_req, reset_tok, retry]) =
             reply.ints().as_deref()
         else {
@@ -192,14 +216,38 @@ impl LimitStore for RedisLimits {
         };
         // Waiting keeps "settled before the reply is sent": a client's next
         // request sees its slot and tokens back.
-        self.pipe.call(frame).await?;
+        self.pipe
+            .call(&k.spend, frame)
+            .await
+            .inspect_err(|_| redis_error("limiter", "settle"))?;
         Ok(())
     }
 
     async fn flush(&self) {
         // Replies come in order: once this one is back, every settlement
         // sent before it has been applied.
-        let _ = self.pipe.call(|| Frame::command(&["PING".into()])).await;
+        match &self.pipe {
+            Pipe::Single(p) => {
+                let _ = p.call(|| Frame::command(&["PING".into()])).await;
+            }
+            Pipe::Cluster(p) => p.flush().await,
+        }
+    }
+}
+
+/// The limiter's connection: one server, or the primaries of a cluster.
+enum Pipe {
+    Single(RedisPipe),
+    Cluster(ClusterPipe),
+}
+
+impl Pipe {
+    /// `key`: one of the command's keys (all share its slot).
+    async fn call(&self, key: &str, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+        match self {
+            Pipe::Single(p) => p.call(encode).await,
+            Pipe::Cluster(p) => p.call(key, encode).await,
+        }
     }
 }
 
@@ -261,6 +309,94 @@ mod tests {
         assert_eq!(
             store.keys("org-b", "base").toksum,
             "igw:rl:{org-b}:base:toksum"
+        );
+    }
+
+    #[test]
+    fn every_key_of_a_script_call_is_in_one_slot() {
+        use crate::redis_cluster::key_slot;
+        let redis = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap());
+        let store = RedisLimits::new(redis.clone());
+        for (org, model) in [
+            ("org-a", "base"),
+            ("o{x}", "base-mini"),
+            ("a}b", "base"),
+            ("", "m"),
+            ("}x", "m"),
+        ] {
+            let k = store.keys(org, model);
+            let settle = [
+                k.tok.clone(),
+                k.toksum.clone(),
+                k.inflight.clone(),
+                k.spend.clone(),
+                [k.usage_stem.as_str(), "2026-01-01"].concat(),
+                [k.settled_stem.as_str(), "req_1"].concat(),
+            ];
+            let slot = key_slot(k.spend.as_bytes());
+            for key in RedisLimits::admit_keys(&k)
+                .iter()
+                .copied()
+                .chain(settle.iter().map(String::as_str))
+            {
+                assert_eq!(key_slot(key.as_bytes()), slot, "{key} vs {}", k.spend);
+            }
+        }
+    }
+
+    /// The shared suite, and usage, against a real 3-primary Redis Cluster:
+    /// organisations spread over the nodes, each call on its org's node.
+    #[tokio::test]
+    async fn redis_store_passes_the_shared_suite_on_a_cluster() {
+        let cluster = harness::RedisCluster::start(3).expect("a Redis Cluster");
+        let redis = Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", None, true).unwrap());
+        let store = RedisLimits::new(redis.clone());
+        tests_shared::suite(&store).await;
+        let used = crate::limits::TokenUsage {
+            input: 7,
+            cached_input: 0,
+            output: 3,
+            reasoning: 0,
+        };
+        store
+            .settle(&tests_shared::settlement("base", "rc", 0, Some(used), 5))
+            .await
+            .unwrap();
+        store.flush().await;
+        let mut conn = redis.conn().await.unwrap();
+        let usage: std::collections::HashMap<String, i64> =
+            redis::AsyncCommands::hgetall(&mut conn, redis.usage_key("org-suite", "2026-11-23"))
+                .await
+                .unwrap();
+        assert!(
+            usage.get("k1|base|input").is_some_and(|n| *n >= 7),
+            "{usage:?}"
+        );
+        // Several orgs, admitted on whichever node serves each.
+        let plan = crate::accounts::Plan {
+            rpm: 1,
+            tpm: 0,
+            max_concurrent: 0,
+            default_max_tokens: 0,
+        };
+        for i in 0..20 {
+            let org = format!("org-{i}");
+            let r = crate::limits::AdmitRequest {
+                org: &org,
+                model: "base",
+                request_id: "r",
+                tokens: 1,
+                plan,
+                budget_nano: None,
+                in_flight_ttl_ms: 60_000,
+            };
+            assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Admitted);
+            assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Requests);
+        }
+        let counts = cluster.key_counts().unwrap();
+        assert!(
+            counts.iter().all(|n| *n > 0),
+            "keys on every node: {counts:?}"
         );
     }
 

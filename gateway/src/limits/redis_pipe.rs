@@ -172,8 +172,14 @@ pub enum PipeError {
 
 struct Job {
     frame: Vec<u8>,
+    /// Replies to drop before the one answered (1 after an `ASKING`).
+    skip: u8,
     reply: oneshot::Sender<Result<Reply, PipeError>>,
 }
+
+/// A reply owed: when its command was written, replies to drop first, and
+/// who waits for it.
+type Owed = (Instant, u8, oneshot::Sender<Result<Reply, PipeError>>);
 
 /// The connection: lazily opened, reopened after a failure.
 pub struct RedisPipe {
@@ -193,10 +199,23 @@ impl RedisPipe {
         tls: Option<Arc<rustls::ClientConfig>>,
         scripts: &[&Script],
     ) -> Self {
-        Self {
-            info: client.get_connection_info().clone(),
+        Self::to(
+            client.get_connection_info().clone(),
             tls,
-            scripts: scripts.iter().map(|s| s.source).collect(),
+            scripts.iter().map(|s| s.source).collect(),
+        )
+    }
+
+    /// A connection to `info`, keeping the scripts of these sources loaded.
+    pub fn to(
+        info: redis::ConnectionInfo,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        scripts: Vec<&'static str>,
+    ) -> Self {
+        Self {
+            info,
+            tls,
+            scripts,
             queue: Mutex::new(None),
         }
     }
@@ -206,15 +225,39 @@ impl RedisPipe {
     /// and retries once (encoding the command again: cheaper than keeping
     /// a copy of every frame for a rare retry).
     pub async fn call(&self, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
-        match self.send(encode().into_bytes()).await? {
+        self.call_with(encode, false).await
+    }
+
+    /// [`Self::call`] preceded by `ASKING` (in the same write): the command
+    /// of a slot being migrated to this node (Redis Cluster's `ASK`).
+    pub async fn call_asking(&self, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+        self.call_with(encode, true).await
+    }
+
+    async fn call_with(
+        &self,
+        encode: impl Fn() -> Frame,
+        asking: bool,
+    ) -> Result<Reply, PipeError> {
+        let job = || {
+            let frame = encode().into_bytes();
+            if asking {
+                let mut bytes = Frame::command(&["ASKING".into()]).into_bytes();
+                bytes.extend_from_slice(&frame);
+                (bytes, 1)
+            } else {
+                (frame, 0)
+            }
+        };
+        match self.send(job()).await? {
             Reply::Error(e) if e.starts_with("NOSCRIPT") => {
                 for source in &self.scripts {
                     let load = Frame::script_load(source);
-                    if let Reply::Error(e) = self.send(load.into_bytes()).await? {
+                    if let Reply::Error(e) = self.send((load.into_bytes(), 0)).await? {
                         return Err(PipeError::Server(e));
                     }
                 }
-                match self.send(encode().into_bytes()).await? {
+                match self.send(job()).await? {
                     Reply::Error(e) => Err(PipeError::Server(e)),
                     r => Ok(r),
                 }
@@ -224,9 +267,14 @@ impl RedisPipe {
         }
     }
 
-    async fn send(&self, frame: Vec<u8>) -> Result<Reply, PipeError> {
+    async fn send(&self, (frame, skip): (Vec<u8>, u8)) -> Result<Reply, PipeError> {
         let (tx, rx) = oneshot::channel();
-        self.sender().send(Job { frame, reply: tx }).map_err(|_| {
+        let job = Job {
+            frame,
+            skip,
+            reply: tx,
+        };
+        self.sender().send(job).map_err(|_| {
             PipeError::Connection("the connection ended before the command was sent".into())
         })?;
         rx.await
@@ -380,8 +428,7 @@ impl Conn {
 
 /// Writes queued commands in batches and answers them in order.
 async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> PipeError {
-    let mut waiting: VecDeque<(Instant, oneshot::Sender<Result<Reply, PipeError>>)> =
-        VecDeque::new();
+    let mut waiting: VecDeque<Owed> = VecDeque::new();
     let mut batch = Vec::with_capacity(64);
     let mut out = Vec::with_capacity(4096);
     // While replies are owed, one timer bounds how long the oldest waits.
@@ -392,7 +439,7 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
     let mut armed = false;
     let failure = loop {
         if !armed {
-            if let Some((sent, _)) = waiting.front() {
+            if let Some((sent, _, _)) = waiting.front() {
                 timer.as_mut().reset((*sent + RESPONSE_TIMEOUT).into());
                 armed = true;
             }
@@ -410,8 +457,13 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
                 }
                 loop {
                     match parse(&mut conn.read) {
+                        Ok(Some(_)) if waiting.front().is_some_and(|(_, skip, _)| *skip > 0) => {
+                            if let Some((_, skip, _)) = waiting.front_mut() {
+                                *skip -= 1;
+                            }
+                        }
                         Ok(Some(reply)) => match waiting.pop_front() {
-                            Some((_, tx)) => {
+                            Some((_, _, tx)) => {
                                 let _ = tx.send(Ok(reply));
                             }
                             None => {
@@ -435,13 +487,13 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
                 let lone = if batch.len() == 1 { batch.pop() } else { None };
                 let written = match lone {
                     Some(job) => {
-                        waiting.push_back((now, job.reply));
+                        waiting.push_back((now, job.skip, job.reply));
                         conn.io.write_all(&job.frame).await
                     }
                     None => {
                         for job in batch.drain(..) {
                             out.extend_from_slice(&job.frame);
-                            waiting.push_back((now, job.reply));
+                            waiting.push_back((now, job.skip, job.reply));
                         }
                         let written = conn.io.write_all(&out).await;
                         out.clear();
@@ -458,7 +510,7 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
             }
             _ = &mut timer, if armed => {
                 armed = false;
-                if waiting.front().is_some_and(|(sent, _)| sent.elapsed() >= RESPONSE_TIMEOUT) {
+                if waiting.front().is_some_and(|(sent, _, _)| sent.elapsed() >= RESPONSE_TIMEOUT) {
                     break PipeError::Connection("reply timed out".into());
                 }
             }
@@ -467,11 +519,8 @@ async fn pipeline(mut conn: Conn, rx: &mut mpsc::UnboundedReceiver<Job>) -> Pipe
     fail_all(waiting, failure)
 }
 
-fn fail_all(
-    waiting: VecDeque<(Instant, oneshot::Sender<Result<Reply, PipeError>>)>,
-    failure: PipeError,
-) -> PipeError {
-    for (_, tx) in waiting {
+fn fail_all(waiting: VecDeque<Owed>, failure: PipeError) -> PipeError {
+    for (_, _, tx) in waiting {
         let _ = tx.send(Err(PipeError::Connection(failure.to_string())));
     }
     failure
@@ -632,7 +681,10 @@ mod tests {
     async fn concurrent_calls_share_the_connection_and_come_back_in_order() {
         let redis = crate::accounts::store::tests::test_redis();
         let script = Script::new("return {tonumber(ARGV[1]), 2, 3}");
-        let pipe = RedisPipe::new(redis.client(), None, &[&script]);
+        let crate::redis_conn::Target::Single(info) = redis.target() else {
+            panic!("the test Redis is one server")
+        };
+        let pipe = RedisPipe::to(info.clone(), None, vec![script.source]);
         let script = &script;
         let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], &[n.into()]));
         let replies = futures::future::join_all((0..100).map(call)).await;
@@ -709,6 +761,33 @@ mod tests {
         assert_eq!(
             server.await.unwrap(),
             ["SCRIPT LOAD", "EVALSHA", "SCRIPT LOAD", "EVALSHA"]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_asking_call_sends_asking_first_and_answers_with_the_command_reply() {
+        let (addr, server) = fake_redis(&[
+            b"$40\r\n0000000000000000000000000000000000000000\r\n",
+            b"+OK\r\n",
+            b"*2\r\n:7\r\n:8\r\n",
+            b"+PONG\r\n",
+        ])
+        .await;
+        let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+        let script = Script::new("return {7, 8}");
+        let pipe = RedisPipe::new(&client, None, &[&script]);
+        let reply = pipe
+            .call_asking(|| Frame::evalsha(&script, &[], &[]))
+            .await
+            .unwrap();
+        assert_eq!(reply.ints(), Some(vec![7, 8]));
+        // The skipped ASKING reply does not shift the next call's.
+        let pong = pipe.call(|| Frame::command(&["PING".into()])).await;
+        assert_eq!(pong.unwrap(), Reply::Status("PONG".into()));
+        drop(pipe);
+        assert_eq!(
+            server.await.unwrap(),
+            ["SCRIPT LOAD", "ASKING", "EVALSHA", "PING"]
         );
     }
 

@@ -4,6 +4,7 @@
 //! or a Service's ready endpoints read from the Kubernetes API.
 
 use super::kubernetes::{KubeApi, ServiceRef};
+use crate::metrics::METRICS;
 use std::sync::Arc;
 
 /// One configured worker address.
@@ -32,6 +33,15 @@ impl Target {
     pub fn is_dynamic(&self) -> bool {
         !matches!(self, Target::Static(_))
     }
+
+    /// The `source` label of discovery failures.
+    fn source(&self) -> &'static str {
+        match self {
+            Target::Static(_) => "static",
+            Target::Dns(_) => "dns",
+            Target::Kubernetes(_) => "kubernetes",
+        }
+    }
 }
 
 /// The addresses one target stands for right now. `kube` is the API for
@@ -50,9 +60,14 @@ async fn resolve_target(target: &Target, kube: Option<&KubeApi>) -> anyhow::Resu
     }
 }
 
-/// A failed lookup of one target, logged the same way for every kind.
-fn lookup_failed(target: &Target, e: &anyhow::Error) {
-    tracing::warn!(target = ?target, "worker discovery failed; keeping the current members: {e:#}");
+/// A failed lookup of one target of `model`'s pool, logged and counted the
+/// same way for every kind.
+fn lookup_failed(model: &str, target: &Target, e: &anyhow::Error) {
+    METRICS
+        .discovery_failures
+        .with_label_values(&[model, target.source()])
+        .inc();
+    tracing::warn!(model, target = ?target, "worker discovery failed; keeping the current members: {e:#}");
 }
 
 /// The worker addresses `targets` stand for right now, or `None` when a
@@ -60,13 +75,17 @@ fn lookup_failed(target: &Target, e: &anyhow::Error) {
 /// timeout) says nothing about the workers, so the caller keeps the members
 /// it has rather than emptying the pool; workers that are really gone fail
 /// their health checks and leave selection that way.
-pub async fn resolve(targets: &[Target], kube: Option<&KubeApi>) -> Option<Vec<String>> {
+pub async fn resolve(
+    model: &str,
+    targets: &[Target],
+    kube: Option<&KubeApi>,
+) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for t in targets {
         match resolve_target(t, kube).await {
             Ok(addrs) => out.extend(addrs),
             Err(e) => {
-                lookup_failed(t, &e);
+                lookup_failed(model, t, &e);
                 return None;
             }
         }
@@ -80,8 +99,12 @@ pub async fn resolve(targets: &[Target], kube: Option<&KubeApi>) -> Option<Vec<S
 /// on a runtime and thread of its own (the caller may or may not be inside
 /// a runtime). A target that fails is left out (logged); the periodic
 /// re-resolution adds it once it answers.
-pub fn resolve_blocking(targets: &[Target], kube: Option<&Arc<KubeApi>>) -> Vec<String> {
-    let (targets, kube) = (targets.to_vec(), kube.cloned());
+pub fn resolve_blocking(
+    model: &str,
+    targets: &[Target],
+    kube: Option<&Arc<KubeApi>>,
+) -> Vec<String> {
+    let (model, targets, kube) = (model.to_owned(), targets.to_vec(), kube.cloned());
     let first = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -90,7 +113,7 @@ pub fn resolve_blocking(targets: &[Target], kube: Option<&Arc<KubeApi>>) -> Vec<
         for t in &targets {
             match runtime.block_on(resolve_target(t, kube.as_deref())) {
                 Ok(addrs) => out.extend(addrs),
-                Err(e) => lookup_failed(t, &e),
+                Err(e) => lookup_failed(&model, t, &e),
             }
         }
         out.sort();
@@ -135,8 +158,16 @@ mod tests {
     #[tokio::test]
     async fn a_failed_lookup_keeps_the_members_and_a_good_one_replaces_them() {
         // No port: the lookup fails at once, without the network.
+        let failures = || {
+            METRICS
+                .discovery_failures
+                .with_label_values(&["discovery-test", "dns"])
+                .get()
+        };
+        assert_eq!(failures(), 0);
         assert_eq!(
             resolve(
+                "discovery-test",
                 &[
                     Target::Static("127.0.0.1:5".into()),
                     Target::Dns("localhost".into())
@@ -146,7 +177,9 @@ mod tests {
             .await,
             None
         );
+        assert_eq!(failures(), 1, "a failed lookup is counted");
         let members = resolve(
+            "discovery-test",
             &[
                 Target::Static("127.0.0.1:5".into()),
                 Target::Dns("localhost:50051".into()),
@@ -161,7 +194,7 @@ mod tests {
 
     #[test]
     fn localhost_resolves_to_loopback_addresses() {
-        let addrs = resolve_blocking(&[Target::Dns("localhost:50051".into())], None);
+        let addrs = resolve_blocking("base", &[Target::Dns("localhost:50051".into())], None);
         assert!(
             addrs
                 .iter()

@@ -96,7 +96,11 @@ impl Pools {
                 endpoints: RwLock::new(Arc::new(Vec::new())),
                 targets,
             };
-            pool.set_members(discovery::resolve_blocking(&pool.targets, kube.as_ref()))?;
+            pool.set_members(discovery::resolve_blocking(
+                &pool.model,
+                &pool.targets,
+                kube.as_ref(),
+            ))?;
             by_model.insert(spec.model, Arc::new(pool));
         }
         Ok(Self { by_model, kube })
@@ -122,7 +126,7 @@ impl Pools {
                 _ = resolve.tick() => {
                     for pool in self.by_model.values() {
                         if pool.targets.iter().any(Target::is_dynamic) {
-                            let Some(members) = discovery::resolve(&pool.targets, self.kube.as_deref()).await else {
+                            let Some(members) = discovery::resolve(&pool.model, &pool.targets, self.kube.as_deref()).await else {
                                 continue;
                             };
                             if let Err(e) = pool.set_members(members) {

@@ -130,23 +130,18 @@ pub trait EventFollower: Send {
     async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>>;
 }
 
-/// The store the config asks for: Redis when `redis_url` is set (connecting
-/// lazily, on first use), else the in-process store.
+/// The store the config asks for: Redis through `redis` (the process's
+/// handle, made when `redis_url` is set; it connects lazily, on first use),
+/// else the in-process store.
 pub fn from_config(
     config: &crate::config::StoreConfig,
-) -> anyhow::Result<std::sync::Arc<dyn ResponseStore>> {
+    redis: Option<std::sync::Arc<crate::redis_conn::RedisHandle>>,
+) -> std::sync::Arc<dyn ResponseStore> {
     let window = Duration::from_secs(config.storage_window_seconds);
-    Ok(match &config.redis_url {
-        Some(url) => {
-            let handle = crate::redis_conn::RedisHandle::with_ca(
-                url,
-                &config.key_prefix,
-                config.redis_ca_file.as_deref(),
-            )?;
-            std::sync::Arc::new(redis::RedisStore::new(std::sync::Arc::new(handle), window))
-        }
+    match redis {
+        Some(handle) => std::sync::Arc::new(redis::RedisStore::new(handle, window)),
         None => std::sync::Arc::new(memory::MemoryStore::new(window)),
-    })
+    }
 }
 
 /// Milliseconds since the Unix epoch.

@@ -9,6 +9,10 @@
 //! - `<p>runs:{leases}`: sorted set of running response ids scored by lease
 //!   deadline (milliseconds), renewed in one `ZADD` per replica heartbeat.
 //!
+//! A response's keys share its `{id}` hash tag, so every script and
+//! transaction over them stays in one Redis Cluster slot; the leases set is
+//! a key (and slot) of its own, written apart (see `create`).
+//!
 //! Both keys of a response share a time to live of one storage window.
 //! Writes that may end a run are Lua scripts that check the status first, so
 //! a terminal status is set once and nothing is appended after it.
@@ -23,11 +27,11 @@ use super::{
 use crate::api::responses::{InputItem, ResponseObject};
 use crate::error::ApiError;
 use crate::metrics::METRICS;
+use crate::redis_conn::RedisConn;
 use crate::redis_conn::RedisHandle;
 use crate::translate::responses::{external_terminal, Frame};
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -121,8 +125,8 @@ impl RedisStore {
         self.redis.key("runs", "leases", "")
     }
 
-    async fn conn(&self) -> StoreResult<redis::aio::ConnectionManager> {
-        self.redis.conn().await.map_err(unavailable)
+    async fn conn(&self) -> StoreResult<RedisConn> {
+        self.redis.conn().await.map_err(unavailable("connect"))
     }
 
     /// Fields of the hash for an org, `None` when absent or another org's.
@@ -139,7 +143,10 @@ impl RedisStore {
         for n in names {
             cmd.arg(*n);
         }
-        let values: Vec<Option<String>> = cmd.query_async(&mut conn).await.map_err(unavailable)?;
+        let values: Vec<Option<String>> = cmd
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable("read"))?;
         if values.first().and_then(|o| o.as_deref()) != Some(org) {
             return Ok(None);
         }
@@ -172,15 +179,19 @@ impl Drop for RoundTrip {
     }
 }
 
-/// A Redis failure as the client sees it: 503, retryable.
-fn unavailable(e: redis::RedisError) -> ApiError {
-    tracing::warn!("response store error: {e}");
-    ApiError::new(
-        503,
-        "store_unavailable",
-        "The response store is briefly unavailable; retry shortly.",
-    )
-    .with_retry_after(1)
+/// A Redis failure of `op` as the client sees it: 503, retryable (and
+/// counted in `gateway_redis_errors_total`).
+fn unavailable(op: &'static str) -> impl Fn(redis::RedisError) -> ApiError {
+    move |e| {
+        tracing::warn!(op, "response store error: {e}");
+        crate::metrics::redis_error("store", op);
+        ApiError::new(
+            503,
+            "store_unavailable",
+            "The response store is briefly unavailable; retry shortly.",
+        )
+        .with_retry_after(1)
+    }
 }
 
 fn corrupt(what: &str) -> ApiError {
@@ -237,8 +248,22 @@ impl ResponseStore for RedisStore {
         let _rt = RoundTrip::start("create");
         let mut conn = self.conn().await?;
         let key = self.hash(&new.object.id);
-        // One transaction: a connection lost part way must not leave a
-        // running response without the lease that lets a sweeper end it.
+        // The lease first, then the response: the two keys are in different
+        // Redis Cluster slots (one transaction cannot span them), and in
+        // this order a connection lost part way never leaves a running
+        // response without the lease that lets a sweeper end it. A lease
+        // whose response never landed is harmless: the sweeper finds no
+        // response (`Gone`) and drops it.
+        if let Some(until) = new.lease_until_ms {
+            redis::cmd("ZADD")
+                .arg(self.leases())
+                .arg(until)
+                .arg(&new.object.id)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(unavailable("create"))?;
+        }
+        // One transaction over the response's own keys (one slot).
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")
@@ -258,14 +283,9 @@ impl ResponseStore for RedisStore {
             .arg(&key)
             .arg(self.window.as_millis() as u64)
             .ignore();
-        if let Some(until) = new.lease_until_ms {
-            pipe.cmd("ZADD")
-                .arg(self.leases())
-                .arg(until)
-                .arg(&new.object.id)
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable("create"))
     }
 
     async fn get(&self, org: &str, id: &str) -> StoreResult<Option<ResponseObject>> {
@@ -286,7 +306,7 @@ impl ResponseStore for RedisStore {
             .arg("obj")
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable("read"))?;
         obj.map(|o| serde_json::from_str(&o).map_err(|_| corrupt("object")))
             .transpose()
     }
@@ -321,7 +341,7 @@ impl ResponseStore for RedisStore {
             .arg(org)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable("delete"))?;
         Ok(deleted == 1)
     }
 
@@ -342,7 +362,10 @@ impl ResponseStore for RedisStore {
         for f in events {
             inv.arg(f.seq).arg(&f.name).arg(&f.data);
         }
-        let code: i64 = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
+        let code: i64 = inv
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable("write"))?;
         Ok(outcome(code))
     }
 
@@ -363,7 +386,7 @@ impl ResponseStore for RedisStore {
             .arg(prefix)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable("terminate"))?;
         Ok(outcome(code))
     }
 
@@ -383,13 +406,13 @@ impl ResponseStore for RedisStore {
             .arg(limit)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable("read_events"))?;
         Ok(frames(entries))
     }
 
     async fn follow(&self, id: &str, after: Option<u64>) -> StoreResult<Box<dyn EventFollower>> {
         Ok(Box::new(RedisFollower {
-            client: self.redis.client().clone(),
+            redis: self.redis.clone(),
             conn: None,
             key: self.events(id),
             last_id: after.map_or_else(|| "0-0".to_string(), |n| format!("0-{}", n + 1)),
@@ -404,7 +427,7 @@ impl ResponseStore for RedisStore {
             .arg("status")
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)
+            .map_err(unavailable("status"))
     }
 
     async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()> {
@@ -418,7 +441,9 @@ impl ResponseStore for RedisStore {
         for id in ids {
             cmd.arg(until_ms).arg(id);
         }
-        cmd.query_async::<()>(&mut conn).await.map_err(unavailable)
+        cmd.query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable("lease"))
     }
 
     async fn release_lease(&self, id: &str) -> StoreResult<()> {
@@ -429,7 +454,7 @@ impl ResponseStore for RedisStore {
             .arg(id)
             .query_async::<()>(&mut conn)
             .await
-            .map_err(unavailable)
+            .map_err(unavailable("lease"))
     }
 
     async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {
@@ -444,14 +469,15 @@ impl ResponseStore for RedisStore {
             .arg(limit)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)
+            .map_err(unavailable("lease"))
     }
 }
 
 /// Follows a Stream with `XREAD BLOCK` on its own connection (a blocking
-/// command would stall every other request on the shared one).
+/// command would stall every other request on the shared one), to the
+/// node serving the stream's slot on a cluster.
 struct RedisFollower {
-    client: redis::Client,
+    redis: Arc<RedisHandle>,
     conn: Option<MultiplexedConnection>,
     key: String,
     /// The last stream id delivered.
@@ -463,35 +489,45 @@ type XReadReply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
 #[async_trait]
 impl EventFollower for RedisFollower {
     async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>> {
-        let conn = match &mut self.conn {
-            Some(c) => c,
-            None => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(crate::redis_conn::CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(wait + Duration::from_secs(2)));
-                let c = self
-                    .client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map_err(unavailable)?;
-                self.conn.insert(c)
+        // A second try only after a cluster redirect (the stream's slot
+        // moved to another node since the connection was made).
+        let mut redirected = false;
+        let reply: XReadReply = loop {
+            let conn = match &mut self.conn {
+                Some(c) => c,
+                None => {
+                    let c = self
+                        .redis
+                        .dedicated(&self.key, wait + Duration::from_secs(2))
+                        .await
+                        .map_err(unavailable("follow"))?;
+                    self.conn.insert(c)
+                }
+            };
+            let _rt = RoundTrip::start("follow");
+            let reply = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1000)
+                .arg("BLOCK")
+                .arg(wait.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(&self.last_id)
+                .query_async(conn)
+                .await;
+            match reply {
+                Ok(r) => break r,
+                Err(e) => {
+                    self.conn = None;
+                    if e.redirect_node().is_some() && !redirected {
+                        redirected = true;
+                        self.redis.slots_moved().await;
+                        continue;
+                    }
+                    return Err(unavailable("follow")(e));
+                }
             }
         };
-        let _rt = RoundTrip::start("follow");
-        let reply: XReadReply = redis::cmd("XREAD")
-            .arg("COUNT")
-            .arg(1000)
-            .arg("BLOCK")
-            .arg(wait.as_millis().max(1) as u64)
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(&self.last_id)
-            .query_async(conn)
-            .await
-            .map_err(|e| {
-                self.conn = None;
-                unavailable(e)
-            })?;
         let entries = reply
             .and_then(|keys| keys.into_iter().next())
             .map(|(_, entries)| entries)
@@ -523,6 +559,43 @@ mod tests {
         let (store, handle) = store(Duration::from_secs(60));
         super::super::suite::run(&store).await;
         cleanup(&handle).await;
+    }
+
+    /// The suite on a real 3-primary Redis Cluster: responses of many ids
+    /// spread over the nodes, the leases set on one, followers on each
+    /// stream's node.
+    #[tokio::test]
+    async fn passes_the_store_suite_on_a_cluster() {
+        let cluster = harness::RedisCluster::start(3).expect("a Redis Cluster");
+        let handle = Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", None, true).unwrap());
+        let store = RedisStore::new(handle, Duration::from_secs(60));
+        super::super::suite::run(&store).await;
+        // Responses with leases: each created (lease, then response) on
+        // its own node, readable, and its lease on the leases' node.
+        let mut ids = Vec::new();
+        for _ in 0..12 {
+            let id = super::super::suite::new_id();
+            let obj = super::super::suite::object(&id, true);
+            store
+                .create(super::super::NewResponse {
+                    org: "org-c",
+                    object: &obj,
+                    input_items: &[],
+                    context: &[],
+                    lease_until_ms: Some(1),
+                })
+                .await
+                .unwrap();
+            assert_eq!(store.get("org-c", &id).await.unwrap(), Some(obj));
+            ids.push(id);
+        }
+        let expired = store.expired_leases(2, 1000).await.unwrap();
+        assert!(ids.iter().all(|id| expired.contains(id)), "{expired:?}");
+        let counts = cluster.key_counts().unwrap();
+        assert!(
+            counts.iter().filter(|n| **n > 0).count() >= 2,
+            "keys on several nodes: {counts:?}"
+        );
     }
 
     #[tokio::test]

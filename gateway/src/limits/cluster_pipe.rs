@@ -1,0 +1,302 @@
+//! The limiter's connections to a Redis Cluster: one lean pipe
+//! ([`RedisPipe`]) per primary, each command sent to the primary serving
+//! the slot of its keys (all of one organisation's hash tag, so one slot).
+//!
+//! The slot map comes from the handle's [`Topology`] (`CLUSTER SLOTS`).
+//! A `MOVED` reply sends the command on to the node it names at once and
+//! refreshes the map in the background; an `ASK` reply (a slot part way
+//! through a migration) sends it on with `ASKING` before it, the map left
+//! as is; `TRYAGAIN` (a multi-key command during a migration) and
+//! `CLUSTERDOWN` are retried after a short pause. A node that cannot be
+//! reached fails the call (the limiter's failure policy decides) and
+//! refreshes the map, so calls go to its replacement once one is promoted.
+
+use super::redis_pipe::{Frame, PipeError, RedisPipe, Reply};
+use crate::redis_cluster::{key_slot, Node, Redirect, Topology};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Redirects and retries one call follows before giving up.
+const MAX_HOPS: usize = 5;
+
+/// Pause before retrying `TRYAGAIN` / `CLUSTERDOWN`.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+pub struct ClusterPipe {
+    topology: Arc<Topology>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    scripts: Vec<&'static str>,
+    pipes: RwLock<HashMap<Node, Arc<RedisPipe>>>,
+}
+
+impl ClusterPipe {
+    pub fn new(
+        topology: Arc<Topology>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        scripts: Vec<&'static str>,
+    ) -> Self {
+        Self {
+            topology,
+            tls,
+            scripts,
+            pipes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Sends the command `encode` builds to the primary serving `key`'s
+    /// slot (every key of the command has that slot) and waits for its
+    /// reply, following redirects.
+    pub async fn call(&self, key: &str, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+        let slot = key_slot(key.as_bytes());
+        let mut map = self.topology.map().await.map_err(map_failed)?;
+        let mut node = match map.owner(slot) {
+            Some(n) => n.clone(),
+            None => {
+                map = self
+                    .topology
+                    .refresh(Some(&map))
+                    .await
+                    .map_err(map_failed)?;
+                map.owner(slot).cloned().ok_or_else(|| {
+                    PipeError::Server(format!("CLUSTERDOWN no node serves slot {slot}"))
+                })?
+            }
+        };
+        let mut asking = false;
+        let mut last = None;
+        for _ in 0..MAX_HOPS {
+            let pipe = self.pipe(&node);
+            let reply = if asking {
+                pipe.call_asking(&encode).await
+            } else {
+                pipe.call(&encode).await
+            };
+            asking = false;
+            let error = match reply {
+                Err(PipeError::Server(e)) => e,
+                Err(PipeError::Connection(e)) => {
+                    // The node may be gone (failed over): learn the new map
+                    // for the calls after this one.
+                    self.topology.refresh_soon(Some(map));
+                    return Err(PipeError::Connection(format!("{node}: {e}")));
+                }
+                ok => return ok,
+            };
+            match Redirect::parse(&error, &node) {
+                Some(Redirect::Moved(to)) => {
+                    self.topology.refresh_soon(Some(map.clone()));
+                    node = to;
+                }
+                Some(Redirect::Ask(to)) => {
+                    node = to;
+                    asking = true;
+                }
+                None if error.starts_with("TRYAGAIN") || error.starts_with("CLUSTERDOWN") => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    if let Some(current) = self.topology.current() {
+                        map = current;
+                    }
+                    if let Some(n) = map.owner(slot) {
+                        node = n.clone();
+                    }
+                }
+                None => return Err(PipeError::Server(error)),
+            }
+            last = Some(error);
+        }
+        Err(PipeError::Server(format!(
+            "Redis Cluster: slot {slot} still redirected after {MAX_HOPS} hops ({})",
+            last.unwrap_or_default()
+        )))
+    }
+
+    /// Once its reply is back, every command sent before on every node's
+    /// connection has been applied.
+    pub async fn flush(&self) {
+        let pipes: Vec<Arc<RedisPipe>> = match self.pipes.read() {
+            Ok(p) => p.values().cloned().collect(),
+            Err(_) => return,
+        };
+        let pings = pipes
+            .iter()
+            .map(|p| p.call(|| Frame::command(&["PING".into()])));
+        futures::future::join_all(pings).await;
+    }
+
+    /// The pipe to `node` (made on first use; its connection opens lazily).
+    fn pipe(&self, node: &Node) -> Arc<RedisPipe> {
+        if let Ok(pipes) = self.pipes.read() {
+            if let Some(p) = pipes.get(node) {
+                return p.clone();
+            }
+        }
+        let mut pipes = self.pipes.write().unwrap_or_else(|p| p.into_inner());
+        pipes
+            .entry(node.clone())
+            .or_insert_with(|| {
+                Arc::new(RedisPipe::to(
+                    self.topology.node_info(node),
+                    self.tls.clone(),
+                    self.scripts.clone(),
+                ))
+            })
+            .clone()
+    }
+
+    /// The nodes this pipe has talked to (tests).
+    #[cfg(test)]
+    fn nodes(&self) -> Vec<Node> {
+        self.pipes
+            .read()
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn map_failed(e: redis::RedisError) -> PipeError {
+    PipeError::Connection(format!("Redis Cluster slot map: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis_cluster::SlotMap;
+    use crate::redis_conn::{RedisHandle, Target};
+    use harness::redis_server::RedisCluster;
+
+    fn topology(handle: &RedisHandle) -> Arc<Topology> {
+        match handle.target() {
+            Target::Cluster(t) => t.clone(),
+            Target::Single(_) => panic!("not a cluster handle"),
+        }
+    }
+
+    fn node_of(cluster: &RedisCluster, port: u16) -> Node {
+        assert!(cluster.ports().contains(&port));
+        Node {
+            host: "127.0.0.1".into(),
+            port,
+        }
+    }
+
+    /// Keys whose slots are served by different primaries.
+    fn keys_on_every_node(map: &SlotMap) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        for i in 0.. {
+            let k = format!("{{org-{i}}}:k");
+            let owner = map.owner(key_slot(k.as_bytes()));
+            if keys
+                .iter()
+                .all(|o| map.owner(key_slot(o.as_bytes())) != owner)
+            {
+                keys.push(k);
+            }
+            if keys.len() == map.nodes().len() || i > 10_000 {
+                break;
+            }
+        }
+        keys
+    }
+
+    #[tokio::test]
+    async fn commands_go_to_the_slot_owner_and_follow_moved_and_ask() {
+        let cluster = RedisCluster::start(3).expect("a 3-node Redis Cluster");
+        let handle = RedisHandle::open(&cluster.urls(), "t:", None, true).unwrap();
+        let topology = topology(&handle);
+        let script = super::super::redis_pipe::Script::new(
+            "redis.call('INCR', KEYS[1]) return redis.call('GET', KEYS[1])",
+        );
+        let pipe = ClusterPipe::new(topology.clone(), None, vec![script.source]);
+        let incr = |key: &'static str| {
+            let script = &script;
+            move || Frame::evalsha(script, &[key], &[])
+        };
+        // Every primary serves some of the keys.
+        let map = topology.map().await.unwrap();
+        assert!(map.covers_all());
+        assert_eq!(map.nodes().len(), 3);
+        let keys: Vec<&'static str> = keys_on_every_node(&map)
+            .into_iter()
+            .map(|k| &*Box::leak(k.into_boxed_str()))
+            .collect();
+        assert_eq!(keys.len(), 3);
+        for k in &keys {
+            let r = pipe.call(k, incr(k)).await.unwrap();
+            assert_eq!(r, Reply::Bulk(Some(b"1".to_vec())));
+        }
+        assert_eq!(pipe.nodes().len(), 3, "one connection per primary");
+
+        // A stale map (every slot on the first node): MOVED replies lead
+        // each command to its owner, and the map is fetched again.
+        let first = node_of(&cluster, cluster.ports()[0]);
+        // (A refresh is asked for no sooner than this after the last.)
+        tokio::time::sleep(crate::redis_cluster::MIN_REFRESH_INTERVAL).await;
+        topology.set(SlotMap::single(first.clone()));
+        for k in &keys {
+            let r = pipe.call(k, incr(k)).await.unwrap();
+            assert_eq!(r, Reply::Bulk(Some(b"2".to_vec())), "{k}");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while topology.current().is_none_or(|m| m.nodes().len() != 3) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the map was not refreshed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        // A slot migrating from its owner to another node: the owner
+        // answers ASK for a key it does not hold, and the command goes to
+        // the importing node behind ASKING.
+        let map = topology.map().await.unwrap();
+        let fresh = (0..)
+            .map(|i| format!("{{mig-{i}}}:k"))
+            .find(|k| map.owner(key_slot(k.as_bytes())) == Some(&first))
+            .unwrap();
+        let fresh: &'static str = Box::leak(fresh.into_boxed_str());
+        let slot = key_slot(fresh.as_bytes());
+        let target = map.nodes().iter().find(|n| **n != first).unwrap().clone();
+        let id = |port: u16| cluster.node_id(port).unwrap();
+        cluster
+            .command(
+                target.port,
+                &[
+                    "CLUSTER",
+                    "SETSLOT",
+                    &slot.to_string(),
+                    "IMPORTING",
+                    &id(first.port),
+                ],
+            )
+            .unwrap();
+        cluster
+            .command(
+                first.port,
+                &[
+                    "CLUSTER",
+                    "SETSLOT",
+                    &slot.to_string(),
+                    "MIGRATING",
+                    &id(target.port),
+                ],
+            )
+            .unwrap();
+        let r = pipe.call(fresh, incr(fresh)).await.unwrap();
+        assert_eq!(r, Reply::Bulk(Some(b"1".to_vec())));
+        // It landed on the importing node.
+        let on_target = cluster
+            .command(
+                target.port,
+                &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()],
+            )
+            .unwrap();
+        assert_eq!(on_target.trim(), "1");
+        // Put the slot back as it was.
+        for port in [first.port, target.port] {
+            cluster
+                .command(port, &["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"])
+                .unwrap();
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! Redis Cluster for the connections the redis crate's cluster client does
+//! not make: the limiter's own pipelined connections (one per primary), and
+//! the dedicated connections of blocking reads (`XREAD BLOCK`) and pub/sub.
+//!
+//! - [`key_slot`]: the hash slot of a key (CRC16 of its `{hash tag}`, or of
+//!   the whole key without one, modulo 16384), as the servers compute it;
+//! - [`SlotMap`]: which primary serves each slot, from `CLUSTER SLOTS`;
+//! - [`Topology`]: the current map of one cluster, fetched from the seed
+//!   nodes on first use and again after a redirect or a failed node
+//!   (single-flight, at most every [`MIN_REFRESH_INTERVAL`]);
+//! - [`Redirect`]: a `MOVED`/`ASK` error reply.
+//!
+//! Every multi-key operation of the gateway names keys of one hash tag (an
+//! organisation, a response id), so each goes to one node.
+
+use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Hash slots of a Redis Cluster.
+pub const SLOTS: usize = 16384;
+
+/// A refresh asked for sooner than this after the last one returns the map
+/// it fetched (a dead node would otherwise be asked about on every call).
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the checksum
+/// of Redis Cluster's key distribution.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+pub fn crc16(data: &[u8]) -> u16 {
+    data.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The part of a key that is hashed: the text between the first `{` and
+/// the first `}` after it, when that is not empty; else the whole key.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+/// The hash slot of a key.
+pub fn key_slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key)) & (SLOTS as u16 - 1)
+}
+
+/// A primary node: host (as the cluster announces it) and port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Node {
+    /// `host:port` as a redirect names it (an IPv6 host unbracketed;
+    /// an empty host means the node that answered: `asked`).
+    fn parse(addr: &str, asked: &Node) -> Option<Node> {
+        let (host, port) = addr.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Some(Node {
+            host: if host.is_empty() {
+                asked.host.clone()
+            } else {
+                host.to_owned()
+            },
+            port: port.parse().ok()?,
+        })
+    }
+}
+
+/// A redirect error reply: the slot now lives on (`Moved`), or is being
+/// migrated to (`Ask`), another node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redirect {
+    Moved(Node),
+    Ask(Node),
+}
+
+impl Redirect {
+    /// `MOVED <slot> <host>:<port>` or `ASK <slot> <host>:<port>`, from the
+    /// node `asked`.
+    pub fn parse(error: &str, asked: &Node) -> Option<Redirect> {
+        let mut words = error.split_ascii_whitespace();
+        let kind = words.next()?;
+        let _slot: u16 = words.next()?.parse().ok()?;
+        let node = Node::parse(words.next()?, asked)?;
+        match kind {
+            "MOVED" => Some(Redirect::Moved(node)),
+            "ASK" => Some(Redirect::Ask(node)),
+            _ => None,
+        }
+    }
+}
+
+/// Which primary serves each slot.
+#[derive(Debug)]
+pub struct SlotMap {
+    /// Per slot, an index into `nodes` (`u16::MAX`: no node serves it).
+    owner: Box<[u16]>,
+    nodes: Vec<Node>,
+}
+
+const UNSERVED: u16 = u16::MAX;
+
+impl SlotMap {
+    /// From a `CLUSTER SLOTS` reply (`[[start, end, [host, port, id, ...],
+    /// replicas...], ...]`) of the node `asked` (an empty or `?` host is
+    /// that node's).
+    pub fn from_cluster_slots(reply: &redis::Value, asked: &Node) -> Result<SlotMap, String> {
+        let redis::Value::Array(ranges) = reply else {
+            return Err(format!("CLUSTER SLOTS answered {reply:?}"));
+        };
+        let mut map = SlotMap {
+            owner: vec![UNSERVED; SLOTS].into_boxed_slice(),
+            nodes: Vec::new(),
+        };
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                return Err(format!("CLUSTER SLOTS range {range:?}"));
+            };
+            let (Some(start), Some(end), Some(redis::Value::Array(primary))) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                return Err(format!("CLUSTER SLOTS range {range:?}"));
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(n) => Some(*n),
+                _ => None,
+            };
+            let (Some(start), Some(end)) = (int(start), int(end)) else {
+                return Err(format!("CLUSTER SLOTS range {range:?}"));
+            };
+            let host = match primary.first() {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(redis::Value::SimpleString(s)) => s.clone(),
+                _ => String::new(),
+            };
+            let port = primary.get(1).and_then(int);
+            let (Some(port), true) = (port, (0..SLOTS as i64).contains(&start) && start <= end)
+            else {
+                return Err(format!("CLUSTER SLOTS range {range:?}"));
+            };
+            let node = Node {
+                host: if host.is_empty() || host == "?" {
+                    asked.host.clone()
+                } else {
+                    host
+                },
+                port: u16::try_from(port).map_err(|_| format!("CLUSTER SLOTS port {port}"))?,
+            };
+            let index = match map.nodes.iter().position(|n| *n == node) {
+                Some(i) => i,
+                None => {
+                    map.nodes.push(node);
+                    map.nodes.len() - 1
+                }
+            };
+            let end = (end as usize).min(SLOTS - 1);
+            for slot in &mut map.owner[start as usize..=end] {
+                *slot = index as u16;
+            }
+        }
+        if map.nodes.is_empty() {
+            return Err("CLUSTER SLOTS: no slot is served".into());
+        }
+        Ok(map)
+    }
+
+    /// The primary serving `slot`, if any.
+    pub fn owner(&self, slot: u16) -> Option<&Node> {
+        match self.owner.get(usize::from(slot)) {
+            Some(&i) if i != UNSERVED => self.nodes.get(usize::from(i)),
+            _ => None,
+        }
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Whether every slot has a primary.
+    pub fn covers_all(&self) -> bool {
+        self.owner.iter().all(|&i| i != UNSERVED)
+    }
+
+    /// A map where `node` serves every slot (tests: a stale map whose
+    /// calls are redirected).
+    #[cfg(test)]
+    pub fn single(node: Node) -> SlotMap {
+        SlotMap {
+            owner: vec![0; SLOTS].into_boxed_slice(),
+            nodes: vec![node],
+        }
+    }
+}
+
+/// The slot map of one cluster, and how to connect to its nodes.
+pub struct Topology {
+    seeds: Vec<ConnectionInfo>,
+    /// The CA to check `rediss://` nodes against (PEM), if not the system's.
+    ca_pem: Option<Vec<u8>>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    map: RwLock<Option<Arc<SlotMap>>>,
+    /// Held while fetching: one refresh at a time; when it last finished.
+    refreshing: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl Topology {
+    /// `seeds` are the configured nodes (at least one, all of one TLS mode
+    /// and credentials: the caller checks).
+    pub fn new(
+        seeds: Vec<ConnectionInfo>,
+        ca_pem: Option<Vec<u8>>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self {
+            seeds,
+            ca_pem,
+            connect_timeout,
+            response_timeout,
+            map: RwLock::new(None),
+            refreshing: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The map as last fetched, if any.
+    pub fn current(&self) -> Option<Arc<SlotMap>> {
+        self.map.read().ok().and_then(|m| m.clone())
+    }
+
+    /// Installs a map (tests: a stale one).
+    #[cfg(test)]
+    pub fn set(&self, map: SlotMap) {
+        if let Ok(mut m) = self.map.write() {
+            *m = Some(Arc::new(map));
+        }
+    }
+
+    /// The current map, fetched first if there is none yet.
+    pub async fn map(&self) -> RedisResult<Arc<SlotMap>> {
+        match self.current() {
+            Some(m) => Ok(m),
+            None => self.refresh(None).await,
+        }
+    }
+
+    /// The node serving `key` now.
+    pub async fn node_of(&self, key: &str) -> RedisResult<Node> {
+        let slot = key_slot(key.as_bytes());
+        let map = self.map().await?;
+        if let Some(n) = map.owner(slot) {
+            return Ok(n.clone());
+        }
+        let map = self.refresh(Some(&map)).await?;
+        map.owner(slot).cloned().ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                "no Redis Cluster node serves the slot",
+                format!("slot {slot}"),
+            ))
+        })
+    }
+
+    /// Fetches the map again, unless another caller did since `stale` was
+    /// read, or the last fetch is younger than [`MIN_REFRESH_INTERVAL`]
+    /// (then the current map is returned). Asks the nodes of the current
+    /// map, then the seeds, until one answers.
+    pub async fn refresh(&self, stale: Option<&Arc<SlotMap>>) -> RedisResult<Arc<SlotMap>> {
+        let mut last = self.refreshing.lock().await;
+        if let Some(current) = self.current() {
+            let replaced = stale.is_none_or(|s| !Arc::ptr_eq(s, &current));
+            let recent = last.is_some_and(|t| t.elapsed() < MIN_REFRESH_INTERVAL);
+            if replaced || recent {
+                return Ok(current);
+            }
+        }
+        let mut candidates: Vec<ConnectionInfo> = self
+            .current()
+            .map(|m| m.nodes().iter().map(|n| self.node_info(n)).collect())
+            .unwrap_or_default();
+        candidates.extend(self.seeds.iter().cloned());
+        let mut failure = None;
+        for info in candidates {
+            match self.fetch(info).await {
+                Ok(map) => {
+                    let map = Arc::new(map);
+                    if let Ok(mut m) = self.map.write() {
+                        *m = Some(map.clone());
+                    }
+                    *last = Some(Instant::now());
+                    return Ok(map);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        *last = Some(Instant::now());
+        Err(failure.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Io, "no Redis Cluster node to ask"))
+        }))
+    }
+
+    /// Refreshes in the background (after a redirect or a failed node), so
+    /// the caller need not wait for it.
+    pub fn refresh_soon(self: &Arc<Self>, stale: Option<Arc<SlotMap>>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.refresh(stale.as_ref()).await {
+                tracing::warn!("Redis Cluster slot map refresh failed: {e}");
+            }
+        });
+    }
+
+    async fn fetch(&self, info: ConnectionInfo) -> RedisResult<SlotMap> {
+        let asked = match info.addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => Node {
+                host: host.clone(),
+                port: *port,
+            },
+            other => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "Redis Cluster nodes are reached over TCP",
+                    other.to_string(),
+                )))
+            }
+        };
+        let client = self.client_for(info)?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&self.connection_config(None))
+            .await?;
+        let reply: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await?;
+        SlotMap::from_cluster_slots(&reply, &asked).map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Parse, "bad CLUSTER SLOTS reply", e))
+        })
+    }
+
+    fn connection_config(
+        &self,
+        response_timeout: Option<Duration>,
+    ) -> redis::AsyncConnectionConfig {
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(response_timeout.unwrap_or(self.response_timeout)))
+    }
+
+    /// How to reach `node`: the first seed's credentials, database and TLS
+    /// mode, at the node's address.
+    pub fn node_info(&self, node: &Node) -> ConnectionInfo {
+        let seed = self.seeds[0].clone();
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: node.host.clone(),
+                port: node.port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+        };
+        seed.set_addr(addr)
+    }
+
+    fn client_for(&self, info: ConnectionInfo) -> RedisResult<redis::Client> {
+        match (&self.ca_pem, info.addr()) {
+            (Some(pem), ConnectionAddr::TcpTls { .. }) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            _ => redis::Client::open(info),
+        }
+    }
+
+    /// A connection of its own to the node serving `key` (for a blocking
+    /// read), whose replies may take up to `response_timeout`.
+    pub async fn dedicated(
+        &self,
+        key: &str,
+        response_timeout: Duration,
+    ) -> RedisResult<redis::aio::MultiplexedConnection> {
+        let node = self.node_of(key).await?;
+        self.client_for(self.node_info(&node))?
+            .get_multiplexed_async_connection_with_config(
+                &self.connection_config(Some(response_timeout)),
+            )
+            .await
+    }
+
+    /// A pub/sub connection to any node that answers (a `PUBLISH` on one
+    /// node of a cluster reaches the subscribers of every node).
+    pub async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        let mut candidates: Vec<ConnectionInfo> = self.seeds.clone();
+        if let Some(m) = self.current() {
+            candidates.extend(m.nodes().iter().map(|n| self.node_info(n)));
+        }
+        let mut failure = None;
+        for info in candidates {
+            let client = self.client_for(info)?;
+            match tokio::time::timeout(self.connect_timeout, client.get_async_pubsub()).await {
+                Ok(Ok(p)) => return Ok(p),
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => {
+                    failure = Some(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "pub/sub connect timed out",
+                    )))
+                }
+            }
+        }
+        Err(failure.unwrap_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no Redis Cluster node to subscribe on",
+            ))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_and_slots_match_redis() {
+        // The check value of CRC16/XMODEM, and the example of the Redis
+        // Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"123456789"), 12739);
+        assert_eq!(key_slot(b"{123456789}.anything"), 12739);
+        // Keys of one tag share a slot; the tag is the first {...}.
+        assert_eq!(
+            key_slot(b"{user1000}.following"),
+            key_slot(b"{user1000}.followers")
+        );
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
+        assert_eq!(hash_tag(b"foo{{bar}}zap"), b"{bar");
+        assert_eq!(hash_tag(b"foo{bar}{zap}"), b"bar");
+        assert_eq!(hash_tag(b"no tag"), b"no tag");
+        assert_eq!(hash_tag(b"{open"), b"{open");
+        // Values `redis-cli CLUSTER KEYSLOT` gives.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn the_gateway_keys_of_one_entity_share_a_slot() {
+        let h = crate::redis_conn::RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap();
+        let slot = |k: String| key_slot(k.as_bytes());
+        assert_eq!(
+            slot(h.key("resp", "resp_1", "")),
+            slot(h.key("resp", "resp_1", ":events"))
+        );
+        assert_eq!(
+            slot(h.key("rl", "org-a", ":base:req")),
+            slot(h.key("spend", "org-a", ""))
+        );
+        assert_eq!(
+            slot(h.key("rl", "org-a", ":base:req")),
+            slot(h.usage_key("org-a", "2026-01-01"))
+        );
+    }
+
+    #[test]
+    fn redirects_parse() {
+        let asked = Node {
+            host: "10.0.0.1".into(),
+            port: 6379,
+        };
+        assert_eq!(
+            Redirect::parse("MOVED 3999 127.0.0.1:6381", &asked),
+            Some(Redirect::Moved(Node {
+                host: "127.0.0.1".into(),
+                port: 6381
+            }))
+        );
+        assert_eq!(
+            Redirect::parse("ASK 3999 :6381", &asked),
+            Some(Redirect::Ask(Node {
+                host: "10.0.0.1".into(),
+                port: 6381
+            }))
+        );
+        assert_eq!(
+            Redirect::parse("MOVED 1 ::1:7000", &asked),
+            Some(Redirect::Moved(Node {
+                host: "::1".into(),
+                port: 7000
+            }))
+        );
+        assert_eq!(
+            Redirect::parse("ERR wrong number of arguments", &asked),
+            None
+        );
+        assert_eq!(Redirect::parse("NOSCRIPT No matching script", &asked), None);
+    }
+
+    #[test]
+    fn cluster_slots_replies_map_every_slot() {
+        use redis::Value::{Array, BulkString, Int};
+        let node = |host: &str, port: i64| {
+            Array(vec![
+                BulkString(host.as_bytes().to_vec()),
+                Int(port),
+                BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Array(vec![
+            Array(vec![Int(0), Int(5460), node("127.0.0.1", 7000)]),
+            Array(vec![
+                Int(5461),
+                Int(10922),
+                node("", 7001),
+                node("127.0.0.1", 7004),
+            ]),
+            Array(vec![Int(10923), Int(16383), node("127.0.0.1", 7002)]),
+        ]);
+        let asked = Node {
+            host: "10.1.1.1".into(),
+            port: 7001,
+        };
+        let map = SlotMap::from_cluster_slots(&reply, &asked).unwrap();
+        assert!(map.covers_all());
+        assert_eq!(map.nodes().len(), 3);
+        assert_eq!(map.owner(0).unwrap().port, 7000);
+        assert_eq!(map.owner(5461).unwrap(), &asked);
+        assert_eq!(map.owner(16383).unwrap().port, 7002);
+        let partial = Array(vec![Array(vec![Int(0), Int(10), node("h", 1)])]);
+        let map = SlotMap::from_cluster_slots(&partial, &asked).unwrap();
+        assert!(!map.covers_all());
+        assert_eq!(map.owner(11), None);
+        assert!(SlotMap::from_cluster_slots(&Array(vec![]), &asked).is_err());
+        assert!(SlotMap::from_cluster_slots(&Int(1), &asked).is_err());
+    }
+}
