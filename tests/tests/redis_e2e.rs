@@ -148,15 +148,25 @@ async fn keys_limits_runs_and_usage_live_on_a_redis_cluster() {
         assert!(key.starts_with("sk-"), "{key}");
         // A key of another org (other slots, likely another node).
         let other = cli(&["keys", "create", "--org", "org-other", "--plan", "cl"]);
+        let revoked = cli(&["keys", "create", "--org", "org-rev", "--plan", "cl"]);
         let listed = cli(&["keys", "list"]);
         assert_eq!(listed.matches("org-cl").count(), 1, "{listed}");
         assert_eq!(listed.matches("org-other").count(), 1, "{listed}");
+        let revoked_id = listed
+            .lines()
+            .find(|l| l.contains("org-rev"))
+            .and_then(|l| l.split_whitespace().next())
+            .expect("org-rev's key listed")
+            .to_owned();
 
         // Paced, so a background run is still going when it is followed.
         let workers = start_workers("base", &[WorkerOpts::paced(0, 100)]);
         let mut opts = GatewayOpts {
             redis: Some((urls.clone(), "cl:".into())),
-            extra_toml: "[store]\nredis_cluster = true\n".into(),
+            // Keys cached for a minute: a revocation seen sooner came by
+            // pub/sub.
+            extra_toml: "[store]\nredis_cluster = true\n[limits]\nkey_cache_ttl_ms = 60000\n"
+                .into(),
             ..GatewayOpts::default()
         };
         opts.workers
@@ -178,6 +188,23 @@ async fn keys_limits_runs_and_usage_live_on_a_redis_cluster() {
             .await
             .unwrap();
         assert_eq!(r.status, 200, "{r}");
+
+        // A key revoked with the CLI is refused at once: the invalidation
+        // published through the cluster reached the gateway's subscription.
+        let rev = gateway.client().with_key(Some(&revoked));
+        let r = rev.post_json("/chat/completions", &chat).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        cli(&["keys", "revoke", &revoked_id]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = rev.post_json("/chat/completions", &chat).await.unwrap();
+            if r.status == 401 {
+                break;
+            }
+            assert_eq!(r.status, 200, "{r}");
+            assert!(Instant::now() < deadline, "the revocation did not arrive");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
 
         // A stored response, read back with its input items.
         let r = client
@@ -269,6 +296,30 @@ async fn keys_limits_runs_and_usage_live_on_a_redis_cluster() {
             !metrics.lines().any(|l| l.starts_with("gateway_redis_errors_total{")),
             "{metrics}"
         );
+
+        // The whole cluster gone: a stored response cannot be created (503),
+        // and the failures are counted by component. (The other org's key:
+        // org-cl's refusals are now answered locally, without Redis.)
+        drop(cluster);
+        let r = gateway
+            .client()
+            .with_key(Some(&other))
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "synthetic:reply_tokens=2 lost"}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 503, "{r}");
+        let (_, metrics) = gateway.admin_get("/metrics").await.unwrap();
+        for component in ["limiter", "store"] {
+            assert!(
+                metrics.lines().any(|l| l
+                    .starts_with("gateway_redis_errors_total{")
+                    && l.contains(&format!("component=\"{component}\""))),
+                "no {component} error counted:\n{metrics}"
+            );
+        }
     })
     .await;
 }
