@@ -80,42 +80,89 @@ impl RedisServer {
 }
 
 /// A Redis Cluster of `n` primaries (no replicas) on loopback ports, each
-/// a private `redis-server --cluster-enabled yes`, joined by
-/// `redis-cli --cluster create` and ready once every node reports
-/// `cluster_state:ok`. Killed on drop.
+/// a private `redis-server --cluster-enabled yes` (its cluster bus on a
+/// free port of its own: the default, port + 10000, may be taken or past
+/// 65535), joined by `redis-cli --cluster create` and ready once every node
+/// reports `cluster_state:ok`. Killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The CA file, for a cluster that speaks only TLS.
+    tls_ca: Option<PathBuf>,
 }
 
 impl RedisCluster {
     pub fn start(n: usize) -> Result<RedisCluster> {
+        Self::start_with(n, None)
+    }
+
+    /// A cluster whose nodes accept only TLS, clients and cluster bus
+    /// alike, with `cert`/`key` signed by `ca` (clients need not present
+    /// certificates; nodes authenticate each other with `cert`, so it must
+    /// allow client authentication: tests/testdata/redis-cluster).
+    pub fn start_tls(n: usize, cert: &Path, key: &Path, ca: &Path) -> Result<RedisCluster> {
+        Self::start_with(n, Some((cert, key, ca)))
+    }
+
+    fn start_with(n: usize, tls: Option<(&Path, &Path, &Path)>) -> Result<RedisCluster> {
         anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
+        let path = |p: &Path| p.to_string_lossy().into_owned();
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
             let port = free_port()?;
+            let bus = loop {
+                let b = free_port()?;
+                if b != port {
+                    break b;
+                }
+            };
             let dir = TempDir::new("redis-cluster")?;
-            let args: Vec<String> = vec![
-                "--port".into(),
-                port.to_string(),
+            let mut args: Vec<String> = match tls {
+                None => vec!["--port".into(), port.to_string()],
+                Some((cert, key, ca)) => vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string(),
+                    "--tls-cluster".into(),
+                    "yes".into(),
+                    "--tls-cert-file".into(),
+                    path(cert),
+                    "--tls-key-file".into(),
+                    path(key),
+                    "--tls-ca-cert-file".into(),
+                    path(ca),
+                    "--tls-auth-clients".into(),
+                    "no".into(),
+                ],
+            };
+            args.extend([
                 "--cluster-enabled".into(),
                 "yes".into(),
+                "--cluster-port".into(),
+                bus.to_string(),
                 "--cluster-config-file".into(),
                 dir.0.join("nodes.conf").to_string_lossy().into_owned(),
                 "--cluster-node-timeout".into(),
                 "2000".into(),
-            ];
+            ]);
             nodes.push(RedisServer::start_in("redis-cluster", port, args, dir)?);
         }
-        let cluster = RedisCluster { nodes };
-        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
+        let cluster = RedisCluster {
+            nodes,
+            tls_ca: tls.map(|(_, _, ca)| ca.to_path_buf()),
+        };
+        let mut create = cluster.cli_tls_args();
+        create.extend(["--cluster".into(), "create".into()]);
         create.extend(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")));
         create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
-        let out = std::process::Command::new("redis-cli")
-            .args(&create)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .context("redis-cli (tests/run.sh installs it)")?;
+        // Bounded: a node that cannot join (a cluster bus refusing a
+        // certificate) would keep redis-cli waiting for ever.
+        let out = output_within(
+            std::process::Command::new("redis-cli").args(&create),
+            Duration::from_secs(30),
+        )
+        .context("redis-cli (tests/run.sh installs it)")?;
         anyhow::ensure!(
             out.status.success(),
             "redis-cli --cluster create failed: {}{}",
@@ -139,28 +186,47 @@ impl RedisCluster {
         Ok(cluster)
     }
 
+    fn cli_tls_args(&self) -> Vec<String> {
+        match &self.tls_ca {
+            Some(ca) => vec![
+                "--tls".into(),
+                "--cacert".into(),
+                ca.to_string_lossy().into_owned(),
+            ],
+            None => Vec::new(),
+        }
+    }
+
     /// The primaries' ports, in start order.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()
     }
 
-    /// Every node as a seed: `redis://127.0.0.1:P1/,redis://127.0.0.1:P2/,...`.
+    /// Every node as a seed: `redis://127.0.0.1:P1/,redis://127.0.0.1:P2/,...`
+    /// (`rediss://` for a TLS cluster).
     pub fn urls(&self) -> String {
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.ports()
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .map(|p| format!("{scheme}://127.0.0.1:{p}/"))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     /// `redis-cli -p PORT ARGS...` on one node; its stdout.
     pub fn command(&self, port: u16, args: &[&str]) -> Result<String> {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .context("redis-cli")?;
+        let out = output_within(
+            std::process::Command::new("redis-cli")
+                .args(self.cli_tls_args())
+                .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(args),
+            Duration::from_secs(10),
+        )
+        .context("redis-cli")?;
         anyhow::ensure!(
             out.status.success(),
             "redis-cli -p {port} {args:?}: {}",
@@ -186,6 +252,30 @@ impl RedisCluster {
             })
             .collect()
     }
+}
+
+/// Runs `cmd` to its end, killing it after `limit`; its output (small:
+/// it is read once the process has exited).
+fn output_within(cmd: &mut std::process::Command, limit: Duration) -> Result<std::process::Output> {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait()?.is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            anyhow::bail!(
+                "timed out after {limit:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child.wait_with_output()?)
 }
 
 fn free_port() -> Result<u16> {

@@ -400,6 +400,34 @@ mod tests {
         );
     }
 
+    /// The same over TLS: a cluster whose nodes speak only TLS, its
+    /// certificate checked against a private CA, by the redis crate's
+    /// cluster client and by the limiter's own per-node connections.
+    #[tokio::test]
+    async fn redis_store_passes_the_shared_suite_on_a_tls_cluster() {
+        // A certificate for clients and for the nodes' own bus (mutual TLS).
+        let testdata = |f: &str| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/testdata/redis-cluster")
+                .join(f)
+        };
+        let ca = testdata("ca.pem");
+        let cluster =
+            harness::RedisCluster::start_tls(3, &testdata("node.pem"), &testdata("node.key"), &ca)
+                .expect("a TLS Redis Cluster");
+        assert!(cluster.urls().starts_with("rediss://"));
+        let redis =
+            Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", Some(&ca), true).unwrap());
+        let store = RedisLimits::new(redis.clone());
+        tests_shared::suite(&store).await;
+        let mut conn = redis.conn().await.unwrap();
+        let spent: Option<i64> =
+            redis::AsyncCommands::get(&mut conn, RedisLimits::spend_key(&redis, "org-suite"))
+                .await
+                .unwrap();
+        assert!(spent.is_some_and(|n| n > 0), "{spent:?}");
+    }
+
     #[tokio::test]
     async fn memory_store_passes_the_shared_suite() {
         tests_shared::suite(&MemoryLimits::default()).await;
