@@ -56,6 +56,8 @@ pub struct Metrics {
     pub runs_owned: IntGauge,
     /// Runs ended by a sweeper after their owner's lease expired.
     pub runs_lost: prometheus::IntCounter,
+    /// Runs failed because they outlived their hard deadline.
+    pub runs_overdue: prometheus::IntCounter,
 }
 
 /// Up to the longest request deadline (600 s), so a slow generation lands
@@ -193,6 +195,11 @@ impl Metrics {
             runs_lost: prometheus::register_int_counter_with_registry!(
                 "gateway_response_runs_lost_total",
                 "Runs failed by a sweeper after their owner's lease expired.",
+                registry
+            )?,
+            runs_overdue: prometheus::register_int_counter_with_registry!(
+                "gateway_response_runs_overdue_total",
+                "Runs failed because they outlived their request deadline plus a lease.",
                 registry
             )?,
             registry,
