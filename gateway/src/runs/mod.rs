@@ -20,9 +20,13 @@ pub mod background;
 use crate::api::responses::ResponseError;
 use crate::config::StoreConfig;
 use crate::store::{now_ms, ResponseStore, WriteOutcome};
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Expired runs a sweep ends at once.
+const SWEEP_CONCURRENCY: usize = 16;
 
 /// Error code of a run failed by the sweeper.
 pub const RUN_LOST: &str = "run_lost";
@@ -82,18 +86,31 @@ impl Runs {
         self.local().len()
     }
 
-    /// Heartbeat and sweeper, until the process ends.
+    /// Heartbeat and sweeper, until the process ends. Two loops side by
+    /// side: a sweep slowed by a struggling store must not hold up the
+    /// heartbeat, or this replica's own leases would lapse and a peer would
+    /// fail runs that are alive.
     pub async fn maintain(&self) {
-        let mut heartbeat = tokio::time::interval(self.heartbeat);
-        let mut sweep = tokio::time::interval(self.sweep_interval);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = heartbeat.tick() => self.renew().await,
-                _ = sweep.tick() => { self.sweep().await; }
+        let every = |period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        };
+        let (mut heartbeat, mut sweep) = (every(self.heartbeat), every(self.sweep_interval));
+        tokio::join!(
+            async {
+                loop {
+                    heartbeat.tick().await;
+                    self.renew().await;
+                }
+            },
+            async {
+                loop {
+                    sweep.tick().await;
+                    self.sweep().await;
+                }
             }
-        }
+        );
     }
 
     async fn renew(&self) {
@@ -120,32 +137,43 @@ impl Runs {
                 return 0;
             }
         };
-        let mut ended = 0;
-        for id in expired {
-            let ours = self.local().get(&id).copied();
-            let failed = match ours {
-                Some(deadline) if deadline > Instant::now() => {
-                    // Ours: the heartbeat is late, not the replica dead.
-                    let _ = self
-                        .store
-                        .renew_leases(std::slice::from_ref(&id), self.lease_until_ms())
-                        .await;
-                    continue;
-                }
-                Some(_) => self.fail_overdue(&id).await,
-                None => self.fail_abandoned(&id).await,
-            };
-            match failed {
-                Ok(true) => ended += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(response_id = %id, "could not end an abandoned run: {}", e.message);
-                    continue;
-                }
+        // Concurrently: after an outage a backlog of runs waits here, and
+        // three round trips each, one run at a time, would keep them
+        // running long past their leases.
+        futures::stream::iter(expired)
+            .map(|id| self.end_expired(id))
+            .buffer_unordered(SWEEP_CONCURRENCY)
+            .filter(|ended| std::future::ready(*ended))
+            .count()
+            .await
+    }
+
+    /// Ends one run whose lease expired, unless it is ours and still within
+    /// its deadline (then the heartbeat is late and the lease is renewed).
+    /// True if this call ended it.
+    async fn end_expired(&self, id: String) -> bool {
+        let ours = self.local().get(&id).copied();
+        let failed = match ours {
+            Some(deadline) if deadline > Instant::now() => {
+                let _ = self
+                    .store
+                    .renew_leases(std::slice::from_ref(&id), self.lease_until_ms())
+                    .await;
+                return false;
             }
-            let _ = self.store.release_lease(&id).await;
+            Some(_) => self.fail_overdue(&id).await,
+            None => self.fail_abandoned(&id).await,
+        };
+        match failed {
+            Ok(ended) => {
+                let _ = self.store.release_lease(&id).await;
+                ended
+            }
+            Err(e) => {
+                tracing::warn!(response_id = %id, "could not end an abandoned run: {}", e.message);
+                false
+            }
         }
-        ended
     }
 
     async fn fail_abandoned(&self, id: &str) -> Result<bool, crate::error::ApiError> {
@@ -265,6 +293,7 @@ impl Drop for Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::responses::ResponseObject;
     use crate::store::memory::MemoryStore;
     use crate::store::suite::object;
     use crate::store::NewResponse;
@@ -336,6 +365,120 @@ mod tests {
         assert_eq!(
             store.status(fresh).await.unwrap().as_deref(),
             Some("queued")
+        );
+    }
+
+    /// The memory store, with lease sweeps that take far longer than a
+    /// lease (a store timing out on every call).
+    struct SlowSweeps(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl ResponseStore for SlowSweeps {
+        async fn create(&self, new: NewResponse<'_>) -> crate::store::StoreResult<()> {
+            self.0.create(new).await
+        }
+        async fn get(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<ResponseObject>> {
+            self.0.get(org, id).await
+        }
+        async fn object(&self, id: &str) -> crate::store::StoreResult<Option<ResponseObject>> {
+            self.0.object(id).await
+        }
+        async fn conversation(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<crate::store::StoredConversation>> {
+            self.0.conversation(org, id).await
+        }
+        async fn input_items(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<Vec<crate::api::responses::InputItem>>> {
+            self.0.input_items(org, id).await
+        }
+        async fn delete(&self, org: &str, id: &str) -> crate::store::StoreResult<bool> {
+            self.0.delete(org, id).await
+        }
+        async fn write(
+            &self,
+            id: &str,
+            object: Option<&ResponseObject>,
+            events: &[crate::translate::responses::Frame],
+        ) -> crate::store::StoreResult<WriteOutcome> {
+            self.0.write(id, object, events).await
+        }
+        async fn terminate(
+            &self,
+            id: &str,
+            object: &ResponseObject,
+        ) -> crate::store::StoreResult<WriteOutcome> {
+            self.0.terminate(id, object).await
+        }
+        async fn read_events(
+            &self,
+            id: &str,
+            after: Option<u64>,
+            limit: usize,
+        ) -> crate::store::StoreResult<Vec<crate::translate::responses::Frame>> {
+            self.0.read_events(id, after, limit).await
+        }
+        async fn follow(
+            &self,
+            id: &str,
+            after: Option<u64>,
+        ) -> crate::store::StoreResult<Box<dyn crate::store::EventFollower>> {
+            self.0.follow(id, after).await
+        }
+        async fn status(&self, id: &str) -> crate::store::StoreResult<Option<String>> {
+            self.0.status(id).await
+        }
+        async fn renew_leases(
+            &self,
+            ids: &[String],
+            until_ms: u64,
+        ) -> crate::store::StoreResult<()> {
+            self.0.renew_leases(ids, until_ms).await
+        }
+        async fn release_lease(&self, id: &str) -> crate::store::StoreResult<()> {
+            self.0.release_lease(id).await
+        }
+        async fn expired_leases(
+            &self,
+            now_ms: u64,
+            limit: usize,
+        ) -> crate::store::StoreResult<Vec<String>> {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            self.0.expired_leases(now_ms, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_sweep_does_not_hold_up_the_heartbeat() {
+        let slow = Arc::new(SlowSweeps(MemoryStore::new(Duration::from_secs(60))));
+        let store: Arc<dyn ResponseStore> = slow.clone();
+        let config = StoreConfig {
+            lease_millis: 200,
+            heartbeat_millis: 50,
+            sweep_interval_millis: 10,
+            ..StoreConfig::default()
+        };
+        let runs = Arc::new(Runs::new(store.clone(), &config));
+        create_runs(&store, &["resp_alive"], runs.lease_until_ms()).await;
+        let _owned = runs.own("resp_alive", Duration::from_secs(60));
+        let maintained = runs.clone();
+        let maintain = tokio::spawn(async move { maintained.maintain().await });
+        // Several leases later the run's lease is still ahead: renewed.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let lapsed = slow.0.expired_leases(now_ms(), 10).await.unwrap();
+        maintain.abort();
+        assert!(
+            lapsed.is_empty(),
+            "the heartbeat kept the lease: {lapsed:?}"
         );
     }
 }

@@ -57,6 +57,10 @@ struct Args {
     /// llama-server through gateway + upstream worker against itself.
     #[arg(long, value_enum, default_value = "llama")]
     mode: Mode,
+    /// `upstream`: the worker's health and load scrape interval (its
+    /// `--upstream-scrape-ms`; the worker's default when absent).
+    #[arg(long)]
+    scrape_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -246,17 +250,21 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     let (_server, direct) = start_llama_server(args, model).await?;
     let yard = measure(&direct, args, seed).await?;
     let engine_url = direct.url("").trim_end_matches("/v1").to_owned();
-    // The default scrape interval: the worker's CPU is measured as deployed.
+    // The worker's CPU is measured as deployed: scrapes included.
+    let mut extra_args = vec![
+        "--upstream-url".into(),
+        engine_url,
+        "--upstream-kind".into(),
+        "llama-server".into(),
+    ];
+    if let Some(ms) = args.scrape_ms {
+        extra_args.extend(["--upstream-scrape-ms".into(), ms.to_string()]);
+    }
     let worker = Worker::start(
         "base",
         WorkerOpts {
             engine: "upstream".into(),
-            extra_args: vec![
-                "--upstream-url".into(),
-                engine_url,
-                "--upstream-kind".into(),
-                "llama-server".into(),
-            ],
+            extra_args,
             ..WorkerOpts::default()
         },
     )?;
