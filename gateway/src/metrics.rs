@@ -56,6 +56,8 @@ pub struct Metrics {
     pub runs_owned: IntGauge,
     /// Runs ended by a sweeper after their owner's lease expired.
     pub runs_lost: prometheus::IntCounter,
+    /// Runs failed because they outlived their hard deadline.
+    pub runs_overdue: prometheus::IntCounter,
     /// Failed Redis operations by component (`store`, `limiter`,
     /// `accounts`) and operation.
     pub redis_errors: IntCounterVec,
@@ -202,6 +204,11 @@ impl Metrics {
                 "Runs failed by a sweeper after their owner's lease expired.",
                 registry
             )?,
+            runs_overdue: prometheus::register_int_counter_with_registry!(
+                "gateway_response_runs_overdue_total",
+                "Runs failed because they outlived their request deadline plus a lease.",
+                registry
+            )?,
             redis_errors: register_int_counter_vec_with_registry!(
                 "gateway_redis_errors_total",
                 "Failed Redis operations (errors, timeouts, lost connections) by component \
@@ -280,8 +287,36 @@ pub enum LimitStage {
 
 /// `stage` labels, indexed by [`LimitStage`].
 const LIMIT_STAGES: [&str; 3] = ["local", "global", "memory"];
-/// Outcomes of the limiter's decisions (the `decision` label).
-pub const LIMIT_DECISIONS: [&str; 5] = ["admitted", "requests", "tokens", "concurrency", "budget"];
+/// What the limiter decided (the `decision` label), in
+/// [`LimitDecision::ALL`] order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitDecision {
+    Admitted,
+    Requests,
+    Tokens,
+    Concurrency,
+    Budget,
+}
+
+impl LimitDecision {
+    pub const ALL: [LimitDecision; 5] = [
+        LimitDecision::Admitted,
+        LimitDecision::Requests,
+        LimitDecision::Tokens,
+        LimitDecision::Concurrency,
+        LimitDecision::Budget,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            LimitDecision::Admitted => "admitted",
+            LimitDecision::Requests => "requests",
+            LimitDecision::Tokens => "tokens",
+            LimitDecision::Concurrency => "concurrency",
+            LimitDecision::Budget => "budget",
+        }
+    }
+}
 
 /// One model's per-request series, each resolved on first use and then
 /// kept: `with_label_values` hashes every label and takes a lock, and the
@@ -292,7 +327,7 @@ pub struct ModelSeries {
     time_to_first_token: OnceLock<Histogram>,
     time_per_output_token: OnceLock<Histogram>,
     inter_token_latency: OnceLock<Histogram>,
-    decisions: [[OnceLock<IntCounter>; LIMIT_DECISIONS.len()]; LIMIT_STAGES.len()],
+    decisions: [[OnceLock<IntCounter>; LimitDecision::ALL.len()]; LIMIT_STAGES.len()],
 }
 
 impl ModelSeries {
@@ -322,14 +357,13 @@ impl ModelSeries {
             .get_or_init(|| METRICS.inter_token_latency.with_label_values(&[self.model]))
     }
 
-    /// `decision` indexes [`LIMIT_DECISIONS`].
-    pub fn limiter_decision(&self, stage: LimitStage, decision: usize) -> &IntCounter {
+    pub fn limiter_decision(&self, stage: LimitStage, decision: LimitDecision) -> &IntCounter {
         let stage = stage as usize;
-        self.decisions[stage][decision].get_or_init(|| {
+        self.decisions[stage][decision as usize].get_or_init(|| {
             METRICS.limiter_decisions.with_label_values(&[
                 self.model,
                 LIMIT_STAGES[stage],
-                LIMIT_DECISIONS[decision],
+                decision.label(),
             ])
         })
     }
@@ -398,7 +432,8 @@ mod tests {
     fn cached_series_are_the_labelled_ones() {
         let base = model_series("base").unwrap();
         base.tokens(TokenKind::CachedInput).inc_by(3);
-        base.limiter_decision(LimitStage::Global, 2).inc();
+        base.limiter_decision(LimitStage::Global, LimitDecision::Tokens)
+            .inc();
         let account = AccountSeries::default();
         let s = account.for_model("org-m", "key-m", "base-mini").unwrap();
         s.tokens[TokenKind::Reasoning as usize].inc_by(2);

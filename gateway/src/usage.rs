@@ -37,45 +37,35 @@ impl TokenUsage {
     pub fn total(&self) -> u64 {
         self.input + self.output
     }
-}
 
-/// Records a finished generation's tokens.
-pub fn record(model: &ModelSpec, usage: &pb::Usage) {
-    let Some(series) = model_series(model.id) else {
-        return;
-    };
-    let fresh_input = usage
-        .prompt_tokens
-        .saturating_sub(usage.cached_prompt_tokens);
-    let visible_output = usage
-        .completion_tokens
-        .saturating_sub(usage.reasoning_tokens);
-    for (kind, n) in [
-        (TokenKind::Input, fresh_input),
-        (TokenKind::CachedInput, usage.cached_prompt_tokens),
-        (TokenKind::Output, visible_output),
-        (TokenKind::Reasoning, usage.reasoning_tokens),
-    ] {
-        if n > 0 {
-            series.tokens(kind).inc_by(u64::from(n));
-        }
+    /// The tokens by the kind the counters split them into: fresh and
+    /// cached input, visible output and reasoning (each counted once).
+    pub fn by_kind(&self) -> [(TokenKind, u64); 4] {
+        [
+            (
+                TokenKind::Input,
+                self.input.saturating_sub(self.cached_input),
+            ),
+            (TokenKind::CachedInput, self.cached_input),
+            (
+                TokenKind::Output,
+                self.output.saturating_sub(self.reasoning),
+            ),
+            (TokenKind::Reasoning, self.reasoning),
+        ]
     }
 }
 
-/// Cost in US dollars: fresh input at the input rate, cached input at the
-/// cached rate (10%), output and reasoning at the output rate.
-pub fn cost_usd(model: &ModelSpec, usage: &pb::Usage) -> f64 {
-    let fresh_input = f64::from(
-        usage
-            .prompt_tokens
-            .saturating_sub(usage.cached_prompt_tokens),
-    );
-    let cached = f64::from(usage.cached_prompt_tokens);
-    let output = f64::from(usage.completion_tokens);
-    (fresh_input * model.price.input
-        + cached * model.price.cached_input
-        + output * model.price.output)
-        / 1_000_000.0
+/// Records a finished generation's tokens.
+pub fn record(model: &ModelSpec, usage: &TokenUsage) {
+    let Some(series) = model_series(model.id) else {
+        return;
+    };
+    for (kind, n) in usage.by_kind() {
+        if n > 0 {
+            series.tokens(kind).inc_by(n);
+        }
+    }
 }
 
 /// Prometheus counters of one settled request, by organisation, key and
@@ -90,14 +80,7 @@ pub fn record_account(
     let Some(series) = series.for_model(&who.org, &who.key_id, model.id) else {
         return;
     };
-    let fresh_input = u.input.saturating_sub(u.cached_input);
-    let visible_output = u.output.saturating_sub(u.reasoning);
-    for (kind, n) in [
-        (TokenKind::Input, fresh_input),
-        (TokenKind::CachedInput, u.cached_input),
-        (TokenKind::Output, visible_output),
-        (TokenKind::Reasoning, u.reasoning),
-    ] {
+    for (kind, n) in u.by_kind() {
         if n > 0 {
             series.tokens[kind as usize].inc_by(n);
         }
@@ -249,17 +232,18 @@ mod tests {
     }
 
     #[test]
-    fn cost_matches_the_price_table() {
-        let base = crate::catalog::find("base").unwrap();
-        let u = pb::Usage {
-            prompt_tokens: 1_000_000,
-            cached_prompt_tokens: 400_000,
-            completion_tokens: 200_000,
-            reasoning_tokens: 50_000,
+    fn tokens_split_into_kinds_each_counted_once() {
+        let u = TokenUsage::from_worker(&pb::Usage {
+            prompt_tokens: 1_000,
+            cached_prompt_tokens: 400,
+            completion_tokens: 200,
+            reasoning_tokens: 50,
             image_tokens: 0,
-        };
-        // 600k fresh * 0.50 + 400k cached * 0.05 + 200k output (incl. reasoning) * 1.90
-        let expected = 0.30 + 0.02 + 0.38;
-        assert!((cost_usd(base, &u) - expected).abs() < 1e-9);
+        });
+        assert_eq!(
+            u.by_kind().map(|(_, n)| n),
+            [600, 400, 150, 50],
+            "fresh input, cached input, visible output, reasoning"
+        );
     }
 }

@@ -1,9 +1,11 @@
-//! The worker protocol, generated from `inference/v1/worker.proto`.
+//! The worker protocol, generated from `inference/v1/worker.proto`, and
+//! the model table both sides read.
 //!
 //! The gateway is the client, each model worker a server. The package is
 //! versioned; changes are additive only.
 
 pub mod codec;
+pub mod models;
 
 pub mod v1 {
     tonic::include_proto!("inference.v1");

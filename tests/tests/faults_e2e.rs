@@ -149,6 +149,50 @@ async fn background_runs_complete_through_a_redis_stall_longer_than_the_reply_ti
     .await;
 }
 
+/// A run's deadline holds however slowly its store writes go: with Redis
+/// 300 ms away and a worker always ahead, every relay step has an event
+/// ready, yet the run ends `failed` with `timeout` by its deadline plus a
+/// lease instead of completing long after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_run_behind_slow_store_writes_ends_by_its_deadline() {
+    bounded(60, async {
+        let scope = RedisScope::new().expect("the test Redis");
+        let proxy = FaultProxy::start(scope.addr().expect("test Redis address")).expect("proxy");
+        drop(scope);
+        let stack = Stack::builder()
+            .models(&["base"])
+            .worker_opts(WorkerOpts::paced(0, 100))
+            .extra_toml(&format!("request_timeout_seconds = 2\n{FAST_LEASES}"))
+            .redis_via(&proxy.redis_url())
+            .start()
+            .expect("stack starts");
+        let created = Instant::now();
+        let ids = create_background(&stack, 1, "synthetic:reply_tokens=1000 go").await;
+        proxy.set_latency(Duration::from_millis(150));
+        // 1,000 tokens at 100/s would complete after about 10 s.
+        let objects = wait_terminal(&stack, &ids, Duration::from_secs(30)).await;
+        let ended_within = created.elapsed();
+        let o = &objects[0];
+        assert_eq!(o["status"], "failed", "{o}");
+        assert_eq!(o["error"]["code"], "timeout", "{o}");
+        assert!(
+            ended_within < Duration::from_secs(7),
+            "ended {ended_within:?} after creation: deadline 2 s + lease 1.5 s (+ polling through a slow link)"
+        );
+        proxy.set_latency(Duration::ZERO);
+        let names = assert_log_ends_once(&stack, &ids[0]);
+        assert_eq!(names.last().map(String::as_str), Some("response.failed"));
+        // The owner lets go of its lease after the terminal write, through
+        // the slow link (or a sweep does, one lease later).
+        let gone_by = Instant::now() + Duration::from_secs(5);
+        while leases_left(&stack) > 0 && Instant::now() < gone_by {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(leases_left(&stack), 0, "no lease left behind");
+    })
+    .await;
+}
+
 /// Redis away for longer than a lease: the owners give up, and once Redis
 /// is back every run ends `failed` (by the sweeper) — none stays running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

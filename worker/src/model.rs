@@ -1,7 +1,8 @@
 //! What each public model is, as far as a worker needs to know: its context
-//! window and its capabilities (from the spec's model table).
+//! window and its capabilities, from the model table the gateway reads too
+//! (`inference_proto::models`).
 
-use inference_proto::v1 as pb;
+use inference_proto::{models, v1 as pb};
 
 /// The served model's fixed facts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,17 +19,14 @@ impl ModelProfile {
     /// The profile of a model id; `context_window` overrides the default.
     /// Unknown ids get `base`'s window and no image input.
     pub fn new(id: &str, context_window: Option<u32>) -> Self {
-        let (window, is_base) = match id {
-            "base" => (196_608, true),
-            "base-ultra" => (1_000_000, false),
-            "base-mini" => (262_144, false),
-            _ => (196_608, false),
-        };
+        let spec = models::find(id);
+        let default_window = models::find("base").map_or(0, |b| b.context_window);
         Self {
             id: id.to_owned(),
-            context_window: context_window.unwrap_or(window),
-            image_input: is_base,
-            reasoning_budget: is_base,
+            context_window: context_window
+                .unwrap_or_else(|| spec.map_or(default_window, |s| s.context_window)),
+            image_input: spec.is_some_and(|s| s.image_input),
+            reasoning_budget: spec.is_some_and(|s| s.reasoning_budget),
         }
     }
 

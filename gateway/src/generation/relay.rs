@@ -81,16 +81,18 @@ pub(super) async fn relay<E: Encoder>(
         if delivered.is_err() {
             return End::Gone;
         }
+        // The deadline first: with events always ready (a slow consumer
+        // behind a fast worker) a later branch would never be polled.
         let next = tokio::select! {
             biased;
-            next = rest.message() => next,
-            _ = encoder.gone() => return End::Gone,
             _ = &mut deadline => {
                 let e = ApiError::timeout("The generation exceeded the request deadline.");
                 count_stream_failure(model, &e);
                 encoder.fail(&e).await;
                 return End::Failed(e);
             }
+            next = rest.message() => next,
+            _ = encoder.gone() => return End::Gone,
         };
         match next {
             Ok(Some(event)) => {

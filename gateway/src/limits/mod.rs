@@ -34,7 +34,7 @@ use crate::accounts::Account;
 use crate::catalog::ModelSpec;
 use crate::config::{Config, OnStoreFailure};
 use crate::error::ApiError;
-use crate::metrics::LimitStage;
+use crate::metrics::{LimitDecision, LimitStage};
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
 use inference_proto::v1 as pb;
@@ -74,14 +74,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Its `decision` label's index in [`crate::metrics::LIMIT_DECISIONS`].
-    fn decision(self) -> usize {
+    /// What the metrics call it.
+    fn decision(self) -> LimitDecision {
         match self {
-            Verdict::Admitted => 0,
-            Verdict::Requests => 1,
-            Verdict::Tokens => 2,
-            Verdict::Concurrency => 3,
-            Verdict::OverBudget => 4,
+            Verdict::Admitted => LimitDecision::Admitted,
+            Verdict::Requests => LimitDecision::Requests,
+            Verdict::Tokens => LimitDecision::Tokens,
+            Verdict::Concurrency => LimitDecision::Concurrency,
+            Verdict::OverBudget => LimitDecision::Budget,
         }
     }
 }
@@ -522,8 +522,9 @@ impl Reservation {
         self.done = true;
         let usage = match outcome {
             Outcome::Finished(u) => {
-                crate::usage::record(self.model, u);
-                Some(TokenUsage::from_worker(u))
+                let usage = TokenUsage::from_worker(u);
+                crate::usage::record(self.model, &usage);
+                Some(usage)
             }
             Outcome::NotRun => None,
             Outcome::Abandoned => {
@@ -680,15 +681,6 @@ mod tests {
             reasoning: 0,
         };
         assert_eq!(cost_nano(mini, &one_each), 180 + 18 + 450);
-        // Agrees with the float formula in usage.rs.
-        let pb_usage = pb::Usage {
-            prompt_tokens: 1_000_000,
-            cached_prompt_tokens: 400_000,
-            completion_tokens: 200_000,
-            reasoning_tokens: 50_000,
-            image_tokens: 0,
-        };
-        assert!((crate::usage::cost_usd(base, &pb_usage) - 0.7).abs() < 1e-12);
     }
 
     fn account(plan: Plan) -> Arc<Account> {
@@ -798,7 +790,6 @@ mod tests {
 
     #[test]
     fn each_verdict_is_counted_under_its_own_decision_label() {
-        use crate::metrics::LIMIT_DECISIONS;
         for (verdict, label) in [
             (Verdict::Admitted, "admitted"),
             (Verdict::Requests, "requests"),
@@ -806,7 +797,7 @@ mod tests {
             (Verdict::Concurrency, "concurrency"),
             (Verdict::OverBudget, "budget"),
         ] {
-            assert_eq!(LIMIT_DECISIONS[verdict.decision()], label);
+            assert_eq!(verdict.decision().label(), label);
         }
     }
 

@@ -104,7 +104,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             work,
             trace: ex.trace,
             encoder,
-            ownership: app.runs.own(&id),
+            ownership: app.runs.own(&id, app.request_timeout()),
             reservation,
             timeout: app.request_timeout(),
             in_flight: app.shutdown.begin(),
@@ -118,7 +118,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 
     // 5b. In the foreground: relay to this client.
-    let ownership = plan.store.then(|| app.runs.own(&id));
+    let ownership = plan.store.then(|| app.runs.own(&id, app.request_timeout()));
     let generation = super::generation(app, ex, plan.model.id, work, plan.stream);
     let mut events = ResponseEvents::new(ex, encoder, plan.stream);
     let end = generation.run(reservation, &mut events).await;

@@ -64,14 +64,24 @@ impl BackgroundRun {
         } = self;
         let mut writer = RunWriter {
             id: encoder.object.id.clone(),
-            runs,
+            runs: runs.clone(),
             encoder,
             frames: Vec::new(),
             store_lost: false,
         };
-        writer
-            .run(&pools, model, work, trace, reservation, timeout)
-            .await;
+        // Every step below has its own bound, but the run as a whole gets
+        // one too: past it the generation is dropped (cancelling it on the
+        // worker) and the run fails, whatever it was waiting on.
+        let bound = timeout + runs.lease;
+        let ran = tokio::time::timeout(
+            bound,
+            writer.run(&pools, model, work, trace, reservation, timeout),
+        )
+        .await;
+        if ran.is_err() && runs.fail_overdue(&writer.id).await.is_err() {
+            // Left to the sweeper: the lease expires once we let go.
+            writer.store_lost = true;
+        }
         if writer.store_lost {
             // No terminal status could be written: dropping the ownership
             // stops the heartbeat, and the lease left in the store expires

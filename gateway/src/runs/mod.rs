@@ -8,6 +8,11 @@
 //! that died, so the sweeper writes its terminal `failed` status (a
 //! compare-and-set, so exactly once even when several replicas sweep).
 //!
+//! Every owned run also has a hard deadline (its request deadline plus a
+//! lease). Past it, the heartbeat stops renewing the run and the sweeper
+//! fails it with `timeout`, whatever its owner's task is waiting on: a run
+//! ends by its deadline even if its owner hangs.
+//!
 //! The background driver lives in [`background`].
 
 pub mod background;
@@ -15,20 +20,27 @@ pub mod background;
 use crate::api::responses::ResponseError;
 use crate::config::StoreConfig;
 use crate::store::{now_ms, ResponseStore, WriteOutcome};
-use std::collections::HashSet;
+use futures::StreamExt;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Expired runs a sweep ends at once.
+const SWEEP_CONCURRENCY: usize = 16;
 
 /// Error code of a run failed by the sweeper.
 pub const RUN_LOST: &str = "run_lost";
 /// The error code of a run its replica ended because its drain grace
 /// period ran out first.
 pub const REPLICA_SHUTDOWN: &str = "replica_shutdown";
+/// The error code of a run that outlived its hard deadline (the request
+/// deadline's own code).
+pub const OVERDUE: &str = "timeout";
 
 pub struct Runs {
     pub store: Arc<dyn ResponseStore>,
-    /// Runs this replica owns.
-    local: Mutex<HashSet<String>>,
+    /// Runs this replica owns, with their hard deadlines.
+    local: Mutex<HashMap<String, Instant>>,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub sweep_interval: Duration,
@@ -39,7 +51,7 @@ impl Runs {
     pub fn new(store: Arc<dyn ResponseStore>, config: &StoreConfig) -> Self {
         Self {
             store,
-            local: Mutex::new(HashSet::new()),
+            local: Mutex::new(HashMap::new()),
             lease: Duration::from_millis(config.lease_millis),
             heartbeat: Duration::from_millis(config.heartbeat_millis),
             sweep_interval: Duration::from_millis(config.sweep_interval_millis),
@@ -52,15 +64,17 @@ impl Runs {
         now_ms() + self.lease.as_millis() as u64
     }
 
-    fn local(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks a run as owned here until the guard is dropped; its lease is
-    /// then renewed by the heartbeat. The store lease itself is created with
-    /// the response.
-    pub fn own(self: &Arc<Self>, id: &str) -> Ownership {
-        self.local().insert(id.to_owned());
+    /// then renewed by the heartbeat until `run_timeout` (the request
+    /// deadline) plus one lease have passed. The store lease itself is
+    /// created with the response.
+    pub fn own(self: &Arc<Self>, id: &str, run_timeout: Duration) -> Ownership {
+        let deadline = Instant::now() + run_timeout + self.lease;
+        self.local().insert(id.to_owned(), deadline);
         crate::metrics::METRICS.runs_owned.inc();
         Ownership {
             runs: self.clone(),
@@ -72,29 +86,49 @@ impl Runs {
         self.local().len()
     }
 
-    /// Heartbeat and sweeper, until the process ends.
+    /// Heartbeat and sweeper, until the process ends. Two loops side by
+    /// side: a sweep slowed by a struggling store must not hold up the
+    /// heartbeat, or this replica's own leases would lapse and a peer would
+    /// fail runs that are alive.
     pub async fn maintain(&self) {
-        let mut heartbeat = tokio::time::interval(self.heartbeat);
-        let mut sweep = tokio::time::interval(self.sweep_interval);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = heartbeat.tick() => self.renew().await,
-                _ = sweep.tick() => { self.sweep().await; }
+        let every = |period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        };
+        let (mut heartbeat, mut sweep) = (every(self.heartbeat), every(self.sweep_interval));
+        tokio::join!(
+            async {
+                loop {
+                    heartbeat.tick().await;
+                    self.renew().await;
+                }
+            },
+            async {
+                loop {
+                    sweep.tick().await;
+                    self.sweep().await;
+                }
             }
-        }
+        );
     }
 
     async fn renew(&self) {
-        let ids: Vec<String> = self.local().iter().cloned().collect();
+        let now = Instant::now();
+        let ids: Vec<String> = self
+            .local()
+            .iter()
+            .filter(|(_, deadline)| **deadline > now)
+            .map(|(id, _)| id.clone())
+            .collect();
         if let Err(e) = self.store.renew_leases(&ids, self.lease_until_ms()).await {
             tracing::warn!(runs = ids.len(), "lease heartbeat failed: {}", e.message);
         }
     }
 
     /// Fails every run whose lease expired and that no replica owns any
-    /// more. Returns how many this call ended.
+    /// more, and every run of ours past its hard deadline. Returns how many
+    /// this call ended.
     pub async fn sweep(&self) -> usize {
         let expired = match self.store.expired_leases(now_ms(), 100).await {
             Ok(ids) => ids,
@@ -103,27 +137,43 @@ impl Runs {
                 return 0;
             }
         };
-        let mut ended = 0;
-        for id in expired {
-            if self.local().contains(&id) {
-                // Ours: the heartbeat is late, not the replica dead.
+        // Concurrently: after an outage a backlog of runs waits here, and
+        // three round trips each, one run at a time, would keep them
+        // running long past their leases.
+        futures::stream::iter(expired)
+            .map(|id| self.end_expired(id))
+            .buffer_unordered(SWEEP_CONCURRENCY)
+            .filter(|ended| std::future::ready(*ended))
+            .count()
+            .await
+    }
+
+    /// Ends one run whose lease expired, unless it is ours and still within
+    /// its deadline (then the heartbeat is late and the lease is renewed).
+    /// True if this call ended it.
+    async fn end_expired(&self, id: String) -> bool {
+        let ours = self.local().get(&id).copied();
+        let failed = match ours {
+            Some(deadline) if deadline > Instant::now() => {
                 let _ = self
                     .store
                     .renew_leases(std::slice::from_ref(&id), self.lease_until_ms())
                     .await;
-                continue;
+                return false;
             }
-            match self.fail_abandoned(&id).await {
-                Ok(true) => ended += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(response_id = %id, "could not end an abandoned run: {}", e.message);
-                    continue;
-                }
+            Some(_) => self.fail_overdue(&id).await,
+            None => self.fail_abandoned(&id).await,
+        };
+        match failed {
+            Ok(ended) => {
+                let _ = self.store.release_lease(&id).await;
+                ended
             }
-            let _ = self.store.release_lease(&id).await;
+            Err(e) => {
+                tracing::warn!(response_id = %id, "could not end an abandoned run: {}", e.message);
+                false
+            }
         }
-        ended
     }
 
     async fn fail_abandoned(&self, id: &str) -> Result<bool, crate::error::ApiError> {
@@ -142,13 +192,30 @@ impl Runs {
         Ok(written)
     }
 
+    /// Ends a run of ours that outlived its hard deadline: its owner's task
+    /// is stuck somewhere a deadline does not reach; the run still ends.
+    pub async fn fail_overdue(&self, id: &str) -> Result<bool, crate::error::ApiError> {
+        let written = self
+            .fail(
+                id,
+                OVERDUE,
+                "The response did not finish before its deadline. Create the response again.",
+            )
+            .await?;
+        if written {
+            crate::metrics::METRICS.runs_overdue.inc();
+            tracing::warn!(response_id = %id, "failed a run past its deadline");
+        }
+        Ok(written)
+    }
+
     /// Ends the runs this replica still owns, once its drain grace period
     /// is over: they fail at once with `replica_shutdown`, so a client
     /// polling or following one learns now rather than when the lease
     /// expires and a peer sweeps it. (A generation cannot move to another
     /// replica mid-stream; the client creates the response again.)
     pub async fn fail_owned(&self) -> usize {
-        let owned: Vec<String> = self.local().iter().cloned().collect();
+        let owned: Vec<String> = self.local().keys().cloned().collect();
         let mut ended = 0;
         for id in owned {
             match self
@@ -226,28 +293,34 @@ impl Drop for Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::responses::ResponseObject;
     use crate::store::memory::MemoryStore;
     use crate::store::suite::object;
     use crate::store::NewResponse;
 
-    #[tokio::test]
-    async fn sweeper_fails_abandoned_runs_once_and_spares_its_own() {
-        let store: Arc<dyn ResponseStore> = Arc::new(MemoryStore::new(Duration::from_secs(60)));
-        let runs = Arc::new(Runs::new(store.clone(), &StoreConfig::default()));
-        let (lost, mine) = ("resp_lost", "resp_mine");
-        for id in [lost, mine] {
+    /// Stores running (queued) background responses with the given lease.
+    async fn create_runs(store: &Arc<dyn ResponseStore>, ids: &[&str], lease_until_ms: u64) {
+        for id in ids {
             store
                 .create(NewResponse {
                     org: "o",
                     object: &object(id, true),
                     input_items: &[],
                     context: &[],
-                    lease_until_ms: Some(now_ms() - 1),
+                    lease_until_ms: Some(lease_until_ms),
                 })
                 .await
                 .unwrap();
         }
-        let _owned = runs.own(mine);
+    }
+
+    #[tokio::test]
+    async fn sweeper_fails_abandoned_runs_once_and_spares_its_own() {
+        let store: Arc<dyn ResponseStore> = Arc::new(MemoryStore::new(Duration::from_secs(60)));
+        let runs = Arc::new(Runs::new(store.clone(), &StoreConfig::default()));
+        let (lost, mine) = ("resp_lost", "resp_mine");
+        create_runs(&store, &[lost, mine], now_ms() - 1).await;
+        let _owned = runs.own(mine, Duration::from_secs(60));
         assert_eq!(runs.sweep().await, 1);
         let failed = store.get("o", lost).await.unwrap().unwrap();
         assert_eq!(failed.status, "failed");
@@ -258,5 +331,154 @@ mod tests {
         assert_eq!(store.status(mine).await.unwrap().as_deref(), Some("queued"));
         // Nothing left to end on a second sweep.
         assert_eq!(runs.sweep().await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_run_of_ours_past_its_deadline_is_no_longer_renewed_and_fails() {
+        let store: Arc<dyn ResponseStore> = Arc::new(MemoryStore::new(Duration::from_secs(60)));
+        let config = StoreConfig {
+            lease_millis: 50,
+            ..StoreConfig::default()
+        };
+        let runs = Arc::new(Runs::new(store.clone(), &config));
+        let (stuck, fresh) = ("resp_stuck", "resp_fresh");
+        create_runs(&store, &[stuck, fresh], runs.lease_until_ms()).await;
+        // The stuck run's owner task never ends, so the guard stays alive.
+        let _stuck = runs.own(stuck, Duration::ZERO);
+        let _fresh = runs.own(fresh, Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        runs.renew().await;
+        assert_eq!(
+            store.expired_leases(now_ms(), 10).await.unwrap(),
+            vec![stuck.to_string()],
+            "only the run past its deadline went unrenewed"
+        );
+        assert_eq!(runs.sweep().await, 1);
+        let failed = store.get("o", stuck).await.unwrap().unwrap();
+        assert_eq!(failed.status, "failed");
+        assert_eq!(failed.error.unwrap().code, OVERDUE);
+        let events = store.read_events(stuck, None, 10).await.unwrap();
+        assert_eq!(
+            events.last().map(|e| e.name.as_str()),
+            Some("response.failed")
+        );
+        assert_eq!(
+            store.status(fresh).await.unwrap().as_deref(),
+            Some("queued")
+        );
+    }
+
+    /// The memory store, with lease sweeps that take far longer than a
+    /// lease (a store timing out on every call).
+    struct SlowSweeps(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl ResponseStore for SlowSweeps {
+        async fn create(&self, new: NewResponse<'_>) -> crate::store::StoreResult<()> {
+            self.0.create(new).await
+        }
+        async fn get(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<ResponseObject>> {
+            self.0.get(org, id).await
+        }
+        async fn object(&self, id: &str) -> crate::store::StoreResult<Option<ResponseObject>> {
+            self.0.object(id).await
+        }
+        async fn conversation(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<crate::store::StoredConversation>> {
+            self.0.conversation(org, id).await
+        }
+        async fn input_items(
+            &self,
+            org: &str,
+            id: &str,
+        ) -> crate::store::StoreResult<Option<Vec<crate::api::responses::InputItem>>> {
+            self.0.input_items(org, id).await
+        }
+        async fn delete(&self, org: &str, id: &str) -> crate::store::StoreResult<bool> {
+            self.0.delete(org, id).await
+        }
+        async fn write(
+            &self,
+            id: &str,
+            object: Option<&ResponseObject>,
+            events: &[crate::translate::responses::Frame],
+        ) -> crate::store::StoreResult<WriteOutcome> {
+            self.0.write(id, object, events).await
+        }
+        async fn terminate(
+            &self,
+            id: &str,
+            object: &ResponseObject,
+        ) -> crate::store::StoreResult<WriteOutcome> {
+            self.0.terminate(id, object).await
+        }
+        async fn read_events(
+            &self,
+            id: &str,
+            after: Option<u64>,
+            limit: usize,
+        ) -> crate::store::StoreResult<Vec<crate::translate::responses::Frame>> {
+            self.0.read_events(id, after, limit).await
+        }
+        async fn follow(
+            &self,
+            id: &str,
+            after: Option<u64>,
+        ) -> crate::store::StoreResult<Box<dyn crate::store::EventFollower>> {
+            self.0.follow(id, after).await
+        }
+        async fn status(&self, id: &str) -> crate::store::StoreResult<Option<String>> {
+            self.0.status(id).await
+        }
+        async fn renew_leases(
+            &self,
+            ids: &[String],
+            until_ms: u64,
+        ) -> crate::store::StoreResult<()> {
+            self.0.renew_leases(ids, until_ms).await
+        }
+        async fn release_lease(&self, id: &str) -> crate::store::StoreResult<()> {
+            self.0.release_lease(id).await
+        }
+        async fn expired_leases(
+            &self,
+            now_ms: u64,
+            limit: usize,
+        ) -> crate::store::StoreResult<Vec<String>> {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            self.0.expired_leases(now_ms, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_sweep_does_not_hold_up_the_heartbeat() {
+        let slow = Arc::new(SlowSweeps(MemoryStore::new(Duration::from_secs(60))));
+        let store: Arc<dyn ResponseStore> = slow.clone();
+        let config = StoreConfig {
+            lease_millis: 200,
+            heartbeat_millis: 50,
+            sweep_interval_millis: 10,
+            ..StoreConfig::default()
+        };
+        let runs = Arc::new(Runs::new(store.clone(), &config));
+        create_runs(&store, &["resp_alive"], runs.lease_until_ms()).await;
+        let _owned = runs.own("resp_alive", Duration::from_secs(60));
+        let maintained = runs.clone();
+        let maintain = tokio::spawn(async move { maintained.maintain().await });
+        // Several leases later the run's lease is still ahead: renewed.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let lapsed = slow.0.expired_leases(now_ms(), 10).await.unwrap();
+        maintain.abort();
+        assert!(
+            lapsed.is_empty(),
+            "the heartbeat kept the lease: {lapsed:?}"
+        );
     }
 }

@@ -6,6 +6,9 @@
 //! completions with greedy decoding:
 //! - time to first token of a cold ~512-token prompt (a unique opening, so
 //!   no cached prefix helps), and single-stream decode tokens/s;
+//! - time to first token of a warm prompt (the same short request again
+//!   and again: the engine reuses its cached prefix and decodes one token,
+//!   so what differs between two targets is their path, not prefill);
 //! - aggregate completion tokens/s with 1, 4 and 8 concurrent streams.
 //!
 //! ```text
@@ -54,6 +57,10 @@ struct Args {
     /// llama-server through gateway + upstream worker against itself.
     #[arg(long, value_enum, default_value = "llama")]
     mode: Mode,
+    /// `upstream`: the worker's health and load scrape interval (its
+    /// `--upstream-scrape-ms`; the worker's default when absent).
+    #[arg(long)]
+    scrape_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -77,6 +84,8 @@ struct Timed {
 struct Figures {
     prompt_tokens: u64,
     ttft_ms: f64,
+    /// Median TTFT of a repeated request whose prompt is cached.
+    warm_ttft_ms: f64,
     decode_tps: f64,
     aggregate: Vec<(usize, f64)>,
     /// Completion tokens of every measured request.
@@ -136,6 +145,9 @@ async fn stream_once(client: &Client, seed: usize, max_tokens: u32) -> Result<Ti
     })
 }
 
+/// Repeats of the warm-prompt request.
+const WARM_REPEATS: usize = 21;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -145,6 +157,12 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
     // Warm-up: load pages, start thread pools.
     stream_once(client, 1_000_000, 8).await?;
     let mut f = Figures::default();
+    let mut warm = Vec::new();
+    for _ in 0..WARM_REPEATS {
+        let t = stream_once(client, 1_000_000, 2).await?;
+        warm.push(t.ttft.as_secs_f64() * 1000.0);
+    }
+    f.warm_ttft_ms = median(warm);
     let (mut ttft, mut tps) = (Vec::new(), Vec::new());
     for _ in 0..args.repeats {
         *seed += 1;
@@ -232,17 +250,21 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     let (_server, direct) = start_llama_server(args, model).await?;
     let yard = measure(&direct, args, seed).await?;
     let engine_url = direct.url("").trim_end_matches("/v1").to_owned();
-    // The default scrape interval: the worker's CPU is measured as deployed.
+    // The worker's CPU is measured as deployed: scrapes included.
+    let mut extra_args = vec![
+        "--upstream-url".into(),
+        engine_url,
+        "--upstream-kind".into(),
+        "llama-server".into(),
+    ];
+    if let Some(ms) = args.scrape_ms {
+        extra_args.extend(["--upstream-scrape-ms".into(), ms.to_string()]);
+    }
     let worker = Worker::start(
         "base",
         WorkerOpts {
             engine: "upstream".into(),
-            extra_args: vec![
-                "--upstream-url".into(),
-                engine_url,
-                "--upstream-kind".into(),
-                "llama-server".into(),
-            ],
+            extra_args,
             ..WorkerOpts::default()
         },
     )?;
@@ -255,8 +277,8 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     let ours = measure(&gateway.client(), args, seed).await?;
     let cpu = harness::procfs::cpu_micros(pid)? - cpu_before;
     println!(
-        "\n{:<28} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
-        "target", "prompt", "TTFT ms", "decode t/s"
+        "\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
+        "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
     );
     print_row("llama-server (direct)", &yard);
     print_row("gateway+upstream worker", &ours);
@@ -267,9 +289,10 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
         .map(|((c, o), (_, y))| format!("c{c} {:.3}x", o / y))
         .collect();
     println!(
-        "\nratios: decode {:.3}x, TTFT {:+.1} ms, aggregate {}",
+        "\nratios: decode {:.3}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
         ours.decode_tps / yard.decode_tps,
         ours.ttft_ms - yard.ttft_ms,
+        ours.warm_ttft_ms - yard.warm_ttft_ms,
         ratio.join("  ")
     );
     println!(
@@ -296,9 +319,10 @@ fn print_row(name: &str, f: &Figures) {
         .map(|(c, r)| format!("c{c} {r:7.1}"))
         .collect();
     println!(
-        "{name} {:>7} {:>9.1} {:>10.1}   {}",
+        "{name} {:>7} {:>9.1} {:>9.1} {:>10.1}   {}",
         f.prompt_tokens,
         f.ttft_ms,
+        f.warm_ttft_ms,
         f.decode_tps,
         agg.join("  ")
     );
@@ -352,8 +376,8 @@ async fn main() -> Result<()> {
     let ours = measure(&gateway.client(), &args, &mut seed).await?;
 
     println!(
-        "\n{:<28} {:>7} {:>9} {:>10}   aggregate completion tokens/s",
-        "target", "prompt", "TTFT ms", "decode t/s"
+        "\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
+        "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
     );
     print_row("llama-server", &yard);
     print_row("gateway + llama worker", &ours);
@@ -364,9 +388,10 @@ async fn main() -> Result<()> {
         .map(|((c, o), (_, y))| format!("c{c} {:.2}x", o / y))
         .collect();
     println!(
-        "\nratios: decode {:.2}x, TTFT {:+.1} ms, aggregate {}",
+        "\nratios: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
         ours.decode_tps / yard.decode_tps,
         ours.ttft_ms - yard.ttft_ms,
+        ours.warm_ttft_ms - yard.warm_ttft_ms,
         ratio.join("  ")
     );
     println!("load average at end: {}", load_average());

@@ -7,10 +7,15 @@
 //! cancels of running ones. Every `--fault-every` seconds the next fault of
 //! a fixed rotation hits a link (Redis stall and partition, a worker link
 //! partitioned, slowed or refusing, every connection dropped) and heals.
-//! At the end it waits for every run to end (bounded by `--drain-secs`) and reports the answers by
-//! kind and status, and every background run that is not terminal (the
-//! figure that must be zero) or whose event log does not end in exactly
-//! one terminal event.
+//! Runs get a short request deadline (`--run-timeout-secs`), so the
+//! contract "every run ends by its deadline plus a lease" is checked while
+//! the traffic runs: every 15 s a monitor reads, straight from Redis, the
+//! status of every run older than that bound and reports (and describes)
+//! any still going. At the end it waits for every run to end (bounded by
+//! `--drain-secs`) and reports the answers by kind and status, every
+//! background run that is not terminal (the figure that must be zero),
+//! every run that was ever seen overdue, and every event log that does not
+//! end in exactly one terminal event.
 //!
 //! ```text
 //! cargo run --release -p tests --bin soak -- --minutes 30 --rate 500
@@ -40,14 +45,22 @@ struct Args {
     /// Most requests in flight; beyond it a tick's request is skipped (and counted).
     #[arg(long, default_value_t = 4000)]
     max_in_flight: usize,
+    /// The gateway's request deadline: every run must be terminal by this
+    /// plus a lease and a sweep.
+    #[arg(long, default_value_t = 60)]
+    run_timeout_secs: u64,
     /// After the traffic, how long runs may take to end before those still
-    /// going count as stranded (the request deadline plus a lease).
-    #[arg(long, default_value_t = 660)]
+    /// going count as stranded (at least the deadline plus a lease).
+    #[arg(long, default_value_t = 90)]
     drain_secs: u64,
 }
 
+const LEASE_MILLIS: u64 = 3000;
 const LEASES: &str =
     "[store]\nlease_millis = 3000\nheartbeat_millis = 500\nsweep_interval_millis = 500\n";
+
+/// Background runs created so far, with when their create was answered.
+type Runs = Arc<Mutex<Vec<(String, Instant)>>>;
 
 /// Answers by (kind, outcome).
 type Tally = Arc<Mutex<BTreeMap<(&'static str, String), u64>>>;
@@ -61,7 +74,8 @@ fn count(tally: &Tally, kind: &'static str, outcome: impl Into<String>) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let scope = RedisScope::new().context("the Redis on TEST_REDIS_URL or 127.0.0.1:6379")?;
+    let scope =
+        Arc::new(RedisScope::new().context("the Redis on TEST_REDIS_URL or 127.0.0.1:6379")?);
     let redis_proxy = FaultProxy::start(scope.addr()?)?;
     let opts = WorkerOpts::paced(0, 2000);
     let workers = harness::start_workers("base", &[opts.clone(), opts.clone(), opts]);
@@ -71,7 +85,10 @@ async fn main() -> Result<()> {
         .collect::<Result<_>>()?;
     let mut opts = GatewayOpts {
         redis: Some((redis_proxy.redis_url(), scope.prefix().to_string())),
-        extra_toml: LEASES.into(),
+        extra_toml: format!(
+            "request_timeout_seconds = {}\n{LEASES}",
+            args.run_timeout_secs
+        ),
         ..GatewayOpts::default()
     };
     opts.workers.insert(
@@ -84,7 +101,11 @@ async fn main() -> Result<()> {
     let gateway = Gateway::start(opts)?;
     let client = gateway.client();
     let tally: Tally = Arc::default();
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let runs: Runs = Arc::default();
+    // A run still going past this bound broke the contract.
+    let bound =
+        Duration::from_secs(args.run_timeout_secs + 5) + Duration::from_millis(LEASE_MILLIS);
+    let overdue = tokio::spawn(monitor(scope.clone(), runs.clone(), tally.clone(), bound));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
 
     println!(
@@ -133,15 +154,18 @@ async fn main() -> Result<()> {
     // Background runs go on after their create answered: wait until every
     // one ended (each is bounded by the request deadline, and a lost one by
     // its lease plus a sweep), then audit.
-    let ids = runs.lock().map(|r| r.clone()).unwrap_or_default();
+    let ids: Vec<String> = runs
+        .lock()
+        .map(|r| r.iter().map(|(id, _)| id.clone()).collect())
+        .unwrap_or_default();
     let drain_started = Instant::now();
     let drain_limit = Duration::from_secs(args.drain_secs);
     let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
     let mut pending = ids.clone();
     loop {
+        let statuses = statuses(&scope, &pending)?;
         let mut still = Vec::new();
-        for id in pending {
-            let status = status_of_run(&client, &id).await?;
+        for (id, status) in pending.into_iter().zip(statuses) {
             if matches!(status.as_str(), "queued" | "in_progress") {
                 still.push(id);
             } else {
@@ -161,11 +185,11 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     let stranded = pending;
-    for id in &stranded {
-        *by_status
-            .entry(status_of_run(&client, id).await?)
-            .or_default() += 1;
+    for status in statuses(&scope, &stranded)? {
+        *by_status.entry(status).or_default() += 1;
     }
+    overdue.abort();
+    let ever_overdue = OVERDUE_SEEN.load(std::sync::atomic::Ordering::Relaxed);
     let bad_logs = audit_logs(&scope, &ids)?;
 
     println!("\nanswers by kind and outcome:");
@@ -180,16 +204,20 @@ async fn main() -> Result<()> {
     }
     println!("event logs not ending in exactly one terminal event: {bad_logs}");
     println!(
+        "runs seen still going past their deadline + lease ({} s) while the traffic ran: {ever_overdue}",
+        bound.as_secs()
+    );
+    println!(
         "drain: {:.0} s after the traffic; non-terminal runs at the end: {}",
         drain_started.elapsed().as_secs_f64(),
         stranded.len()
     );
     for id in stranded.iter().take(10) {
-        println!("  {}", describe(&scope, &client, id).await);
+        println!("  {}", describe(&scope, id));
     }
     println!("load average at end: {}", load_average());
-    if !stranded.is_empty() || bad_logs > 0 {
-        anyhow::bail!("stranded runs or bad event logs");
+    if !stranded.is_empty() || bad_logs > 0 || ever_overdue > 0 {
+        anyhow::bail!("stranded or overdue runs, or bad event logs");
     }
     Ok(())
 }
@@ -259,7 +287,7 @@ fn load_average() -> String {
 }
 
 /// One request of the mix, chosen by its number.
-async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mutex<Vec<String>>) {
+async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Runs) {
     match n % 20 {
         // 45%: chat, half of it streaming.
         0..=8 => {
@@ -311,7 +339,7 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mut
                 if reply.status == 200 {
                     if let Some(id) = reply.json()["id"].as_str() {
                         if let Ok(mut runs) = runs.lock() {
-                            runs.push(id.to_string());
+                            runs.push((id.to_string(), Instant::now()));
                         }
                     }
                 }
@@ -320,7 +348,10 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mut
         }
         // 5%: cancel the latest background run.
         _ => {
-            let last = runs.lock().ok().and_then(|r| r.last().cloned());
+            let last = runs
+                .lock()
+                .ok()
+                .and_then(|r| r.last().map(|(id, _)| id.clone()));
             let Some(id) = last else { return };
             let r = client
                 .post_json(&format!("/responses/{id}/cancel"), &json!({}))
@@ -330,14 +361,99 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Mut
     }
 }
 
-/// A stored run's status as its owner would see it.
-async fn status_of_run(client: &harness::Client, id: &str) -> Result<String> {
-    let r = client.get(&format!("/responses/{id}")).await?;
-    Ok(if r.status == 200 {
-        r.json()["status"].as_str().unwrap_or("?").to_string()
-    } else {
-        format!("http {}", r.status)
-    })
+/// Runs seen going past their bound, all monitor passes together.
+static OVERDUE_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The stored status of each run (`"absent"` for none), read straight from
+/// Redis in pipelined batches: the audit must not wait on the gateway it
+/// audits, nor take minutes over a hundred thousand runs.
+fn statuses(scope: &RedisScope, ids: &[String]) -> Result<Vec<String>> {
+    let mut conn = scope.connection()?;
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            pipe.cmd("HGET")
+                .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+                .arg("status");
+        }
+        let got: Vec<Option<String>> = pipe.query(&mut conn)?;
+        out.extend(
+            got.into_iter()
+                .map(|s| s.unwrap_or_else(|| "absent".into())),
+        );
+    }
+    Ok(out)
+}
+
+/// Every 15 s while the traffic runs: answers since the last pass that were
+/// not a 200, and every run older than `bound` that is still going (each
+/// counted once and described when first seen).
+async fn monitor(scope: Arc<RedisScope>, runs: Runs, tally: Tally, bound: Duration) {
+    let mut known_done: std::collections::HashSet<String> = Default::default();
+    let mut reported: std::collections::HashSet<String> = Default::default();
+    let mut last_tally: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
+    let client_less = scope.clone();
+    loop {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let now = Instant::now();
+        let old: Vec<String> = runs
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .filter(|(id, at)| now.duration_since(*at) > bound && !known_done.contains(id))
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let scope = client_less.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            let statuses = statuses(&scope, &old)?;
+            Ok::<_, anyhow::Error>(old.into_iter().zip(statuses).collect::<Vec<_>>())
+        })
+        .await;
+        let Ok(Ok(checked)) = checked else {
+            println!(
+                "[{}] monitor: could not read run statuses",
+                chrono_like_now()
+            );
+            continue;
+        };
+        let mut going = 0;
+        for (id, status) in checked {
+            if matches!(status.as_str(), "queued" | "in_progress") {
+                going += 1;
+                if reported.insert(id.clone()) {
+                    OVERDUE_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if reported.len() <= 10 {
+                        println!("  overdue: {}", describe(&client_less, &id));
+                    }
+                }
+            } else {
+                known_done.insert(id);
+            }
+        }
+        let now_tally = tally.lock().map(|t| t.clone()).unwrap_or_default();
+        let errors: Vec<String> = now_tally
+            .iter()
+            .filter(|((_, outcome), _)| !outcome.starts_with("200"))
+            .filter_map(|(k, n)| {
+                let delta = n - last_tally.get(k).copied().unwrap_or(0);
+                (delta > 0).then(|| format!("{} {}: {delta}", k.0, k.1))
+            })
+            .collect();
+        last_tally = now_tally;
+        println!(
+            "[{}] monitor: {going} runs past {} s still going; not-200 since last: {}",
+            chrono_like_now(),
+            bound.as_secs(),
+            if errors.is_empty() {
+                "none".to_string()
+            } else {
+                errors.join(", ")
+            }
+        );
+    }
 }
 
 fn status_of(r: &Result<harness::Reply>) -> String {
@@ -355,19 +471,24 @@ fn status_of(r: &Result<harness::Reply>) -> String {
     }
 }
 
-/// What is stored of a stranded run: status, age, event log and lease.
-async fn describe(scope: &RedisScope, client: &harness::Client, id: &str) -> String {
-    let object = match client.get(&format!("/responses/{id}")).await {
-        Ok(r) if r.status == 200 => r.json(),
-        _ => Value::Null,
+/// What is stored of a stranded run: status, error, age, event log and
+/// lease (straight from Redis).
+fn describe(scope: &RedisScope, id: &str) -> String {
+    let Ok(mut conn) = scope.connection() else {
+        return format!("{id}: no Redis connection");
     };
+    let obj: Option<String> = redis::cmd("HGET")
+        .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+        .arg("obj")
+        .query(&mut conn)
+        .unwrap_or(None);
+    let object: Value = obj
+        .and_then(|o| serde_json::from_str(&o).ok())
+        .unwrap_or(Value::Null);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let age = object["created_at"].as_u64().map(|c| now.saturating_sub(c));
-    let Ok(mut conn) = scope.connection() else {
-        return format!("{id}: no Redis connection");
-    };
     let key = format!("{}resp:{{{id}}}:events", scope.prefix());
     let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
         .arg(&key)
@@ -384,9 +505,11 @@ async fn describe(scope: &RedisScope, client: &harness::Client, id: &str) -> Str
         .arg(id)
         .query(&mut conn)
         .unwrap_or(None);
+    let lease_in = lease.map(|l| (l as i64 - now as i64 * 1000) as f64 / 1000.0);
     format!(
-        "{id}: status {} age {age:?} s, {} events (last {last:?}), lease {lease:?}, output tokens {}",
+        "{id}: status {} error {} age {age:?} s, {} events (last {last:?}), lease ends in {lease_in:?} s, output tokens {}",
         object["status"],
+        object["error"]["code"],
         entries.len(),
         object["usage"]["output_tokens"]
     )
