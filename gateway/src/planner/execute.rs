@@ -73,7 +73,14 @@ pub async fn agent_step(
     text: String,
     routes: Vec<AgentRoute>,
 ) -> StepResult {
-    let deadline = (Instant::now() + env.step_timeout).min(env.run_deadline);
+    let began = Instant::now();
+    let step_deadline = began + env.step_timeout;
+    let deadline = step_deadline.min(env.run_deadline);
+    let which = if env.run_deadline < step_deadline {
+        "the run's deadline"
+    } else {
+        "the step's deadline"
+    };
     let mut attempts = Vec::new();
     let mut failed_agents = Vec::new();
     if routes.is_empty() {
@@ -183,13 +190,13 @@ pub async fn agent_step(
                 let n = running.len();
                 drop(running);
                 for _ in 0..n {
-                    observe_latency("timeout", env.step_timeout);
+                    observe_latency("timeout", began.elapsed());
                 }
                 attempts.push(Attempt {
                     target: step.target.clone(),
                     outcome: "timeout",
-                    latency_ms: 0,
-                    detail: format!("{n} attempt(s) still silent at the step's deadline; abandoned and canceled"),
+                    latency_ms: began.elapsed().as_millis() as u64,
+                    detail: format!("{n} attempt(s) still running at {which}; abandoned and canceled"),
                 });
                 failed_agents.push(step.target.clone());
                 return StepResult::Failed {

@@ -566,10 +566,18 @@ impl Planner {
                         )));
                         break;
                     }
-                    if now >= run_deadline || calls.tokens_used() >= self.config.max_run_tokens {
-                        emit(Event::Thought(
-                            "Budget: no time or tokens left for a re-plan.".into(),
-                        ));
+                    if now >= run_deadline {
+                        emit(Event::Thought(format!(
+                            "Budget: the run's wall clock ({} ms) is spent; no re-plan.",
+                            self.config.run_timeout_ms
+                        )));
+                        break;
+                    }
+                    if calls.tokens_used() >= self.config.max_run_tokens {
+                        emit(Event::Thought(format!(
+                            "Budget: the run's token budget ({}) is spent; no re-plan.",
+                            self.config.max_run_tokens
+                        )));
                         break;
                     }
                     note_undone(&mut state);
