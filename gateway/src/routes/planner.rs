@@ -210,6 +210,10 @@ pub async fn create(
                 return Ok(());
             }
         }
+        if !out.is_empty() {
+            // Keep-alives only fill silences.
+            ticker.reset();
+        }
         if write(ex, &mut started, &mut out).await.is_err() {
             ex.status = 499;
             return Ok(());
