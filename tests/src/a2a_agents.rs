@@ -36,6 +36,8 @@ pub enum Behavior {
     V03Only,
     /// A card that is not JSON.
     MalformedCard,
+    /// v1.0: a reply of `bytes` bytes (for the planner's body cap).
+    Huge { bytes: usize },
 }
 
 /// What an agent saw.
@@ -49,6 +51,8 @@ pub struct Seen {
     pub versions: Vec<String>,
     /// Text parts of the messages received.
     pub texts: Vec<String>,
+    /// `Authorization` headers of RPC calls.
+    pub auth: Vec<String>,
 }
 
 /// A running test agent; it stops when dropped.
@@ -122,6 +126,10 @@ impl TestAgent {
             .lock()
             .map(|s| s.versions.clone())
             .unwrap_or_default()
+    }
+
+    pub fn auth(&self) -> Vec<String> {
+        self.seen.lock().map(|s| s.auth.clone()).unwrap_or_default()
     }
 
     pub fn texts(&self) -> Vec<String> {
@@ -317,6 +325,9 @@ impl AgentSpec {
             if let Some((_, v)) = req.headers.iter().find(|(k, _)| k == "a2a-version") {
                 seen.versions.push(v.clone());
             }
+            if let Some((_, v)) = req.headers.iter().find(|(k, _)| k == "authorization") {
+                seen.auth.push(v.clone());
+            }
             if method == "CancelTask" || method == "tasks/cancel" {
                 seen.cancels
                     .push(call["params"]["id"].as_str().unwrap_or("").to_owned());
@@ -409,6 +420,13 @@ impl AgentSpec {
                 respond(socket, 200, "application/json", &body).await
             }
             Behavior::MalformedCard => respond(socket, 500, "text/plain", "no").await,
+            Behavior::Huge { bytes } => {
+                let body = reply(
+                    json!({"task": {"id": task_id, "status": {"state": "TASK_STATE_COMPLETED"},
+                    "artifacts": [{"artifactId": "a", "parts": [{"text": "x".repeat(*bytes)}]}]}}),
+                );
+                respond(socket, 200, "application/json", &body).await
+            }
         }
     }
 }

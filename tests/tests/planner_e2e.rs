@@ -372,7 +372,16 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
             TestAgent::start("sse", "Starts a stream and stops", Behavior::SseThenNothing).await;
         let broken = TestAgent::start("broken", "Returns 500", Behavior::ServerError).await;
         let malformed = TestAgent::start("malformed", "Bad card", Behavior::MalformedCard).await;
-        let stack = stack(&["base"], PLANNER_TOML);
+        let huge = TestAgent::start(
+            "huge",
+            "Answers at length",
+            Behavior::Huge { bytes: 200_000 },
+        )
+        .await;
+        let stack = stack(
+            &["base"],
+            &format!("{PLANNER_TOML}max_response_bytes = 65536\n"),
+        );
         warm(&stack, "base").await;
         let first = plan(vec![
             agent_step("a", "rejecter", &[], &[]),
@@ -380,11 +389,15 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
             agent_step("c", "silent", &[], &[]),
             agent_step("d", "sse", &[], &[]),
             agent_step("e", "broken", &[], &["refuser"]),
+            agent_step("g", "huge", &[], &[]),
             llm_step("f", &["a", "b"]),
         ]);
         // The re-plan: every agent failed, the model answers alone.
         let second = plan(vec![llm_step("alone", &[])]);
-        let urls = [&rejecting, &refusing, &silent, &sse, &broken, &malformed].map(|a| a.url());
+        let urls = [
+            &rejecting, &refusing, &silent, &sse, &broken, &malformed, &huge,
+        ]
+        .map(|a| a.url());
         let began = Instant::now();
         let reply = post(
             &stack,
@@ -404,6 +417,7 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
             ("silent", "silent"),
             ("sse", "silent"),
             ("broken", "http_error"),
+            ("huge", "too_large"),
             ("model", "completed"),
         ] {
             assert!(
@@ -791,12 +805,29 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
             .models(&["base-mini"])
             .redis()
             .extra_toml(PLANNER_TOML)
+            .gateway_env((
+                "IGW_TEST_WEATHER_TOKEN".into(),
+                "Bearer s3cret-token".into(),
+            ))
             .start()
             .expect("stack");
-        stack.cli(&["agents", "add", "weather-eu", &weather.url()]);
+        stack.cli(&[
+            "agents",
+            "add",
+            "weather-eu",
+            &weather.url(),
+            "--auth-header",
+            "authorization",
+            "--auth-secret-env",
+            "IGW_TEST_WEATHER_TOKEN",
+        ]);
         let listed = stack.cli(&["agents", "list"]);
         assert!(
             listed.contains("weather-eu") && listed.contains(&weather.url()),
+            "{listed}"
+        );
+        assert!(
+            listed.contains("$IGW_TEST_WEATHER_TOKEN") && !listed.contains("s3cret"),
             "{listed}"
         );
         let probe = stack.cli(&["agents", "probe", "weather-eu", "--allow-private"]);
@@ -835,6 +866,8 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
         )
         .await;
         assert!(outcomes(&reply.json()).contains(&("weather-eu".into(), "completed".into())));
+        // The directory's auth header, its value from the gateway's environment.
+        assert_eq!(weather.auth(), vec!["Bearer s3cret-token"; 2]);
         assert!(stack
             .cli(&["agents", "remove", "weather-eu"])
             .contains("removed"));
