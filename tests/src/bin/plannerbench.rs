@@ -12,7 +12,7 @@
 //!   divided by the steps run, next to the CPU of a plain chat completion.
 //!
 //! ```text
-//! cargo run --release -p tests --bin plannerbench -- --runs 50 --agent-ms 200 --steps 4
+//! cargo run --release -p tests --bin plannerbench -- --runs 30 --agent-ms 200 --steps 4 --cpu-runs 500
 //! ```
 
 use anyhow::{bail, Result};
@@ -33,6 +33,10 @@ struct Args {
     /// Steps per plan in the CPU measurement (at most 8).
     #[arg(long, default_value_t = 4)]
     steps: usize,
+    /// Plans (and plain chats) in the CPU measurement: enough for `/proc`'s
+    /// 10 ms clock ticks to resolve microseconds per step.
+    #[arg(long, default_value_t = 500)]
+    cpu_runs: usize,
     #[arg(long, default_value = "base-mini")]
     model: String,
 }
@@ -139,12 +143,12 @@ async fn main() -> Result<()> {
 
     // Gateway CPU per step, against a plain chat completion.
     let cpu0 = stack.gateway.cpu_micros()?;
-    for _ in 0..args.runs {
+    for _ in 0..args.cpu_runs {
         run_plan(&stack, &args.model, &all_fast).await?;
     }
     let plan_cpu = stack.gateway.cpu_micros()? - cpu0;
     let cpu1 = stack.gateway.cpu_micros()?;
-    for _ in 0..args.runs {
+    for _ in 0..args.cpu_runs {
         let r = stack
             .client()
             .post_json("/chat/completions", &json!({"model": args.model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}))
@@ -154,9 +158,9 @@ async fn main() -> Result<()> {
         }
     }
     let chat_cpu = stack.gateway.cpu_micros()? - cpu1;
-    let steps = (args.runs * all_fast.len()) as f64;
-    let per_plan = plan_cpu as f64 / args.runs as f64;
-    let per_chat = chat_cpu as f64 / args.runs as f64;
+    let steps = (args.cpu_runs * all_fast.len()) as f64;
+    let per_plan = plan_cpu as f64 / args.cpu_runs as f64;
+    let per_chat = chat_cpu as f64 / args.cpu_runs as f64;
 
     println!("| measurement | value |");
     println!("|---|---|");
