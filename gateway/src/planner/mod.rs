@@ -415,8 +415,9 @@ impl Planner {
     }
 
     /// Runs (or resumes) a plan to its pause or its answer. Fails only when
-    /// a new run's first model call cannot run at all (the model is
-    /// unavailable, a limit refuses it): nothing was done then.
+    /// a new run's first model call cannot run at all (a limit or budget
+    /// refuses it, no worker has capacity: 429, 402, 503), when nothing
+    /// was done yet, or when a pause cannot be stored.
     pub async fn run(
         &self,
         calls: &ModelCalls<'_>,
@@ -667,7 +668,11 @@ impl Planner {
             };
             let text = match calls.call(call, None).await {
                 Ok(t) => t,
-                Err(e) if first && attempt == 0 => return Err(e),
+                // Nothing was done yet and the model cannot be reached
+                // (limits, budget, capacity): the request's own answer.
+                Err(e) if first && attempt == 0 && matches!(e.status, 402 | 429 | 503) => {
+                    return Err(e)
+                }
                 Err(e) => {
                     emit(Event::Thought(format!(
                         "Fallback: the model could not plan ({}); answering directly.",

@@ -141,11 +141,19 @@ impl Targets {
             }));
         }
         for t in &self.tools {
+            // A schema with references cannot be embedded (they would
+            // resolve against the plan's root): its arguments are then
+            // constrained to an object here and checked in `validate`.
+            let arguments = if has_refs(&t.parameters) {
+                json!({"type": "object"})
+            } else {
+                t.parameters.clone()
+            };
             branches.push(json!({
                 "type": "object",
                 "properties": {
                     "id": id, "kind": {"const": "function"}, "target": {"const": t.name},
-                    "instruction": {"type": "string"}, "arguments": t.parameters,
+                    "instruction": {"type": "string"}, "arguments": arguments,
                     "depends_on": ids
                 },
                 "required": ["id", "kind", "target", "instruction", "arguments", "depends_on"],
@@ -300,6 +308,17 @@ impl Targets {
         } else {
             Err(problems)
         }
+    }
+}
+
+/// Whether a schema uses `$ref` (or defines `$defs`/`definitions`).
+fn has_refs(schema: &Value) -> bool {
+    match schema {
+        Value::Object(o) => o
+            .iter()
+            .any(|(k, v)| k == "$ref" || k == "$defs" || k == "definitions" || has_refs(v)),
+        Value::Array(a) => a.iter().any(has_refs),
+        _ => false,
     }
 }
 
@@ -492,6 +511,29 @@ mod tests {
         assert!(check(json!({"summary": "s", "steps": []})).is_err());
         assert!(targets().validate("not json").is_err());
         assert!(targets().validate("{\"steps\": 3}").is_err());
+    }
+
+    #[test]
+    fn tool_schemas_with_references_are_checked_but_not_embedded() {
+        let t = Targets {
+            agents: Vec::new(),
+            tools: vec![ToolTarget {
+                name: "f".into(),
+                description: String::new(),
+                parameters: json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+                    "required": ["p"], "$defs": {"P": {"type": "integer"}}}),
+            }],
+        };
+        let schema = t.schema();
+        assert_eq!(
+            schema["properties"]["steps"]["items"]["anyOf"][0]["properties"]["arguments"],
+            json!({"type": "object"})
+        );
+        let step = |args: Value| {
+            json!({"summary": "s", "steps": [{"id": "a", "kind": "function", "target": "f", "instruction": "", "arguments": args, "depends_on": []}]}).to_string()
+        };
+        assert!(t.validate(&step(json!({"p": 3}))).is_ok());
+        assert!(t.validate(&step(json!({"p": "x"}))).is_err());
     }
 
     #[test]
