@@ -905,3 +905,46 @@ async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_p
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
+    bounded(60, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        // A real engine's small context: the planner's 8192-token output cap
+        // cannot fit, so the calls ask for what fits instead of failing.
+        let stack = Stack::builder()
+            .models(&["base-mini"])
+            .worker_opts(harness::WorkerOpts {
+                context_window: Some(8192),
+                ..Default::default()
+            })
+            .extra_toml(&format!("{PLANNER_TOML}max_plan_tokens = 8192\n"))
+            .start()
+            .expect("stack");
+        let p = plan(vec![
+            agent_step("s1", "good", &[], &[]),
+            llm_step("s2", &["s1"]),
+        ]);
+        let reply = post(
+            &stack,
+            &session(),
+            &body("base-mini", &scripted("Small window.", &[p]), &[good.url()]),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let thought = r["thought"].to_string();
+        assert!(thought.contains("Plan: a scripted plan"), "{thought}");
+        assert!(!thought.contains("Fallback"), "{thought}");
+        assert!(outcomes(&r).contains(&("model".into(), "completed".into())));
+        assert!(answer(&r).contains("good says: done"));
+    })
+    .await
+}

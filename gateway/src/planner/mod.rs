@@ -556,7 +556,9 @@ impl Planner {
                     break;
                 }
                 Executed::Finished { failed } => {
-                    if failed.is_empty() {
+                    // Re-plans route around agents; a model that failed a
+                    // step would fail a new plan the same way.
+                    if !failed.iter().any(|(_, _, agents)| !agents.is_empty()) {
                         break;
                     }
                     let now = Instant::now();

@@ -97,6 +97,31 @@ impl<'a> ModelCalls<'a> {
         call: Call,
         deltas: Option<&UnboundedSender<String>>,
     ) -> Result<String, ApiError> {
+        let messages = call.messages.clone();
+        let schema = call.schema.clone();
+        let deadline = call.deadline;
+        let max_tokens = call.max_tokens;
+        match self.call_once(call, deltas).await {
+            // A worker whose window is smaller than the planner's output
+            // cap (a real engine's context): ask for what fits instead.
+            Err(e) if e.code == "context_length_exceeded" && max_tokens > 0 => {
+                let retry = Call {
+                    messages,
+                    schema,
+                    max_tokens: 0,
+                    deadline,
+                };
+                self.call_once(retry, deltas).await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_once(
+        &self,
+        call: Call,
+        deltas: Option<&UnboundedSender<String>>,
+    ) -> Result<String, ApiError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let request_id = format!("{}-m{n}", self.request_id);
         let input_bytes: usize = call
