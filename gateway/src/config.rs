@@ -507,6 +507,36 @@ impl Config {
                 self.listen
             );
         }
+        let mut agent_ids = std::collections::BTreeSet::new();
+        for a in &self.planner.agents {
+            let id_ok = !a.id.is_empty()
+                && a.id.len() <= 64
+                && a.id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if !id_ok {
+                bail!(
+                    "planner.agents: id '{}' must be 1 to 64 of A-Z a-z 0-9 . _ -",
+                    a.id
+                );
+            }
+            if !agent_ids.insert(a.id.as_str()) {
+                bail!("planner.agents: id '{}' appears twice", a.id);
+            }
+            if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
+                bail!("planner.agents '{}': url must be http:// or https://", a.id);
+            }
+            if a.auth_header.is_some() != a.auth_secret_env.is_some() {
+                bail!(
+                    "planner.agents '{}': auth_header and auth_secret_env go together",
+                    a.id
+                );
+            }
+        }
+        let p = &self.planner;
+        if p.step_timeout_ms == 0 || p.run_timeout_ms == 0 || p.first_byte_timeout_ms == 0 {
+            bail!("planner: step, run and first-byte timeouts must be above 0");
+        }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
                 bail!(
@@ -567,6 +597,27 @@ mod tests {
         assert_eq!(c.telemetry.service_name, "gw-eu");
         c.telemetry.otlp_endpoint = Some("collector:4317".into());
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn planner_agents_are_checked() {
+        let base = "[models.base]\nworkers = []\n";
+        let ok: Config = toml::from_str(&format!(
+            "[planner]\nrun_timeout_ms = 5000\n[[planner.agents]]\nid = \"weather\"\nurl = \"https://w.example\"\n{base}"
+        ))
+        .unwrap();
+        assert!(ok.check().is_ok());
+        assert_eq!(ok.planner.run_timeout_ms, 5000);
+        assert_eq!(ok.planner.hedge_after_ms, 15_000, "defaults fill the rest");
+        for bad in [
+            "id = \"has space\"\nurl = \"https://w\"",
+            "id = \"w\"\nurl = \"ftp://w\"",
+            "id = \"w\"\nurl = \"https://w\"\nauth_header = \"authorization\"",
+        ] {
+            let c: Config = toml::from_str(&format!("[[planner.agents]]\n{bad}\n{base}")).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<Config>(&format!("[planner]\nbogus = 1\n{base}")).is_err());
     }
 
     #[test]

@@ -948,3 +948,66 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_and_token_budgets_end_execution_early_with_an_answer() {
+    bounded(60, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let p = plan(vec![
+            agent_step("s1", "good", &[], &[]),
+            agent_step("s2", "good", &["s1"], &[]),
+        ]);
+        // One step allowed: the second is skipped, and said so.
+        let stack_steps = stack(&["base-mini"], &format!("{PLANNER_TOML}max_steps = 1\n"));
+        let reply = post(
+            &stack_steps,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Two steps.", std::slice::from_ref(&p)),
+                &[good.url()],
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let o = outcomes(&r);
+        assert!(o.contains(&("good".into(), "completed".into())), "{o:?}");
+        assert!(o.contains(&("good".into(), "skipped".into())), "{o:?}");
+        assert!(
+            r["thought"].to_string().contains("step budget (1)"),
+            "{}",
+            r["thought"]
+        );
+        assert_eq!(good.methods().len(), 1);
+        drop(stack_steps);
+        // The plan call alone spends the token budget: no step runs.
+        let stack_tokens = stack(
+            &["base-mini"],
+            &format!("{PLANNER_TOML}max_run_tokens = 1\n"),
+        );
+        let reply = post(
+            &stack_tokens,
+            &session(),
+            &body("base-mini", &scripted("No tokens.", &[p]), &[good.url()]),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert!(
+            r["thought"].to_string().contains("token budget (1)"),
+            "{}",
+            r["thought"]
+        );
+        assert!(!answer(&r).is_empty());
+        assert_eq!(good.methods().len(), 1, "no agent was called");
+    })
+    .await
+}
