@@ -5,6 +5,7 @@ use crate::accounts::cache::Accounts;
 use crate::config::Config;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
+use crate::planner::Planner;
 use crate::pool::{PoolSpec, Pools};
 use crate::redis_conn::RedisHandle;
 use crate::runs::Runs;
@@ -26,6 +27,8 @@ pub struct App {
     pub runs: Arc<Runs>,
     /// The shutdown signal and the work in flight it waits for.
     pub shutdown: Arc<Shutdown>,
+    /// Planner mode: the agent directory, the agents' client, sessions.
+    pub planner: Arc<Planner>,
 }
 
 impl App {
@@ -42,6 +45,7 @@ impl App {
         };
         // One handle (one shared connection) for keys, limits and the store.
         let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);
+        let planner = Arc::new(Planner::from_config(&config.planner, redis.clone())?);
         let limiter = Arc::new(Limiter::from_config(&config, redis.clone()));
         let pools = Pools::new(
             config.models.iter().map(|(model, pool)| PoolSpec {
@@ -61,6 +65,7 @@ impl App {
             store,
             runs,
             shutdown: Arc::new(Shutdown::default()),
+            planner,
         })
     }
 

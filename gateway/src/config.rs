@@ -57,7 +57,122 @@ pub struct Config {
     /// `GATEWAY_WORKER_TOKEN` from a secret rather than in this file.
     #[serde(default)]
     pub worker_token: Option<String>,
+    /// Planner mode (`[planner]`): deadlines, budgets, safety, the agent
+    /// directory's config entries.
+    #[serde(default)]
+    pub planner: PlannerConfig,
     pub models: BTreeMap<String, ModelPool>,
+}
+
+/// Planner mode (`[planner]`). Every duration is in milliseconds; the
+/// defaults are sized for real agents on the internet.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlannerConfig {
+    /// Connecting to an agent (TCP and TLS).
+    pub connect_timeout_ms: u64,
+    /// From sending a request to an agent to the response head.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence inside an agent's response body or event stream.
+    pub idle_timeout_ms: u64,
+    /// One agent call, start to end.
+    pub step_timeout_ms: u64,
+    /// Soft deadline: a step still running after this starts its alternate
+    /// (a hedge); the first good answer wins, the other is cancelled.
+    pub hedge_after_ms: u64,
+    /// Wall clock of a plan's execution (plan, steps, re-plans); the
+    /// synthesis that follows has `synthesis_timeout_ms` more.
+    pub run_timeout_ms: u64,
+    pub synthesis_timeout_ms: u64,
+    /// Steps one run may execute (plans are capped at 8 steps each).
+    pub max_steps: u32,
+    /// Re-plans after failed steps.
+    pub max_replans: u32,
+    /// Tokens (input + output) of every model call of one run; past it no
+    /// further step or re-plan starts.
+    pub max_run_tokens: u64,
+    /// Output tokens of one plan, re-plan or `llm` step call.
+    pub max_plan_tokens: u32,
+    /// Largest agent response body (or event stream) read; beyond, the
+    /// step fails.
+    pub max_response_bytes: usize,
+    /// Largest agent card read.
+    pub max_card_bytes: usize,
+    /// Bytes of one step's output quoted into later prompts.
+    pub max_step_output_bytes: usize,
+    /// How long a fetched card is trusted (a failed fetch: a tenth of it,
+    /// at most 30 s).
+    pub card_ttl_seconds: u64,
+    /// How long a paused plan waits for its tool results.
+    pub session_ttl_seconds: u64,
+    /// Keep-alive comments on a planner stream while nothing else is sent.
+    pub keepalive_ms: u64,
+    /// Agents on loopback, RFC 1918, CGNAT and unique-local addresses.
+    /// Off by default: a request's `agents` could otherwise reach inside
+    /// the network.
+    pub allow_private_addresses: bool,
+    /// Link-local addresses, cloud metadata endpoints included
+    /// (169.254.169.254). Off by default; rarely right to turn on.
+    pub allow_link_local: bool,
+    /// Whether a request's `agents` may name URLs (not only directory ids).
+    pub allow_request_urls: bool,
+    /// Most agents discovered in the directory for one request.
+    pub max_discovered: usize,
+    /// Directory entries of this config (besides Redis, `gateway agents`).
+    pub agents: Vec<AgentEntryConfig>,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 3_000,
+            first_byte_timeout_ms: 30_000,
+            idle_timeout_ms: 30_000,
+            step_timeout_ms: 120_000,
+            hedge_after_ms: 15_000,
+            run_timeout_ms: 300_000,
+            synthesis_timeout_ms: 120_000,
+            max_steps: 16,
+            max_replans: 2,
+            max_run_tokens: 200_000,
+            max_plan_tokens: 2_048,
+            max_response_bytes: 1024 * 1024,
+            max_card_bytes: 256 * 1024,
+            max_step_output_bytes: 16 * 1024,
+            card_ttl_seconds: 300,
+            session_ttl_seconds: 24 * 3600,
+            keepalive_ms: 10_000,
+            allow_private_addresses: false,
+            allow_link_local: false,
+            allow_request_urls: true,
+            max_discovered: 4,
+            agents: Vec::new(),
+        }
+    }
+}
+
+/// One agent of the directory in the config file (`[[planner.agents]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentEntryConfig {
+    /// Directory id (`[A-Za-z0-9._-]`, at most 64): what `agents` may name.
+    pub id: String,
+    /// The agent's base URL (its card at `/.well-known/agent-card.json`)
+    /// or the card's own URL.
+    pub url: String,
+    /// A header sent on every call to the agent (e.g. `authorization`)...
+    #[serde(default)]
+    pub auth_header: Option<String>,
+    /// ...whose value is read from this environment variable (a secret),
+    /// never from the file or Redis.
+    #[serde(default)]
+    pub auth_secret_env: Option<String>,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// Distributed tracing (`[telemetry]`). Every request gets a `tracing`
@@ -333,6 +448,7 @@ impl Config {
             limits: LimitsConfig::default(),
             telemetry: TelemetryConfig::default(),
             worker_token: None,
+            planner: PlannerConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -400,6 +516,36 @@ impl Config {
                 "listen and admin_listen must differ (both are {})",
                 self.listen
             );
+        }
+        let mut agent_ids = std::collections::BTreeSet::new();
+        for a in &self.planner.agents {
+            let id_ok = !a.id.is_empty()
+                && a.id.len() <= 64
+                && a.id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if !id_ok {
+                bail!(
+                    "planner.agents: id '{}' must be 1 to 64 of A-Z a-z 0-9 . _ -",
+                    a.id
+                );
+            }
+            if !agent_ids.insert(a.id.as_str()) {
+                bail!("planner.agents: id '{}' appears twice", a.id);
+            }
+            if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
+                bail!("planner.agents '{}': url must be http:// or https://", a.id);
+            }
+            if a.auth_header.is_some() != a.auth_secret_env.is_some() {
+                bail!(
+                    "planner.agents '{}': auth_header and auth_secret_env go together",
+                    a.id
+                );
+            }
+        }
+        let p = &self.planner;
+        if p.step_timeout_ms == 0 || p.run_timeout_ms == 0 || p.first_byte_timeout_ms == 0 {
+            bail!("planner: step, run and first-byte timeouts must be above 0");
         }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
@@ -488,6 +634,27 @@ mod tests {
         assert_eq!(c.telemetry.service_name, "gw-eu");
         c.telemetry.otlp_endpoint = Some("collector:4317".into());
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn planner_agents_are_checked() {
+        let base = "[models.base]\nworkers = []\n";
+        let ok: Config = toml::from_str(&format!(
+            "[planner]\nrun_timeout_ms = 5000\n[[planner.agents]]\nid = \"weather\"\nurl = \"https://w.example\"\n{base}"
+        ))
+        .unwrap();
+        assert!(ok.check().is_ok());
+        assert_eq!(ok.planner.run_timeout_ms, 5000);
+        assert_eq!(ok.planner.hedge_after_ms, 15_000, "defaults fill the rest");
+        for bad in [
+            "id = \"has space\"\nurl = \"https://w\"",
+            "id = \"w\"\nurl = \"ftp://w\"",
+            "id = \"w\"\nurl = \"https://w\"\nauth_header = \"authorization\"",
+        ] {
+            let c: Config = toml::from_str(&format!("[[planner.agents]]\n{bad}\n{base}")).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<Config>(&format!("[planner]\nbogus = 1\n{base}")).is_err());
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod metrics;
 pub mod output_check;
 pub mod parse;
+pub mod planner;
 pub mod pool;
 pub mod redis_cluster;
 pub mod redis_conn;

@@ -44,6 +44,8 @@ enum Command {
     Plans(gateway::accounts::admin::PlansArgs),
     /// Token usage and cost of an organisation, per day, key and model.
     Usage(gateway::accounts::admin::UsageArgs),
+    /// The planner's agent directory in Redis: add, list, remove, probe.
+    Agents(gateway::planner::admin::AgentsArgs),
 }
 
 /// Log filter when `RUST_LOG` is not set. Request spans (target
@@ -78,6 +80,7 @@ fn main() {
         Command::Orgs(args) => logs_only(|| args.run()),
         Command::Plans(args) => logs_only(|| args.run()),
         Command::Usage(args) => logs_only(|| args.run()),
+        Command::Agents(args) => logs_only(|| args.run()),
     };
     if let Err(e) = result {
         eprintln!("gateway: {e:#}");

@@ -65,6 +65,18 @@ pub struct Metrics {
     /// Service that did not resolve) by model and source (`dns`,
     /// `kubernetes`); the pool keeps its members meanwhile.
     pub discovery_failures: IntCounterVec,
+    /// Planner runs by event (`new` plan made, `answered`).
+    pub planner_plans: IntCounterVec,
+    /// Planner steps by kind (`agent`, `function`, `llm`) and outcome.
+    pub planner_steps: IntCounterVec,
+    /// Agent calls' latency by outcome (`completed`, `rejected`, `silent`, ...).
+    pub planner_agent_latency: HistogramVec,
+    /// Hedges started (a slow step's alternate started beside it).
+    pub planner_hedges: IntCounter,
+    pub planner_replans: IntCounter,
+    /// Plans paused for the caller's tools, and resumed.
+    pub planner_pauses: IntCounter,
+    pub planner_resumes: IntCounter,
 }
 
 /// Up to the longest request deadline (600 s), so a slow generation lands
@@ -221,6 +233,45 @@ impl Metrics {
                 "Failed worker discovery lookups (DNS, Kubernetes EndpointSlices) by model and \
                  source; the pool keeps its current members.",
                 &["model", "source"],
+                registry
+            )?,
+            planner_plans: register_int_counter_vec_with_registry!(
+                "gateway_planner_plans_total",
+                "Planner runs: new plans made, and runs answered.",
+                &["event"],
+                registry
+            )?,
+            planner_steps: register_int_counter_vec_with_registry!(
+                "gateway_planner_steps_total",
+                "Planner steps by kind (agent, function, llm) and outcome.",
+                &["kind", "outcome"],
+                registry
+            )?,
+            planner_agent_latency: register_histogram_vec_with_registry!(
+                "gateway_planner_agent_duration_seconds",
+                "Latency of agent calls (A2A) by outcome.",
+                &["outcome"],
+                LATENCY_BUCKETS.to_vec(),
+                registry
+            )?,
+            planner_hedges: prometheus::register_int_counter_with_registry!(
+                "gateway_planner_hedges_total",
+                "Slow agent steps hedged: an alternate started beside the first agent.",
+                registry
+            )?,
+            planner_replans: prometheus::register_int_counter_with_registry!(
+                "gateway_planner_replans_total",
+                "Re-plans after failed steps.",
+                registry
+            )?,
+            planner_pauses: prometheus::register_int_counter_with_registry!(
+                "gateway_planner_pauses_total",
+                "Plans paused for the caller's function tools.",
+                registry
+            )?,
+            planner_resumes: prometheus::register_int_counter_with_registry!(
+                "gateway_planner_resumes_total",
+                "Paused plans resumed with the caller's tool results.",
                 registry
             )?,
             registry,

@@ -46,12 +46,41 @@ pub struct UpArgs {
     /// synthetic: simulated decode speed of the local workers (0 = unpaced).
     #[arg(long, default_value_t = 120)]
     tokens_per_second: u64,
+    /// An agent of the planner's directory, `ID=URL` (repeatable): the
+    /// embedded directory of this local service.
+    #[arg(long = "agent", value_name = "ID=URL")]
+    agents: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum UpEngine {
     Llama,
     Synthetic,
+}
+
+/// `--agent ID=URL` entries as directory entries of the config.
+fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<gateway::config::AgentEntryConfig>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let (id, url) = spec
+                .split_once('=')
+                .with_context(|| format!("--agent {spec}: expected ID=URL"))?;
+            if !gateway::planner::directory::valid_id(id) {
+                bail!("--agent {spec}: an id is 1 to 64 of A-Z a-z 0-9 . _ -");
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("--agent {spec}: the URL must be http:// or https://");
+            }
+            Ok(gateway::config::AgentEntryConfig {
+                id: id.to_owned(),
+                url: url.to_owned(),
+                auth_header: None,
+                auth_secret_env: None,
+                enabled: true,
+            })
+        })
+        .collect()
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -112,6 +141,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             models: None,
         }],
         store: StoreConfig::default(),
+        // One machine: agents under development run on loopback.
+        planner: gateway::config::PlannerConfig {
+            allow_private_addresses: true,
+            agents: directory_agents(&args.agents)?,
+            ..Default::default()
+        },
         models,
         ..Config::defaults()
     };

@@ -35,6 +35,8 @@
 //!   partitions, drops or refuses, put between the gateway and Redis or a
 //!   worker.
 //! - [`procfs`]: CPU time and memory of a child from `/proc`.
+//! - [`a2a_agents::TestAgent`]: hand-written A2A agents on loopback that
+//!   answer, stall, refuse or break, for planner tests.
 //!
 //! The harness never runs cargo: the test command builds the binaries once
 //! (`cargo build --release --workspace --bins`) and the harness finds them in
@@ -43,6 +45,7 @@
 //! Their stdout and stderr go to a log file whose tail is printed when a test
 //! fails while the process is alive.
 
+pub mod a2a_agents;
 pub mod bins;
 pub mod client;
 pub mod fault_proxy;

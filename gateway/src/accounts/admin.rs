@@ -29,7 +29,7 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    fn handle(&self) -> anyhow::Result<Arc<RedisHandle>> {
+    pub fn handle(&self) -> anyhow::Result<Arc<RedisHandle>> {
         Ok(Arc::new(RedisHandle::open(
             &self.redis_url,
             &self.key_prefix,

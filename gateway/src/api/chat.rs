@@ -343,6 +343,32 @@ pub struct FunctionChunk<'a> {
     pub arguments: &'a str,
 }
 
+/// A chunk of a planner-mode stream: a chat chunk plus the planner's
+/// fields, each carrying only the entries new since the previous chunk
+/// (omitted when empty), and the session as `conversation_id`.
+#[derive(Debug, Serialize)]
+pub struct PlannerChunk<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub system_fingerprint: Option<&'a str>,
+    pub choices: Vec<ChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "UsageField::is_absent")]
+    pub usage: UsageField<'a>,
+    pub conversation_id: &'a str,
+    #[serde(skip_serializing_if = "is_empty")]
+    pub thought: &'a [String],
+    #[serde(skip_serializing_if = "is_empty")]
+    pub tool_thought: &'a [Value],
+    #[serde(skip_serializing_if = "is_empty")]
+    pub executable_data: &'a [Value],
+}
+
+fn is_empty<T>(s: &&[T]) -> bool {
+    s.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,8 +31,17 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     )?;
     ex.model = plan.model.id;
     account.check_model(plan.model.id)?;
-    if req.planner_mode == Some(true) {
+    if plan.planner {
         account.check_scope(Scope::Planner)?;
+        let route = Box::pin(super::planner::create(
+            app,
+            ex,
+            account,
+            req,
+            plan,
+            input_estimate,
+        ));
+        return route.await;
     }
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).

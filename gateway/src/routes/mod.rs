@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod models;
+pub mod planner;
 pub mod responses;
 
 use crate::accounts::{Account, Scope};

@@ -21,8 +21,9 @@
 //! | `web_search_options` | 400 `unsupported_parameter` (no hosted tools) |
 //! | `verbosity` other than `medium` | 400 `unsupported_value` |
 //! | `functions`, `function_call` (deprecated) | 400 `unsupported_parameter`: use `tools`/`tool_choice` |
-//! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); with it, 400 `unsupported_parameter` until the planner ships |
-//! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction`, `agents` | checked, then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
+//! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); routes to the planner. There a JSON `response_format`, `stop`, reasoning, and a `required` or named `tool_choice` are 400 `unsupported_parameter` (the planner's answer is text it composes itself); tool messages are checked against the session's paused plan, not the history |
+//! | `agents` | at most 16 addresses, each an `http(s)://` URL or a directory id (`[A-Za-z0-9._-]`, ≤ 64), else 400 `invalid_value` naming `agents.N`; only with `planner_mode: true` (400 naming `agents` otherwise) |
+//! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction` | checked, then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
 
 use super::common::{
     self, check_at_least, check_range, check_tool_type, FormatKind, FormatSpec, FunctionSpec,
@@ -48,6 +49,8 @@ pub struct ChatPlan {
     pub stop: Vec<String>,
     /// The output format asked for.
     pub format: FormatKind,
+    /// `planner_mode: true` (with a session): the planner answers.
+    pub planner: bool,
 }
 
 /// Request facts that live outside the body.
@@ -77,7 +80,8 @@ pub fn validate(
             "'messages' must contain at least one message.",
         ));
     }
-    let input_bytes = check_messages(messages, model)?;
+    let planner = req.planner_mode == Some(true);
+    let input_bytes = check_messages(messages, model, planner)?;
 
     // ---- sampling -------------------------------------------------------------
     if let Some(t) = req.temperature {
@@ -165,24 +169,21 @@ pub fn validate(
     let reasoning = reasoning && !(model.reasoning_budget && req.thinking_budget == Some(0));
 
     // ---- extensions and ignored fields -----------------------------------------
-    if req.planner_mode == Some(true) {
+    if let Some(agents) = &req.agents {
+        check_agents(agents)?;
+    }
+    if planner {
         if headers.session_id.is_none_or(|s| s.trim().is_empty()) {
             return Err(ApiError::missing_parameter("x-session-id").with_message(
                 "Planner mode resumes a plan by session: send the 'x-session-id' header with 'planner_mode': true.",
             ));
         }
-        return Err(unsupported_parameter(
-            "planner_mode",
-            "Planner mode is not available on this deployment yet; send the request without 'planner_mode'.",
+        check_planner_request(req, &format, reasoning)?;
+    } else if req.agents.is_some() {
+        return Err(ApiError::invalid_value(
+            "agents",
+            "'agents' lists agents for the planner: it is only allowed with 'planner_mode': true.",
         ));
-    }
-    if let Some(agents) = &req.agents {
-        if let Some(i) = agents.iter().position(|a| a.trim().is_empty()) {
-            return Err(ApiError::invalid_value(
-                format!("agents.{i}"),
-                "An agent address cannot be empty.",
-            ));
-        }
     }
     if let Some(m) = &req.metadata {
         common::check_metadata("metadata", m)?;
@@ -222,13 +223,101 @@ pub fn validate(
         max_tokens: max_output.unwrap_or(0),
         stop,
         format,
+        planner,
     })
+}
+
+/// Most agent addresses in one request.
+pub const MAX_AGENTS: usize = 16;
+
+/// `agents`: at most 16 addresses, each an `http(s)://` URL or a
+/// directory id.
+fn check_agents(agents: &[String]) -> Result<(), ApiError> {
+    for (i, a) in agents.iter().enumerate() {
+        let param = format!("agents.{i}");
+        if i >= MAX_AGENTS {
+            return Err(ApiError::invalid_value(
+                param,
+                format!("'agents' takes at most {MAX_AGENTS} addresses."),
+            ));
+        }
+        let a = a.trim();
+        if a.is_empty() {
+            return Err(ApiError::invalid_value(
+                param,
+                "An agent address cannot be empty.",
+            ));
+        }
+        let url = a.starts_with("http://") || a.starts_with("https://");
+        let url_ok = url && a.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
+        let id_ok = a.len() <= 64
+            && a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !(url_ok || (!url && id_ok)) {
+            return Err(ApiError::invalid_value(
+                param,
+                format!(
+                    "'{}' is neither an http(s):// agent URL nor an agent directory id.",
+                    a.chars().take(80).collect::<String>()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What planner mode cannot honour: its answer is text the planner
+/// composes, so output formats, stop sequences, reasoning and forced tool
+/// calls are refused rather than silently dropped.
+fn check_planner_request(
+    req: &ChatCompletionRequest,
+    format: &FormatKind,
+    reasoning: bool,
+) -> Result<(), ApiError> {
+    if *format != FormatKind::Text {
+        return Err(unsupported_parameter(
+            "response_format",
+            "Planner mode answers in text; send the request without a JSON 'response_format'.",
+        ));
+    }
+    if req.stop.is_some() {
+        return Err(unsupported_parameter(
+            "stop",
+            "'stop' is not supported in planner mode.",
+        ));
+    }
+    if reasoning {
+        return Err(unsupported_parameter(
+            "reasoning_effort",
+            "Reasoning output is not available in planner mode; its 'thought' field says how the plan went.",
+        ));
+    }
+    if let Some(Value::String(c)) = &req.tool_choice {
+        if c == "required" {
+            return Err(unsupported_parameter(
+                "tool_choice",
+                "In planner mode the plan decides which tools to call: 'tool_choice' may be 'auto' or 'none'.",
+            ));
+        }
+    } else if req.tool_choice.as_ref().is_some_and(Value::is_object) {
+        return Err(unsupported_parameter(
+            "tool_choice",
+            "In planner mode the plan decides which tools to call: 'tool_choice' may be 'auto' or 'none'.",
+        ));
+    }
+    Ok(())
 }
 
 /// Roles, content and the tool-call bookkeeping of the conversation.
 /// Returns the number of text bytes the messages carry (for the early
 /// context check).
-fn check_messages(messages: &[ChatMessage], model: &ModelSpec) -> Result<usize, ApiError> {
+/// In planner mode (`planner`) tool messages answer the session's paused
+/// plan, which the planner checks, not calls of the history.
+fn check_messages(
+    messages: &[ChatMessage],
+    model: &ModelSpec,
+    planner: bool,
+) -> Result<usize, ApiError> {
     let mut bytes = 0usize;
     // Ids of the tool calls of the latest assistant message that made some.
     let mut open_calls: Vec<&str> = Vec::new();
@@ -308,7 +397,7 @@ fn check_messages(messages: &[ChatMessage], model: &ModelSpec) -> Result<usize, 
                 let id = m.tool_call_id.as_deref().ok_or_else(|| {
                     ApiError::missing_parameter(format!("messages.{i}.tool_call_id"))
                 })?;
-                if !open_calls.contains(&id) {
+                if !planner && !open_calls.contains(&id) {
                     return Err(ApiError::invalid_value(
                         format!("messages.{i}.tool_call_id"),
                         format!(
@@ -765,7 +854,7 @@ mod tests {
     }
 
     #[test]
-    fn planner_mode_needs_a_session_and_is_not_served_yet() {
+    fn planner_mode_needs_a_session_and_takes_agents() {
         let body =
             r#"{"model":"base","messages":[{"role":"user","content":"x"}],"planner_mode":true}"#;
         let e = check(body).unwrap_err();
@@ -773,15 +862,66 @@ mod tests {
             (e.status, e.code.as_ref(), e.param.as_deref()),
             (400, "missing_required_parameter", Some("x-session-id"))
         );
-        let e = check_with(body, Some("sess-1")).unwrap_err();
-        assert_eq!(
-            (e.status, e.code.as_ref(), e.param.as_deref()),
-            (400, "unsupported_parameter", Some("planner_mode"))
-        );
-        assert!(check(
+        assert!(check_with(body, Some("sess-1")).unwrap().planner);
+        assert!(!check(
             r#"{"model":"base","messages":[{"role":"user","content":"x"}],"planner_mode":false}"#
         )
+        .unwrap()
+        .planner);
+        let err = |body: &str| {
+            let e = check_with(body, Some("s")).unwrap_err();
+            (e.code.to_string(), e.param.unwrap_or_default())
+        };
+        let with = |extra: &str| {
+            format!(r#"{{"model":"base","messages":[{{"role":"user","content":"x"}}]{extra}}}"#)
+        };
+        assert_eq!(
+            err(&with(r#","agents":["a"]"#)),
+            ("invalid_value".into(), "agents".into())
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("\"a{i}\"")).collect();
+        assert_eq!(
+            err(&with(&format!(
+                r#","planner_mode":true,"agents":[{}]"#,
+                many.join(",")
+            ))),
+            ("invalid_value".into(), "agents.16".into())
+        );
+        for bad in ["", " ", "ftp://x/y", "has space", "http://"] {
+            assert_eq!(
+                err(&with(&format!(
+                    r#","planner_mode":true,"agents":["ok-id","{bad}"]"#
+                ))),
+                ("invalid_value".into(), "agents.1".into()),
+                "{bad:?}"
+            );
+        }
+        assert!(check_with(
+            &with(r#","planner_mode":true,"agents":["http://127.0.0.1:9","weather.v2"]"#),
+            Some("s")
+        )
         .is_ok());
+        for (extra, param) in [
+            (
+                r#","response_format":{"type":"json_object"}"#,
+                "response_format",
+            ),
+            (r#","stop":"x""#, "stop"),
+            (r#","enable_thinking":true"#, "reasoning_effort"),
+            (
+                r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required""#,
+                "tool_choice",
+            ),
+        ] {
+            assert_eq!(
+                err(&with(&format!(r#","planner_mode":true{extra}"#))),
+                ("unsupported_parameter".into(), param.into()),
+                "{extra}"
+            );
+        }
+        // Tool results answer the session's paused plan: the planner checks them.
+        let resume = r#"{"model":"base","planner_mode":true,"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"call_1","content":"r"}]}"#;
+        assert!(check_with(resume, Some("s")).is_ok());
     }
 
     #[test]

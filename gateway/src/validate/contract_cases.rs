@@ -706,12 +706,36 @@ pub fn chat_cases() -> Vec<Case> {
             chat(r#""planner_mode":true"#),
             "x-session-id",
         ),
+        iv(
+            "agents without planner mode",
+            chat(r#""agents":["https://agents.example/a"]"#),
+            "agents",
+        ),
+        Case {
+            session_id: Some("sess-1"),
+            ..iv(
+                "more than 16 agents",
+                chat(&format!(
+                    r#""planner_mode":true,"agents":[{}]"#,
+                    vec!["\"a\""; 17].join(",")
+                )),
+                "agents.16",
+            )
+        },
+        Case {
+            session_id: Some("sess-1"),
+            ..iv(
+                "agent address neither a URL nor a directory id",
+                chat(r#""planner_mode":true,"agents":["weather","ftp://agents.example/a"]"#),
+                "agents.1",
+            )
+        },
         Case {
             session_id: Some("sess-1"),
             ..unsup_p(
-                "planner mode (not served yet)",
-                chat(r#""planner_mode":true,"agents":["https://agents.example/a"]"#),
-                "planner_mode",
+                "planner mode with a JSON response format",
+                chat(r#""planner_mode":true,"response_format":{"type":"json_object"}"#),
+                "response_format",
             )
         },
         iv("empty agent address", chat(r#""agents":[""]"#), "agents.0"),

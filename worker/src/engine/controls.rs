@@ -18,6 +18,11 @@
 //!   received, one line each: `role: text`, with `[image]` for image parts,
 //!   `name(arguments)` for tool calls and `(tool_call_id)` on tool results.
 //!   For asserting what the gateway sent (history, `previous_response_id`).
+//! - `synthetic:json_replies=<json> <json> ...` (in any user message): when a
+//!   JSON format is requested, reply with the k-th value, k being the number
+//!   of assistant messages after that user message (see
+//!   `synthetic::scripted_json_reply`); for tests of multi-call callers
+//!   such as the planner.
 //! - `synthetic:ignore_format`: answer in plain words even when a JSON
 //!   format was requested, as an engine whose constrained decoding failed
 //!   would; for testing the gateway's output check.

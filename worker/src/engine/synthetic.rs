@@ -489,6 +489,15 @@ fn reply_text(
     } else {
         kind
     };
+    let json_kind = matches!(
+        kind,
+        pb::response_format::Kind::JsonObject | pb::response_format::Kind::JsonSchema
+    );
+    if json_kind {
+        if let Some(reply) = scripted_json_reply(&req.messages) {
+            return Ok(tokenizer::pieces(&reply));
+        }
+    }
     match kind {
         pb::response_format::Kind::JsonObject => {
             let v = schema_gen::generic_object(rng);
@@ -556,6 +565,37 @@ fn reply_text(
         pieces = kept;
     }
     Ok(pieces)
+}
+
+/// `synthetic:json_replies=<json> <json> ...` in a user message: scripted
+/// replies for calls with a JSON format, for tests of callers that make
+/// several such calls in one conversation (a planner: plan, repair,
+/// re-plan). The k-th value answers the call whose messages hold k
+/// assistant messages after the last user message with the directive (the
+/// last value answers all later calls). The values are sent as they are,
+/// valid or not against the schema, so a caller's validation can be tested.
+fn scripted_json_reply(messages: &[pb::Message]) -> Option<String> {
+    const DIRECTIVE: &str = "synthetic:json_replies=";
+    let (at, text) = messages
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, m)| m.role == "user")
+        .map(|(i, m)| (i, message_text(m)))
+        .find(|(_, t)| t.contains(DIRECTIVE))?;
+    let start = text.find(DIRECTIVE)? + DIRECTIVE.len();
+    let values: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&text[start..])
+        .into_iter::<serde_json::Value>()
+        .map_while(Result::ok)
+        .collect();
+    let k = messages[at + 1..]
+        .iter()
+        .filter(|m| m.role == "assistant")
+        .count();
+    values
+        .get(k)
+        .or_else(|| values.last())
+        .map(serde_json::Value::to_string)
 }
 
 /// The text of the `tool` messages that end the conversation, if it ends so.
@@ -1059,6 +1099,34 @@ mod tests {
         assert!(calls(&p).is_empty());
         assert!(texts(&p).contains("{\"temp\": 21}"), "{}", texts(&p));
         assert_eq!(p.finished.reason(), Reason::Stop);
+    }
+
+    #[test]
+    fn scripted_json_replies_answer_each_json_call_in_turn() {
+        let user = msg(
+            "user",
+            r#"plan it synthetic:json_replies={"n":0} {"n":1} [2] then words"#,
+        );
+        let at = |extra: Vec<pb::Message>| {
+            let mut m = vec![msg("system", "s"), user.clone()];
+            m.extend(extra);
+            scripted_json_reply(&m)
+        };
+        assert_eq!(at(vec![]).as_deref(), Some(r#"{"n":0}"#));
+        assert_eq!(
+            at(vec![msg("assistant", "x"), msg("user", "again")]).as_deref(),
+            Some(r#"{"n":1}"#)
+        );
+        let many = vec![
+            msg("assistant", "a"),
+            msg("user", "b"),
+            msg("assistant", "c"),
+            msg("user", "d"),
+            msg("assistant", "e"),
+            msg("user", "f"),
+        ];
+        assert_eq!(at(many).as_deref(), Some("[2]"));
+        assert_eq!(scripted_json_reply(&[msg("user", "no directive")]), None);
     }
 
     #[test]

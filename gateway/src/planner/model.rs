@@ -1,0 +1,248 @@
+//! The planner's model calls (plan, repair, re-plan, `llm` steps,
+//! synthesis), each one a generation of the request's own model through
+//! the one driver: the same pool and routing, limits (each call is
+//! admitted and settled like any generation), billing, deadline and
+//! cancellation (dropping a call cancels the worker's generation).
+
+use crate::accounts::Account;
+use crate::catalog::ModelSpec;
+use crate::error::ApiError;
+use crate::generation::{Encoder, End, Generation, Gone};
+use crate::limits::{estimate_input_tokens, Limiter, Reservation};
+use crate::pool::Pools;
+use inference_proto::v1 as pb;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use telemetry::TraceParent;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+/// The model calls of one planner request.
+pub struct ModelCalls<'a> {
+    pub pools: &'a Pools,
+    pub limiter: &'a Arc<Limiter>,
+    pub account: &'a Arc<Account>,
+    pub model: &'static ModelSpec,
+    pub trace: TraceParent,
+    pub request_id: String,
+    /// The session: calls of one session stick to one worker.
+    pub session_id: String,
+    /// The request's own admission, used by its first model call.
+    pub first: Mutex<Option<Reservation>>,
+    /// Usage of every call so far.
+    pub usage: Mutex<pb::Usage>,
+    calls: AtomicU32,
+}
+
+/// One call.
+pub struct Call {
+    pub messages: Vec<pb::Message>,
+    /// A JSON Schema the reply must follow.
+    pub schema: Option<Value>,
+    /// 0 = up to the window.
+    pub max_tokens: u32,
+    pub deadline: Instant,
+}
+
+/// A message of text.
+pub fn message(role: &str, text: impl Into<String>) -> pb::Message {
+    pb::Message {
+        role: role.to_owned(),
+        content: vec![pb::ContentPart {
+            part: Some(pb::content_part::Part::Text(text.into())),
+        }],
+        ..Default::default()
+    }
+}
+
+impl<'a> ModelCalls<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        pools: &'a Pools,
+        limiter: &'a Arc<Limiter>,
+        account: &'a Arc<Account>,
+        model: &'static ModelSpec,
+        trace: TraceParent,
+        request_id: String,
+        session_id: String,
+        first: Reservation,
+    ) -> Self {
+        Self {
+            pools,
+            limiter,
+            account,
+            model,
+            trace,
+            request_id,
+            session_id,
+            first: Mutex::new(Some(first)),
+            usage: Mutex::new(pb::Usage::default()),
+            calls: AtomicU32::new(0),
+        }
+    }
+
+    /// Tokens of every call so far (input plus output).
+    pub fn tokens_used(&self) -> u64 {
+        self.usage
+            .lock()
+            .map(|u| u64::from(u.prompt_tokens) + u64::from(u.completion_tokens))
+            .unwrap_or(0)
+    }
+
+    /// Runs one call to its end; text deltas also go to `deltas` as they
+    /// arrive (the streamed answer). Returns the reply's text.
+    pub async fn call(
+        &self,
+        call: Call,
+        deltas: Option<&UnboundedSender<String>>,
+    ) -> Result<String, ApiError> {
+        let messages = call.messages.clone();
+        let schema = call.schema.clone();
+        let deadline = call.deadline;
+        let max_tokens = call.max_tokens;
+        match self.call_once(call, deltas).await {
+            // A worker whose window is smaller than the planner's output
+            // cap (a real engine's context): ask for what fits instead.
+            Err(e) if e.code == "context_length_exceeded" && max_tokens > 0 => {
+                let retry = Call {
+                    messages,
+                    schema,
+                    max_tokens: 0,
+                    deadline,
+                };
+                self.call_once(retry, deltas).await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_once(
+        &self,
+        call: Call,
+        deltas: Option<&UnboundedSender<String>>,
+    ) -> Result<String, ApiError> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let request_id = format!("{}-m{n}", self.request_id);
+        let input_bytes: usize = call
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .map(|p| match &p.part {
+                Some(pb::content_part::Part::Text(t)) => t.len(),
+                _ => 0,
+            })
+            .sum::<usize>()
+            + call.schema.as_ref().map_or(0, |s| s.to_string().len());
+        let first = self.first.lock().ok().and_then(|mut f| f.take());
+        let reservation = match first {
+            Some(r) => r,
+            None => {
+                let (admitted, _headers) = self
+                    .limiter
+                    .admit_request(
+                        self.account,
+                        self.model,
+                        request_id.clone(),
+                        estimate_input_tokens(input_bytes),
+                        call.max_tokens,
+                    )
+                    .await;
+                admitted?
+            }
+        };
+        let streamed = deltas.is_some();
+        let work = pb::GenerateRequest {
+            request_id: request_id.clone(),
+            model: self.model.id.to_owned(),
+            messages: call.messages,
+            tools: Vec::new(),
+            tool_choice: Some(pb::ToolChoice {
+                mode: pb::tool_choice::Mode::None as i32,
+                function_name: String::new(),
+            }),
+            parallel_tool_calls: false,
+            sampling: Some(pb::Sampling {
+                temperature: call.schema.as_ref().map(|_| 0.0),
+                max_tokens: call.max_tokens,
+                ..Default::default()
+            }),
+            response_format: call.schema.as_ref().map(|s| pb::ResponseFormat {
+                kind: pb::response_format::Kind::JsonSchema as i32,
+                schema_name: "plan".into(),
+                schema_json: s.to_string(),
+                // Not strict: plan schemas have optional fields, which an
+                // upstream engine's strict mode refuses.
+                strict: false,
+            }),
+            reasoning: Some(pb::Reasoning {
+                enabled: false,
+                budget_tokens: 0,
+                effort: String::new(),
+            }),
+            cache_key: format!("session:{}", self.session_id),
+            batch_events: !streamed,
+        };
+        let generation = Generation {
+            pools: self.pools,
+            model: self.model.id,
+            work,
+            trace: self.trace,
+            deadline: call.deadline,
+            timed_from: None,
+        };
+        let mut collect = Collect {
+            text: String::new(),
+            deltas,
+            finished: None,
+        };
+        let end = generation.run(reservation, &mut collect).await;
+        if let Some(f) = &collect.finished {
+            if let (Ok(mut sum), Some(u)) = (self.usage.lock(), f.usage) {
+                sum.prompt_tokens += u.prompt_tokens;
+                sum.completion_tokens += u.completion_tokens;
+                sum.cached_prompt_tokens += u.cached_prompt_tokens;
+                sum.reasoning_tokens += u.reasoning_tokens;
+            }
+        }
+        match end {
+            End::Finished(_) => Ok(collect.text),
+            End::NotStarted(e) | End::Failed(e) => Err(e),
+            End::Gone => Err(ApiError::internal("the model call was abandoned")),
+        }
+    }
+}
+
+/// Folds a call's text (and forwards deltas when the answer streams).
+struct Collect<'s> {
+    text: String,
+    deltas: Option<&'s UnboundedSender<String>>,
+    finished: Option<pb::Finished>,
+}
+
+impl Encoder for Collect<'_> {
+    fn event(&mut self, event: pb::GenerateEvent) {
+        use pb::generate_event::Event;
+        match event.event {
+            Some(Event::Text(t)) => {
+                if let Some(tx) = self.deltas {
+                    let _ = tx.send(t.text.clone());
+                }
+                self.text.push_str(&t.text);
+            }
+            Some(Event::Finished(f)) => self.finished = Some(f),
+            _ => {}
+        }
+    }
+
+    async fn deliver(&mut self) -> Result<(), Gone> {
+        Ok(())
+    }
+
+    /// The planner watches its client itself (dropping the whole run).
+    async fn gone(&mut self) {
+        std::future::pending::<()>().await
+    }
+
+    async fn fail(&mut self, _e: &ApiError) {}
+}

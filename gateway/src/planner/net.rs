@@ -1,0 +1,523 @@
+//! The planner's HTTP client for agents: who may be called (the address
+//! policy, checked on every address a name resolves to, so a DNS answer
+//! cannot smuggle in a private address), and how long and how much an
+//! agent may take (connect, first byte, idle, body size).
+//!
+//! hyper's pooled HTTP/1.1 client (already in the tree for Kubernetes
+//! discovery) over rustls with ring; no redirects are followed.
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::client::legacy::connect::HttpConnector;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Which addresses agents may live at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddressPolicy {
+    /// Loopback, RFC 1918, CGNAT (100.64/10), unique-local (fc00::/7).
+    pub allow_private: bool,
+    /// Link-local (169.254/16, fe80::/10) and cloud metadata endpoints.
+    pub allow_link_local: bool,
+}
+
+/// Cloud metadata endpoints outside the link-local ranges.
+const METADATA_V4: [Ipv4Addr; 1] = [Ipv4Addr::new(100, 100, 100, 200)];
+const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)];
+
+impl AddressPolicy {
+    /// `Err` names why `ip` may not be called.
+    pub fn check(&self, ip: IpAddr) -> Result<(), &'static str> {
+        match ip {
+            IpAddr::V4(v4) => self.check_v4(v4),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => self.check_v4(v4),
+                None => self.check_v6(v6),
+            },
+        }
+    }
+
+    fn check_v4(&self, ip: Ipv4Addr) -> Result<(), &'static str> {
+        let [a, b, ..] = ip.octets();
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || a == 0 {
+            return Err("not a unicast address");
+        }
+        if ip.is_link_local() || METADATA_V4.contains(&ip) {
+            return if self.allow_link_local {
+                Ok(())
+            } else {
+                Err("a link-local or cloud metadata address")
+            };
+        }
+        let cgnat = a == 100 && (64..128).contains(&b);
+        if ip.is_loopback() || ip.is_private() || cgnat {
+            return if self.allow_private {
+                Ok(())
+            } else {
+                Err("a private address")
+            };
+        }
+        Ok(())
+    }
+
+    fn check_v6(&self, ip: Ipv6Addr) -> Result<(), &'static str> {
+        let first = ip.segments()[0];
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err("not a unicast address");
+        }
+        if (first & 0xffc0) == 0xfe80 || METADATA_V6.contains(&ip) {
+            return if self.allow_link_local {
+                Ok(())
+            } else {
+                Err("a link-local or cloud metadata address")
+            };
+        }
+        if ip.is_loopback() || (first & 0xfe00) == 0xfc00 {
+            return if self.allow_private {
+                Ok(())
+            } else {
+                Err("a private address")
+            };
+        }
+        Ok(())
+    }
+}
+
+/// A resolver that drops the addresses the policy forbids (and fails when
+/// none is left), so the connector only ever dials checked addresses.
+#[derive(Clone)]
+pub struct PolicyResolver {
+    policy: AddressPolicy,
+}
+
+type Resolving =
+    Pin<Box<dyn Future<Output = std::io::Result<std::vec::IntoIter<SocketAddr>>> + Send>>;
+
+impl tower_service::Service<Name> for PolicyResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Resolving;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let policy = self.policy;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = found
+                .iter()
+                .copied()
+                .filter(|a| policy.check(a.ip()).is_ok())
+                .collect();
+            if allowed.is_empty() {
+                let why = found
+                    .first()
+                    .and_then(|a| policy.check(a.ip()).err())
+                    .unwrap_or("no address");
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{host} resolves to {why}"),
+                ));
+            }
+            Ok(allowed.into_iter())
+        })
+    }
+}
+
+/// Time and size limits of one agent exchange.
+#[derive(Debug, Clone, Copy)]
+pub struct NetLimits {
+    pub first_byte: Duration,
+    pub idle: Duration,
+    pub max_body: usize,
+}
+
+/// Why an HTTP exchange with an agent failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetError {
+    /// The address policy forbids the destination.
+    Denied(String),
+    /// The URL is not an absolute http(s) URL.
+    BadUrl(String),
+    /// Connecting failed (refused, DNS, TLS, connect timeout).
+    Connect(String),
+    /// No response head within the first-byte deadline.
+    FirstByte,
+    /// The body went silent for longer than the idle deadline.
+    Idle,
+    /// The body is larger than allowed.
+    TooLarge(usize),
+    /// The connection broke while reading.
+    Broken(String),
+}
+
+impl std::fmt::Display for NetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NetError::Denied(why) => write!(f, "address not allowed: {why}"),
+            NetError::BadUrl(u) => write!(f, "not an http(s) URL: {u}"),
+            NetError::Connect(e) => write!(f, "could not connect: {e}"),
+            NetError::FirstByte => f.write_str("no response before the first-byte deadline"),
+            NetError::Idle => f.write_str("the response went silent past the idle deadline"),
+            NetError::TooLarge(n) => write!(f, "the response exceeds {n} bytes"),
+            NetError::Broken(e) => write!(f, "the connection broke: {e}"),
+        }
+    }
+}
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector<PolicyResolver>>;
+type Client = hyper_util::client::legacy::Client<Connector, http_body_util::Full<Bytes>>;
+
+/// The agents' HTTP client.
+pub struct AgentHttp {
+    client: Client,
+    policy: AddressPolicy,
+}
+
+/// A response head, with its body still to read.
+pub struct Response {
+    pub status: u16,
+    pub content_type: String,
+    pub body: BodyReader,
+}
+
+impl AgentHttp {
+    pub fn new(policy: AddressPolicy, connect_timeout: Duration) -> anyhow::Result<Self> {
+        let mut http = HttpConnector::new_with_resolver(PolicyResolver { policy });
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        let roots = crate::tls::native_roots().unwrap_or_else(|_| rustls::RootCertStore::empty());
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(crate::tls::client_config(roots)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(8)
+                .build(connector);
+        Ok(Self { client, policy })
+    }
+
+    pub fn policy(&self) -> AddressPolicy {
+        self.policy
+    }
+
+    /// Checks a URL before it is called: http(s), and an IP literal host
+    /// must pass the policy (names are checked as they resolve).
+    pub fn check_url(&self, url: &str) -> Result<http::Uri, NetError> {
+        check_url(self.policy, url)
+    }
+
+    /// Sends a request and waits for its head (the first-byte deadline).
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: &[(String, String)],
+        body: Option<Vec<u8>>,
+        limits: NetLimits,
+    ) -> Result<Response, NetError> {
+        let uri = self.check_url(url)?;
+        let mut request = http::Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let request = request
+            .body(http_body_util::Full::new(Bytes::from(
+                body.unwrap_or_default(),
+            )))
+            .map_err(|e| NetError::BadUrl(e.to_string()))?;
+        let response = tokio::time::timeout(limits.first_byte, self.client.request(request))
+            .await
+            .map_err(|_| NetError::FirstByte)?
+            .map_err(|e| connect_error(&e))?;
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        Ok(Response {
+            status,
+            content_type,
+            body: BodyReader {
+                body: response.into_body(),
+                idle: limits.idle,
+                max: limits.max_body,
+                read: 0,
+            },
+        })
+    }
+}
+
+/// The policy's check of a URL (see [`AgentHttp::check_url`]).
+pub fn check_url(policy: AddressPolicy, url: &str) -> Result<http::Uri, NetError> {
+    let uri: http::Uri = url.parse().map_err(|_| NetError::BadUrl(url.to_owned()))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(NetError::BadUrl(url.to_owned())),
+    }
+    let host = uri.host().ok_or_else(|| NetError::BadUrl(url.to_owned()))?;
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = literal.parse::<IpAddr>() {
+        policy
+            .check(ip)
+            .map_err(|why| NetError::Denied(format!("{ip} is {why}")))?;
+    }
+    Ok(uri)
+}
+
+/// The error of a request that got no response: a policy refusal from the
+/// resolver, or a connection failure.
+fn connect_error(e: &hyper_util::client::legacy::Error) -> NetError {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text = s.to_string();
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::PermissionDenied {
+                return NetError::Denied(io.to_string());
+            }
+        }
+        source = s.source();
+    }
+    NetError::Connect(text)
+}
+
+/// A response body read under the idle deadline and the size cap.
+pub struct BodyReader {
+    body: hyper::body::Incoming,
+    idle: Duration,
+    max: usize,
+    read: usize,
+}
+
+impl BodyReader {
+    /// The next chunk of data; `None` at the end.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, NetError> {
+        loop {
+            let frame = tokio::time::timeout(self.idle, self.body.frame())
+                .await
+                .map_err(|_| NetError::Idle)?;
+            match frame {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(NetError::Broken(e.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.read += data.len();
+                        if self.read > self.max {
+                            return Err(NetError::TooLarge(self.max));
+                        }
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole body.
+    pub async fn all(mut self) -> Result<Bytes, NetError> {
+        let mut out = BytesMut::new();
+        while let Some(chunk) = self.chunk().await? {
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Reads the body as server-sent events.
+    pub fn events(self) -> SseReader {
+        SseReader {
+            body: self,
+            buf: Vec::new(),
+            done: false,
+        }
+    }
+}
+
+/// Server-sent events of a body: the `data` of each event.
+pub struct SseReader {
+    body: BodyReader,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl SseReader {
+    /// The next event's data (its `data:` lines joined); `None` at the end.
+    pub async fn next(&mut self) -> Result<Option<String>, NetError> {
+        loop {
+            if let Some(event) = take_event(&mut self.buf) {
+                if let Some(data) = event_data(&event) {
+                    return Ok(Some(data));
+                }
+                continue;
+            }
+            if self.done {
+                return Ok(None);
+            }
+            match self.body.chunk().await? {
+                Some(chunk) => self.buf.extend_from_slice(&chunk),
+                None => {
+                    self.done = true;
+                    // A last event without its blank line still counts.
+                    if !self.buf.is_empty() {
+                        self.buf.extend_from_slice(b"\n\n");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Removes the first complete event (up to a blank line) from `buf`.
+fn take_event(buf: &mut Vec<u8>) -> Option<String> {
+    let normalized_end = |b: &[u8]| -> Option<(usize, usize)> {
+        for i in 0..b.len() {
+            if b[i..].starts_with(b"\n\n") {
+                return Some((i, 2));
+            }
+            if b[i..].starts_with(b"\r\n\r\n") {
+                return Some((i, 4));
+            }
+        }
+        None
+    };
+    let (at, sep) = normalized_end(buf)?;
+    let event: Vec<u8> = buf.drain(..at + sep).collect();
+    Some(String::from_utf8_lossy(&event[..at]).into_owned())
+}
+
+/// The `data` of one event, or `None` for an event without data (a
+/// comment or keep-alive).
+fn event_data(event: &str) -> Option<String> {
+    let mut data: Option<String> = None;
+    for line in event.lines() {
+        if let Some(rest) = line.strip_prefix("data:") {
+            let rest = rest.strip_prefix(' ').unwrap_or(rest);
+            match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(rest);
+                }
+                None => data = Some(rest.to_owned()),
+            }
+        }
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_link_local_and_metadata_addresses_are_denied_by_default() {
+        let strict = AddressPolicy::default();
+        for ok in ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"] {
+            assert!(strict.check(ok.parse().unwrap()).is_ok(), "{ok}");
+        }
+        for denied in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "::1",
+            "fd12::1",
+            "169.254.169.254",
+            "fe80::1",
+            "100.100.100.200",
+            "fd00:ec2::254",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(strict.check(denied.parse().unwrap()).is_err(), "{denied}");
+        }
+        let private = AddressPolicy {
+            allow_private: true,
+            allow_link_local: false,
+        };
+        assert!(private.check("127.0.0.1".parse().unwrap()).is_ok());
+        assert!(private.check("10.0.0.1".parse().unwrap()).is_ok());
+        assert!(private.check("169.254.169.254".parse().unwrap()).is_err());
+        assert!(private.check("fd00:ec2::254".parse().unwrap()).is_err());
+        let all = AddressPolicy {
+            allow_private: true,
+            allow_link_local: true,
+        };
+        assert!(all.check("169.254.169.254".parse().unwrap()).is_ok());
+        assert!(all.check("0.0.0.0".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn urls_must_be_http_and_ip_literals_are_checked() {
+        let strict = AddressPolicy::default();
+        assert!(check_url(strict, "https://agents.example.com/a").is_ok());
+        assert!(matches!(
+            check_url(strict, "http://127.0.0.1:9/"),
+            Err(NetError::Denied(_))
+        ));
+        assert!(matches!(
+            check_url(strict, "http://[::1]:9/"),
+            Err(NetError::Denied(_))
+        ));
+        assert!(matches!(
+            check_url(strict, "http://169.254.169.254/latest/meta-data"),
+            Err(NetError::Denied(_))
+        ));
+        assert!(matches!(
+            check_url(strict, "ftp://example.com/"),
+            Err(NetError::BadUrl(_))
+        ));
+        assert!(matches!(
+            check_url(strict, "not a url"),
+            Err(NetError::BadUrl(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_resolver_drops_forbidden_addresses() {
+        use tower_service::Service;
+        let mut strict = PolicyResolver {
+            policy: AddressPolicy::default(),
+        };
+        let name: Name = "localhost".parse().unwrap();
+        let e = strict.call(name.clone()).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        let mut open = PolicyResolver {
+            policy: AddressPolicy {
+                allow_private: true,
+                allow_link_local: false,
+            },
+        };
+        assert!(open.call(name).await.unwrap().next().is_some());
+    }
+
+    #[test]
+    fn sse_events_split_on_blank_lines_and_join_data_lines() {
+        let mut buf =
+            b": keep-alive\n\ndata: {\"a\":1}\n\ndata: x\ndata: y\r\n\r\npartial".to_vec();
+        let e1 = take_event(&mut buf).unwrap();
+        assert_eq!(event_data(&e1), None);
+        let e2 = take_event(&mut buf).unwrap();
+        assert_eq!(event_data(&e2).as_deref(), Some("{\"a\":1}"));
+        let e3 = take_event(&mut buf).unwrap();
+        assert_eq!(event_data(&e3).as_deref(), Some("x\ny"));
+        assert!(take_event(&mut buf).is_none());
+        assert_eq!(buf, b"partial");
+    }
+}

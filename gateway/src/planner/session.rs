@@ -1,0 +1,247 @@
+//! Where paused plans wait for their tool results: under the organisation
+//! and the session id (hashed together, so another organisation using the
+//! same session id finds nothing), with an expiry. A per-session lock
+//! makes a second request on a busy session a 409 rather than a second
+//! run over the same plan.
+//!
+//! Two implementations, like the Responses store: Redis (every replica
+//! sees the plan, so any replica resumes it, also after a restart) and
+//! in-process (the embedded mode).
+
+use crate::redis_conn::RedisHandle;
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The store key of an organisation's session.
+pub fn session_key(org: &str, session: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(org.as_bytes());
+    h.update([0]);
+    h.update(session.as_bytes());
+    hex::encode(h.finalize())
+}
+
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Takes the session's lock for `ttl` unless someone holds it.
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool>;
+    /// Drops the lock if `token` still holds it.
+    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()>;
+    /// The paused plan's state (JSON), if any.
+    async fn load(&self, key: &str) -> anyhow::Result<Option<String>>;
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()>;
+    async fn clear(&self, key: &str) -> anyhow::Result<()>;
+}
+
+/// Sessions in Redis: `<prefix>plan:{<key>}` and its `:lock`, one slot.
+pub struct RedisSessions {
+    redis: Arc<RedisHandle>,
+}
+
+impl RedisSessions {
+    pub fn new(redis: Arc<RedisHandle>) -> Self {
+        Self { redis }
+    }
+
+    fn state_key(&self, key: &str) -> String {
+        self.redis.key("plan", key, "")
+    }
+
+    fn lock_key(&self, key: &str) -> String {
+        self.redis.key("plan", key, ":lock")
+    }
+}
+
+/// Deletes the lock only if the caller still holds it.
+const UNLOCK: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+#[async_trait]
+impl SessionStore for RedisSessions {
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+        let mut conn = self.redis.conn().await?;
+        let set: Option<String> = redis::cmd("SET")
+            .arg(self.lock_key(key))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(set.is_some())
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()> {
+        let mut conn = self.redis.conn().await?;
+        let _: i64 = redis::Script::new(UNLOCK)
+            .key(self.lock_key(key))
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn load(&self, key: &str) -> anyhow::Result<Option<String>> {
+        let mut conn = self.redis.conn().await?;
+        Ok(redis::AsyncCommands::get(&mut conn, self.state_key(key)).await?)
+    }
+
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()> {
+        let mut conn = self.redis.conn().await?;
+        let _: () = redis::AsyncCommands::set_ex(
+            &mut conn,
+            self.state_key(key),
+            state,
+            ttl.as_secs().max(1),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn clear(&self, key: &str) -> anyhow::Result<()> {
+        let mut conn = self.redis.conn().await?;
+        let _: () = redis::AsyncCommands::del(&mut conn, self.state_key(key)).await?;
+        Ok(())
+    }
+}
+
+/// Sessions in this process (embedded mode).
+#[derive(Default)]
+pub struct MemorySessions {
+    inner: Mutex<MemoryInner>,
+}
+
+#[derive(Default)]
+struct MemoryInner {
+    states: HashMap<String, (String, Instant)>,
+    locks: HashMap<String, (String, Instant)>,
+}
+
+impl MemoryInner {
+    fn sweep(&mut self, now: Instant) {
+        self.states.retain(|_, (_, until)| *until > now);
+        self.locks.retain(|_, (_, until)| *until > now);
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemorySessions {
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+        let now = Instant::now();
+        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        inner.sweep(now);
+        if inner.locks.contains_key(key) {
+            return Ok(false);
+        }
+        inner
+            .locks
+            .insert(key.to_owned(), (token.to_owned(), now + ttl));
+        Ok(true)
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()> {
+        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        if inner.locks.get(key).is_some_and(|(t, _)| t == token) {
+            inner.locks.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn load(&self, key: &str) -> anyhow::Result<Option<String>> {
+        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        inner.sweep(Instant::now());
+        Ok(inner.states.get(key).map(|(s, _)| s.clone()))
+    }
+
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()> {
+        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        inner
+            .states
+            .insert(key.to_owned(), (state.to_owned(), Instant::now() + ttl));
+        Ok(())
+    }
+
+    async fn clear(&self, key: &str) -> anyhow::Result<()> {
+        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        inner.states.remove(key);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn suite(store: &dyn SessionStore, tag: &str) {
+        let key = session_key("org-a", &format!("s-{tag}"));
+        let other = session_key("org-b", &format!("s-{tag}"));
+        assert_ne!(key, other, "another org's session is another key");
+        assert!(store
+            .lock(&key, "t1", Duration::from_secs(5))
+            .await
+            .unwrap());
+        assert!(!store
+            .lock(&key, "t2", Duration::from_secs(5))
+            .await
+            .unwrap());
+        // Only the holder unlocks.
+        store.unlock(&key, "t2").await.unwrap();
+        assert!(!store
+            .lock(&key, "t3", Duration::from_secs(5))
+            .await
+            .unwrap());
+        store.unlock(&key, "t1").await.unwrap();
+        assert!(store
+            .lock(&key, "t3", Duration::from_millis(50))
+            .await
+            .unwrap());
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert!(
+            store
+                .lock(&key, "t4", Duration::from_secs(5))
+                .await
+                .unwrap(),
+            "an expired lock is free"
+        );
+        store.unlock(&key, "t4").await.unwrap();
+
+        assert_eq!(store.load(&key).await.unwrap(), None);
+        store
+            .save(&key, "{\"x\":1}", Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.load(&key).await.unwrap().as_deref(),
+            Some("{\"x\":1}")
+        );
+        assert_eq!(store.load(&other).await.unwrap(), None);
+        store.clear(&key).await.unwrap();
+        assert_eq!(store.load(&key).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn memory_sessions_pass_the_suite() {
+        suite(&MemorySessions::default(), "mem").await;
+    }
+
+    #[tokio::test]
+    async fn redis_sessions_pass_the_suite() {
+        let url =
+            std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+        let prefix = format!("igw-test-planner-{}:", crate::translate::new_id(""));
+        let handle = Arc::new(RedisHandle::new(&url, &prefix).unwrap());
+        if handle.conn().await.is_err() {
+            eprintln!("no Redis at {url}; skipping");
+            return;
+        }
+        suite(&RedisSessions::new(handle.clone()), "redis").await;
+        crate::redis_conn::delete_prefix(&handle).await.unwrap();
+    }
+}

@@ -1,0 +1,257 @@
+//! `POST /v1/chat/completions` with `planner_mode: true`: the HTTP side of
+//! a planner run (see `planner/`). Before anything is sent: the session's
+//! lock (409), resume checks (400), the first model call's admission
+//! (429, with the `x-ratelimit-*` headers). Then the run, watched for a
+//! client that goes away (which drops the run: its model calls and agent
+//! tasks are cancelled), and its reply: one body, or a stream that starts
+//! with the first thing to say.
+
+use crate::accounts::Account;
+use crate::api::chat::{ChatCompletionRequest, ChatUsage};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::http::exchange::Exchange;
+use crate::limits::estimate_input_tokens;
+use crate::planner::model::ModelCalls;
+use crate::planner::plan::ToolTarget;
+use crate::planner::reply::{self, StreamFrames};
+use crate::planner::{Ending, Event, RunInput};
+use crate::translate::new_id;
+use crate::validate::chat::ChatPlan;
+use bytes::BytesMut;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub async fn create(
+    app: &App,
+    ex: &mut Exchange,
+    account: Arc<Account>,
+    req: ChatCompletionRequest,
+    plan: ChatPlan,
+    input_estimate: u64,
+) -> Result<(), ApiError> {
+    let session = ex.session_id().unwrap_or_default().trim().to_owned();
+    let messages = req.messages.clone().unwrap_or_default();
+    let tools_offered = !matches!(&req.tool_choice, Some(Value::String(c)) if c == "none");
+    let crate::planner::Begun { lock, start } = app
+        .planner
+        .begin(&account.principal.org, &session, &messages, || {
+            let (conversation, last_user) = RunInput::from_messages(&messages);
+            RunInput {
+                conversation,
+                last_user,
+                tools: if tools_offered {
+                    tools_of(&req)
+                } else {
+                    Vec::new()
+                },
+                agents: req.agents.clone().unwrap_or_default(),
+                max_tokens: plan.max_tokens,
+            }
+        })
+        .await?;
+    let admitted = super::admit(
+        app,
+        ex,
+        &account,
+        plan.model,
+        input_estimate.max(estimate_input_tokens(1024)),
+        app.planner.config.max_plan_tokens,
+    )
+    .await;
+    let reservation = match admitted {
+        Ok(r) => r,
+        Err(e) => {
+            lock.release().await;
+            return Err(e);
+        }
+    };
+    let calls = ModelCalls::new(
+        &app.pools,
+        &app.limiter,
+        &account,
+        plan.model,
+        ex.trace,
+        ex.request_id.clone(),
+        session.clone(),
+        reservation,
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let run = app.planner.run(&calls, lock.key().to_owned(), start, &tx);
+    tokio::pin!(run);
+    // Released before the reply's last write, so a client's next request
+    // on the session finds it free.
+    let mut lock = Some(lock);
+    let id = new_id("chatcmpl-");
+
+    if !plan.stream {
+        let ending = tokio::select! {
+            ending = &mut run => ending,
+            _ = ex.client_gone() => {
+                ex.status = 499;
+                return Ok(());
+            }
+        };
+        if let Some(l) = lock.take() {
+            l.release().await;
+        }
+        let ending = ending?;
+        let (mut thought, mut tool_thought, mut data) = (Vec::new(), Vec::new(), Vec::new());
+        let mut answer = String::new();
+        while let Ok(e) = rx.try_recv() {
+            match e {
+                Event::Thought(t) => thought.push(t),
+                Event::ToolThought(t) => tool_thought.push(t),
+                Event::Data(d) => data.push(d),
+                Event::Answer(a) => answer.push_str(&a),
+            }
+        }
+        let _ = answer;
+        let completion = reply::completion(
+            id,
+            plan.model.id,
+            &session,
+            ending,
+            usage_of(&calls),
+            thought,
+            tool_thought,
+            data,
+        );
+        ex.send_json(200, &completion, &[]).await;
+        return Ok(());
+    }
+
+    // Streaming: the head goes out with the first frame, so a run that
+    // fails before doing anything still answers with its error status.
+    let frames = StreamFrames::new(id, plan.model.id, &session, plan.include_usage);
+    let mut started = false;
+    let mut out = BytesMut::new();
+    let keepalive = Duration::from_millis(app.planner.config.keepalive_ms.max(100));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+    enum Next {
+        Event(Option<Event>),
+        Ended(Result<Ending, ApiError>),
+        Tick,
+        Gone,
+    }
+    let mut ended: Option<Result<Ending, ApiError>> = None;
+    loop {
+        let next = if let Some(result) = ended.take() {
+            // The run is over: drain what it said, then finish.
+            match rx.try_recv() {
+                Ok(e) => {
+                    ended = Some(result);
+                    Next::Event(Some(e))
+                }
+                Err(_) => Next::Ended(result),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                e = rx.recv() => Next::Event(e),
+                r = &mut run => { ended = Some(r); continue; }
+                _ = ticker.tick() => Next::Tick,
+                _ = ex.client_gone() => Next::Gone,
+            }
+        };
+        match next {
+            Next::Event(Some(e)) => {
+                if !started {
+                    frames.role(&mut out);
+                }
+                match e {
+                    Event::Thought(t) => frames.entries(&mut out, &[t], &[], &[]),
+                    Event::ToolThought(t) => frames.entries(&mut out, &[], &[t], &[]),
+                    Event::Data(d) => frames.entries(&mut out, &[], &[], &[d]),
+                    Event::Answer(a) => frames.content(&mut out, &a),
+                }
+            }
+            Next::Event(None) => {}
+            Next::Tick => {
+                if !started {
+                    frames.role(&mut out);
+                }
+                StreamFrames::keepalive(&mut out);
+            }
+            Next::Gone => {
+                ex.status = 499;
+                return Ok(());
+            }
+            Next::Ended(Err(e)) if !started => {
+                if let Some(l) = lock.take() {
+                    l.release().await;
+                }
+                return Err(e);
+            }
+            Next::Ended(result) => {
+                if let Some(l) = lock.take() {
+                    l.release().await;
+                }
+                if !started {
+                    frames.role(&mut out);
+                }
+                match result {
+                    Ok(Ending::Pause(calls_made)) => {
+                        frames.pause(&mut out, &calls_made);
+                        frames.finish(&mut out, "tool_calls", &usage_of(&calls));
+                    }
+                    Ok(Ending::Answer(_)) => frames.finish(&mut out, "stop", &usage_of(&calls)),
+                    Err(e) => {
+                        crate::translate::sse_error(&mut out, &e);
+                        ex.status = e.status;
+                    }
+                }
+                if write(ex, &mut started, &mut out).await.is_err() {
+                    ex.status = 499;
+                    return Ok(());
+                }
+                ex.end_stream().await;
+                return Ok(());
+            }
+        }
+        if !out.is_empty() {
+            // Keep-alives only fill silences.
+            ticker.reset();
+        }
+        if write(ex, &mut started, &mut out).await.is_err() {
+            ex.status = 499;
+            return Ok(());
+        }
+    }
+}
+
+/// Writes what is buffered, starting the stream first if needed.
+async fn write(ex: &mut Exchange, started: &mut bool, out: &mut BytesMut) -> Result<(), ()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    if !*started {
+        ex.start_sse().await?;
+        *started = true;
+    }
+    ex.write_chunk(out.split().freeze()).await
+}
+
+/// The caller's function tools, as plan targets.
+fn tools_of(req: &ChatCompletionRequest) -> Vec<ToolTarget> {
+    req.tools
+        .iter()
+        .flatten()
+        .filter_map(|t| t.function.as_ref())
+        .map(|f| ToolTarget {
+            name: f.name.clone().unwrap_or_default(),
+            description: f.description.clone().unwrap_or_default(),
+            parameters: f
+                .parameters
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({"type": "object"})),
+        })
+        .collect()
+}
+
+/// Usage of every model call of the request.
+fn usage_of(calls: &ModelCalls<'_>) -> ChatUsage {
+    let u = calls.usage.lock().map(|u| *u).unwrap_or_default();
+    crate::translate::chat::usage(&u)
+}

@@ -1,0 +1,1013 @@
+//! Planner mode end to end: the real gateway and synthetic workers, and
+//! hand-written A2A agents on loopback that answer, stall, refuse or
+//! break (`harness::a2a_agents`). The plan calls are scripted through the
+//! synthetic engine's `synthetic:json_replies=` control (one JSON value per
+//! plan call of the conversation), and `synthetic:echo` makes the answer
+//! the synthesis prompt itself, so a test can see what was gathered.
+
+use harness::a2a_agents::{Behavior, TestAgent};
+use harness::{bounded, hash_key, json, GatewayOpts, Reply, Stack, TestKey, Value, MODELS};
+use std::time::{Duration, Instant};
+
+/// Deadlines small enough for tests; loopback agents allowed.
+const PLANNER_TOML: &str = r#"
+[planner]
+allow_private_addresses = true
+connect_timeout_ms = 500
+first_byte_timeout_ms = 800
+idle_timeout_ms = 800
+step_timeout_ms = 2500
+hedge_after_ms = 400
+run_timeout_ms = 6000
+synthesis_timeout_ms = 10000
+keepalive_ms = 150
+"#;
+
+fn stack(models: &[&str], toml: &str) -> Stack {
+    Stack::builder()
+        .models(models)
+        .extra_toml(toml)
+        .start()
+        .expect("stack starts")
+}
+
+fn agent_step(id: &str, target: &str, deps: &[&str], alternates: &[&str]) -> Value {
+    json!({"id": id, "kind": "agent", "target": target, "instruction": format!("Do part {id}."),
+           "depends_on": deps, "alternates": alternates})
+}
+
+fn llm_step(id: &str, deps: &[&str]) -> Value {
+    json!({"id": id, "kind": "llm", "target": "model", "instruction": "Summarise.", "depends_on": deps})
+}
+
+fn plan(steps: Vec<Value>) -> Value {
+    json!({"summary": "a scripted plan", "steps": steps})
+}
+
+/// A user message whose plan calls get `plans` in turn and whose answer
+/// echoes the synthesis prompt.
+fn scripted(ask: &str, plans: &[Value]) -> String {
+    let values: Vec<String> = plans.iter().map(Value::to_string).collect();
+    format!(
+        "{ask} synthetic:echo synthetic:json_replies={}",
+        values.join(" ")
+    )
+}
+
+fn body(model: &str, text: &str, agents: &[String]) -> Value {
+    let mut b = json!({
+        "model": model,
+        "planner_mode": true,
+        "messages": [{"role": "user", "content": text}],
+    });
+    if !agents.is_empty() {
+        b["agents"] = json!(agents);
+    }
+    b
+}
+
+async fn post(stack: &Stack, session: &str, body: &Value) -> Reply {
+    post_with(&stack.client(), session, body).await
+}
+
+async fn post_with(client: &harness::Client, session: &str, body: &Value) -> Reply {
+    client
+        .send(
+            client
+                .request(reqwest::Method::POST, "/chat/completions")
+                .header("x-session-id", session)
+                .json(body),
+        )
+        .await
+        .expect("request")
+}
+
+fn outcomes(reply: &Value) -> Vec<(String, String)> {
+    reply["tool_thought"]
+        .as_array()
+        .expect("tool_thought is an array")
+        .iter()
+        .map(|t| {
+            (
+                t["target"].as_str().unwrap_or("").to_owned(),
+                t["outcome"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn answer(reply: &Value) -> String {
+    reply["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn session() -> String {
+    format!("sess-{}", harness::random_hex(12))
+}
+
+/// Warms the gateway's worker channels so timings measure the planner.
+async fn warm(stack: &Stack, model: &str) {
+    let r = stack
+        .client()
+        .post_json("/chat/completions", &harness::chat_body(model, "hi"))
+        .await
+        .expect("warm-up");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
+    bounded(120, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let old = TestAgent::start("old", "Speaks A2A 0.3", Behavior::V03Only).await;
+        let stack = stack(&MODELS, PLANNER_TOML);
+        for model in MODELS {
+            let s = session();
+            let p = plan(vec![
+                agent_step("s1", "good", &[], &[]),
+                agent_step("s2", "old", &[], &[]),
+                llm_step("s3", &["s1", "s2"]),
+            ]);
+            let reply = post(
+                &stack,
+                &s,
+                &body(
+                    model,
+                    &scripted("Plan a trip.", &[p]),
+                    &[good.url(), old.url()],
+                ),
+            )
+            .await;
+            assert_eq!(
+                reply.status,
+                200,
+                "{model}: {}\n{}",
+                reply.text(),
+                stack.logs()
+            );
+            let r = reply.json();
+            assert_eq!(r["model"], model);
+            assert_eq!(r["conversation_id"], s.as_str());
+            assert_eq!(r["choices"][0]["finish_reason"], "stop");
+            let text = answer(&r);
+            assert!(text.contains("good says: done"), "{model}: {text}");
+            assert!(
+                text.contains("old says: done"),
+                "{model}: the v0.3 agent's answer: {text}"
+            );
+            let thought: Vec<String> = serde_json::from_value(r["thought"].clone()).unwrap();
+            assert!(
+                thought.iter().any(|t| t.starts_with("Plan: ")),
+                "{thought:?}"
+            );
+            let o = outcomes(&r);
+            for want in [
+                ("good", "completed"),
+                ("old", "completed"),
+                ("model", "completed"),
+            ] {
+                assert!(
+                    o.contains(&(want.0.into(), want.1.into())),
+                    "{model}: {o:?}"
+                );
+            }
+            let data = r["executable_data"].as_array().unwrap();
+            assert!(
+                data.iter().any(|d| d["agent"] == "good"
+                    && d["step"] == "s1"
+                    && d["type"] == "data"
+                    && d["data"]["value"] == 42),
+                "{data:?}"
+            );
+            assert!(r["usage"]["total_tokens"].as_u64().unwrap() > 0);
+        }
+        // v1.0 calls carry the version header; the v0.3 agent got its own method.
+        assert!(
+            good.methods().iter().all(|m| m == "SendMessage"),
+            "{:?}",
+            good.methods()
+        );
+        assert!(good.versions().iter().all(|v| v == "1.0") && !good.versions().is_empty());
+        assert_eq!(old.methods(), vec!["message/send"; 3]);
+        // Agent output reaches later steps as quoted data.
+        let (_, metrics) = stack.gateway.admin_get("/metrics").await.unwrap();
+        assert!(
+            metrics.contains("gateway_planner_steps_total{kind=\"agent\",outcome=\"completed\"} 6"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("gateway_planner_agent_duration_seconds_bucket"));
+        // Without planner_mode, `agents` is refused; a plain reply has the
+        // extra fields empty and conversation_id null.
+        let plain = stack
+            .client()
+            .post_json("/chat/completions", &harness::chat_body("base", "hi"))
+            .await
+            .unwrap()
+            .json();
+        assert!(plain["conversation_id"].is_null());
+        assert_eq!(plain["thought"], json!([]));
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn independent_steps_run_in_parallel() {
+    bounded(90, async {
+        let delay = Duration::from_millis(800);
+        let mut agents = Vec::new();
+        for name in ["p1", "p2", "p3", "p4"] {
+            agents.push(
+                TestAgent::start(name, "A slow but good agent", Behavior::Good { delay }).await,
+            );
+        }
+        let stack = stack(&["base-mini"], PLANNER_TOML);
+        warm(&stack, "base-mini").await;
+        let steps = agents
+            .iter()
+            .map(|a| agent_step(&format!("s-{}", a.name), &a.name, &[], &[]))
+            .collect();
+        let urls: Vec<String> = agents.iter().map(TestAgent::url).collect();
+        let began = Instant::now();
+        let reply = post(
+            &stack,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Four things.", &[plan(steps)]),
+                &urls,
+            ),
+        )
+        .await;
+        let took = began.elapsed();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let o = outcomes(&r);
+        assert_eq!(
+            o.iter().filter(|(_, out)| out == "completed").count(),
+            4,
+            "{o:?}"
+        );
+        // One agent's time plus the model calls, far below the sum (3.2 s).
+        assert!(
+            took < Duration::from_millis(1900),
+            "4 × 800 ms agents (3.2 s in sequence) took {took:?}"
+        );
+        for a in &agents {
+            assert_eq!(a.methods(), vec!["SendMessage"], "{}", a.name);
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_agent_is_hedged_and_the_loser_receives_cancel_task() {
+    bounded(90, async {
+        let slow = TestAgent::start(
+            "slow",
+            "Slow",
+            Behavior::Slow {
+                delay: Duration::from_secs(5),
+            },
+        )
+        .await;
+        let quick = TestAgent::start(
+            "quick",
+            "Quick",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let stack = stack(&["base-mini"], PLANNER_TOML);
+        warm(&stack, "base-mini").await;
+        let p = plan(vec![agent_step("s1", "slow", &[], &["quick"])]);
+        let began = Instant::now();
+        let reply = post(
+            &stack,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Hedge me.", &[p]),
+                &[slow.url(), quick.url()],
+            ),
+        )
+        .await;
+        let took = began.elapsed();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert!(
+            took < Duration::from_secs(3),
+            "the hedge answered, not the slow agent: {took:?}"
+        );
+        let thought = r["thought"].to_string();
+        assert!(thought.contains("Hedge: step 's1' (slow)"), "{thought}");
+        let o = outcomes(&r);
+        assert!(o.contains(&("quick".into(), "completed".into())), "{o:?}");
+        assert!(o.iter().any(|(_, out)| out == "canceled"), "{o:?}");
+        assert!(answer(&r).contains("quick says: done"));
+        // The loser gets CancelTask for the task it announced.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while slow.cancels().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let cancels = slow.cancels();
+        assert_eq!(cancels.len(), 1, "{:?}", slow.methods());
+        assert!(cancels[0].starts_with("slow-task-"), "{cancels:?}");
+        assert_eq!(slow.methods()[0], "SendStreamingMessage");
+
+        // A client that goes away cancels the agent tasks still running.
+        let p = plan(vec![agent_step("s1", "slow", &[], &[])]);
+        let mut b = body("base-mini", &scripted("Then leave.", &[p]), &[slow.url()]);
+        b["stream"] = json!(true);
+        let client = stack.client();
+        let mut stream = client
+            .open_stream(
+                client
+                    .request(reqwest::Method::POST, "/chat/completions")
+                    .header("x-session-id", session())
+                    .json(&b),
+            )
+            .await
+            .unwrap();
+        assert_eq!(stream.status, 200);
+        // Read until the plan is announced, then hang up.
+        loop {
+            let f = stream.next_frame().await.unwrap().expect("a frame");
+            if f.data.contains("Plan: ") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(stream);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while slow.cancels().len() < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            slow.cancels().len(),
+            2,
+            "the abandoned task was cancelled: {:?}",
+            slow.methods()
+        );
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
+    bounded(90, async {
+        let rejecting = TestAgent::start("rejecter", "Rejects", Behavior::Rejecting).await;
+        let refusing = TestAgent::start("refuser", "Refuses", Behavior::Refusing).await;
+        let silent = TestAgent::start("silent", "Never answers", Behavior::Silent).await;
+        let sse =
+            TestAgent::start("sse", "Starts a stream and stops", Behavior::SseThenNothing).await;
+        let broken = TestAgent::start("broken", "Returns 500", Behavior::ServerError).await;
+        let malformed = TestAgent::start("malformed", "Bad card", Behavior::MalformedCard).await;
+        let huge = TestAgent::start(
+            "huge",
+            "Answers at length",
+            Behavior::Huge { bytes: 200_000 },
+        )
+        .await;
+        let stack = stack(
+            &["base"],
+            &format!("{PLANNER_TOML}max_response_bytes = 65536\n"),
+        );
+        warm(&stack, "base").await;
+        let first = plan(vec![
+            agent_step("a", "rejecter", &[], &[]),
+            agent_step("b", "refuser", &[], &[]),
+            agent_step("c", "silent", &[], &[]),
+            agent_step("d", "sse", &[], &[]),
+            agent_step("e", "broken", &[], &["refuser"]),
+            agent_step("g", "huge", &[], &[]),
+            llm_step("f", &["a", "b"]),
+        ]);
+        // The re-plan: every agent failed, the model answers alone.
+        let second = plan(vec![llm_step("alone", &[])]);
+        let urls = [
+            &rejecting, &refusing, &silent, &sse, &broken, &malformed, &huge,
+        ]
+        .map(|a| a.url());
+        let began = Instant::now();
+        let reply = post(
+            &stack,
+            &session(),
+            &body("base", &scripted("Do it all.", &[first, second]), &urls),
+        )
+        .await;
+        let took = began.elapsed();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert!(!answer(&r).is_empty());
+        assert!(answer(&r).contains("Could not be done"), "{}", answer(&r));
+        let o = outcomes(&r);
+        for want in [
+            ("rejecter", "rejected"),
+            ("refuser", "refused"),
+            ("silent", "silent"),
+            ("sse", "silent"),
+            ("broken", "http_error"),
+            ("huge", "too_large"),
+            ("model", "completed"),
+        ] {
+            assert!(
+                o.contains(&(want.0.into(), want.1.into())),
+                "{want:?} in {o:?}"
+            );
+        }
+        assert!(
+            o.iter()
+                .any(|(t, out)| t == &malformed.url() && out == "no_card"),
+            "{o:?}"
+        );
+        assert!(
+            o.contains(&("model".into(), "skipped".into())),
+            "f depends on failed steps: {o:?}"
+        );
+        let thought = r["thought"].to_string();
+        assert!(thought.contains("Re-plan 1"), "{thought}");
+        // Silent agents are abandoned at their deadlines (0.8 s here).
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let details = r["tool_thought"].to_string();
+        assert!(
+            details.contains("does not take such tasks"),
+            "the rejection's reason: {details}"
+        );
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_agents_do_not_stretch_the_run_past_its_deadline() {
+    bounded(90, async {
+        let silent = TestAgent::start("silent", "Never answers", Behavior::Silent).await;
+        let sse =
+            TestAgent::start("sse", "Starts a stream and stops", Behavior::SseThenNothing).await;
+        // Agent deadlines far beyond the run's own.
+        let toml = r#"
+[planner]
+allow_private_addresses = true
+first_byte_timeout_ms = 30000
+idle_timeout_ms = 30000
+step_timeout_ms = 30000
+hedge_after_ms = 30000
+run_timeout_ms = 1200
+"#;
+        let stack = stack(&["base-mini"], toml);
+        warm(&stack, "base-mini").await;
+        let p = plan(vec![
+            agent_step("a", "silent", &[], &[]),
+            agent_step("b", "sse", &[], &[]),
+        ]);
+        let began = Instant::now();
+        let reply = post(
+            &stack,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Wait.", &[p]),
+                &[silent.url(), sse.url()],
+            ),
+        )
+        .await;
+        let took = began.elapsed();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(
+            took < Duration::from_millis(3000),
+            "the run ends at its 1.2 s deadline: {took:?}"
+        );
+        let r = reply.json();
+        let o = outcomes(&r);
+        assert!(o.contains(&("silent".into(), "timeout".into())), "{o:?}");
+        assert!(o.contains(&("sse".into(), "timeout".into())), "{o:?}");
+        assert!(
+            r["thought"].to_string().contains("wall clock"),
+            "{}",
+            r["thought"]
+        );
+        assert!(!answer(&r).is_empty());
+    })
+    .await
+}
+
+fn time_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"], "additionalProperties": false}}}])
+}
+
+fn tool_plan() -> Value {
+    plan(vec![
+        agent_step("s1", "good", &[], &[]),
+        json!({"id": "s2", "kind": "function", "target": "get_time", "instruction": "Get the time.",
+               "arguments": {"tz": "UTC"}, "depends_on": ["s1"]}),
+        llm_step("s3", &["s2"]),
+    ])
+}
+
+/// The messages that answer a paused reply's tool call.
+fn resume_messages(text: &str, paused: &Value, call_id: &str, result: &str) -> Value {
+    let mut calls = paused["choices"][0]["message"]["tool_calls"].clone();
+    calls[0]["id"] = json!(call_id);
+    json!([
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": call_id, "content": result}
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
+    bounded(120, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let other = TestKey::random("org-other");
+        let mut stack = Stack::builder()
+            .models(&["base-mini"])
+            .redis()
+            .gateway_opts(GatewayOpts {
+                keys: vec![TestKey::random("org-test"), other.clone()],
+                ..GatewayOpts::default()
+            })
+            .extra_toml(PLANNER_TOML)
+            .start()
+            .expect("stack");
+        let mut b_gateway =
+            harness::Gateway::start(stack.gateway.opts().clone()).expect("a second replica");
+        let a = stack.client();
+        let b = b_gateway.client();
+        let b_other = b.with_key(Some(&other.key));
+        let s = session();
+        let text = scripted("What time is it where the agent is?", &[tool_plan()]);
+        let mut first = body("base-mini", &text, &[good.url()]);
+        first["tools"] = time_tool();
+        let paused = post_with(&a, &s, &first).await;
+        assert_eq!(paused.status, 200, "{}", paused.text());
+        let p = paused.json();
+        assert_eq!(p["choices"][0]["finish_reason"], "tool_calls");
+        assert!(p["choices"][0]["message"]["content"].is_null());
+        let call = &p["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_time");
+        assert_eq!(
+            serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(),
+            json!({"tz": "UTC"})
+        );
+        let call_id = call["id"].as_str().unwrap().to_owned();
+        assert!(call_id.starts_with("call_"));
+        assert!(outcomes(&p).contains(&("get_time".into(), "awaiting_caller".into())));
+        assert_eq!(p["conversation_id"], s.as_str());
+
+        let resume = |id: &str| {
+            let mut r = body("base-mini", &text, &[]);
+            r["messages"] = resume_messages(&text, &p, id, "12:00 UTC");
+            r["tools"] = time_tool();
+            r
+        };
+        // A result for a call nobody waits for is a 400 naming it.
+        let wrong = post_with(&b, &s, &resume("call_unknown")).await;
+        harness::assert_error(&wrong, 400, "invalid_value");
+        assert_eq!(wrong.json()["error"]["param"], "messages.2.tool_call_id");
+        // Another organisation sees nothing of the session.
+        let foreign = post_with(&b_other, &s, &resume(&call_id)).await;
+        harness::assert_error(&foreign, 400, "invalid_value");
+        assert_eq!(foreign.json()["error"]["param"], "messages.2.tool_call_id");
+        // The other replica resumes it.
+        let done = post_with(&b, &s, &resume(&call_id)).await;
+        assert_eq!(done.status, 200, "{}", done.text());
+        let d = done.json();
+        assert_eq!(d["choices"][0]["finish_reason"], "stop");
+        assert!(answer(&d).contains("12:00 UTC"), "{}", answer(&d));
+        assert!(answer(&d).contains("good says: done"), "{}", answer(&d));
+        assert!(outcomes(&d).contains(&("model".into(), "completed".into())));
+        // Finished: the same result again answers nothing.
+        let again = post_with(&b, &s, &resume(&call_id)).await;
+        harness::assert_error(&again, 400, "invalid_value");
+
+        // A new user message starts a new plan in the same session; it
+        // pauses on B, and A resumes it after a restart.
+        let paused = post_with(&b, &s, &first).await;
+        assert_eq!(paused.status, 200, "{}", paused.text());
+        let p2 = paused.json();
+        let call_id = p2["choices"][0]["message"]["tool_calls"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        stack.gateway.restart().expect("restart");
+        let mut r = body("base-mini", &text, &[]);
+        r["messages"] = resume_messages(&text, &p2, &call_id, "13:00 UTC");
+        r["tools"] = time_tool();
+        let done = post_with(&stack.client(), &s, &r).await;
+        assert_eq!(done.status, 200, "{}\n{}", done.text(), stack.logs());
+        assert!(answer(&done.json()).contains("13:00 UTC"));
+        b_gateway.kill();
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_request_on_a_busy_session_gets_409() {
+    bounded(60, async {
+        let slowish = TestAgent::start(
+            "slowish",
+            "Takes a while",
+            Behavior::Good {
+                delay: Duration::from_millis(1500),
+            },
+        )
+        .await;
+        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let s = session();
+        let b = body(
+            "base-mini",
+            &scripted(
+                "Slowly.",
+                &[plan(vec![agent_step("s1", "slowish", &[], &[])])],
+            ),
+            &[slowish.url()],
+        );
+        let client = stack.client();
+        let first = {
+            let (client, s, b) = (client.clone(), s.clone(), b.clone());
+            tokio::spawn(async move { post_with(&client, &s, &b).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let second = post_with(&client, &s, &b).await;
+        harness::assert_error(&second, 409, "session_busy");
+        let first = first.await.unwrap();
+        assert_eq!(first.status, 200, "{}", first.text());
+        // Free again once the first request ended.
+        let third = post_with(&client, &s, &b).await;
+        assert_eq!(third.status, 200, "{}", third.text());
+    })
+    .await
+}
+
+/// The frames of a whole SSE body, keep-alive comments included.
+fn raw_frames(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter(|f| !f.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn frame_json(frame: &str) -> Option<Value> {
+    frame
+        .strip_prefix("data: ")
+        .and_then(|d| serde_json::from_str(d).ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_keeps_its_event_order_for_answers_and_pauses() {
+    bounded(90, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::from_millis(700),
+            },
+        )
+        .await;
+        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let mut b = body(
+            "base-mini",
+            &scripted(
+                "Stream it.",
+                &[plan(vec![agent_step("s1", "good", &[], &[])])],
+            ),
+            &[good.url()],
+        );
+        b["stream"] = json!(true);
+        b["stream_options"] = json!({"include_usage": true});
+        let s = session();
+        let reply = post(&stack, &s, &b).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let frames = raw_frames(&reply.text());
+        let pos = |pred: &dyn Fn(&str, &Value) -> bool| {
+            frames
+                .iter()
+                .position(|f| frame_json(f).is_some_and(|v| pred(f, &v)))
+        };
+        let role = pos(&|_, v| v["choices"][0]["delta"]["role"] == "assistant").unwrap();
+        let thought = pos(&|_, v| v.get("thought").is_some()).unwrap();
+        let tool = pos(&|_, v| v.get("tool_thought").is_some()).unwrap();
+        let content = pos(&|_, v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .unwrap();
+        let finish = pos(&|_, v| v["choices"][0]["finish_reason"] == "stop").unwrap();
+        let usage = pos(&|_, v| v["usage"]["total_tokens"].as_u64().is_some()).unwrap();
+        assert_eq!(role, 0, "{frames:?}");
+        assert!(
+            role < thought
+                && thought < tool
+                && tool < content
+                && content < finish
+                && finish < usage,
+            "{frames:?}"
+        );
+        assert_eq!(frames.last().unwrap(), "data: [DONE]");
+        assert!(usage + 1 == frames.len() - 1);
+        let last_tool = frames
+            .iter()
+            .rposition(|f| frame_json(f).is_some_and(|v| v.get("tool_thought").is_some()))
+            .unwrap();
+        assert!(
+            last_tool < content,
+            "every step is reported before the answer"
+        );
+        let keepalives = frames
+            .iter()
+            .filter(|f| f.as_str() == ": keep-alive")
+            .count();
+        assert!(
+            keepalives >= 1,
+            "keep-alive comments during the 700 ms step: {frames:?}"
+        );
+        assert!(frames
+            .iter()
+            .filter_map(|f| frame_json(f))
+            .all(|v| v["conversation_id"] == s.as_str()));
+        assert!(frames
+            .iter()
+            .filter_map(|f| frame_json(f))
+            .any(|v| v["executable_data"][0]["agent"] == "good"));
+
+        // A pause streams as tool calls.
+        let mut b = body(
+            "base-mini",
+            &scripted("Pause it.", &[tool_plan()]),
+            &[good.url()],
+        );
+        b["stream"] = json!(true);
+        b["tools"] = time_tool();
+        let reply = post(&stack, &session(), &b).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let frames = raw_frames(&reply.text());
+        let json_frames: Vec<Value> = frames.iter().filter_map(|f| frame_json(f)).collect();
+        let header = json_frames
+            .iter()
+            .position(|v| v["choices"][0]["delta"]["tool_calls"][0]["id"].is_string())
+            .unwrap();
+        assert_eq!(
+            json_frames[header]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
+            "get_time"
+        );
+        let args = &json_frames[header + 1]["choices"][0]["delta"]["tool_calls"][0];
+        assert!(args.get("id").is_none());
+        assert_eq!(args["function"]["arguments"], "{\"tz\":\"UTC\"}");
+        assert_eq!(
+            json_frames[header + 2]["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+        assert_eq!(frames.last().unwrap(), "data: [DONE]");
+        assert!(!json_frames
+            .iter()
+            .any(|v| v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())));
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it() {
+    bounded(90, async {
+        let weather = TestAgent::start(
+            "weather",
+            "Daily weather forecast for any city",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let stack = Stack::builder()
+            .models(&["base-mini"])
+            .redis()
+            .extra_toml(PLANNER_TOML)
+            .gateway_env((
+                "IGW_TEST_WEATHER_TOKEN".into(),
+                "Bearer s3cret-token".into(),
+            ))
+            .start()
+            .expect("stack");
+        stack.cli(&[
+            "agents",
+            "add",
+            "weather-eu",
+            &weather.url(),
+            "--auth-header",
+            "authorization",
+            "--auth-secret-env",
+            "IGW_TEST_WEATHER_TOKEN",
+        ]);
+        let listed = stack.cli(&["agents", "list"]);
+        assert!(
+            listed.contains("weather-eu") && listed.contains(&weather.url()),
+            "{listed}"
+        );
+        assert!(
+            listed.contains("$IGW_TEST_WEATHER_TOKEN") && !listed.contains("s3cret"),
+            "{listed}"
+        );
+        let probe = stack.cli(&["agents", "probe", "weather-eu", "--allow-private"]);
+        assert!(probe.contains("healthy: weather"), "{probe}");
+        // No `agents`: the planner finds the agent by its card.
+        let p = plan(vec![agent_step("s1", "weather-eu", &[], &[])]);
+        let reply = post(
+            &stack,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted(
+                    "What is the weather forecast for Paris?",
+                    std::slice::from_ref(&p),
+                ),
+                &[],
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert!(
+            outcomes(&r).contains(&("weather-eu".into(), "completed".into())),
+            "{}",
+            r["tool_thought"]
+        );
+        // Named by directory id.
+        let reply = post(
+            &stack,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Anything.", &[p]),
+                &["weather-eu".into()],
+            ),
+        )
+        .await;
+        assert!(outcomes(&reply.json()).contains(&("weather-eu".into(), "completed".into())));
+        // The directory's auth header, its value from the gateway's environment.
+        assert_eq!(weather.auth(), vec!["Bearer s3cret-token"; 2]);
+        assert!(stack
+            .cli(&["agents", "remove", "weather-eu"])
+            .contains("removed"));
+        assert!(!stack.cli(&["agents", "list"]).contains("weather-eu"));
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_planner() {
+    bounded(60, async {
+        let good = TestAgent::start("good", "Answers anything", Behavior::Good { delay: Duration::ZERO }).await;
+        let no_planner = "sk-test-no-planner-scope";
+        let toml = format!(
+            "[[keys]]\nsha256 = \"{}\"\norg = \"org-test\"\nscopes = [\"chat.write\", \"models.read\"]\n",
+            hash_key(no_planner)
+        );
+        let stack = stack(&["base-mini"], &toml);
+        let p = plan(vec![llm_step("s1", &[])]);
+        let reply = post(&stack, &session(), &body("base-mini", &scripted("Call it.", &[p]), &[good.url()])).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let denied = r["tool_thought"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["target"] == good.url().as_str())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(denied["outcome"], "no_card", "{}", r["tool_thought"]);
+        assert!(denied["detail"].as_str().unwrap().contains("not allowed"), "{denied}");
+        assert!(good.methods().is_empty());
+        let forbidden = post_with(&stack.client().with_key(Some(no_planner)), &session(), &body("base-mini", "x", &[])).await;
+        assert_eq!(forbidden.status, 403, "{}", forbidden.text());
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
+    bounded(60, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        // A real engine's small context: the planner's 8192-token output cap
+        // cannot fit, so the calls ask for what fits instead of failing.
+        let stack = Stack::builder()
+            .models(&["base-mini"])
+            .worker_opts(harness::WorkerOpts {
+                context_window: Some(8192),
+                ..Default::default()
+            })
+            .extra_toml(&format!("{PLANNER_TOML}max_plan_tokens = 8192\n"))
+            .start()
+            .expect("stack");
+        let p = plan(vec![
+            agent_step("s1", "good", &[], &[]),
+            llm_step("s2", &["s1"]),
+        ]);
+        let reply = post(
+            &stack,
+            &session(),
+            &body("base-mini", &scripted("Small window.", &[p]), &[good.url()]),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let thought = r["thought"].to_string();
+        assert!(thought.contains("Plan: a scripted plan"), "{thought}");
+        assert!(!thought.contains("Fallback"), "{thought}");
+        assert!(outcomes(&r).contains(&("model".into(), "completed".into())));
+        assert!(answer(&r).contains("good says: done"));
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_and_token_budgets_end_execution_early_with_an_answer() {
+    bounded(60, async {
+        let good = TestAgent::start(
+            "good",
+            "Answers anything",
+            Behavior::Good {
+                delay: Duration::ZERO,
+            },
+        )
+        .await;
+        let p = plan(vec![
+            agent_step("s1", "good", &[], &[]),
+            agent_step("s2", "good", &["s1"], &[]),
+        ]);
+        // One step allowed: the second is skipped, and said so.
+        let stack_steps = stack(&["base-mini"], &format!("{PLANNER_TOML}max_steps = 1\n"));
+        let reply = post(
+            &stack_steps,
+            &session(),
+            &body(
+                "base-mini",
+                &scripted("Two steps.", std::slice::from_ref(&p)),
+                &[good.url()],
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        let o = outcomes(&r);
+        assert!(o.contains(&("good".into(), "completed".into())), "{o:?}");
+        assert!(o.contains(&("good".into(), "skipped".into())), "{o:?}");
+        assert!(
+            r["thought"].to_string().contains("step budget (1)"),
+            "{}",
+            r["thought"]
+        );
+        assert_eq!(good.methods().len(), 1);
+        drop(stack_steps);
+        // The plan call alone spends the token budget: no step runs.
+        let stack_tokens = stack(
+            &["base-mini"],
+            &format!("{PLANNER_TOML}max_run_tokens = 1\n"),
+        );
+        let reply = post(
+            &stack_tokens,
+            &session(),
+            &body("base-mini", &scripted("No tokens.", &[p]), &[good.url()]),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert!(
+            r["thought"].to_string().contains("token budget (1)"),
+            "{}",
+            r["thought"]
+        );
+        assert!(!answer(&r).is_empty());
+        assert_eq!(good.methods().len(), 1, "no agent was called");
+    })
+    .await
+}
