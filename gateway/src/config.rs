@@ -152,7 +152,9 @@ impl Default for PlannerConfig {
 }
 
 /// One agent of the directory in the config file (`[[planner.agents]]`).
-#[derive(Debug, Clone, Deserialize)]
+/// Also the agent directory's stored form (`planner::directory::Entry`):
+/// one shape for an entry wherever it comes from.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentEntryConfig {
     /// Directory id (`[A-Za-z0-9._-]`, at most 64): what `agents` may name.

@@ -97,11 +97,18 @@ impl RedisCluster {
     }
 
     /// A cluster whose nodes accept only TLS, clients and cluster bus
-    /// alike, with `cert`/`key` signed by `ca` (clients need not present
-    /// certificates; nodes authenticate each other with `cert`, so it must
-    /// allow client authentication: tests/testdata/redis-cluster).
-    pub fn start_tls(n: usize, cert: &Path, key: &Path, ca: &Path) -> Result<RedisCluster> {
-        Self::start_with(n, Some((cert, key, ca)))
+    /// alike, with the test certificate of tests/testdata/redis-cluster
+    /// (clients need not present certificates; nodes authenticate each
+    /// other with it, so it allows client authentication). Clients trust
+    /// [`RedisCluster::test_ca`].
+    pub fn start_tls(n: usize) -> Result<RedisCluster> {
+        let (cert, key) = (test_cert_file("node.pem"), test_cert_file("node.key"));
+        Self::start_with(n, Some((&cert, &key, &Self::test_ca())))
+    }
+
+    /// The CA that signed the TLS cluster's certificate.
+    pub fn test_ca() -> std::path::PathBuf {
+        test_cert_file("ca.pem")
     }
 
     fn start_with(n: usize, tls: Option<(&Path, &Path, &Path)>) -> Result<RedisCluster> {
@@ -303,4 +310,11 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A file of the TLS cluster's test certificates.
+fn test_cert_file(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/redis-cluster")
+        .join(name)
 }

@@ -405,16 +405,8 @@ mod tests {
     /// cluster client and by the limiter's own per-node connections.
     #[tokio::test]
     async fn redis_store_passes_the_shared_suite_on_a_tls_cluster() {
-        // A certificate for clients and for the nodes' own bus (mutual TLS).
-        let testdata = |f: &str| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../tests/testdata/redis-cluster")
-                .join(f)
-        };
-        let ca = testdata("ca.pem");
-        let cluster =
-            harness::RedisCluster::start_tls(3, &testdata("node.pem"), &testdata("node.key"), &ca)
-                .expect("a TLS Redis Cluster");
+        let cluster = harness::RedisCluster::start_tls(3).expect("a TLS Redis Cluster");
+        let ca = harness::RedisCluster::test_ca();
         assert!(cluster.urls().starts_with("rediss://"));
         let redis =
             Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", Some(&ca), true).unwrap());

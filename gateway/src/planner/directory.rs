@@ -10,41 +10,15 @@
 
 use super::a2a::{self, AgentCard, Endpoint};
 use super::net::{AgentHttp, NetLimits};
-use crate::config::AgentEntryConfig;
 use crate::redis_conn::RedisHandle;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// One directory entry, as stored (never the secret itself).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
-    pub id: String,
-    pub url: String,
-    #[serde(default)]
-    pub auth_header: Option<String>,
-    #[serde(default)]
-    pub auth_secret_env: Option<String>,
-    #[serde(default = "enabled")]
-    pub enabled: bool,
-}
-
-fn enabled() -> bool {
-    true
-}
-
-impl From<&AgentEntryConfig> for Entry {
-    fn from(c: &AgentEntryConfig) -> Self {
-        Entry {
-            id: c.id.clone(),
-            url: c.url.clone(),
-            auth_header: c.auth_header.clone(),
-            auth_secret_env: c.auth_secret_env.clone(),
-            enabled: c.enabled,
-        }
-    }
-}
+/// One directory entry, as configured and as stored (never the secret
+/// itself: only the name of the variable that holds it).
+pub use crate::config::AgentEntryConfig as Entry;
 
 impl Entry {
     /// The headers of every call: the auth header, its value read from the

@@ -301,7 +301,7 @@ impl Planner {
             max_body: config.max_card_bytes,
         };
         let directory = Directory::new(
-            config.agents.iter().map(Into::into).collect(),
+            config.agents.clone(),
             redis.clone(),
             Duration::from_secs(config.card_ttl_seconds),
             http.clone(),

@@ -602,16 +602,8 @@ mod tests {
     /// connections included), the certificate checked against its CA.
     #[tokio::test]
     async fn passes_the_store_suite_on_a_tls_cluster() {
-        // A certificate for clients and for the nodes' own bus (mutual TLS).
-        let testdata = |f: &str| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../tests/testdata/redis-cluster")
-                .join(f)
-        };
-        let ca = testdata("ca.pem");
-        let cluster =
-            harness::RedisCluster::start_tls(3, &testdata("node.pem"), &testdata("node.key"), &ca)
-                .expect("a TLS Redis Cluster");
+        let cluster = harness::RedisCluster::start_tls(3).expect("a TLS Redis Cluster");
+        let ca = harness::RedisCluster::test_ca();
         let handle =
             Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", Some(&ca), true).unwrap());
         let store = RedisStore::new(handle, Duration::from_secs(60));
