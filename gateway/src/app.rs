@@ -55,7 +55,10 @@ impl App {
             }),
             crate::pool::worker_auth(config.worker_token.as_deref())?,
         )?;
-        let store = crate::store::from_config(&config.store, redis);
+        let store = crate::store::open(
+            redis,
+            Duration::from_secs(config.store.storage_window_seconds),
+        );
         let runs = Arc::new(Runs::new(store.clone(), &config.store));
         Ok(Self {
             config,

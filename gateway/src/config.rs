@@ -43,7 +43,7 @@ pub struct Config {
     /// Named plans (`[plans.NAME]`); a plan set in Redis with `gateway plans
     /// set` takes precedence over the one of the same name here.
     #[serde(default)]
-    pub plans: BTreeMap<String, PlanConfig>,
+    pub plans: BTreeMap<String, RatePlanConfig>,
     /// Organisation settings for the embedded mode (`[orgs.NAME]`); with
     /// Redis, `gateway orgs ...` manages them there.
     #[serde(default)]
@@ -219,7 +219,7 @@ fn default_service_name() -> String {
 /// One plan's limits per organisation and model; 0 means unlimited.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PlanConfig {
+pub struct RatePlanConfig {
     #[serde(default)]
     pub rpm: u32,
     #[serde(default)]

@@ -4,7 +4,7 @@
 
 use super::store::AccountStore;
 use super::Scopes;
-use crate::accounts::Plan;
+use crate::accounts::RatePlan;
 use crate::redis_conn::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
@@ -295,7 +295,7 @@ impl PlansArgs {
                     max_concurrent,
                     default_max_tokens,
                 } => {
-                    let plan = Plan {
+                    let plan = RatePlan {
                         rpm,
                         tpm,
                         max_concurrent,

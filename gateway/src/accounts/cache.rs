@@ -8,7 +8,7 @@
 //! (the listener clears the whole cache when it reconnects).
 
 use super::store::{AccountStore, KeyRecord};
-use super::Plan;
+use super::RatePlan;
 use super::{Account, OrgStatus, Scopes};
 use crate::auth::{bearer_token, hash_key, Principal};
 use crate::config::{Config, OnStoreFailure};
@@ -36,7 +36,7 @@ pub struct Accounts {
     store: Option<AccountStore>,
     cache: RwLock<HashMap<[u8; 32], Entry>>,
     ttl: Duration,
-    plans: BTreeMap<String, Plan>,
+    plans: BTreeMap<String, RatePlan>,
     default_plan: String,
     orgs: BTreeMap<String, OrgStatus>,
     policy: OnStoreFailure,
@@ -92,7 +92,7 @@ impl Accounts {
         let plans = config
             .plans
             .iter()
-            .map(|(name, p)| (name.clone(), Plan::from(p)))
+            .map(|(name, p)| (name.clone(), RatePlan::from(p)))
             .collect();
         let orgs = config
             .orgs
@@ -241,7 +241,7 @@ impl Accounts {
         &self,
         record: &KeyRecord,
         org: Option<OrgStatus>,
-        plan: Option<Plan>,
+        plan: Option<RatePlan>,
     ) -> Account {
         let plan_name = self.plan_name(record);
         Account {
@@ -355,7 +355,7 @@ mod tests {
         });
         c.plans.insert(
             "small".into(),
-            crate::config::PlanConfig {
+            crate::config::RatePlanConfig {
                 rpm: 5,
                 ..Default::default()
             },

@@ -18,13 +18,13 @@ pub mod cache;
 pub mod store;
 
 use crate::auth::Principal;
-use crate::config::PlanConfig;
+use crate::config::RatePlanConfig;
 use crate::error::ApiError;
 use std::sync::Arc;
 
 /// A plan's limits for one organisation and model; 0 means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct RatePlan {
     pub rpm: u32,
     pub tpm: u64,
     pub max_concurrent: u32,
@@ -32,14 +32,14 @@ pub struct Plan {
     pub default_max_tokens: u32,
 }
 
-impl Plan {
+impl RatePlan {
     pub fn is_unlimited(&self) -> bool {
         self.rpm == 0 && self.tpm == 0 && self.max_concurrent == 0
     }
 }
 
-impl From<&PlanConfig> for Plan {
-    fn from(p: &PlanConfig) -> Self {
+impl From<&RatePlanConfig> for RatePlan {
+    fn from(p: &RatePlanConfig) -> Self {
         Self {
             rpm: p.rpm,
             tpm: p.tpm,
@@ -157,7 +157,7 @@ pub struct Account {
     /// Model allow-list; `None` = every model.
     pub models: Option<Box<[Box<str>]>>,
     pub plan_name: Arc<str>,
-    pub plan: Plan,
+    pub plan: RatePlan,
     pub org: OrgStatus,
     /// This key's usage metric series, resolved once per model.
     pub series: crate::metrics::AccountSeries,
@@ -195,20 +195,10 @@ impl Account {
             } else {
                 &self.org.blocked_reason
             };
-            return Err(ApiError::blocked(reason, BLOCKED_EV));
+            return Err(ApiError::blocked(reason, crate::error::BLOCKED_EV));
         }
         Ok(())
     }
-}
-
-/// `ev` of the 402 body for an organisation blocked by the operator.
-pub const BLOCKED_EV: i64 = 1;
-/// `ev` of the 402 body for an organisation past its spending budget.
-pub const OVER_BUDGET_EV: i64 = 2;
-
-/// The 402 for an organisation past its spending budget.
-pub fn over_budget() -> ApiError {
-    ApiError::blocked("budget_exceeded", OVER_BUDGET_EV)
 }
 
 #[cfg(test)]
@@ -225,7 +215,7 @@ mod tests {
             scopes,
             models: models.map(|m| m.iter().map(|s| (*s).into()).collect()),
             plan_name: "default".into(),
-            plan: Plan::default(),
+            plan: RatePlan::default(),
             org,
             series: Default::default(),
         }
@@ -281,10 +271,7 @@ mod tests {
         assert_eq!(e.status, 402);
         assert!(v.get("error").is_none());
         assert_eq!(v["code"], 402);
-        assert_eq!(v["ev"], BLOCKED_EV);
+        assert_eq!(v["ev"], crate::error::BLOCKED_EV);
         assert_eq!(v["data"]["reason"], "payment_overdue");
-        let v: serde_json::Value = serde_json::from_slice(&over_budget().body()).unwrap();
-        assert_eq!(v["ev"], OVER_BUDGET_EV);
-        assert_eq!(v["data"]["reason"], "budget_exceeded");
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! The secret itself is never stored: `keys create` prints it once.
 
-use super::Plan;
+use super::RatePlan;
 use super::{OrgStatus, Scopes};
 use crate::redis_conn::RedisHandle;
 use rand::distr::{Alphanumeric, SampleString};
@@ -110,7 +110,7 @@ impl AccountStore {
         &self,
         org: &str,
         plan: &str,
-    ) -> redis::RedisResult<(Option<OrgStatus>, Option<Plan>)> {
+    ) -> redis::RedisResult<(Option<OrgStatus>, Option<RatePlan>)> {
         let conn = self.redis.conn().await?;
         let (mut c1, mut c2) = (conn.clone(), conn);
         let (org_key, plan_key) = (self.org_key(org), self.plan_key(plan));
@@ -257,7 +257,7 @@ impl AccountStore {
         Ok(org_from_hash(&h))
     }
 
-    pub async fn set_plan(&self, name: &str, plan: &Plan) -> anyhow::Result<()> {
+    pub async fn set_plan(&self, name: &str, plan: &RatePlan) -> anyhow::Result<()> {
         let mut conn = self.redis.conn().await?;
         let _: () = conn
             .hset_multiple(
@@ -273,7 +273,7 @@ impl AccountStore {
         self.publish("all").await
     }
 
-    pub async fn plan(&self, name: &str) -> anyhow::Result<Option<Plan>> {
+    pub async fn plan(&self, name: &str) -> anyhow::Result<Option<RatePlan>> {
         let mut conn = self.redis.conn().await?;
         let h: HashMap<String, String> = conn.hgetall(self.plan_key(name)).await?;
         Ok(plan_from_hash(&h))
@@ -297,12 +297,12 @@ fn org_from_hash(h: &HashMap<String, String>) -> Option<OrgStatus> {
     })
 }
 
-fn plan_from_hash(h: &HashMap<String, String>) -> Option<Plan> {
+fn plan_from_hash(h: &HashMap<String, String>) -> Option<RatePlan> {
     if h.is_empty() {
         return None;
     }
     let num = |k: &str| h.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    Some(Plan {
+    Some(RatePlan {
         rpm: num("rpm") as u32,
         tpm: num("tpm"),
         max_concurrent: num("max_concurrent") as u32,
@@ -404,7 +404,7 @@ pub(crate) mod tests {
 
         store.set_org_blocked("org-x", true, "fraud").await.unwrap();
         store.set_org_budget("org-x", Some(1.5)).await.unwrap();
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 10,
             tpm: 1000,
             max_concurrent: 2,

@@ -554,6 +554,49 @@ pub fn is_terminal_event(name: &str) -> bool {
     )
 }
 
+/// One encoded stream event: its name, sequence number and JSON payload
+/// (which repeats both). Stored as is in the event log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedEvent {
+    pub seq: u64,
+    pub name: String,
+    pub data: String,
+}
+
+impl EncodedEvent {
+    /// `event: <name>\ndata: <json>\n\n`.
+    pub fn write_sse(&self, out: &mut bytes::BytesMut) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(self.name.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        out.extend_from_slice(self.data.as_bytes());
+        out.extend_from_slice(b"\n\n");
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        is_terminal_event(&self.name)
+    }
+}
+
+/// The terminal event that a replica other than the run's owner writes
+/// (cancel, or the sweeper after a lost lease), for an object whose status
+/// it already set. Its sequence number is only known inside the store, so
+/// this returns the payload without its closing `}`; the store appends
+/// `,"sequence_number":N}`.
+pub fn external_terminal(object: &ResponseObject) -> (&'static str, String) {
+    let event = match object.status.as_str() {
+        "failed" => StreamEvent::Failed { response: object },
+        "completed" => StreamEvent::Completed { response: object },
+        // A cancelled run stopped early: `response.incomplete` is the
+        // terminal event every client knows (there is no `response.cancelled`).
+        _ => StreamEvent::Incomplete { response: object },
+    };
+    let name = event.name();
+    let mut data = serde_json::to_string(&event).unwrap_or_default();
+    data.pop();
+    (name, data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,11 +2,12 @@
 //! Responses events (streamed, or folded into the response object).
 
 use super::{Encoder, Gone};
+use crate::api::responses::EncodedEvent;
 use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use crate::metrics::METRICS;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
-use crate::translate::responses::{Frame, ResponseEncoder};
+use crate::translate::responses::ResponseEncoder;
 use crate::translate::sse_error;
 use bytes::BytesMut;
 use inference_proto::v1 as pb;
@@ -148,7 +149,7 @@ pub struct ResponseEvents<'a> {
     reply: Reply<'a>,
     pub encoder: ResponseEncoder,
     stream: bool,
-    frames: Vec<Frame>,
+    frames: Vec<EncodedEvent>,
 }
 
 impl<'a> ResponseEvents<'a> {

@@ -11,7 +11,7 @@
 //! reached fails the call (the limiter's failure policy decides) and
 //! refreshes the map, so calls go to its replacement once one is promoted.
 
-use super::redis_pipe::{Frame, PipeError, RedisPipe, Reply};
+use super::redis_pipe::{PipeError, RedisPipe, Reply, RespCommand};
 use crate::redis_cluster::{key_slot, Node, Redirect, Topology};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -47,7 +47,11 @@ impl ClusterPipe {
     /// Sends the command `encode` builds to the primary serving `key`'s
     /// slot (every key of the command has that slot) and waits for its
     /// reply, following redirects.
-    pub async fn call(&self, key: &str, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+    pub async fn call(
+        &self,
+        key: &str,
+        encode: impl Fn() -> RespCommand,
+    ) -> Result<Reply, PipeError> {
         let slot = key_slot(key.as_bytes());
         let mut map = self.topology.map().await.map_err(map_failed)?;
         let mut node = match map.owner(slot) {
@@ -120,7 +124,7 @@ impl ClusterPipe {
         };
         let pings = pipes
             .iter()
-            .map(|p| p.call(|| Frame::command(&["PING".into()])));
+            .map(|p| p.call(|| RespCommand::command(&["PING".into()])));
         futures::future::join_all(pings).await;
     }
 
@@ -210,7 +214,7 @@ mod tests {
         let pipe = ClusterPipe::new(topology.clone(), None, vec![script.source]);
         let incr = |key: &'static str| {
             let script = &script;
-            move || Frame::evalsha(script, &[key], &[])
+            move || RespCommand::evalsha(script, &[key], &[])
         };
         // Every primary serves some of the keys.
         let map = topology.map().await.unwrap();

@@ -3,9 +3,9 @@
 //! for tokens, in the form the widely used API sends (`1s`, `6m0s`, `12ms`).
 //! A limit the plan leaves unlimited gets no headers.
 
-use super::{Admission, Plan};
+use super::{Admission, RatePlan};
 
-pub fn rate_limit_headers(plan: &Plan, a: &Admission) -> Vec<(&'static str, String)> {
+pub fn rate_limit_headers(plan: &RatePlan, a: &Admission) -> Vec<(&'static str, String)> {
     let mut h = Vec::with_capacity(6);
     if plan.rpm > 0 {
         let limit = u64::from(plan.rpm);
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn six_headers_for_a_limited_plan_none_for_unlimited() {
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 60,
             tpm: 1000,
             max_concurrent: 0,
@@ -128,6 +128,6 @@ mod tests {
         assert_eq!(get("x-ratelimit-remaining-tokens"), Some("750"));
         assert_eq!(get("x-ratelimit-reset-tokens"), Some("12ms"));
         assert_eq!(h.len(), 6);
-        assert!(rate_limit_headers(&Plan::default(), &a).is_empty());
+        assert!(rate_limit_headers(&RatePlan::default(), &a).is_empty());
     }
 }

@@ -16,7 +16,7 @@
 //! local count could not be refunded when a request settles below its
 //! reservation.
 
-use super::{LocalRefusal, Plan, Verdict};
+use super::{LocalRefusal, RatePlan, Verdict};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -45,7 +45,7 @@ impl LocalEntry {
 
     /// Takes a local slot (released by [`LocalEntry::release`]) or refuses.
     /// `now_ms` is the limiter's clock.
-    pub(crate) fn check(&self, plan: &Plan, now_ms: u64) -> Result<(), LocalRefusal> {
+    pub(crate) fn check(&self, plan: &RatePlan, now_ms: u64) -> Result<(), LocalRefusal> {
         if plan.max_concurrent > 0 && self.in_flight.load(Ordering::Relaxed) >= plan.max_concurrent
         {
             return Err(LocalRefusal {
@@ -94,7 +94,7 @@ pub struct LocalStage {
 
 impl LocalStage {
     /// The entry for `org` and `model`, rebuilt if the plan's rpm changed.
-    pub fn entry(&self, org: &Arc<str>, model: &'static str, plan: &Plan) -> Arc<LocalEntry> {
+    pub fn entry(&self, org: &Arc<str>, model: &'static str, plan: &RatePlan) -> Arc<LocalEntry> {
         let key = (org.clone(), model);
         if let Ok(entries) = self.entries.read() {
             if let Some(e) = entries.get(&key) {
@@ -124,9 +124,9 @@ mod tests {
     #[test]
     fn a_full_request_window_refuses_with_its_reset_until_then() {
         let stage = LocalStage::default();
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 5,
-            ..Plan::default()
+            ..RatePlan::default()
         };
         let e = stage.entry(&"org".into(), "base", &plan);
         // Nothing known: every request goes on to the global stage.
@@ -154,9 +154,9 @@ mod tests {
     #[test]
     fn in_flight_limit_and_release() {
         let stage = LocalStage::default();
-        let plan = Plan {
+        let plan = RatePlan {
             max_concurrent: 2,
-            ..Plan::default()
+            ..RatePlan::default()
         };
         let e = stage.entry(&"org".into(), "base", &plan);
         e.check(&plan, 0).unwrap();
@@ -170,7 +170,7 @@ mod tests {
         assert_eq!(e.in_flight(), 0);
         // A plan change keeps the count.
         e.check(&plan, 0).unwrap();
-        let changed = Plan { rpm: 3, ..plan };
+        let changed = RatePlan { rpm: 3, ..plan };
         assert_eq!(stage.entry(&"org".into(), "base", &changed).in_flight(), 1);
     }
 }

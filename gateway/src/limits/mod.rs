@@ -33,7 +33,6 @@ pub mod redis_pipe;
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
 use crate::config::{Config, OnStoreFailure};
-use crate::error::ApiError;
 use crate::metrics::{LimitDecision, LimitStage};
 use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
@@ -46,7 +45,7 @@ use std::time::{Duration, Instant};
 /// Length of the sliding windows of "per minute" limits.
 pub const WINDOW_MS: u64 = 60_000;
 
-pub use crate::accounts::Plan;
+pub use crate::accounts::RatePlan;
 
 /// Output tokens reserved when neither the request nor the plan says.
 pub const FALLBACK_MAX_TOKENS: u32 = 4096;
@@ -59,7 +58,7 @@ pub struct AdmitRequest<'a> {
     pub request_id: &'a str,
     /// Tokens to reserve (input estimate plus output allowance).
     pub tokens: u64,
-    pub plan: Plan,
+    pub plan: RatePlan,
     pub budget_nano: Option<i64>,
     pub in_flight_ttl_ms: u64,
 }
@@ -206,7 +205,7 @@ impl Limiter {
         request_id: String,
         input_estimate: u64,
         max_tokens: u32,
-    ) -> (Result<Reservation, ApiError>, Vec<(&'static str, String)>) {
+    ) -> (Result<Reservation, Refusal>, Vec<(&'static str, String)>) {
         let plan = account.plan;
         let output_allowance = match (max_tokens, plan.default_max_tokens) {
             (0, 0) => FALLBACK_MAX_TOKENS,
@@ -221,7 +220,7 @@ impl Limiter {
         if let Err(refusal) = local.check(&plan, self.now_ms()) {
             count_decision(model, LimitStage::Local, refusal.verdict);
             let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
-            return (Err(refusal.into_error(tokens, &plan)), headers);
+            return (Err(refusal.into_refusal(tokens, &plan)), headers);
         }
 
         // Stage 2: the global count (nothing to count for an unlimited plan
@@ -274,8 +273,13 @@ impl Limiter {
             verdict => {
                 local.release();
                 Err(match verdict {
-                    Verdict::OverBudget => crate::accounts::over_budget(),
-                    _ => refusal_error(verdict, tokens, &plan, admission.retry_after_ms),
+                    Verdict::OverBudget => Refusal::OverBudget,
+                    _ => Refusal::RateLimited(RateLimited::new(
+                        verdict,
+                        tokens,
+                        &plan,
+                        admission.retry_after_ms,
+                    )),
                 })
             }
         };
@@ -302,7 +306,7 @@ impl Limiter {
         tokio::spawn(settle_until_applied(global.clone(), release));
     }
 
-    async fn ask_store(&self, req: &AdmitRequest<'_>) -> Result<(Admission, Holder), ApiError> {
+    async fn ask_store(&self, req: &AdmitRequest<'_>) -> Result<(Admission, Holder), Refusal> {
         let Some(global) = &self.global else {
             return Ok((self.memory.admit_now(req), Holder::Memory));
         };
@@ -319,12 +323,7 @@ impl Limiter {
         }
         match self.policy {
             OnStoreFailure::FailOpenLocal => Ok((self.memory.admit_now(req), Holder::Memory)),
-            OnStoreFailure::FailClosed => Err(ApiError::new(
-                503,
-                "service_unavailable",
-                "Rate limiting is temporarily unavailable. Retry shortly.",
-            )
-            .with_retry_after(1)),
+            OnStoreFailure::FailClosed => Err(Refusal::StoreUnavailable),
         }
     }
 
@@ -448,28 +447,73 @@ fn count_decision(model: &ModelSpec, stage: LimitStage, verdict: Verdict) {
     }
 }
 
-/// The 429 for a refusal, with `retry-after` in whole seconds (at least 1).
-fn refusal_error(verdict: Verdict, tokens: u64, plan: &Plan, retry_after_ms: u64) -> ApiError {
-    let secs = retry_after_ms.div_ceil(1000).max(1);
-    let message = match verdict {
-        Verdict::Requests => format!(
-            "Rate limit reached: {} requests per minute. Retry after {secs}s.",
-            plan.rpm
-        ),
-        Verdict::Tokens if tokens > plan.tpm => format!(
-            "Request too large: it needs {tokens} tokens (input estimate plus max_tokens), the limit is {} tokens per minute. Lower max_tokens or shorten the input.",
-            plan.tpm
-        ),
-        Verdict::Tokens => format!(
-            "Rate limit reached: {} tokens per minute; this request reserves {tokens}. Retry after {secs}s.",
-            plan.tpm
-        ),
-        _ => format!(
-            "Too many concurrent requests: the limit is {}. Retry when one finishes.",
-            plan.max_concurrent
-        ),
-    };
-    ApiError::rate_limited(message, secs)
+/// Why the limiter refused a request. The HTTP layer maps it to the
+/// spec's envelope (`error/layers.rs`): 429, 402 or 503.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A rate limit of the plan is reached.
+    RateLimited(RateLimited),
+    /// The organisation's budget is spent.
+    OverBudget,
+    /// The global count did not answer and the policy is `fail_closed`.
+    StoreUnavailable,
+}
+
+/// A refusal by a rate limit: which one, and when to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimited {
+    /// `Requests`, `Tokens` or `Concurrency`.
+    pub verdict: Verdict,
+    /// What this request reserves (input estimate plus output allowance).
+    pub tokens: u64,
+    /// The plan's limit that refused it, in the verdict's unit.
+    pub limit: u64,
+    pub retry_after_ms: u64,
+}
+
+impl RateLimited {
+    fn new(verdict: Verdict, tokens: u64, plan: &RatePlan, retry_after_ms: u64) -> Self {
+        let limit = match verdict {
+            Verdict::Requests => u64::from(plan.rpm),
+            Verdict::Tokens => plan.tpm,
+            _ => u64::from(plan.max_concurrent),
+        };
+        Self {
+            verdict,
+            tokens,
+            limit,
+            retry_after_ms,
+        }
+    }
+
+    /// `retry-after` in whole seconds, at least 1.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry_after_ms.div_ceil(1000).max(1)
+    }
+}
+
+impl std::fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (tokens, limit, secs) = (self.tokens, self.limit, self.retry_after_secs());
+        match self.verdict {
+            Verdict::Requests => write!(
+                f,
+                "Rate limit reached: {limit} requests per minute. Retry after {secs}s."
+            ),
+            Verdict::Tokens if tokens > limit => write!(
+                f,
+                "Request too large: it needs {tokens} tokens (input estimate plus max_tokens), the limit is {limit} tokens per minute. Lower max_tokens or shorten the input."
+            ),
+            Verdict::Tokens => write!(
+                f,
+                "Rate limit reached: {limit} tokens per minute; this request reserves {tokens}. Retry after {secs}s."
+            ),
+            _ => write!(
+                f,
+                "Too many concurrent requests: the limit is {limit}. Retry when one finishes."
+            ),
+        }
+    }
 }
 
 /// How an admitted request ended, for settling.
@@ -628,7 +672,7 @@ pub(crate) struct LocalRefusal {
 }
 
 impl LocalRefusal {
-    fn snapshot(&self, plan: &Plan) -> Admission {
+    fn snapshot(&self, plan: &RatePlan) -> Admission {
         let ms = self.retry_after.as_millis() as u64;
         Admission {
             verdict: self.verdict,
@@ -648,19 +692,20 @@ impl LocalRefusal {
         }
     }
 
-    fn into_error(self, tokens: u64, plan: &Plan) -> ApiError {
-        refusal_error(
+    fn into_refusal(self, tokens: u64, plan: &RatePlan) -> Refusal {
+        Refusal::RateLimited(RateLimited::new(
             self.verdict,
             tokens,
             plan,
             self.retry_after.as_millis() as u64,
-        )
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ApiError;
 
     #[test]
     fn cost_in_nano_dollars_matches_the_price_table() {
@@ -683,7 +728,7 @@ mod tests {
         assert_eq!(cost_nano(mini, &one_each), 180 + 18 + 450);
     }
 
-    fn account(plan: Plan) -> Arc<Account> {
+    fn account(plan: RatePlan) -> Arc<Account> {
         Arc::new(Account {
             principal: crate::auth::Principal {
                 org: "org-drop".into(),
@@ -702,7 +747,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_reservation_releases_its_slot_and_tokens() {
         let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 0,
             tpm: 1000,
             max_concurrent: 1,
@@ -719,7 +764,7 @@ mod tests {
             .any(|(k, v)| *k == "x-ratelimit-remaining-tokens" && v == "100"));
         // Busy: one in flight, 900 of 1000 tokens reserved.
         let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 10, 1).await;
-        assert_eq!(r.err().map(|e| e.status), Some(429));
+        assert_eq!(r.err().map(|e| ApiError::from(e).status), Some(429));
         assert!(headers.iter().any(|(k, _)| *k == "retry-after-ms"));
         // The request is abandoned mid-stream: dropped, never settled.
         reservation.mark_started();
@@ -744,9 +789,9 @@ mod tests {
     #[tokio::test]
     async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
         let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 3,
-            ..Plan::default()
+            ..RatePlan::default()
         };
         let acc = account(plan);
         let base = crate::catalog::find("base").unwrap();
@@ -763,7 +808,7 @@ mod tests {
             let (r, headers) = limiter
                 .admit_request(&acc, base, format!("r{i}"), 1, 1)
                 .await;
-            let e = r.err().expect("refused");
+            let e = ApiError::from(r.err().expect("refused"));
             assert_eq!(
                 (e.status, e.retry_after_secs),
                 (429, Some(60)),
@@ -801,9 +846,16 @@ mod tests {
         }
     }
 
+    /// The client's view of a rate-limit refusal.
+    fn refusal_error(verdict: Verdict, tokens: u64, plan: &RatePlan, retry_ms: u64) -> ApiError {
+        ApiError::from(Refusal::RateLimited(RateLimited::new(
+            verdict, tokens, plan, retry_ms,
+        )))
+    }
+
     #[test]
     fn refusal_messages_and_retry_after() {
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 10,
             tpm: 100,
             max_concurrent: 2,
@@ -872,7 +924,7 @@ mod bench {
             let mut config = Config::defaults();
             config.limits.key_cache_ttl_ms = 600_000;
             let store = AccountStore::new(redis.clone());
-            let plan = Plan {
+            let plan = RatePlan {
                 rpm: 10_000_000,
                 tpm: 10_000_000_000,
                 max_concurrent: 100_000,
@@ -989,7 +1041,7 @@ pub(crate) mod tests_shared {
         model: &'a str,
         rid: &'a str,
         tokens: u64,
-        plan: Plan,
+        plan: RatePlan,
         budget: Option<i64>,
     ) -> AdmitRequest<'a> {
         AdmitRequest {
@@ -1030,7 +1082,7 @@ pub(crate) mod tests_shared {
 
     pub(crate) async fn suite(store: &dyn LimitStore) {
         // Requests and concurrency on `base`.
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 3,
             tpm: 1000,
             max_concurrent: 2,
@@ -1092,7 +1144,7 @@ pub(crate) mod tests_shared {
         assert!((59_000..=60_000).contains(&a.retry_after_ms), "{a:?}");
 
         // Tokens on `base-mini`, a model of its own.
-        let plan = Plan {
+        let plan = RatePlan {
             rpm: 0,
             tpm: 1000,
             max_concurrent: 0,
@@ -1150,7 +1202,7 @@ pub(crate) mod tests_shared {
         assert_eq!((a.verdict, a.used_tokens), (Verdict::Admitted, 1000));
 
         // Budget: r1 cost 777 nano-dollars.
-        let open = Plan::default();
+        let open = RatePlan::default();
         let a = store
             .admit(&req("base-ultra", "b1", 1, open, Some(777)))
             .await

@@ -17,7 +17,7 @@
 //! ```
 
 use super::cluster_pipe::ClusterPipe;
-use super::redis_pipe::{Frame, PipeError, RedisPipe, Reply, Script};
+use super::redis_pipe::{PipeError, RedisPipe, Reply, RespCommand, Script};
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::metrics::redis_error;
 use crate::redis_conn::{RedisHandle, Target};
@@ -137,7 +137,7 @@ impl LimitStore for RedisLimits {
     async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
         let k = self.keys(r.org, r.model);
         let frame = || {
-            Frame::evalsha(
+            RespCommand::evalsha(
                 &self.admit,
                 &Self::admit_keys(&k),
                 &[
@@ -188,7 +188,7 @@ impl LimitStore for RedisLimits {
         let field_prefix = [s.key_id, "|", s.model, "|"].concat();
         let settled = [k.settled_stem.as_str(), s.request_id].concat();
         let frame = || {
-            Frame::evalsha(
+            RespCommand::evalsha(
                 &self.settle,
                 &[
                     &k.tok,
@@ -228,7 +228,7 @@ impl LimitStore for RedisLimits {
         // sent before it has been applied.
         match &self.pipe {
             Pipe::Single(p) => {
-                let _ = p.call(|| Frame::command(&["PING".into()])).await;
+                let _ = p.call(|| RespCommand::command(&["PING".into()])).await;
             }
             Pipe::Cluster(p) => p.flush().await,
         }
@@ -243,7 +243,7 @@ enum Pipe {
 
 impl Pipe {
     /// `key`: one of the command's keys (all share its slot).
-    async fn call(&self, key: &str, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+    async fn call(&self, key: &str, encode: impl Fn() -> RespCommand) -> Result<Reply, PipeError> {
         match self {
             Pipe::Single(p) => p.call(encode).await,
             Pipe::Cluster(p) => p.call(key, encode).await,
@@ -373,7 +373,7 @@ mod tests {
             "{usage:?}"
         );
         // Several orgs, admitted on whichever node serves each.
-        let plan = crate::accounts::Plan {
+        let plan = crate::accounts::RatePlan {
             rpm: 1,
             tpm: 0,
             max_concurrent: 0,

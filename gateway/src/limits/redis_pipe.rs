@@ -5,7 +5,7 @@
 //! the redis crate's multiplexed connection each one built a generic
 //! `Cmd`, went through the connection manager's timeout and parsed a
 //! generic `Value` with a parser-combinator: about half of the limiter's
-//! CPU. Here a frame is encoded once, straight into bytes ([`Frame`]); one
+//! CPU. Here a command is encoded once, straight into bytes ([`RespCommand`]); one
 //! task owns the socket, writes whatever callers have queued in one write
 //! and answers them in order from a minimal RESP2 reader ([`Reply`]).
 //! Everything else (keys, the Responses store, the admin CLI) keeps using
@@ -85,11 +85,11 @@ impl From<u32> for Arg<'_> {
 
 /// One command encoded as RESP. The array length comes from the
 /// arguments given, so it cannot disagree with them.
-pub struct Frame {
+pub struct RespCommand {
     bytes: Vec<u8>,
 }
 
-impl Frame {
+impl RespCommand {
     /// A command: its name and arguments.
     pub fn command(args: &[Arg<'_>]) -> Self {
         let mut f = Self::with_len(args.len());
@@ -224,25 +224,25 @@ impl RedisPipe {
     /// reply is `Err(PipeError::Server)`; `NOSCRIPT` reloads the scripts
     /// and retries once (encoding the command again: cheaper than keeping
     /// a copy of every frame for a rare retry).
-    pub async fn call(&self, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+    pub async fn call(&self, encode: impl Fn() -> RespCommand) -> Result<Reply, PipeError> {
         self.call_with(encode, false).await
     }
 
     /// [`Self::call`] preceded by `ASKING` (in the same write): the command
     /// of a slot being migrated to this node (Redis Cluster's `ASK`).
-    pub async fn call_asking(&self, encode: impl Fn() -> Frame) -> Result<Reply, PipeError> {
+    pub async fn call_asking(&self, encode: impl Fn() -> RespCommand) -> Result<Reply, PipeError> {
         self.call_with(encode, true).await
     }
 
     async fn call_with(
         &self,
-        encode: impl Fn() -> Frame,
+        encode: impl Fn() -> RespCommand,
         asking: bool,
     ) -> Result<Reply, PipeError> {
         let job = || {
             let frame = encode().into_bytes();
             if asking {
-                let mut bytes = Frame::command(&["ASKING".into()]).into_bytes();
+                let mut bytes = RespCommand::command(&["ASKING".into()]).into_bytes();
                 bytes.extend_from_slice(&frame);
                 (bytes, 1)
             } else {
@@ -252,7 +252,7 @@ impl RedisPipe {
         match self.send(job()).await? {
             Reply::Error(e) if e.starts_with("NOSCRIPT") => {
                 for source in &self.scripts {
-                    let load = Frame::script_load(source);
+                    let load = RespCommand::script_load(source);
                     if let Reply::Error(e) = self.send((load.into_bytes(), 0)).await? {
                         return Err(PipeError::Server(e));
                     }
@@ -381,16 +381,16 @@ async fn connect(
     let mut hello = Vec::new();
     if let Some(password) = settings.password() {
         let f = match settings.username() {
-            Some(user) => Frame::command(&["AUTH".into(), user.into(), password.into()]),
-            None => Frame::command(&["AUTH".into(), password.into()]),
+            Some(user) => RespCommand::command(&["AUTH".into(), user.into(), password.into()]),
+            None => RespCommand::command(&["AUTH".into(), password.into()]),
         };
         hello.push(f.into_bytes());
     }
     if settings.db() != 0 {
-        hello.push(Frame::command(&["SELECT".into(), settings.db().into()]).into_bytes());
+        hello.push(RespCommand::command(&["SELECT".into(), settings.db().into()]).into_bytes());
     }
     for source in scripts {
-        hello.push(Frame::script_load(source).into_bytes());
+        hello.push(RespCommand::script_load(source).into_bytes());
     }
     conn.io.write_all(&hello.concat()).await.map_err(io_err)?;
     // A TLS stream may hold the last record until flushed (a no-op on TCP).
@@ -635,13 +635,13 @@ mod tests {
 
     #[test]
     fn frames_are_resp_arrays_of_bulk_strings() {
-        let f = Frame::command(&["SET".into(), "k".into(), (-42i64).into()]);
+        let f = RespCommand::command(&["SET".into(), "k".into(), (-42i64).into()]);
         assert_eq!(
             &f.into_bytes()[..],
             b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n-42\r\n"
         );
         let script = Script::new("return 1");
-        let f = Frame::evalsha(&script, &["a", "b"], &[7u32.into()]);
+        let f = RespCommand::evalsha(&script, &["a", "b"], &[7u32.into()]);
         let text = String::from_utf8(f.into_bytes().to_vec()).unwrap();
         assert!(text.starts_with("*6\r\n$7\r\nEVALSHA\r\n$40\r\n"), "{text}");
         assert!(text.ends_with("$1\r\n2\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\n7\r\n"));
@@ -686,13 +686,13 @@ mod tests {
         };
         let pipe = RedisPipe::to(info.clone(), None, vec![script.source]);
         let script = &script;
-        let call = |n: u32| pipe.call(move || Frame::evalsha(script, &[], &[n.into()]));
+        let call = |n: u32| pipe.call(move || RespCommand::evalsha(script, &[], &[n.into()]));
         let replies = futures::future::join_all((0..100).map(call)).await;
         for (n, r) in replies.into_iter().enumerate() {
             assert_eq!(r.unwrap().ints(), Some(vec![n as i64, 2, 3]));
         }
         // An error reply is an error; the connection goes on.
-        let bad = || Frame::command(&["NOSUCHCOMMAND".into(), "x".into()]);
+        let bad = || RespCommand::command(&["NOSUCHCOMMAND".into(), "x".into()]);
         assert!(matches!(pipe.call(bad).await, Err(PipeError::Server(_))));
         assert_eq!(call(1).await.unwrap().ints(), Some(vec![1, 2, 3]));
     }
@@ -753,7 +753,7 @@ mod tests {
         let script = Script::new("return {7, 8}");
         let pipe = RedisPipe::new(&client, None, &[&script]);
         let reply = pipe
-            .call(|| Frame::evalsha(&script, &[], &[]))
+            .call(|| RespCommand::evalsha(&script, &[], &[]))
             .await
             .unwrap();
         assert_eq!(reply.ints(), Some(vec![7, 8]));
@@ -777,12 +777,12 @@ mod tests {
         let script = Script::new("return {7, 8}");
         let pipe = RedisPipe::new(&client, None, &[&script]);
         let reply = pipe
-            .call_asking(|| Frame::evalsha(&script, &[], &[]))
+            .call_asking(|| RespCommand::evalsha(&script, &[], &[]))
             .await
             .unwrap();
         assert_eq!(reply.ints(), Some(vec![7, 8]));
         // The skipped ASKING reply does not shift the next call's.
-        let pong = pipe.call(|| Frame::command(&["PING".into()])).await;
+        let pong = pipe.call(|| RespCommand::command(&["PING".into()])).await;
         assert_eq!(pong.unwrap(), Reply::Status("PONG".into()));
         drop(pipe);
         assert_eq!(
@@ -810,7 +810,7 @@ mod tests {
         let script = Script::new("return 1");
         let pipe = RedisPipe::new(&client, None, &[&script]);
         let started = Instant::now();
-        let r = pipe.call(|| Frame::evalsha(&script, &[], &[])).await;
+        let r = pipe.call(|| RespCommand::evalsha(&script, &[], &[])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         let waited = started.elapsed();
         assert!(
@@ -829,7 +829,7 @@ mod tests {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let pipe = RedisPipe::new(&client, None, &[]);
         let started = Instant::now();
-        let r = pipe.call(|| Frame::command(&["PING".into()])).await;
+        let r = pipe.call(|| RespCommand::command(&["PING".into()])).await;
         assert!(matches!(r, Err(PipeError::Connection(_))), "{r:?}");
         assert!(started.elapsed() < CONNECT_TIMEOUT * 2);
         // Something listens now: the next call opens a new connection.
@@ -841,7 +841,7 @@ mod tests {
             s.write_all(b"+PONG\r\n").await.unwrap();
             s
         });
-        let r = pipe.call(|| Frame::command(&["PING".into()])).await;
+        let r = pipe.call(|| RespCommand::command(&["PING".into()])).await;
         assert_eq!(r.unwrap(), Reply::Status("PONG".into()));
         drop(server.await);
     }

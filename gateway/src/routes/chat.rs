@@ -23,22 +23,22 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
 
     // 2. Validate, and check the key may use this model (and the planner).
     let session_id = ex.session_id().map(str::to_owned);
-    let plan = validate::chat::validate(
+    let valid = validate::chat::validate(
         &req,
         &validate::chat::ChatHeaders {
             session_id: session_id.as_deref(),
         },
     )?;
-    ex.model = plan.model.id;
-    account.check_model(plan.model.id)?;
-    if plan.planner {
+    ex.model = valid.model.id;
+    account.check_model(valid.model.id)?;
+    if valid.planner {
         account.check_scope(Scope::Planner)?;
         let route = Box::pin(super::planner::create(
             app,
             ex,
             account,
             req,
-            plan,
+            valid,
             input_estimate,
         ));
         return route.await;
@@ -49,22 +49,22 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         app,
         ex,
         &account,
-        plan.model,
+        valid.model,
         input_estimate,
-        plan.max_tokens,
+        valid.max_tokens,
     )
     .await?;
 
     // 4. Translate, and drive the generation on a worker of the model's
     //    pool: SSE chunks, or one aggregated body.
-    let mut work = to_worker(&req, &plan, &ex.request_id);
+    let mut work = to_worker(&req, &valid, &ex.request_id);
     generation::session_affinity(&mut work, session_id.as_deref());
     let format = output_format(&req);
     drop(req);
-    let generation = super::generation(app, ex, plan.model.id, work, plan.stream);
+    let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
     let id = new_id("chatcmpl-");
-    if plan.stream {
-        let encoder = ChatStreamEncoder::new(id, plan.model.id, plan.include_usage, format);
+    if valid.stream {
+        let encoder = ChatStreamEncoder::new(id, valid.model.id, valid.include_usage, format);
         let mut stream = ChatStream::new(ex, encoder);
         let end = generation.run(reservation, &mut stream).await;
         let failure = stream.encoder.failure().map(|e| e.status);
@@ -89,7 +89,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         match end {
             End::NotStarted(e) | End::Failed(e) => return Err(e),
             End::Finished(_) => {
-                let completion = aggregate.into_completion(id, plan.model.id, &plan, &format)?;
+                let completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
                 ex.send_json(200, &completion, &[]).await;
             }
             End::Gone => ex.status = 499,

@@ -148,7 +148,7 @@ async fn admit(
         .admit_request(account, model, request_id, input_estimate, max_tokens)
         .await;
     ex.extra_headers.extend(headers);
-    result
+    Ok(result?)
 }
 
 fn allow(method: &Method, expected: Method, path: &str) -> Result<(), ApiError> {

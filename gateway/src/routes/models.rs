@@ -1,8 +1,10 @@
 //! `GET /v1/models` and `GET /v1/models/{model}`. Codex CLI requests get
 //! the Codex catalogue on the list route, with a stable `ETag`.
 
-use crate::api::models::{CodexCatalogue, CodexModel, Model, ModelList};
-use crate::catalog::{self, MODELS};
+use crate::api::models::{
+    CodexCatalogue, CodexModel, Model, ModelList, ReasoningLevel, TruncationPolicy,
+};
+use crate::catalog::{self, ModelSpec, MODELS};
 use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use bytes::Bytes;
@@ -71,4 +73,59 @@ pub async fn retrieve(ex: &mut Exchange, id: &str) -> Result<(), ApiError> {
     let model = catalog::find(id).ok_or_else(|| ApiError::model_not_found(id))?;
     ex.send_json(200, &Model::from(model), &[]).await;
     Ok(())
+}
+
+impl From<&ModelSpec> for Model {
+    fn from(m: &ModelSpec) -> Self {
+        Model {
+            id: m.id,
+            object: "model",
+            created: 0,
+            owned_by: "base",
+        }
+    }
+}
+
+impl From<&ModelSpec> for CodexModel {
+    fn from(m: &ModelSpec) -> Self {
+        let levels = [
+            ("minimal", "Fastest answers, very little reasoning"),
+            ("low", "Quick answers with light reasoning"),
+            ("medium", "Balanced reasoning depth and speed"),
+            ("high", "Deepest reasoning for hard problems"),
+        ];
+        CodexModel {
+            slug: m.id,
+            display_name: m.display_name,
+            description: m.description,
+            default_reasoning_level: "medium",
+            supported_reasoning_levels: levels
+                .iter()
+                .map(|(effort, description)| ReasoningLevel {
+                    effort,
+                    description,
+                })
+                .collect(),
+            shell_type: "default",
+            visibility: "list",
+            supported_in_api: true,
+            priority: m.priority,
+            base_instructions: None,
+            supports_reasoning_summaries: true,
+            support_verbosity: false,
+            default_verbosity: None,
+            truncation_policy: TruncationPolicy {
+                mode: "tokens",
+                limit: 10_000,
+            },
+            supports_parallel_tool_calls: true,
+            context_window: m.context_window,
+            experimental_supported_tools: Vec::new(),
+            input_modalities: if m.image_input {
+                vec!["text", "image"]
+            } else {
+                vec!["text"]
+            },
+        }
+    }
 }

@@ -17,7 +17,7 @@ use crate::planner::plan::ToolTarget;
 use crate::planner::reply::{self, StreamFrames};
 use crate::planner::{Ending, Event, RunInput};
 use crate::translate::new_id;
-use crate::validate::chat::ChatPlan;
+use crate::validate::chat::ValidChatRequest;
 use bytes::BytesMut;
 use serde_json::Value;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub async fn create(
     ex: &mut Exchange,
     account: Arc<Account>,
     req: ChatCompletionRequest,
-    plan: ChatPlan,
+    plan: ValidChatRequest,
     input_estimate: u64,
 ) -> Result<(), ApiError> {
     let session = ex.session_id().unwrap_or_default().trim().to_owned();

@@ -3,6 +3,7 @@
 //! cancel, and input item listing.
 
 use crate::accounts::Account;
+use crate::api::responses::EncodedEvent;
 use crate::api::responses::{
     is_terminal_status, ContentPart, CreateResponseRequest, DeletedResponse, InputItem,
     InputItemList, ItemContent, ResponseObject,
@@ -17,7 +18,7 @@ use crate::metrics::METRICS;
 use crate::runs::background::BackgroundRun;
 use crate::store::{NewResponse, WriteOutcome};
 use crate::translate::new_id;
-use crate::translate::responses::{new_object, output_as_input, to_worker, Frame, ResponseEncoder};
+use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::{parse, validate};
 use bytes::BytesMut;
 use serde_json::Value;
@@ -36,23 +37,23 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let req: CreateResponseRequest = parse::json_body(&body)?;
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
-    let plan = validate::responses::validate(&req)?;
-    ex.model = plan.model.id;
-    account.check_model(plan.model.id)?;
-    if plan.background && app.shutdown.is_draining() {
+    let valid = validate::responses::validate(&req)?;
+    ex.model = valid.model.id;
+    account.check_model(valid.model.id)?;
+    if valid.background && app.shutdown.is_draining() {
         return Err(ApiError::overloaded(
             "This gateway replica is shutting down and takes no new background runs; retry.",
         ));
     }
     // A model without workers is refused before anything is stored.
-    generation::pool_of(&app.pools, plan.model.id)?;
+    generation::pool_of(&app.pools, valid.model.id)?;
 
     // 2. The conversation: the stored chain, then this input.
     let mut context = match &req.previous_response_id {
         Some(prev) => previous_conversation(app, &principal, prev).await?,
         None => Vec::new(),
     };
-    let input_items = resolve_items(&plan.items, &context)?;
+    let input_items = resolve_items(&valid.items, &context)?;
     context.extend(input_items.iter().cloned());
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
@@ -60,24 +61,24 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         app,
         ex,
         &account,
-        plan.model,
+        valid.model,
         input_estimate,
-        plan.max_output_tokens,
+        valid.max_output_tokens,
     )
     .await?;
 
     // 4. Translate; store the new response (with its run lease).
-    let mut work = to_worker(&req, &plan, &context, &ex.request_id);
+    let mut work = to_worker(&req, &valid, &context, &ex.request_id);
     generation::session_affinity(&mut work, ex.session_id());
     let id = new_id("resp_");
-    let status = if plan.background {
+    let status = if valid.background {
         "queued"
     } else {
         "in_progress"
     };
-    let object = new_object(id.clone(), &req, &plan, status);
+    let object = new_object(id.clone(), &req, &valid, status);
     drop(req);
-    if plan.store {
+    if valid.store {
         let created = app
             .store
             .create(NewResponse {
@@ -90,17 +91,17 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             .await;
         if let Err(e) = created {
             reservation.settle(Outcome::NotRun).await;
-            return Err(e);
+            return Err(e.into());
         }
     }
-    let encoder = ResponseEncoder::new(object.clone(), plan.format.clone());
+    let encoder = ResponseEncoder::new(object.clone(), valid.format.clone());
 
     // 5a. Background: the run goes on without this request.
-    if plan.background {
+    if valid.background {
         let run = BackgroundRun {
             runs: app.runs.clone(),
             pools: app.pools.clone(),
-            model: plan.model,
+            model: valid.model,
             work,
             trace: ex.trace,
             encoder,
@@ -110,7 +111,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             in_flight: app.shutdown.begin(),
         };
         tokio::spawn(run.drive());
-        if plan.stream {
+        if valid.stream {
             return follow(app, ex, &id, None).await;
         }
         ex.send_json(200, &object, &[]).await;
@@ -118,23 +119,25 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 
     // 5b. In the foreground: relay to this client.
-    let ownership = plan.store.then(|| app.runs.own(&id, app.request_timeout()));
-    let generation = super::generation(app, ex, plan.model.id, work, plan.stream);
-    let mut events = ResponseEvents::new(ex, encoder, plan.stream);
+    let ownership = valid
+        .store
+        .then(|| app.runs.own(&id, app.request_timeout()));
+    let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
+    let mut events = ResponseEvents::new(ex, encoder, valid.stream);
     let end = generation.run(reservation, &mut events).await;
     let mut encoder = events.encoder;
     let result = match end {
         End::NotStarted(e) => {
-            end_stored(app, &plan, &mut encoder, Some(&e), ownership).await;
+            end_stored(app, &valid, &mut encoder, Some(&e), ownership).await;
             return Err(e);
         }
         End::Gone => {
             ex.status = 499;
-            cancel_stored(app, &plan, &mut encoder, ownership).await;
+            cancel_stored(app, &valid, &mut encoder, ownership).await;
             return Ok(());
         }
         End::Finished(_) => {
-            if plan.stream {
+            if valid.stream {
                 if let Some(e) = &encoder.object.error {
                     ex.status = if e.code == "output_validation_failed" {
                         500
@@ -146,17 +149,17 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             }
             Ok(())
         }
-        End::Failed(e) if plan.stream => {
+        End::Failed(e) if valid.stream => {
             ex.end_stream().await;
             ex.status = e.status;
             Ok(())
         }
         End::Failed(e) => Err(e),
     };
-    end_stored(app, &plan, &mut encoder, None, ownership).await;
+    end_stored(app, &valid, &mut encoder, None, ownership).await;
     match result {
         Err(e) => Err(e),
-        Ok(()) if plan.stream => Ok(()),
+        Ok(()) if valid.stream => Ok(()),
         Ok(()) => match &encoder.object.error {
             // A reply that failed its output check is a server error, never a success.
             Some(err) if err.code == "output_validation_failed" => Err(ApiError::new(
@@ -176,7 +179,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
 /// first when `error` is given) and gives up its lease.
 async fn end_stored(
     app: &App,
-    plan: &validate::responses::ResponsePlan,
+    valid: &validate::responses::ValidResponseRequest,
     encoder: &mut ResponseEncoder,
     error: Option<&ApiError>,
     ownership: Option<crate::runs::Ownership>,
@@ -184,12 +187,12 @@ async fn end_stored(
     if let Some(e) = error {
         encoder.fail(e, &mut Vec::new());
     }
-    if !plan.store {
+    if !valid.store {
         return;
     }
     let id = encoder.object.id.clone();
     if let Err(e) = app.store.write(&id, Some(&encoder.object), &[]).await {
-        tracing::warn!(response_id = %id, "could not store the final response: {}", e.message);
+        tracing::warn!(response_id = %id, "could not store the final response: {e}");
         // The lease stays; once it expires a sweeper fails the response.
         return;
     }
@@ -202,12 +205,12 @@ async fn end_stored(
 /// response ends `cancelled`.
 async fn cancel_stored(
     app: &App,
-    plan: &validate::responses::ResponsePlan,
+    valid: &validate::responses::ValidResponseRequest,
     encoder: &mut ResponseEncoder,
     ownership: Option<crate::runs::Ownership>,
 ) {
     encoder.object.status = "cancelled".into();
-    end_stored(app, plan, encoder, None, ownership).await;
+    end_stored(app, valid, encoder, None, ownership).await;
 }
 
 /// The conversation a `previous_response_id` continues: its context and
@@ -415,6 +418,7 @@ async fn follow(
                 }
             }
             Err(e) => {
+                let e = ApiError::from(e);
                 let mut out = BytesMut::new();
                 error_event(&mut out, &e, next_seq);
                 let _ = ex.write_chunk(out.freeze()).await;
@@ -441,7 +445,7 @@ fn error_event(out: &mut BytesMut, e: &ApiError, seq: u64) {
         "status": e.status,
         "sequence_number": seq,
     });
-    Frame {
+    EncodedEvent {
         seq,
         name: "error".into(),
         data: data.to_string(),

@@ -10,6 +10,7 @@
 //! cancels the generation on the worker.
 
 use super::{Ownership, Runs};
+use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::{Encoder, End, Generation, Gone};
@@ -17,7 +18,7 @@ use crate::lifecycle::InFlight;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::Pools;
 use crate::store::WriteOutcome;
-use crate::translate::responses::{Frame, ResponseEncoder};
+use crate::translate::responses::ResponseEncoder;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,7 +102,7 @@ struct RunWriter {
     id: String,
     runs: Arc<Runs>,
     encoder: ResponseEncoder,
-    frames: Vec<Frame>,
+    frames: Vec<EncodedEvent>,
     /// The store kept failing and the owner gave up: its lease is kept, not
     /// released, so that once it expires a sweeper fails the run.
     store_lost: bool,
@@ -166,7 +167,7 @@ impl RunWriter {
                 // Cancelled, failed by a sweeper, or deleted: someone else ended it.
                 Ok(_) => return Err(Gone),
                 Err(e) if tokio::time::Instant::now() + backoff < give_up => {
-                    tracing::warn!(response_id = %id, "store write failed, retrying: {}", e.message);
+                    tracing::warn!(response_id = %id, "store write failed, retrying: {e}");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(WRITE_RETRY_MAX);
                 }

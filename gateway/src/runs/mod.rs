@@ -122,7 +122,7 @@ impl Runs {
             .map(|(id, _)| id.clone())
             .collect();
         if let Err(e) = self.store.renew_leases(&ids, self.lease_until_ms()).await {
-            tracing::warn!(runs = ids.len(), "lease heartbeat failed: {}", e.message);
+            tracing::warn!(runs = ids.len(), "lease heartbeat failed: {e}");
         }
     }
 
@@ -133,7 +133,7 @@ impl Runs {
         let expired = match self.store.expired_leases(now_ms(), 100).await {
             Ok(ids) => ids,
             Err(e) => {
-                tracing::warn!("lease sweep failed: {}", e.message);
+                tracing::warn!("lease sweep failed: {e}");
                 return 0;
             }
         };
@@ -170,13 +170,13 @@ impl Runs {
                 ended
             }
             Err(e) => {
-                tracing::warn!(response_id = %id, "could not end an abandoned run: {}", e.message);
+                tracing::warn!(response_id = %id, "could not end an abandoned run: {e}");
                 false
             }
         }
     }
 
-    async fn fail_abandoned(&self, id: &str) -> Result<bool, crate::error::ApiError> {
+    async fn fail_abandoned(&self, id: &str) -> crate::store::StoreResult<bool> {
         let written = self
             .fail(
                 id,
@@ -194,7 +194,7 @@ impl Runs {
 
     /// Ends a run of ours that outlived its hard deadline: its owner's task
     /// is stuck somewhere a deadline does not reach; the run still ends.
-    pub async fn fail_overdue(&self, id: &str) -> Result<bool, crate::error::ApiError> {
+    pub async fn fail_overdue(&self, id: &str) -> crate::store::StoreResult<bool> {
         let written = self
             .fail(
                 id,
@@ -233,7 +233,7 @@ impl Runs {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!(response_id = %id, "could not end a run at shutdown: {}", e.message)
+                    tracing::warn!(response_id = %id, "could not end a run at shutdown: {e}")
                 }
             }
         }
@@ -248,12 +248,7 @@ impl Runs {
 
     /// Writes `failed` with `code` unless the run already ended (compare
     /// and set: whoever ends a run first wins). True if this call ended it.
-    async fn fail(
-        &self,
-        id: &str,
-        code: &str,
-        message: &str,
-    ) -> Result<bool, crate::error::ApiError> {
+    async fn fail(&self, id: &str, code: &str, message: &str) -> crate::store::StoreResult<bool> {
         let Some(mut object) = self.store.object(id).await? else {
             return Ok(false);
         };
@@ -408,7 +403,7 @@ mod tests {
             &self,
             id: &str,
             object: Option<&ResponseObject>,
-            events: &[crate::translate::responses::Frame],
+            events: &[crate::api::responses::EncodedEvent],
         ) -> crate::store::StoreResult<WriteOutcome> {
             self.0.write(id, object, events).await
         }
@@ -424,7 +419,7 @@ mod tests {
             id: &str,
             after: Option<u64>,
             limit: usize,
-        ) -> crate::store::StoreResult<Vec<crate::translate::responses::Frame>> {
+        ) -> crate::store::StoreResult<Vec<crate::api::responses::EncodedEvent>> {
             self.0.read_events(id, after, limit).await
         }
         async fn follow(

@@ -6,8 +6,8 @@
 use super::{
     EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation, WriteOutcome,
 };
+use crate::api::responses::{external_terminal, EncodedEvent};
 use crate::api::responses::{InputItem, ResponseObject};
-use crate::translate::responses::{external_terminal, Frame};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,7 +19,7 @@ struct Entry {
     object: ResponseObject,
     input_items: Vec<InputItem>,
     context: Vec<InputItem>,
-    events: Vec<Frame>,
+    events: Vec<EncodedEvent>,
     expires_at: Instant,
     /// Bumped on every append; followers wait on it.
     appended: watch::Sender<usize>,
@@ -69,7 +69,7 @@ impl State {
     }
 }
 
-fn append(entry: &mut Entry, events: &[Frame]) {
+fn append(entry: &mut Entry, events: &[EncodedEvent]) {
     if events.is_empty() {
         return;
     }
@@ -137,7 +137,7 @@ impl ResponseStore for MemoryStore {
         &self,
         id: &str,
         object: Option<&ResponseObject>,
-        events: &[Frame],
+        events: &[EncodedEvent],
     ) -> StoreResult<WriteOutcome> {
         let mut state = lock(&self.state);
         let Some(entry) = state.live(id) else {
@@ -177,7 +177,7 @@ impl ResponseStore for MemoryStore {
         if object.background {
             let seq = entry.events.last().map_or(0, |f| f.seq + 1);
             let (name, prefix) = external_terminal(object);
-            let frame = Frame {
+            let frame = EncodedEvent {
                 seq,
                 name: name.to_owned(),
                 data: format!("{prefix},\"sequence_number\":{seq}}}"),
@@ -192,7 +192,7 @@ impl ResponseStore for MemoryStore {
         id: &str,
         after: Option<u64>,
         limit: usize,
-    ) -> StoreResult<Vec<Frame>> {
+    ) -> StoreResult<Vec<EncodedEvent>> {
         let mut state = lock(&self.state);
         Ok(state
             .live(id)
@@ -245,7 +245,7 @@ impl ResponseStore for MemoryStore {
     }
 }
 
-fn events_after(events: &[Frame], after: Option<u64>, limit: usize) -> Vec<Frame> {
+fn events_after(events: &[EncodedEvent], after: Option<u64>, limit: usize) -> Vec<EncodedEvent> {
     let start = after.map_or(0, |a| events.partition_point(|f| f.seq <= a));
     events[start..].iter().take(limit).cloned().collect()
 }
@@ -260,7 +260,7 @@ struct MemoryFollower {
 
 #[async_trait]
 impl EventFollower for MemoryFollower {
-    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>> {
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<EncodedEvent>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(rx) = &mut self.appended {

@@ -19,13 +19,37 @@
 pub mod memory;
 pub mod redis;
 
+use crate::api::responses::EncodedEvent;
 use crate::api::responses::{InputItem, ResponseObject};
-use crate::error::ApiError;
-use crate::translate::responses::Frame;
 use async_trait::async_trait;
 use std::time::Duration;
 
-pub type StoreResult<T> = Result<T, ApiError>;
+/// Why the store could not do what was asked. The HTTP layer maps it to the
+/// spec's envelope (`error/layers.rs`); the store knows nothing of HTTP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The backing store did not answer `op` (connect, read, write, ...):
+    /// transient, worth a retry.
+    Unavailable { op: &'static str },
+    /// A stored value could not be decoded (`what` names it).
+    Corrupt { what: &'static str },
+    /// A value could not be encoded for storage.
+    Encode,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unavailable { op } => write!(f, "the response store did not answer ({op})"),
+            Self::Corrupt { what } => write!(f, "a stored response could not be read ({what})"),
+            Self::Encode => f.write_str("a response could not be encoded for storage"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type StoreResult<T> = Result<T, StoreError>;
 
 /// What to store when a response is created.
 pub struct NewResponse<'a> {
@@ -89,7 +113,7 @@ pub trait ResponseStore: Send + Sync {
         &self,
         id: &str,
         object: Option<&ResponseObject>,
-        events: &[Frame],
+        events: &[EncodedEvent],
     ) -> StoreResult<WriteOutcome>;
 
     /// Ends a run from outside its owner (cancel, or the sweeper after a lost
@@ -104,7 +128,7 @@ pub trait ResponseStore: Send + Sync {
         id: &str,
         after: Option<u64>,
         limit: usize,
-    ) -> StoreResult<Vec<Frame>>;
+    ) -> StoreResult<Vec<EncodedEvent>>;
 
     /// A follower of the event log from after `after`, for live streams.
     async fn follow(&self, id: &str, after: Option<u64>) -> StoreResult<Box<dyn EventFollower>>;
@@ -127,17 +151,16 @@ pub trait ResponseStore: Send + Sync {
 /// to `wait` for some to arrive (an empty batch means none came).
 #[async_trait]
 pub trait EventFollower: Send {
-    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>>;
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<EncodedEvent>>;
 }
 
-/// The store the config asks for: Redis through `redis` (the process's
-/// handle, made when `redis_url` is set; it connects lazily, on first use),
-/// else the in-process store.
-pub fn from_config(
-    config: &crate::config::StoreConfig,
+/// The store to use: Redis through `redis` (the process's handle, made when
+/// `redis_url` is set; it connects lazily, on first use), else the
+/// in-process store. Everything stored expires after `window`.
+pub fn open(
     redis: Option<std::sync::Arc<crate::redis_conn::RedisHandle>>,
+    window: Duration,
 ) -> std::sync::Arc<dyn ResponseStore> {
-    let window = Duration::from_secs(config.storage_window_seconds);
     match redis {
         Some(handle) => std::sync::Arc::new(redis::RedisStore::new(handle, window)),
         None => std::sync::Arc::new(memory::MemoryStore::new(window)),
@@ -156,8 +179,8 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 pub mod suite {
     use super::*;
+    use crate::api::responses::external_terminal;
     use crate::api::responses::{is_terminal_status, ItemContent};
-    use crate::translate::responses::external_terminal;
     use std::collections::BTreeMap;
 
     pub fn object(id: &str, background: bool) -> ResponseObject {
@@ -200,8 +223,8 @@ pub mod suite {
         }
     }
 
-    fn ev(seq: u64, name: &str) -> Frame {
-        Frame {
+    fn ev(seq: u64, name: &str) -> EncodedEvent {
+        EncodedEvent {
             seq,
             name: name.into(),
             data: format!("{{\"type\":\"{name}\",\"sequence_number\":{seq}}}"),

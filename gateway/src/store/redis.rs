@@ -22,14 +22,14 @@
 //! on a dedicated connection per live follower.
 
 use super::{
-    EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation, WriteOutcome,
+    EventFollower, NewResponse, ResponseStore, StoreError, StoreResult, StoredConversation,
+    WriteOutcome,
 };
+use crate::api::responses::{external_terminal, EncodedEvent};
 use crate::api::responses::{InputItem, ResponseObject};
-use crate::error::ApiError;
 use crate::metrics::METRICS;
 use crate::redis_conn::RedisConn;
 use crate::redis_conn::RedisHandle;
-use crate::translate::responses::{external_terminal, Frame};
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use std::sync::{Arc, LazyLock};
@@ -179,27 +179,22 @@ impl Drop for RoundTrip {
     }
 }
 
-/// A Redis failure of `op` as the client sees it: 503, retryable (and
-/// counted in `gateway_redis_errors_total`).
-fn unavailable(op: &'static str) -> impl Fn(redis::RedisError) -> ApiError {
+/// A Redis failure of `op`: logged, counted in `gateway_redis_errors_total`,
+/// and returned as [`StoreError::Unavailable`] (the client sees a retryable 503).
+fn unavailable(op: &'static str) -> impl Fn(redis::RedisError) -> StoreError {
     move |e| {
         tracing::warn!(op, "response store error: {e}");
         crate::metrics::redis_error("store", op);
-        ApiError::new(
-            503,
-            "store_unavailable",
-            "The response store is briefly unavailable; retry shortly.",
-        )
-        .with_retry_after(1)
+        StoreError::Unavailable { op }
     }
 }
 
-fn corrupt(what: &str) -> ApiError {
-    ApiError::internal(format!("A stored response could not be read ({what})."))
+fn corrupt(what: &'static str) -> StoreError {
+    StoreError::Corrupt { what }
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
-    serde_json::to_string(v).map_err(|_| ApiError::internal("could not encode a stored response"))
+    serde_json::to_string(v).map_err(|_| StoreError::Encode)
 }
 
 fn outcome(code: i64) -> WriteOutcome {
@@ -211,7 +206,7 @@ fn outcome(code: i64) -> WriteOutcome {
 }
 
 /// `0-<seq+1>` stream entry ids back to frames.
-fn frames(entries: Vec<(String, Vec<String>)>) -> Vec<Frame> {
+fn frames(entries: Vec<(String, Vec<String>)>) -> Vec<EncodedEvent> {
     entries
         .into_iter()
         .filter_map(|(id, fields)| {
@@ -225,7 +220,7 @@ fn frames(entries: Vec<(String, Vec<String>)>) -> Vec<Frame> {
                     _ => {}
                 }
             }
-            Some(Frame {
+            Some(EncodedEvent {
                 seq,
                 name: name?,
                 data: data?,
@@ -349,7 +344,7 @@ impl ResponseStore for RedisStore {
         &self,
         id: &str,
         object: Option<&ResponseObject>,
-        events: &[Frame],
+        events: &[EncodedEvent],
     ) -> StoreResult<WriteOutcome> {
         let _rt = RoundTrip::start("write");
         let mut conn = self.conn().await?;
@@ -395,7 +390,7 @@ impl ResponseStore for RedisStore {
         id: &str,
         after: Option<u64>,
         limit: usize,
-    ) -> StoreResult<Vec<Frame>> {
+    ) -> StoreResult<Vec<EncodedEvent>> {
         let _rt = RoundTrip::start("read_events");
         let mut conn = self.conn().await?;
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
@@ -488,7 +483,7 @@ type XReadReply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
 
 #[async_trait]
 impl EventFollower for RedisFollower {
-    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<Frame>> {
+    async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<EncodedEvent>> {
         // A second try only after a cluster redirect (the stream's slot
         // moved to another node since the connection was made).
         let mut redirected = false;

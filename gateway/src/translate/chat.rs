@@ -11,7 +11,7 @@ use crate::api::chat::{
     MessageContent, PromptTokensDetails, ToolCall, ToolCallChunk, UsageField,
 };
 use crate::output_check::{self, OutputFormat};
-use crate::validate::chat::ChatPlan;
+use crate::validate::chat::ValidChatRequest;
 use bytes::BytesMut;
 use inference_proto::v1 as pb;
 use serde_json::Value;
@@ -19,7 +19,7 @@ use serde_json::Value;
 /// Builds the worker request from a validated chat request.
 pub fn to_worker(
     req: &ChatCompletionRequest,
-    plan: &ChatPlan,
+    valid: &ValidChatRequest,
     request_id: &str,
 ) -> pb::GenerateRequest {
     let messages = req
@@ -71,7 +71,7 @@ pub fn to_worker(
         .collect();
     pb::GenerateRequest {
         request_id: request_id.to_owned(),
-        model: plan.model.id.to_owned(),
+        model: valid.model.id.to_owned(),
         messages,
         tools,
         tool_choice: Some(tool_choice(req.tool_choice.as_ref())),
@@ -79,8 +79,8 @@ pub fn to_worker(
         sampling: Some(pb::Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
-            max_tokens: plan.max_tokens,
-            stop: plan.stop.clone(),
+            max_tokens: valid.max_tokens,
+            stop: valid.stop.clone(),
             seed: req.seed.map(|s| s as u64),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
@@ -102,14 +102,14 @@ pub fn to_worker(
             }
         }),
         reasoning: Some(pb::Reasoning {
-            enabled: plan.reasoning,
-            budget_tokens: plan.reasoning_budget,
+            enabled: valid.reasoning,
+            budget_tokens: valid.reasoning_budget,
             effort: req.reasoning_effort.clone().unwrap_or_default(),
         }),
         cache_key: req.prompt_cache_key.clone().unwrap_or_default(),
         // A non-streaming reply is relayed as one body: no need for
         // token-sized frames.
-        batch_events: !plan.stream,
+        batch_events: !valid.stream,
     }
 }
 
@@ -241,7 +241,7 @@ impl ChatAggregate {
         self,
         id: String,
         model: &str,
-        plan: &ChatPlan,
+        valid: &ValidChatRequest,
         format: &OutputFormat,
     ) -> Result<ChatCompletion, crate::error::ApiError> {
         let finished = self.finished.unwrap_or_default();
@@ -266,7 +266,7 @@ impl ChatAggregate {
                     content,
                     refusal: None,
                     tool_calls: self.tool_calls,
-                    reasoning_content: plan.reasoning.then_some(self.reasoning),
+                    reasoning_content: valid.reasoning.then_some(self.reasoning),
                     annotations: Vec::new(),
                 },
                 logprobs: None,
@@ -540,10 +540,10 @@ mod tests {
     use crate::validate::chat::validate;
     use pb::generate_event::Event;
 
-    fn plan(body: &str) -> (ChatCompletionRequest, ChatPlan) {
+    fn validated(body: &str) -> (ChatCompletionRequest, ValidChatRequest) {
         let req: ChatCompletionRequest = json_body(body.as_bytes()).unwrap();
-        let plan = validate(&req, &Default::default()).unwrap();
-        (req, plan)
+        let valid = validate(&req, &Default::default()).unwrap();
+        (req, valid)
     }
 
     fn frames(out: &BytesMut) -> Vec<Value> {
@@ -562,13 +562,13 @@ mod tests {
 
     #[test]
     fn request_carries_messages_tools_and_sampling() {
-        let (req, plan) = plan(
+        let (req, valid) = validated(
             r#"{"model":"base","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA","detail":"low"}}]}],
                "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
                "tool_choice":{"type":"function","function":{"name":"get_weather"}},
                "max_tokens":7,"stop":"END","temperature":0.5,"seed":3}"#,
         );
-        let g = to_worker(&req, &plan, "req_1");
+        let g = to_worker(&req, &valid, "req_1");
         assert_eq!(g.model, "base");
         assert_eq!(g.messages.len(), 2);
         assert_eq!(g.messages[1].content.len(), 2);
@@ -659,7 +659,8 @@ mod tests {
 
     #[test]
     fn aggregate_tool_calls_make_content_null() {
-        let (_, plan) = plan(r#"{"model":"base","messages":[{"role":"user","content":"x"}]}"#);
+        let (_, valid) =
+            validated(r#"{"model":"base","messages":[{"role":"user","content":"x"}]}"#);
         let mut agg = ChatAggregate::default();
         agg.push(ev(Event::ToolCall(pb::ToolCallDelta {
             index: 0,
@@ -672,7 +673,7 @@ mod tests {
             usage: None,
         })));
         let c = serde_json::to_value(
-            agg.into_completion("id".into(), "base", &plan, &OutputFormat::Text)
+            agg.into_completion("id".into(), "base", &valid, &OutputFormat::Text)
                 .unwrap(),
         )
         .unwrap();

@@ -10,42 +10,18 @@
 use super::chat::tool_choice;
 use super::{new_id, now_unix};
 use crate::api::responses::{
-    ContentPart, CreateResponseRequest, IncompleteDetails, InputItem, InputTokensDetails,
-    ItemContent, OutputItem, OutputText, OutputTokensDetails, Reasoning, ResponseError,
-    ResponseObject, ResponseUsage, Sequenced, StreamEvent, SummaryPart,
+    ContentPart, CreateResponseRequest, EncodedEvent, IncompleteDetails, InputItem,
+    InputTokensDetails, ItemContent, OutputItem, OutputText, OutputTokensDetails, Reasoning,
+    ResponseError, ResponseObject, ResponseUsage, Sequenced, StreamEvent, SummaryPart,
 };
 use crate::error::ApiError;
 use crate::output_check::{self, OutputFormat};
-use crate::validate::responses::ResponsePlan;
+use crate::validate::responses::ValidResponseRequest;
 use inference_proto::v1 as pb;
 use serde_json::Value;
 
-/// One encoded stream event: its name, sequence number and JSON payload
-/// (which repeats both). Stored as is in the event log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Frame {
-    pub seq: u64,
-    pub name: String,
-    pub data: String,
-}
-
-impl Frame {
-    /// `event: <name>\ndata: <json>\n\n`.
-    pub fn write_sse(&self, out: &mut bytes::BytesMut) {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(self.name.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        out.extend_from_slice(self.data.as_bytes());
-        out.extend_from_slice(b"\n\n");
-    }
-
-    pub fn is_terminal(&self) -> bool {
-        crate::api::responses::is_terminal_event(&self.name)
-    }
-}
-
 /// Encodes one event with its sequence number.
-pub fn frame(event: StreamEvent<'_>, seq: u64) -> Frame {
+pub fn frame(event: StreamEvent<'_>, seq: u64) -> EncodedEvent {
     let name = event.name().to_owned();
     // Serializing our own wire structs into memory cannot fail.
     let data = serde_json::to_string(&Sequenced {
@@ -53,14 +29,14 @@ pub fn frame(event: StreamEvent<'_>, seq: u64) -> Frame {
         sequence_number: seq,
     })
     .unwrap_or_default();
-    Frame { seq, name, data }
+    EncodedEvent { seq, name, data }
 }
 
 /// The response object at creation, before any output.
 pub fn new_object(
     id: String,
     req: &CreateResponseRequest,
-    plan: &ResponsePlan,
+    valid: &ValidResponseRequest,
     status: &str,
 ) -> ResponseObject {
     ResponseObject {
@@ -68,34 +44,34 @@ pub fn new_object(
         object: "response".into(),
         created_at: now_unix(),
         status: status.into(),
-        background: plan.background,
+        background: valid.background,
         error: None,
         incomplete_details: None,
         instructions: req.instructions.clone(),
-        max_output_tokens: (plan.max_output_tokens > 0).then_some(plan.max_output_tokens),
-        model: plan.model.id.into(),
+        max_output_tokens: (valid.max_output_tokens > 0).then_some(valid.max_output_tokens),
+        model: valid.model.id.into(),
         output: Vec::new(),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         previous_response_id: req.previous_response_id.clone(),
         reasoning: Reasoning {
-            effort: plan.effort.clone(),
+            effort: valid.effort.clone(),
             summary: req
                 .reasoning
                 .as_ref()
                 .and_then(|r| r.summary.clone().or_else(|| r.generate_summary.clone())),
         },
-        store: plan.store,
+        store: valid.store,
         temperature: req.temperature,
-        text: plan.text.clone(),
+        text: valid.text.clone(),
         tool_choice: req
             .tool_choice
             .clone()
             .unwrap_or_else(|| Value::String("auto".into())),
-        tools: plan.tools.iter().map(|t| t.wire()).collect(),
+        tools: valid.tools.iter().map(|t| t.wire()).collect(),
         top_p: req.top_p,
         truncation: req.truncation.clone().unwrap_or_else(|| "disabled".into()),
         usage: None,
-        metadata: plan.metadata.clone(),
+        metadata: valid.metadata.clone(),
         prompt_cache_key: req.prompt_cache_key.clone(),
         user: req.user.clone(),
     }
@@ -106,7 +82,7 @@ pub fn new_object(
 /// item references already resolved.
 pub fn to_worker(
     req: &CreateResponseRequest,
-    plan: &ResponsePlan,
+    valid: &ValidResponseRequest,
     conversation: &[InputItem],
     request_id: &str,
 ) -> pb::GenerateRequest {
@@ -165,9 +141,9 @@ pub fn to_worker(
     }
     pb::GenerateRequest {
         request_id: request_id.to_owned(),
-        model: plan.model.id.to_owned(),
+        model: valid.model.id.to_owned(),
         messages,
-        tools: plan
+        tools: valid
             .tools
             .iter()
             .map(|t| pb::FunctionTool {
@@ -186,13 +162,13 @@ pub fn to_worker(
         sampling: Some(pb::Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
-            max_tokens: plan.max_output_tokens,
+            max_tokens: valid.max_output_tokens,
             stop: Vec::new(),
             seed: req.seed.map(|s| s as u64),
             presence_penalty: None,
             frequency_penalty: None,
         }),
-        response_format: match &plan.format {
+        response_format: match &valid.format {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(pb::ResponseFormat {
                 kind: pb::response_format::Kind::JsonObject as i32,
@@ -200,18 +176,18 @@ pub fn to_worker(
             }),
             OutputFormat::JsonSchema(schema) => Some(pb::ResponseFormat {
                 kind: pb::response_format::Kind::JsonSchema as i32,
-                schema_name: plan.text["format"]["name"]
+                schema_name: valid.text["format"]["name"]
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
                 schema_json: schema.to_string(),
-                strict: plan.text["format"]["strict"].as_bool().unwrap_or(false),
+                strict: valid.text["format"]["strict"].as_bool().unwrap_or(false),
             }),
         },
         reasoning: Some(pb::Reasoning {
-            enabled: plan.reasoning,
-            budget_tokens: plan.reasoning_budget,
-            effort: plan
+            enabled: valid.reasoning,
+            budget_tokens: valid.reasoning_budget,
+            effort: valid
                 .effort
                 .clone()
                 .filter(|e| e != "none")
@@ -220,7 +196,7 @@ pub fn to_worker(
         cache_key: req.prompt_cache_key.clone().unwrap_or_default(),
         // Token-sized events only where a client sees them: a stream now,
         // or a background run's event log (replayable later).
-        batch_events: !plan.stream && !plan.background,
+        batch_events: !valid.stream && !valid.background,
     }
 }
 
@@ -348,14 +324,14 @@ impl ResponseEncoder {
         self.next_seq
     }
 
-    fn emit(&mut self, out: &mut Vec<Frame>, event: StreamEvent<'_>) {
+    fn emit(&mut self, out: &mut Vec<EncodedEvent>, event: StreamEvent<'_>) {
         out.push(frame(event, self.next_seq));
         self.next_seq += 1;
     }
 
     /// `response.created` (with the status as created: `queued` for a
     /// background run) and `response.in_progress`.
-    pub fn start(&mut self, out: &mut Vec<Frame>) {
+    pub fn start(&mut self, out: &mut Vec<EncodedEvent>) {
         let created = self.object.clone();
         self.emit(out, StreamEvent::Created { response: &created });
         self.object.status = "in_progress".into();
@@ -368,7 +344,7 @@ impl ResponseEncoder {
         );
     }
 
-    pub fn event(&mut self, event: pb::GenerateEvent, out: &mut Vec<Frame>) {
+    pub fn event(&mut self, event: pb::GenerateEvent, out: &mut Vec<EncodedEvent>) {
         use pb::generate_event::Event;
         match event.event {
             Some(Event::Reasoning(r)) if !r.text.is_empty() => {
@@ -465,7 +441,7 @@ impl ResponseEncoder {
     }
 
     /// Opens `want` unless it is already the open item; returns its index.
-    fn ensure_open(&mut self, want: Open, out: &mut Vec<Frame>) -> usize {
+    fn ensure_open(&mut self, want: Open, out: &mut Vec<EncodedEvent>) -> usize {
         if self.open == Some(want) {
             return self.object.output.len() - 1;
         }
@@ -548,7 +524,7 @@ impl ResponseEncoder {
     }
 
     /// Closes the open item with its `.done` events.
-    fn close_open(&mut self, status: &str, out: &mut Vec<Frame>) {
+    fn close_open(&mut self, status: &str, out: &mut Vec<EncodedEvent>) {
         let Some(open) = self.open.take() else {
             return;
         };
@@ -669,7 +645,7 @@ impl ResponseEncoder {
     /// `response.incomplete` (reason `max_output_tokens`) when a token limit
     /// cut the reply, or `response.failed` when a finished reply does not
     /// match the requested format.
-    fn finish(&mut self, f: &pb::Finished, out: &mut Vec<Frame>) {
+    fn finish(&mut self, f: &pb::Finished, out: &mut Vec<EncodedEvent>) {
         let length = f.reason == pb::finished::Reason::Length as i32;
         self.close_open(if length { "incomplete" } else { "completed" }, out);
         self.object.usage = Some(usage(&f.usage.unwrap_or_default()));
@@ -709,7 +685,7 @@ impl ResponseEncoder {
     }
 
     /// Ends the run with `response.failed` carrying `response.error`.
-    pub fn fail(&mut self, e: &ApiError, out: &mut Vec<Frame>) {
+    pub fn fail(&mut self, e: &ApiError, out: &mut Vec<EncodedEvent>) {
         self.close_open("incomplete", out);
         self.object.status = "failed".into();
         self.object.error = Some(ResponseError {
@@ -731,25 +707,6 @@ impl ResponseEncoder {
     }
 }
 
-/// The terminal event that a replica other than the run's owner writes
-/// (cancel, or the sweeper after a lost lease), for an object whose status
-/// it already set. Its sequence number is only known inside the store, so
-/// this returns the payload without its closing `}`; the store appends
-/// `,"sequence_number":N}`.
-pub fn external_terminal(object: &ResponseObject) -> (&'static str, String) {
-    let event = match object.status.as_str() {
-        "failed" => StreamEvent::Failed { response: object },
-        "completed" => StreamEvent::Completed { response: object },
-        // A cancelled run stopped early: `response.incomplete` is the
-        // terminal event every client knows (there is no `response.cancelled`).
-        _ => StreamEvent::Incomplete { response: object },
-    };
-    let name = event.name();
-    let mut data = serde_json::to_string(&event).unwrap_or_default();
-    data.pop();
-    (name, data)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,10 +715,10 @@ mod tests {
     use pb::generate_event::Event;
     use serde_json::json;
 
-    fn setup(body: &str) -> (CreateResponseRequest, ResponsePlan) {
+    fn setup(body: &str) -> (CreateResponseRequest, ValidResponseRequest) {
         let req: CreateResponseRequest = json_body(body.as_bytes()).unwrap();
-        let plan = validate(&req).unwrap();
-        (req, plan)
+        let valid = validate(&req).unwrap();
+        (req, valid)
     }
 
     fn ev(e: Event) -> pb::GenerateEvent {
@@ -781,10 +738,10 @@ mod tests {
         }))
     }
 
-    fn run(body: &str, events: Vec<pb::GenerateEvent>) -> (ResponseEncoder, Vec<Frame>) {
-        let (req, plan) = setup(body);
-        let obj = new_object("resp_1".into(), &req, &plan, "in_progress");
-        let mut enc = ResponseEncoder::new(obj, plan.format.clone());
+    fn run(body: &str, events: Vec<pb::GenerateEvent>) -> (ResponseEncoder, Vec<EncodedEvent>) {
+        let (req, valid) = setup(body);
+        let obj = new_object("resp_1".into(), &req, &valid, "in_progress");
+        let mut enc = ResponseEncoder::new(obj, valid.format.clone());
         let mut out = Vec::new();
         enc.start(&mut out);
         for e in events {
@@ -793,7 +750,7 @@ mod tests {
         (enc, out)
     }
 
-    fn names(frames: &[Frame]) -> Vec<&str> {
+    fn names(frames: &[EncodedEvent]) -> Vec<&str> {
         frames.iter().map(|f| f.name.as_str()).collect()
     }
 
@@ -961,7 +918,7 @@ mod tests {
 
     #[test]
     fn conversation_maps_calls_outputs_and_instructions() {
-        let (req, plan) = setup(
+        let (req, valid) = setup(
             r#"{"model":"base","instructions":"be brief","input":[
                 {"role":"user","content":"weather?"},
                 {"type":"function_call","call_id":"call_1","name":"w","arguments":"{}"},
@@ -969,7 +926,7 @@ mod tests {
                 {"type":"function_call_output","call_id":"call_1","output":"sunny"},
                 {"type":"message","role":"user","content":[{"type":"input_text","text":"and?"}]}]}"#,
         );
-        let g = to_worker(&req, &plan, &plan.items, "req");
+        let g = to_worker(&req, &valid, &valid.items, "req");
         let roles: Vec<&str> = g.messages.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
         assert_eq!(g.messages[2].tool_calls.len(), 2);
@@ -978,10 +935,10 @@ mod tests {
 
     #[test]
     fn external_terminal_payload_completes_with_a_sequence_number() {
-        let (req, plan) = setup(r#"{"model":"base","input":"hi","background":true}"#);
-        let mut obj = new_object("resp_1".into(), &req, &plan, "cancelled");
+        let (req, valid) = setup(r#"{"model":"base","input":"hi","background":true}"#);
+        let mut obj = new_object("resp_1".into(), &req, &valid, "cancelled");
         obj.status = "cancelled".into();
-        let (name, prefix) = external_terminal(&obj);
+        let (name, prefix) = crate::api::responses::external_terminal(&obj);
         assert_eq!(name, "response.incomplete");
         let full = format!("{prefix},\"sequence_number\":7}}");
         let v: Value = serde_json::from_str(&full).unwrap();

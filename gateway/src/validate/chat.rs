@@ -2,7 +2,7 @@
 //!
 //! Parsing (`parse.rs` into `api::chat`) already rejected unknown top-level
 //! fields and wrong JSON types. Here every accepted field is either honoured
-//! (carried into the [`ChatPlan`] or the worker request), checked and
+//! (carried into the [`ValidChatRequest`] or the worker request), checked and
 //! refused with a clear 400 when this service cannot serve it, or — only
 //! where ignoring it cannot change the reply — accepted and ignored:
 //!
@@ -35,7 +35,7 @@ use serde_json::Value;
 
 /// What validation learned that later stages need.
 #[derive(Debug, Clone)]
-pub struct ChatPlan {
+pub struct ValidChatRequest {
     pub model: &'static ModelSpec,
     pub stream: bool,
     pub include_usage: bool,
@@ -64,7 +64,7 @@ pub struct ChatHeaders<'a> {
 pub fn validate(
     req: &ChatCompletionRequest,
     headers: &ChatHeaders<'_>,
-) -> Result<ChatPlan, ApiError> {
+) -> Result<ValidChatRequest, ApiError> {
     let model_id = req
         .model
         .as_deref()
@@ -210,7 +210,7 @@ pub fn validate(
     // ---- the context window ---------------------------------------------------
     common::check_context_window(model, input_bytes, max_output, "messages", output_param)?;
 
-    Ok(ChatPlan {
+    Ok(ValidChatRequest {
         model,
         stream,
         include_usage: req
@@ -765,7 +765,7 @@ mod tests {
     use super::*;
     use crate::parse::json_body;
 
-    fn check_with(body: &str, session: Option<&str>) -> Result<ChatPlan, ApiError> {
+    fn check_with(body: &str, session: Option<&str>) -> Result<ValidChatRequest, ApiError> {
         validate(
             &json_body::<ChatCompletionRequest>(body.as_bytes())?,
             &ChatHeaders {
@@ -774,17 +774,17 @@ mod tests {
         )
     }
 
-    fn check(body: &str) -> Result<ChatPlan, ApiError> {
+    fn check(body: &str) -> Result<ValidChatRequest, ApiError> {
         check_with(body, None)
     }
 
     #[test]
     fn minimal_request_is_valid() {
-        let plan =
+        let valid =
             check(r#"{"model":"base","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        assert_eq!(plan.model.id, "base");
-        assert!(!plan.stream && !plan.reasoning);
-        assert_eq!(plan.format, FormatKind::Text);
+        assert_eq!(valid.model.id, "base");
+        assert!(!valid.stream && !valid.reasoning);
+        assert_eq!(valid.format, FormatKind::Text);
     }
 
     #[test]
@@ -815,12 +815,12 @@ mod tests {
                 r#"{{"model":"{model}","messages":[{{"role":"user","content":"x"}}],"enable_thinking":true,"thinking_budget":512}}"#
             )
         };
-        let plan = check(&body("base")).unwrap();
-        assert_eq!((plan.reasoning, plan.reasoning_budget), (true, 512));
+        let valid = check(&body("base")).unwrap();
+        assert_eq!((valid.reasoning, valid.reasoning_budget), (true, 512));
         for model in ["base-mini", "base-ultra"] {
-            let plan = check(&body(model)).unwrap();
+            let valid = check(&body(model)).unwrap();
             assert_eq!(
-                (plan.reasoning, plan.reasoning_budget),
+                (valid.reasoning, valid.reasoning_budget),
                 (true, 0),
                 "{model}"
             );
@@ -836,9 +836,9 @@ mod tests {
         };
         assert!(!check(&body("base")).unwrap().reasoning);
         for model in ["base-mini", "base-ultra"] {
-            let plan = check(&body(model)).unwrap();
+            let valid = check(&body(model)).unwrap();
             assert_eq!(
-                (plan.reasoning, plan.reasoning_budget),
+                (valid.reasoning, valid.reasoning_budget),
                 (true, 0),
                 "{model}"
             );
@@ -847,10 +847,10 @@ mod tests {
 
     #[test]
     fn reasoning_effort_wins_over_enable_thinking() {
-        let plan = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"enable_thinking":true,"reasoning_effort":"none"}"#).unwrap();
-        assert!(!plan.reasoning);
-        let plan = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low"}"#).unwrap();
-        assert!(plan.reasoning);
+        let valid = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"enable_thinking":true,"reasoning_effort":"none"}"#).unwrap();
+        assert!(!valid.reasoning);
+        let valid = check(r#"{"model":"base","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low"}"#).unwrap();
+        assert!(valid.reasoning);
     }
 
     #[test]
@@ -937,9 +937,9 @@ mod tests {
 
     #[test]
     fn strict_json_schema_format_is_planned() {
-        let plan = check(r#"{"model":"base-mini","messages":[{"role":"user","content":"x"}],
+        let valid = check(r#"{"model":"base-mini","messages":[{"role":"user","content":"x"}],
             "response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,
             "schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],"additionalProperties":false}}}}"#).unwrap();
-        assert_eq!(plan.format, FormatKind::JsonSchema);
+        assert_eq!(valid.format, FormatKind::JsonSchema);
     }
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 /// What validation learned that later stages need.
 #[derive(Debug, Clone)]
-pub struct ResponsePlan {
+pub struct ValidResponseRequest {
     pub model: &'static ModelSpec,
     pub stream: bool,
     pub background: bool,
@@ -54,7 +54,7 @@ impl FlatTool {
     }
 }
 
-pub fn validate(req: &CreateResponseRequest) -> Result<ResponsePlan, ApiError> {
+pub fn validate(req: &CreateResponseRequest) -> Result<ValidResponseRequest, ApiError> {
     let model_id = req
         .model
         .as_deref()
@@ -223,7 +223,7 @@ pub fn validate(req: &CreateResponseRequest) -> Result<ResponsePlan, ApiError> {
         "max_output_tokens",
     )?;
 
-    Ok(ResponsePlan {
+    Ok(ValidResponseRequest {
         model,
         stream: req.stream.unwrap_or(false),
         background,
@@ -511,16 +511,16 @@ mod tests {
     use super::*;
     use crate::parse::json_body;
 
-    fn check(body: &str) -> Result<ResponsePlan, ApiError> {
+    fn check(body: &str) -> Result<ValidResponseRequest, ApiError> {
         validate(&json_body::<CreateResponseRequest>(body.as_bytes())?)
     }
 
     #[test]
     fn minimal_string_input_is_one_user_message() {
-        let plan = check(r#"{"model":"base","input":"hi"}"#).unwrap();
-        assert_eq!(plan.items.len(), 1);
-        assert_eq!(plan.items[0].role.as_deref(), Some("user"));
-        assert!(plan.store && !plan.background && !plan.stream && !plan.reasoning);
+        let valid = check(r#"{"model":"base","input":"hi"}"#).unwrap();
+        assert_eq!(valid.items.len(), 1);
+        assert_eq!(valid.items[0].role.as_deref(), Some("user"));
+        assert!(valid.store && !valid.background && !valid.stream && !valid.reasoning);
     }
 
     /// One case per rule: (body, status, code, param).
@@ -739,12 +739,12 @@ mod tests {
 
     #[test]
     fn text_format_wins_over_response_format() {
-        let plan = check(
+        let valid = check(
             r#"{"model":"base","input":"x","text":{"format":{"type":"json_object"}},"response_format":{"type":"yaml"}}"#,
         )
         .unwrap();
-        assert_eq!(plan.format, OutputFormat::JsonObject);
-        assert_eq!(plan.text["format"]["type"], "json_object");
+        assert_eq!(valid.format, OutputFormat::JsonObject);
+        assert_eq!(valid.text["format"]["type"], "json_object");
     }
 
     #[test]

@@ -31,7 +31,7 @@
 //!
 //! Each streamed piece is one token (words are single o200k tokens; JSON and
 //! quoted text are split with the real BPE). `max_tokens` (reasoning
-//! included) cuts the plan and finishes `LENGTH`; a stop string ends the text
+//! included) cuts the script and finishes `LENGTH`; a stop string ends the text
 //! just before it and finishes `STOP`.
 
 use super::controls::Controls;
@@ -94,11 +94,11 @@ fn on_step_grid(
 
 impl Engine for SyntheticEngine {
     fn prepare(&self, job: Job) -> Result<Box<dyn Generation>, Status> {
-        let mut plan = plan(&job)?;
-        if plan.controls.fail_after.is_none() {
-            plan.controls.fail_after = self.config.fail_after_tokens;
+        let mut script = script(&job)?;
+        if script.controls.fail_after.is_none() {
+            script.controls.fail_after = self.config.fail_after_tokens;
         }
-        let interval = match plan.controls.slow_ms {
+        let interval = match script.controls.slow_ms {
             Some(ms) => Duration::from_millis(ms),
             None if self.config.tokens_per_second > 0.0 => {
                 Duration::from_secs_f64(1.0 / self.config.tokens_per_second)
@@ -108,12 +108,15 @@ impl Engine for SyntheticEngine {
         if job.request.batch_events {
             // Nobody watches the deltas: as few events as the reply's kinds
             // allow, each sent when its last token would have been.
-            plan.steps = coalesce(std::mem::take(&mut plan.steps), u32::MAX);
+            script.steps = coalesce(std::mem::take(&mut script.steps), u32::MAX);
         } else if interval.is_zero() && self.config.coalesce_tokens > 1 {
-            plan.steps = coalesce(std::mem::take(&mut plan.steps), self.config.coalesce_tokens);
+            script.steps = coalesce(
+                std::mem::take(&mut script.steps),
+                self.config.coalesce_tokens,
+            );
         }
         Ok(Box::new(SyntheticGeneration {
-            plan,
+            script,
             ttft: self.config.ttft,
             epoch: self.epoch,
             interval,
@@ -122,7 +125,7 @@ impl Engine for SyntheticEngine {
     }
 }
 
-/// One event of the plan and the completion tokens it stands for.
+/// One event of the script and the completion tokens it stands for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub event: Event,
@@ -132,14 +135,14 @@ pub struct Step {
 
 /// A whole reply, decided before streaming.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
+pub struct Script {
     pub steps: Vec<Step>,
     pub finished: pb::Finished,
     pub controls: Controls,
 }
 
 struct SyntheticGeneration {
-    plan: Plan,
+    script: Script,
     ttft: Duration,
     epoch: tokio::time::Instant,
     interval: Duration,
@@ -150,11 +153,11 @@ struct SyntheticGeneration {
 #[async_trait::async_trait]
 impl Generation for SyntheticGeneration {
     async fn run(self: Box<Self>, out: EventSink) -> Outcome {
-        let Plan {
+        let Script {
             steps,
             finished,
             controls,
-        } = self.plan;
+        } = self.script;
         if controls.hang {
             out.closed().await;
             return Outcome::Cancelled { tokens: 0 };
@@ -259,7 +262,7 @@ fn coalesce(steps: Vec<Step>, max_tokens: u32) -> Vec<Step> {
 }
 
 /// Plans the whole reply for a job.
-pub fn plan(job: &Job) -> Result<Plan, Status> {
+pub fn script(job: &Job) -> Result<Script, Status> {
     let req = &job.request;
     let last_user = last_user_text(&req.messages);
     let controls = Controls::parse(&last_user);
@@ -357,7 +360,7 @@ pub fn plan(job: &Job) -> Result<Plan, Status> {
             image_tokens: job.prompt.image_tokens,
         }),
     };
-    Ok(Plan {
+    Ok(Script {
         steps,
         finished,
         controls,
@@ -786,7 +789,7 @@ mod tests {
         }
     }
 
-    fn texts(p: &Plan) -> String {
+    fn texts(p: &Script) -> String {
         p.steps
             .iter()
             .filter_map(|s| match &s.event {
@@ -796,7 +799,7 @@ mod tests {
             .collect()
     }
 
-    fn reasoning_text(p: &Plan) -> String {
+    fn reasoning_text(p: &Script) -> String {
         p.steps
             .iter()
             .filter_map(|s| match &s.event {
@@ -806,11 +809,11 @@ mod tests {
             .collect()
     }
 
-    fn usage(p: &Plan) -> pb::Usage {
+    fn usage(p: &Script) -> pb::Usage {
         p.finished.usage.unwrap_or_default()
     }
 
-    fn calls(p: &Plan) -> Vec<(String, String, String)> {
+    fn calls(p: &Script) -> Vec<(String, String, String)> {
         let mut out: Vec<(String, String, String)> = Vec::new();
         for s in &p.steps {
             if let Event::ToolCall(d) = &s.event {
@@ -858,17 +861,20 @@ mod tests {
 
     #[test]
     fn deterministic_given_prompt_and_seed() {
-        let a = plan(&job(request("tell me a story"), 1000)).expect("plan");
-        let b = plan(&job(request("tell me a story"), 1000)).expect("plan");
+        let a = script(&job(request("tell me a story"), 1000)).expect("script");
+        let b = script(&job(request("tell me a story"), 1000)).expect("script");
         assert_eq!(a, b);
-        let c = plan(&job(request("tell me another story"), 1000)).expect("plan");
+        let c = script(&job(request("tell me another story"), 1000)).expect("script");
         assert_ne!(texts(&a), texts(&c));
         let mut seeded = request("tell me a story");
         seeded.sampling = Some(pb::Sampling {
             seed: Some(7),
             ..Default::default()
         });
-        assert_ne!(texts(&a), texts(&plan(&job(seeded, 1000)).expect("plan")));
+        assert_ne!(
+            texts(&a),
+            texts(&script(&job(seeded, 1000)).expect("script"))
+        );
         let n = usage(&a).completion_tokens;
         assert!((16..=48).contains(&n), "default length {n}");
         assert_eq!(a.finished.reason(), Reason::Stop);
@@ -877,7 +883,7 @@ mod tests {
 
     #[test]
     fn reply_tokens_is_exact_and_max_tokens_cuts_with_length() {
-        let p = plan(&job(request("hi synthetic:reply_tokens=100"), 10_000)).expect("plan");
+        let p = script(&job(request("hi synthetic:reply_tokens=100"), 10_000)).expect("script");
         assert_eq!(usage(&p).completion_tokens, 100);
         assert_eq!(p.steps.len(), 100);
         assert_eq!(p.finished.reason(), Reason::Stop);
@@ -885,14 +891,14 @@ mod tests {
         let count = tokenizer::count(&texts(&p));
         assert!((95..=105).contains(&count), "bpe count {count}");
 
-        let p = plan(&job(request("hi synthetic:reply_tokens=100"), 7)).expect("plan");
+        let p = script(&job(request("hi synthetic:reply_tokens=100"), 7)).expect("script");
         assert_eq!(usage(&p).completion_tokens, 7);
         assert_eq!(p.finished.reason(), Reason::Length);
     }
 
     #[test]
     fn stop_string_ends_the_text_before_it() {
-        let full = plan(&job(request("hi synthetic:reply_tokens=30"), 1000)).expect("plan");
+        let full = script(&job(request("hi synthetic:reply_tokens=30"), 1000)).expect("script");
         let full_text = texts(&full);
         // Pick a word from the middle as the stop string.
         let stop = full_text.split(' ').nth(10).expect("word").to_owned();
@@ -902,7 +908,7 @@ mod tests {
             stop: vec![stop.clone()],
             ..Default::default()
         });
-        let p = plan(&job(req, 1000)).expect("plan");
+        let p = script(&job(req, 1000)).expect("script");
         let at = full_text.find(&stop).expect("stop occurs");
         assert_eq!(texts(&p), &full_text[..at]);
         assert_eq!(p.finished.reason(), Reason::Stop);
@@ -911,7 +917,7 @@ mod tests {
 
     #[test]
     fn echo_replies_with_the_last_user_message() {
-        let p = plan(&job(request("synthetic:echo naïve 日本 text"), 1000)).expect("plan");
+        let p = script(&job(request("synthetic:echo naïve 日本 text"), 1000)).expect("script");
         assert_eq!(texts(&p), "synthetic:echo naïve 日本 text");
         assert_eq!(
             usage(&p).completion_tokens,
@@ -934,7 +940,7 @@ mod tests {
         let mut result = msg("tool", "12:00");
         result.tool_call_id = "call_1".into();
         req.messages.push(result);
-        let p = plan(&job(req, 1000)).expect("plan");
+        let p = script(&job(req, 1000)).expect("script");
         assert_eq!(
             texts(&p),
             "system: be brief\nuser: first synthetic:echo_messages\n\
@@ -950,7 +956,7 @@ mod tests {
             budget_tokens: 5,
             effort: String::new(),
         });
-        let p = plan(&job(req.clone(), 1000)).expect("plan");
+        let p = script(&job(req.clone(), 1000)).expect("script");
         let u = usage(&p);
         assert_eq!(u.reasoning_tokens, 5);
         assert!(u.completion_tokens > 5);
@@ -962,11 +968,11 @@ mod tests {
             budget_tokens: 0,
             effort: "high".into(),
         });
-        let u = usage(&plan(&job(req.clone(), 1000)).expect("plan"));
+        let u = usage(&script(&job(req.clone(), 1000)).expect("script"));
         assert!((20..=60).contains(&u.reasoning_tokens));
 
         // max_tokens counts reasoning too.
-        let p = plan(&job(req, 3)).expect("plan");
+        let p = script(&job(req, 3)).expect("script");
         assert_eq!(usage(&p).reasoning_tokens, 3);
         assert_eq!(usage(&p).completion_tokens, 3);
         assert_eq!(p.finished.reason(), Reason::Length);
@@ -983,7 +989,7 @@ mod tests {
                 function_name: name.into(),
             });
             req.parallel_tool_calls = parallel;
-            plan(&job(req, 10_000)).expect("plan")
+            script(&job(req, 10_000)).expect("script")
         };
         // AUTO: no mention -> text; mention -> call.
         let p = with("hello there", Mode::Auto, "", true);
@@ -1019,7 +1025,7 @@ mod tests {
             mode: Mode::Named as i32,
             function_name: "nope".into(),
         });
-        assert!(plan(&job(req, 100)).is_err());
+        assert!(script(&job(req, 100)).is_err());
     }
 
     #[test]
@@ -1032,7 +1038,7 @@ mod tests {
         for i in 0..30 {
             let mut req = request(&format!("call get_weather for city {i}"));
             req.tools = tools.clone();
-            let p = plan(&job(req, 10_000)).expect("plan");
+            let p = script(&job(req, 10_000)).expect("script");
             let c = calls(&p);
             assert_eq!(c.len(), 1);
             let (id, _, args) = &c[0];
@@ -1057,13 +1063,13 @@ mod tests {
             budget_tokens: 10,
             effort: String::new(),
         });
-        let p = plan(&job(req.clone(), 10_000)).expect("plan");
+        let p = script(&job(req.clone(), 10_000)).expect("script");
         let merged = coalesce(p.steps.clone(), 8);
         assert!(merged.len() < p.steps.len());
         assert!(merged.iter().all(|s| s.tokens <= 8));
         let sum = |steps: &[Step]| steps.iter().map(|s| s.tokens).sum::<u32>();
         assert_eq!(sum(&merged), sum(&p.steps));
-        let with = Plan {
+        let with = Script {
             steps: merged,
             ..p.clone()
         };
@@ -1071,8 +1077,8 @@ mod tests {
         assert_eq!(reasoning_text(&with), reasoning_text(&p));
 
         req.tools = weather_tools();
-        let p = plan(&job(req, 10_000)).expect("plan");
-        let with = Plan {
+        let p = script(&job(req, 10_000)).expect("script");
+        let with = Script {
             steps: coalesce(p.steps.clone(), 8),
             ..p.clone()
         };
@@ -1095,7 +1101,7 @@ mod tests {
         let mut result = msg("tool", "{\"temp\": 21}");
         result.tool_call_id = "call_1".into();
         req.messages.push(result);
-        let p = plan(&job(req, 10_000)).expect("plan");
+        let p = script(&job(req, 10_000)).expect("script");
         assert!(calls(&p).is_empty());
         assert!(texts(&p).contains("{\"temp\": 21}"), "{}", texts(&p));
         assert_eq!(p.finished.reason(), Reason::Stop);
@@ -1144,7 +1150,7 @@ mod tests {
             schema_json: schema.to_string(),
             strict: true,
         });
-        let p = plan(&job(req.clone(), 10_000)).expect("plan");
+        let p = script(&job(req.clone(), 10_000)).expect("script");
         let v: Value = serde_json::from_str(&texts(&p)).expect("json");
         assert!(jsonschema::is_valid(&schema, &v));
         assert!(p.steps.len() > 3);
@@ -1153,11 +1159,11 @@ mod tests {
             kind: pb::response_format::Kind::JsonObject as i32,
             ..Default::default()
         });
-        let p = plan(&job(req.clone(), 10_000)).expect("plan");
+        let p = script(&job(req.clone(), 10_000)).expect("script");
         let v: Value = serde_json::from_str(&texts(&p)).expect("json");
         assert!(v.is_object());
         // Cut by max_tokens: LENGTH.
-        let p = plan(&job(req, 3)).expect("plan");
+        let p = script(&job(req, 3)).expect("script");
         assert_eq!(p.finished.reason(), Reason::Length);
     }
 }

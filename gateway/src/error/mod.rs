@@ -4,10 +4,18 @@
 //! Every failure a client can see is an [`ApiError`]. Its JSON envelope is
 //! `{error:{message,type,param,code,status}}`, with `type` derived from the
 //! status; the 402 blocked-account shape is the one exception and is
-//! deliberately not wrapped in `error`.
+//! deliberately not wrapped in `error`. The errors of the layers below
+//! (the store, the limiter) become `ApiError`s in `layers.rs`.
+
+mod layers;
 
 use serde::Serialize;
 use std::borrow::Cow;
+
+/// `ev` of the 402 body for an organisation blocked by the operator.
+pub const BLOCKED_EV: i64 = 1;
+/// `ev` of the 402 body for an organisation past its spending budget.
+pub const OVER_BUDGET_EV: i64 = 2;
 
 /// A client-visible failure: status, stable `code`, optional `param`, message.
 #[derive(Debug, Clone, PartialEq)]
