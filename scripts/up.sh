@@ -11,4 +11,6 @@ if [ -d "$HOME/.cargo/bin" ]; then PATH="$HOME/.cargo/bin:$PATH"; fi
 bash scripts/system-deps.sh
 model="$(bash scripts/fetch-model.sh)"
 export IGW_MODEL_FILE="$model"
+# llama.cpp built for this CPU (AVX-512 where present; scripts/ggml-cpu-flags.sh).
+while read -r flag; do export "${flag?}"; done < <(bash scripts/ggml-cpu-flags.sh)
 exec cargo run --release --bin gateway -- up "$@"

