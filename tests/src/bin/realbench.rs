@@ -11,8 +11,13 @@
 //!   so what differs between two targets is their path, not prefill);
 //! - aggregate completion tokens/s with 1, 4 and 8 concurrent streams.
 //!
+//! With `LLAMA_BENCH` (scripts/llama-bench.sh) it also runs llama.cpp's
+//! `llama-bench` on the same file and threads: prefill of a 512-token prompt
+//! and decode of 128 tokens after a prompt as long as ours, the yardstick of
+//! the single-stream figures.
+//!
 //! ```text
-//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) LLAMA_BENCH=$(bash scripts/llama-bench.sh) \
 //!   cargo run --release -p tests --bin realbench
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
 //!   cargo run --release -p tests --bin realbench -- --mode upstream
@@ -38,6 +43,10 @@ struct Args {
     /// llama.cpp's `llama-server` binary.
     #[arg(long, env = "LLAMA_SERVER")]
     llama_server: String,
+    /// llama.cpp's `llama-bench` (scripts/llama-bench.sh): the yardstick of
+    /// the single-stream figures. Skipped when absent.
+    #[arg(long, env = "LLAMA_BENCH")]
+    llama_bench: Option<String>,
     /// Decode threads for both.
     #[arg(long, default_value_t = 2)]
     threads: u32,
@@ -198,6 +207,46 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
         f.aggregate.push((c, median(rates)));
     }
     Ok(f)
+}
+
+/// What llama-bench measured: prefill of a 512-token prompt, and decode of
+/// 128 tokens after a prompt as long as realbench's.
+struct BenchFigures {
+    prefill_tps: f64,
+    decode_tps: f64,
+    decode_depth: u64,
+}
+
+fn run_llama_bench(
+    bin: &str,
+    model: &std::path::Path,
+    args: &Args,
+    depth: u64,
+) -> Result<BenchFigures> {
+    let out = Command::new(bin)
+        .args(["-m", &model.display().to_string()])
+        .args(["-t", &args.threads.to_string()])
+        .args(["-p", "512", "-n", "128", "-d", &format!("0,{depth}")])
+        .args(["-r", &args.repeats.max(3).to_string(), "-o", "json"])
+        .stderr(Stdio::null())
+        .output()
+        .context("running llama-bench")?;
+    if !out.status.success() {
+        bail!("llama-bench failed: {}", out.status);
+    }
+    let tests: Vec<Value> = serde_json::from_slice(&out.stdout).context("llama-bench json")?;
+    let rate = |prompt: u64, gen: u64, d: u64| {
+        tests
+            .iter()
+            .find(|t| t["n_prompt"] == prompt && t["n_gen"] == gen && t["n_depth"] == d)
+            .and_then(|t| t["avg_ts"].as_f64())
+            .context("a test missing from llama-bench's output")
+    };
+    Ok(BenchFigures {
+        prefill_tps: rate(512, 0, 0)?,
+        decode_tps: rate(0, 128, depth)?,
+        decode_depth: depth,
+    })
 }
 
 fn free_port() -> Result<u16> {
@@ -394,8 +443,27 @@ async fn main() -> Result<()> {
         ours.warm_ttft_ms - yard.warm_ttft_ms,
         ratio.join("  ")
     );
+    if let Some(bin) = &args.llama_bench {
+        drop(gateway);
+        drop(worker);
+        // Decode measured after a prompt as long as ours (attention over
+        // the same number of cells).
+        let bench = run_llama_bench(bin, &model, &args, ours.prompt_tokens)?;
+        let ours_prefill = ours.prompt_tokens as f64 / (ours.ttft_ms / 1000.0);
+        println!(
+            "\nllama-bench: pp512 {:.1} tokens/s (512-token prompt in {:.1} ms), tg128 at depth {} {:.1} tokens/s",
+            bench.prefill_tps,
+            512_000.0 / bench.prefill_tps,
+            bench.decode_depth,
+            bench.decode_tps
+        );
+        println!(
+            "against llama-bench: single-stream decode {:.2}x, prefill (cold TTFT, {} tokens) {:.2}x",
+            ours.decode_tps / bench.decode_tps,
+            ours.prompt_tokens,
+            ours_prefill / bench.prefill_tps
+        );
+    }
     println!("load average at end: {}", load_average());
-    drop(gateway);
-    drop(worker);
     Ok(())
 }
