@@ -62,6 +62,11 @@ struct Args {
     /// Repeats of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// `llama` mode: rounds of (llama-server, then ours), both kept running,
+    /// so a drift in the host's speed falls on both; the median ratio of the
+    /// rounds is reported too.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// `llama`: the in-process engine against llama-server; `upstream`:
     /// llama-server through gateway + upstream worker against itself.
     #[arg(long, value_enum, default_value = "llama")]
@@ -249,6 +254,45 @@ fn run_llama_bench(
     })
 }
 
+/// Ours against the yardstick, one round.
+struct Ratios {
+    decode: f64,
+    ttft_ms: f64,
+    warm_ttft_ms: f64,
+    aggregate: Vec<(usize, f64)>,
+}
+
+impl Ratios {
+    fn of(ours: &Figures, yard: &Figures) -> Self {
+        Self {
+            decode: ours.decode_tps / yard.decode_tps,
+            ttft_ms: ours.ttft_ms - yard.ttft_ms,
+            warm_ttft_ms: ours.warm_ttft_ms - yard.warm_ttft_ms,
+            aggregate: ours
+                .aggregate
+                .iter()
+                .zip(&yard.aggregate)
+                .map(|((c, o), (_, y))| (*c, o / y))
+                .collect(),
+        }
+    }
+
+    fn print(&self) {
+        let agg: Vec<String> = self
+            .aggregate
+            .iter()
+            .map(|(c, r)| format!("c{c} {r:.2}x"))
+            .collect();
+        println!(
+            "ratios: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
+            self.decode,
+            self.ttft_ms,
+            self.warm_ttft_ms,
+            agg.join("  ")
+        );
+    }
+}
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -331,19 +375,7 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     );
     print_row("llama-server (direct)", &yard);
     print_row("gateway+upstream worker", &ours);
-    let ratio: Vec<String> = ours
-        .aggregate
-        .iter()
-        .zip(&yard.aggregate)
-        .map(|((c, o), (_, y))| format!("c{c} {:.3}x", o / y))
-        .collect();
-    println!(
-        "\nratios: decode {:.3}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
-        ours.decode_tps / yard.decode_tps,
-        ours.ttft_ms - yard.ttft_ms,
-        ours.warm_ttft_ms - yard.warm_ttft_ms,
-        ratio.join("  ")
-    );
+    Ratios::of(&ours, &yard).print();
     println!(
         "worker CPU: {:.1} us per relayed token ({} tokens, {:.0} ms CPU)",
         cpu as f64 / ours.tokens.max(1) as f64,
@@ -395,12 +427,9 @@ async fn main() -> Result<()> {
         return upstream_mode(&args, &model, &mut seed).await;
     }
 
-    // Yardstick first, alone on the machine.
-    let yard = {
-        let (_server, client) = start_llama_server(&args, &model).await?;
-        measure(&client, &args, &mut seed).await?
-    };
-
+    // Both targets stay up; each round measures the yardstick, then ours
+    // (an idle engine's threads sleep, so each runs alone on the cores).
+    let (server, direct) = start_llama_server(&args, &model).await?;
     let worker = Worker::start(
         "base",
         WorkerOpts {
@@ -422,30 +451,48 @@ async fn main() -> Result<()> {
     opts.workers
         .insert("base".into(), vec![worker.addr().to_string()]);
     let gateway = Gateway::start(opts)?;
-    let ours = measure(&gateway.client(), &args, &mut seed).await?;
-
-    println!(
-        "\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
-        "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
-    );
-    print_row("llama-server", &yard);
-    print_row("gateway + llama worker", &ours);
-    let ratio: Vec<String> = ours
-        .aggregate
-        .iter()
-        .zip(&yard.aggregate)
-        .map(|((c, o), (_, y))| format!("c{c} {:.2}x", o / y))
-        .collect();
-    println!(
-        "\nratios: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
-        ours.decode_tps / yard.decode_tps,
-        ours.ttft_ms - yard.ttft_ms,
-        ours.warm_ttft_ms - yard.warm_ttft_ms,
-        ratio.join("  ")
-    );
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        let yard = measure(&direct, &args, &mut seed).await?;
+        let ours = measure(&gateway.client(), &args, &mut seed).await?;
+        println!(
+            "\nround {round}\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
+            "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
+        );
+        print_row("llama-server", &yard);
+        print_row("gateway + llama worker", &ours);
+        let r = Ratios::of(&ours, &yard);
+        r.print();
+        rounds.push((ours, r));
+    }
+    if rounds.len() > 1 {
+        let mid = |f: fn(&Ratios) -> f64| median(rounds.iter().map(|(_, r)| f(r)).collect());
+        let agg: Vec<String> = (0..rounds[0].1.aggregate.len())
+            .map(|i| {
+                let c = rounds[0].1.aggregate[i].0;
+                let v = median(rounds.iter().map(|(_, r)| r.aggregate[i].1).collect());
+                format!("c{c} {v:.2}x")
+            })
+            .collect();
+        println!(
+            "\nmedian of {} rounds: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
+            rounds.len(),
+            mid(|r| r.decode),
+            mid(|r| r.ttft_ms),
+            mid(|r| r.warm_ttft_ms),
+            agg.join("  ")
+        );
+    }
+    drop(gateway);
+    drop(worker);
+    drop(server);
+    let ours = Figures {
+        prompt_tokens: rounds[0].0.prompt_tokens,
+        ttft_ms: median(rounds.iter().map(|(o, _)| o.ttft_ms).collect()),
+        decode_tps: median(rounds.iter().map(|(o, _)| o.decode_tps).collect()),
+        ..Figures::default()
+    };
     if let Some(bin) = &args.llama_bench {
-        drop(gateway);
-        drop(worker);
         // Decode measured after a prompt as long as ours (attention over
         // the same number of cells).
         let bench = run_llama_bench(bin, &model, &args, ours.prompt_tokens)?;
