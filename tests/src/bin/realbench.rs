@@ -277,14 +277,33 @@ impl Ratios {
         }
     }
 
-    fn print(&self) {
+    /// The median of each ratio over several rounds (of one shape).
+    fn median_of(rounds: &[Ratios]) -> Self {
+        let mid = |f: &dyn Fn(&Ratios) -> f64| median(rounds.iter().map(f).collect());
+        let streams = rounds
+            .first()
+            .map(|r| r.aggregate.clone())
+            .unwrap_or_default();
+        Self {
+            decode: mid(&|r| r.decode),
+            ttft_ms: mid(&|r| r.ttft_ms),
+            warm_ttft_ms: mid(&|r| r.warm_ttft_ms),
+            aggregate: streams
+                .iter()
+                .enumerate()
+                .map(|(i, (c, _))| (*c, mid(&|r| r.aggregate[i].1)))
+                .collect(),
+        }
+    }
+
+    fn print(&self, label: &str) {
         let agg: Vec<String> = self
             .aggregate
             .iter()
             .map(|(c, r)| format!("c{c} {r:.2}x"))
             .collect();
         println!(
-            "ratios: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
+            "{label}: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
             self.decode,
             self.ttft_ms,
             self.warm_ttft_ms,
@@ -369,13 +388,10 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     let cpu_before = harness::procfs::cpu_micros(pid)?;
     let ours = measure(&gateway.client(), args, seed).await?;
     let cpu = harness::procfs::cpu_micros(pid)? - cpu_before;
-    println!(
-        "\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
-        "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
-    );
+    print_header("");
     print_row("llama-server (direct)", &yard);
     print_row("gateway+upstream worker", &ours);
-    Ratios::of(&ours, &yard).print();
+    Ratios::of(&ours, &yard).print("ratios");
     println!(
         "worker CPU: {:.1} us per relayed token ({} tokens, {:.0} ms CPU)",
         cpu as f64 / ours.tokens.max(1) as f64,
@@ -390,6 +406,18 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// A blank line, `title` (when given), and the column names of `print_row`.
+fn print_header(title: &str) {
+    println!();
+    if !title.is_empty() {
+        println!("{title}");
+    }
+    println!(
+        "{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
+        "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
+    );
 }
 
 fn print_row(name: &str, f: &Figures) {
@@ -451,45 +479,29 @@ async fn main() -> Result<()> {
     opts.workers
         .insert("base".into(), vec![worker.addr().to_string()]);
     let gateway = Gateway::start(opts)?;
-    let mut rounds = Vec::new();
+    let (mut ours_rounds, mut ratios) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds.max(1) {
         let yard = measure(&direct, &args, &mut seed).await?;
         let ours = measure(&gateway.client(), &args, &mut seed).await?;
-        println!(
-            "\nround {round}\n{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
-            "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
-        );
+        print_header(&format!("round {round}"));
         print_row("llama-server", &yard);
         print_row("gateway + llama worker", &ours);
         let r = Ratios::of(&ours, &yard);
-        r.print();
-        rounds.push((ours, r));
+        r.print("ratios");
+        ours_rounds.push(ours);
+        ratios.push(r);
     }
-    if rounds.len() > 1 {
-        let mid = |f: fn(&Ratios) -> f64| median(rounds.iter().map(|(_, r)| f(r)).collect());
-        let agg: Vec<String> = (0..rounds[0].1.aggregate.len())
-            .map(|i| {
-                let c = rounds[0].1.aggregate[i].0;
-                let v = median(rounds.iter().map(|(_, r)| r.aggregate[i].1).collect());
-                format!("c{c} {v:.2}x")
-            })
-            .collect();
-        println!(
-            "\nmedian of {} rounds: decode {:.2}x, TTFT {:+.1} ms (warm prompt {:+.2} ms), aggregate {}",
-            rounds.len(),
-            mid(|r| r.decode),
-            mid(|r| r.ttft_ms),
-            mid(|r| r.warm_ttft_ms),
-            agg.join("  ")
-        );
+    if ratios.len() > 1 {
+        println!();
+        Ratios::median_of(&ratios).print(&format!("median of {} rounds", ratios.len()));
     }
     drop(gateway);
     drop(worker);
     drop(server);
     let ours = Figures {
-        prompt_tokens: rounds[0].0.prompt_tokens,
-        ttft_ms: median(rounds.iter().map(|(o, _)| o.ttft_ms).collect()),
-        decode_tps: median(rounds.iter().map(|(o, _)| o.decode_tps).collect()),
+        prompt_tokens: ours_rounds.first().map_or(0, |o| o.prompt_tokens),
+        ttft_ms: median(ours_rounds.iter().map(|o| o.ttft_ms).collect()),
+        decode_tps: median(ours_rounds.iter().map(|o| o.decode_tps).collect()),
         ..Figures::default()
     };
     if let Some(bin) = &args.llama_bench {
