@@ -3,7 +3,7 @@
 # toolchain, installs what is missing (scripts/system-deps.sh), fetches the
 # reference model once (scripts/fetch-model.sh), builds, and runs
 # `gateway up` (one real llama.cpp worker per model, the embedded store).
-# Arguments go to `gateway up` (for example `--engine synthetic`, `--port`).
+# Arguments go to `gateway up` (for example `--engine synthetic`, `--listen 127.0.0.1:8081`).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
