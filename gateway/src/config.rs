@@ -266,7 +266,12 @@ pub struct LimitsConfig {
     /// Plan of keys that name none.
     #[serde(default = "default_plan_name")]
     pub default_plan: String,
-    /// Safety net for a concurrency slot whose release was lost (replica crash).
+    /// The longest one concurrency slot is held. A slot is a lease renewed
+    /// by its replica (`store.lease_millis`, `store.heartbeat_millis`), so
+    /// a crashed replica's slots free within one lease; a live replica
+    /// renews a slot until its request's deadline plus a lease, and never
+    /// past this (the default, 900 s, is above that deadline: it only
+    /// matters set lower).
     #[serde(default = "default_concurrency_ttl")]
     pub concurrency_ttl_seconds: u64,
 }

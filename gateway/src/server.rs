@@ -41,6 +41,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
     let runs_maintainer = background_service("response runs", RunsMaintainer(app.runs.clone()));
+    let slots_maintainer = background_service("limit slots", SlotsMaintainer(app.limiter.clone()));
     let key_invalidations =
         background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
 
@@ -62,6 +63,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.add_service(announcer);
     server.add_service(pool_maintainer);
     server.add_service(runs_maintainer);
+    server.add_service(slots_maintainer);
     server.add_service(key_invalidations);
     server.run(RunArgs {
         shutdown_signal: Box::new(drain),
@@ -144,6 +146,19 @@ struct RunsMaintainer(Arc<crate::runs::Runs>);
 
 #[async_trait]
 impl BackgroundService for RunsMaintainer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.maintain() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Renewal heartbeat of this replica's concurrency slots (`limits::slots`).
+struct SlotsMaintainer(Arc<crate::limits::Limiter>);
+
+#[async_trait]
+impl BackgroundService for SlotsMaintainer {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         tokio::select! {
             _ = self.0.maintain() => {}

@@ -9,10 +9,13 @@
 -- KEYS[1] request log   zset  member = request id, score = admitted ms
 -- KEYS[2] token log     zset  member = "<request id>:<tokens>", score = ms
 -- KEYS[3] token sum     string (sum of the token log's tokens)
--- KEYS[4] in flight     zset  member = request id, score = deadline ms
+-- KEYS[4] in flight     zset  member = request id, score = when the slot
+--                             lapses (ms) unless its replica renews it
+--                             (renew.lua)
 -- KEYS[5] org spend     string (nano-dollars)
--- ARGV: request id, rpm, tpm, max concurrent, tokens, in-flight ttl ms,
---       budget nano (-1 = none), window ms   (limits: 0 = unlimited)
+-- ARGV: request id, rpm, tpm, max concurrent, tokens, slot lease ms,
+--       budget nano (-1 = none), window ms, renewal period ms
+--       (limits: 0 = unlimited)
 --
 -- Returns {verdict, used requests, used tokens, reset requests ms,
 --          reset tokens ms, retry after ms}; verdict 0 admitted,
@@ -28,6 +31,7 @@ local tokens = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local budget = tonumber(ARGV[7])
 local window = tonumber(ARGV[8])
+local renew = tonumber(ARGV[9])
 local edge = now - window
 
 -- Forget what left the windows.
@@ -64,7 +68,17 @@ if budget >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') >= budget then
   verdict = 4
 elseif maxc > 0 and inflight >= maxc then
   verdict = 3
-  retry = 1000
+  -- The slot that lapses first: written more than two renewals ago, its
+  -- owner is presumed dead and it frees when it lapses; else every owner
+  -- is alive and a slot may free any moment (a 1 s hint). As
+  -- limits/slots.rs::concurrency_retry_ms.
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  local lapse = tonumber(first[2]) - now
+  if ttl - lapse > 2 * renew then
+    retry = lapse
+  else
+    retry = math.min(lapse, 1000)
+  end
 elseif rpm > 0 and used_req >= rpm then
   verdict = 1
   local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -104,7 +118,10 @@ if verdict == 0 then
   end
   if maxc > 0 then
     redis.call('ZADD', KEYS[4], now + ttl, rid)
-    redis.call('PEXPIRE', KEYS[4], ttl)
+    -- Never shorter than a slot it holds (leases may differ by replica).
+    if redis.call('PTTL', KEYS[4]) < ttl then
+      redis.call('PEXPIRE', KEYS[4], ttl)
+    end
   end
 end
 

@@ -1,7 +1,8 @@
-//! The in-process [`LimitStore`]: the same sliding windows, in-flight
-//! deadlines, spend and daily usage as the Redis scripts, for the embedded
-//! mode (no Redis) and as the fail-open fallback of one replica.
+//! The in-process [`LimitStore`]: the same sliding windows, leased
+//! concurrency slots, spend and daily usage as the Redis scripts, for the
+//! embedded mode (no Redis) and as the fail-open fallback of one replica.
 
+use super::slots::concurrency_retry_ms;
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use async_trait::async_trait;
 use std::collections::{HashMap, VecDeque};
@@ -38,7 +39,7 @@ struct Window {
     tokens: VecDeque<(u64, String)>,
     token_of: HashMap<String, u64>,
     token_sum: u64,
-    /// Request id -> deadline ms.
+    /// Request id -> when its slot lapses (ms) unless renewed.
     in_flight: HashMap<String, u64>,
 }
 
@@ -91,7 +92,8 @@ impl MemoryLimits {
             && w.in_flight.len() as u64 >= u64::from(plan.max_concurrent)
         {
             verdict = Verdict::Concurrency;
-            retry = 1000;
+            let first_lapse = w.in_flight.values().min().copied().unwrap_or(now + 1);
+            retry = concurrency_retry_ms(first_lapse - now, r.slot_lease_ms, r.renew_every_ms);
         } else if plan.rpm > 0 && used_req >= u64::from(plan.rpm) {
             verdict = Verdict::Requests;
             retry = Window::reset_ms(w.requests.front().copied(), now);
@@ -121,7 +123,7 @@ impl MemoryLimits {
             }
             if plan.max_concurrent > 0 {
                 w.in_flight
-                    .insert(r.request_id.to_owned(), now + r.in_flight_ttl_ms);
+                    .insert(r.request_id.to_owned(), now + r.slot_lease_ms);
             }
         }
         Admission {
@@ -167,6 +169,30 @@ fn admitted_without_state() -> Admission {
 impl LimitStore for MemoryLimits {
     async fn admit(&self, r: &AdmitRequest<'_>) -> anyhow::Result<Admission> {
         Ok(self.admit_now(r))
+    }
+
+    async fn renew(
+        &self,
+        org: &str,
+        model: &str,
+        request_ids: &[String],
+        lease_ms: u64,
+    ) -> anyhow::Result<()> {
+        let now = self.now_ms();
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("limiter state poisoned"))?;
+        if let Some(w) = inner.windows.get_mut(&format!("{org}\n{model}")) {
+            // What lapsed stays gone, as in Redis.
+            w.in_flight.retain(|_, lapse| *lapse > now);
+            for id in request_ids {
+                if let Some(lapse) = w.in_flight.get_mut(id) {
+                    *lapse = now + lease_ms;
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()> {

@@ -16,8 +16,9 @@
 //! the plan's default) and settled to real usage when the request ends. The
 //! [`Reservation`] guard settles on drop, so a request abandoned anywhere
 //! (client gone, task dropped) cannot leak its reservation or its
-//! concurrency slot; the in-flight entry also carries a deadline as a last
-//! safety net.
+//! concurrency slot. A slot is also a lease its replica renews while the
+//! request runs ([`slots`]): a replica that dies frees its slots within
+//! one lease.
 //!
 //! When Redis cannot be reached, `limits.on_store_failure` decides:
 //! `fail_open_local` (default) admits under this replica's in-process
@@ -29,6 +30,7 @@ pub mod local;
 pub mod memory;
 pub mod redis_lua;
 pub mod redis_pipe;
+pub mod slots;
 
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
@@ -38,6 +40,7 @@ use crate::redis_conn::RedisHandle;
 use async_trait::async_trait;
 use inference_proto::v1 as pb;
 use local::{LocalEntry, LocalStage};
+use slots::{LiveSlots, SlotLease};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +63,12 @@ pub struct AdmitRequest<'a> {
     pub tokens: u64,
     pub plan: RatePlan,
     pub budget_nano: Option<i64>,
-    pub in_flight_ttl_ms: u64,
+    /// A concurrency slot lapses this long after it was last written
+    /// (admitted or renewed).
+    pub slot_lease_ms: u64,
+    /// How often owners renew their slots (a slot written more than two of
+    /// these ago has a dead owner, for `retry-after`).
+    pub renew_every_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +148,16 @@ pub trait LimitStore: Send + Sync {
     async fn settle(&self, s: &Settlement<'_>) -> anyhow::Result<()>;
     /// Waits until every settlement handed over so far has been applied.
     async fn flush(&self) {}
+    /// Extends the concurrency slots of these requests of `org` and
+    /// `model` to `lease_ms` from now (the store's clock). A slot already
+    /// settled or lapsed stays gone.
+    async fn renew(
+        &self,
+        org: &str,
+        model: &str,
+        request_ids: &[String],
+        lease_ms: u64,
+    ) -> anyhow::Result<()>;
 }
 
 /// The admission gate the request path calls.
@@ -150,7 +168,9 @@ pub struct Limiter {
     /// The embedded store, and the fail-open fallback when Redis is down.
     memory: Arc<memory::MemoryLimits>,
     policy: OnStoreFailure,
-    in_flight_ttl_ms: u64,
+    slots: SlotLease,
+    /// Slots of this replica's live reservations, renewed by [`Self::maintain`].
+    live: LiveSlots,
     /// While now < this (ms since `epoch`), Redis is considered down and not
     /// asked (so an outage costs one timeout per second, not per request).
     global_down_until: AtomicU64,
@@ -160,8 +180,11 @@ pub struct Limiter {
 /// How long Redis is left alone after a failure.
 const GLOBAL_RETRY_MS: u64 = 1000;
 
+/// Request ids renewed in one call (bounds one command's size).
+const MAX_RENEW_IDS: usize = 500;
+
 /// Which store holds a reservation (settle goes back to it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Holder {
     Global,
     Memory,
@@ -172,21 +195,22 @@ impl Limiter {
         Self::new(
             redis.map(|r| Arc::new(redis_lua::RedisLimits::new(r)) as Arc<dyn LimitStore>),
             config.limits.on_store_failure,
-            config.limits.concurrency_ttl_seconds.max(1) * 1000,
+            SlotLease::from_config(config),
         )
     }
 
     pub fn new(
         global: Option<Arc<dyn LimitStore>>,
         policy: OnStoreFailure,
-        in_flight_ttl_ms: u64,
+        slots: SlotLease,
     ) -> Self {
         Self {
             local: LocalStage::default(),
             global,
             memory: Arc::new(memory::MemoryLimits::default()),
             policy,
-            in_flight_ttl_ms,
+            slots,
+            live: LiveSlots::default(),
             global_down_until: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -232,7 +256,8 @@ impl Limiter {
             tokens,
             plan,
             budget_nano: account.org.budget_nano,
-            in_flight_ttl_ms: self.in_flight_ttl_ms,
+            slot_lease_ms: self.slots.lease_ms(),
+            renew_every_ms: self.slots.renew_every_ms(),
         };
         let asked = if plan.is_unlimited() && req.budget_nano.is_none() {
             let holder = if self.global.is_some() {
@@ -261,6 +286,16 @@ impl Limiter {
                 limiter: self.clone(),
                 account: account.clone(),
                 model,
+                // Only a plan with a concurrency limit takes a slot.
+                slot: (plan.max_concurrent > 0).then(|| {
+                    self.live.hold(
+                        org,
+                        model.id,
+                        &request_id,
+                        holder,
+                        Instant::now() + self.slots.max_hold,
+                    )
+                }),
                 request_id,
                 input_estimate,
                 reserved_tokens: if plan.tpm > 0 { tokens } else { 0 },
@@ -338,6 +373,58 @@ impl Limiter {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// The slot heartbeat, until the process ends: renews the concurrency
+    /// slots of this replica's live reservations every renewal period.
+    pub async fn maintain(&self) {
+        let mut every = tokio::time::interval(self.slots.renew_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.renew_slots().await;
+        }
+    }
+
+    /// One heartbeat: one renewal per in-flight set (org and model), all
+    /// sent at once, so they share the pipe's writes (on a cluster each
+    /// goes to its org's node). A renewal that fails is tried again on the
+    /// next beat; a slot whose renewals fail for a whole lease lapses.
+    pub async fn renew_slots(&self) {
+        let groups = self.live.due(Instant::now());
+        if groups.is_empty() {
+            return;
+        }
+        let lease_ms = self.slots.lease_ms();
+        let calls = groups.iter().flat_map(|g| {
+            let store: &dyn LimitStore = match (g.holder, &self.global) {
+                (Holder::Global, Some(global)) => global.as_ref(),
+                _ => self.memory.as_ref(),
+            };
+            g.request_ids
+                .chunks(MAX_RENEW_IDS)
+                .map(move |ids| store.renew(&g.org, g.model, ids, lease_ms))
+        });
+        // A renewal later than a lease is of no use; do not let one hold
+        // up the next beat longer than that.
+        let results =
+            tokio::time::timeout(self.slots.lease, futures::future::join_all(calls)).await;
+        let failed = match &results {
+            Ok(results) => results.iter().filter(|r| r.is_err()).count(),
+            Err(_) => groups.len(),
+        };
+        if failed > 0 {
+            let first = results
+                .ok()
+                .and_then(|r| r.into_iter().find_map(Result::err))
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_else(|| "timed out".into());
+            tracing::warn!(
+                sets = groups.len(),
+                failed,
+                "renewing concurrency slots failed: {first}"
+            );
+        }
+    }
+
     async fn settle(&self, s: &Settlement<'_>, holder: Holder) {
         let result = match (holder, &self.global) {
             (Holder::Global, Some(g)) => match g.settle(s).await {
@@ -356,7 +443,7 @@ impl Limiter {
             _ => self.memory.settle(s).await,
         };
         if let Err(e) = result {
-            // The in-flight entry's deadline and the window expire it anyway.
+            // The slot lapses unrenewed and the window expires the tokens.
             tracing::warn!(request_id = s.request_id, "settling limits failed: {e:#}");
         }
     }
@@ -424,7 +511,7 @@ async fn settle_until_applied(store: Arc<dyn LimitStore>, s: OwnedSettlement) {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => {
-                // The in-flight entry's deadline and the window expire it.
+                // The slot lapses unrenewed and the window expires the tokens.
                 tracing::warn!(request_id = %s.request_id, "gave up settling limits: {e:#}");
                 return;
             }
@@ -542,6 +629,8 @@ pub struct Reservation {
     reserved_tokens: u64,
     holder: Holder,
     local: Arc<LocalEntry>,
+    /// This request's concurrency slot in the renewal heartbeat.
+    slot: Option<u64>,
     output_seen: u64,
     started: bool,
     done: bool,
@@ -588,8 +677,16 @@ impl Reservation {
         })
     }
 
-    async fn settle_with(&self, usage: Option<TokenUsage>) {
+    /// Stops renewing the slot and frees the local count.
+    fn release_here(&self) {
         self.local.release();
+        if let Some(token) = self.slot {
+            self.limiter.live.release(token);
+        }
+    }
+
+    async fn settle_with(&self, usage: Option<TokenUsage>) {
+        self.release_here();
         let cost_nano = usage.map(|u| cost_nano(self.model, &u)).unwrap_or(0);
         if let Some(u) = &usage {
             crate::usage::record_account(
@@ -632,6 +729,7 @@ impl Drop for Reservation {
             reserved_tokens: self.reserved_tokens,
             holder: self.holder,
             local: self.local.clone(),
+            slot: self.slot,
             output_seen: self.output_seen,
             started: self.started,
             done: true,
@@ -641,8 +739,8 @@ impl Drop for Reservation {
                 rt.spawn(async move { this.settle_with(usage).await });
             }
             // No runtime (process teardown): release locally; the global
-            // entries expire by their deadlines.
-            Err(_) => this.local.release(),
+            // slot lapses unrenewed within a lease.
+            Err(_) => this.release_here(),
         }
     }
 }
@@ -744,9 +842,128 @@ mod tests {
         })
     }
 
+    fn test_slots() -> SlotLease {
+        SlotLease::new(
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        )
+    }
+
+    fn retry_after_ms(headers: &[(&str, String)]) -> Option<u64> {
+        headers
+            .iter()
+            .find(|(k, _)| *k == "retry-after-ms")
+            .and_then(|(_, v)| v.parse().ok())
+    }
+
+    /// A heartbeat keeps a live reservation's slot for many leases; a
+    /// reservation past its renewal deadline (a guard leaked by a live
+    /// replica, or a dead replica's, which renews nothing) loses it within
+    /// one lease, and the refusal before says when.
+    #[tokio::test]
+    async fn the_heartbeat_keeps_a_live_slot_and_an_unrenewed_one_lapses_within_a_lease() {
+        let lease = Duration::from_millis(400);
+        let limiter = Arc::new(Limiter::new(
+            None,
+            OnStoreFailure::FailOpenLocal,
+            SlotLease::new(lease, Duration::from_millis(50), Duration::from_secs(600)),
+        ));
+        let heartbeat = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.maintain().await }
+        });
+        let plan = RatePlan {
+            max_concurrent: 1,
+            ..RatePlan::default()
+        };
+        let acc = account(plan);
+        let base = crate::catalog::find("base").unwrap();
+        let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
+        let held = r.unwrap();
+        tokio::time::sleep(lease * 3).await;
+        // Another replica's view: this process's local count aside, the
+        // store still holds the slot, and its live owner gets a short hint.
+        let r2 = AdmitRequest {
+            org: &acc.principal.org,
+            model: base.id,
+            request_id: "r2",
+            tokens: 1,
+            plan,
+            budget_nano: None,
+            slot_lease_ms: limiter.slots.lease_ms(),
+            renew_every_ms: limiter.slots.renew_every_ms(),
+        };
+        let a = limiter.memory.admit_now(&r2);
+        assert_eq!(a.verdict, Verdict::Concurrency);
+        assert!(
+            (1..=slots::LIVE_RETRY_MS).contains(&a.retry_after_ms),
+            "{a:?}"
+        );
+        assert_eq!(limiter.live.len(), 1);
+
+        // The owner stops renewing (as a dead replica does).
+        heartbeat.abort();
+        let stopped = Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let a = limiter.memory.admit_now(&r2);
+        assert_eq!(a.verdict, Verdict::Concurrency);
+        // Two renewals missed: the refusal says when the slot lapses.
+        assert!(a.retry_after_ms <= 200, "{a:?}");
+        tokio::time::sleep(Duration::from_millis(a.retry_after_ms)).await;
+        let a = limiter.memory.admit_now(&r2);
+        assert_eq!(a.verdict, Verdict::Admitted, "lapsed when it said");
+        assert!(stopped.elapsed() < lease + Duration::from_millis(150));
+        held.settle(Outcome::NotRun).await;
+        assert_eq!(limiter.live.len(), 0, "a settled slot is not renewed");
+    }
+
+    #[tokio::test]
+    async fn a_reservation_past_its_deadline_is_no_longer_renewed() {
+        let lease = Duration::from_millis(300);
+        let limiter = Arc::new(Limiter::new(
+            None,
+            OnStoreFailure::FailOpenLocal,
+            SlotLease::new(lease, Duration::from_millis(50), lease),
+        ));
+        let heartbeat = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.maintain().await }
+        });
+        let plan = RatePlan {
+            max_concurrent: 1,
+            ..RatePlan::default()
+        };
+        let (acc, base) = (account(plan), crate::catalog::find("base").unwrap());
+        let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
+        let _leaked = r.unwrap();
+        let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 1, 1).await;
+        assert!(r.is_err());
+        assert!(retry_after_ms(&headers).is_some());
+        // Renewed until its deadline (one lease here), then lapsed within
+        // one more lease, while the heartbeat goes on.
+        tokio::time::sleep(lease * 2 + Duration::from_millis(50)).await;
+        let r2 = AdmitRequest {
+            org: &acc.principal.org,
+            model: base.id,
+            request_id: "r2",
+            tokens: 1,
+            plan,
+            budget_nano: None,
+            slot_lease_ms: limiter.slots.lease_ms(),
+            renew_every_ms: limiter.slots.renew_every_ms(),
+        };
+        assert_eq!(limiter.memory.admit_now(&r2).verdict, Verdict::Admitted);
+        heartbeat.abort();
+    }
+
     #[tokio::test]
     async fn a_dropped_reservation_releases_its_slot_and_tokens() {
-        let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
+        let limiter = Arc::new(Limiter::new(
+            None,
+            OnStoreFailure::FailOpenLocal,
+            test_slots(),
+        ));
         let plan = RatePlan {
             rpm: 0,
             tpm: 1000,
@@ -788,7 +1005,11 @@ mod tests {
     /// stage answers it: the global stage's first, then the local stage's.
     #[tokio::test]
     async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
-        let limiter = Arc::new(Limiter::new(None, OnStoreFailure::FailOpenLocal, 60_000));
+        let limiter = Arc::new(Limiter::new(
+            None,
+            OnStoreFailure::FailOpenLocal,
+            test_slots(),
+        ));
         let plan = RatePlan {
             rpm: 3,
             ..RatePlan::default()
@@ -1051,7 +1272,8 @@ pub(crate) mod tests_shared {
             tokens,
             plan,
             budget_nano: budget,
-            in_flight_ttl_ms: 60_000,
+            slot_lease_ms: 60_000,
+            renew_every_ms: 1_000,
         }
     }
 
@@ -1078,6 +1300,101 @@ pub(crate) mod tests_shared {
     async fn settle_now(store: &dyn LimitStore, s: Settlement<'_>) {
         store.settle(&s).await.unwrap();
         store.flush().await;
+    }
+
+    /// Leased concurrency slots: renewal keeps a slot past its lease; an
+    /// unrenewed slot lapses within one lease, and the refusals before say
+    /// when; a lapsed or settled slot is not brought back by a renewal.
+    pub(crate) async fn lease_suite(store: &dyn LimitStore) {
+        const LEASE_MS: u64 = 1000;
+        const RENEW_MS: u64 = 100;
+        let plan = RatePlan {
+            max_concurrent: 2,
+            ..RatePlan::default()
+        };
+        let admit = |rid: &'static str| {
+            let r = AdmitRequest {
+                org: "org-lease",
+                model: "base",
+                request_id: rid,
+                tokens: 1,
+                plan,
+                budget_nano: None,
+                slot_lease_ms: LEASE_MS,
+                renew_every_ms: RENEW_MS,
+            };
+            async move { store.admit(&r).await.unwrap() }
+        };
+        let renew = |rids: &[&str]| {
+            let ids: Vec<String> = rids.iter().map(|s| s.to_string()).collect();
+            async move {
+                store
+                    .renew("org-lease", "base", &ids, LEASE_MS)
+                    .await
+                    .unwrap()
+            }
+        };
+        let release = |rid: &'static str| async move {
+            let mut s = settlement("base", rid, 0, None, 0);
+            s.org = "org-lease";
+            settle_now(store, s).await;
+        };
+        let beat = Duration::from_millis(RENEW_MS);
+
+        assert_eq!(admit("a").await.verdict, Verdict::Admitted);
+        assert_eq!(admit("b").await.verdict, Verdict::Admitted);
+        let refused = admit("c").await;
+        assert_eq!(refused.verdict, Verdict::Concurrency);
+        // Both owners just wrote their slots: a short hint.
+        assert!(
+            (1..=slots::LIVE_RETRY_MS).contains(&refused.retry_after_ms),
+            "{refused:?}"
+        );
+
+        // Renewed for two leases: still held, still live.
+        let until = Instant::now() + Duration::from_millis(2 * LEASE_MS);
+        while Instant::now() < until {
+            renew(&["a", "b"]).await;
+            tokio::time::sleep(beat).await;
+        }
+        let refused = admit("c").await;
+        assert_eq!(refused.verdict, Verdict::Concurrency, "renewal keeps slots");
+        assert!(
+            refused.retry_after_ms <= slots::LIVE_RETRY_MS,
+            "{refused:?}"
+        );
+
+        // `a`'s owner stops renewing (dies); `b`'s goes on.
+        renew(&["a", "b"]).await;
+        let stopped = Instant::now();
+        for _ in 0..5 {
+            tokio::time::sleep(beat).await;
+            renew(&["b"]).await;
+        }
+        let waited = stopped.elapsed().as_millis() as u64;
+        let refused = admit("c").await;
+        assert_eq!(refused.verdict, Verdict::Concurrency);
+        // Two renewals missed: the refusal says when `a` lapses (at most
+        // one lease after its last renewal; +2: clocks in whole ms).
+        let said = refused.retry_after_ms;
+        let at_most = LEASE_MS - waited + 2;
+        assert!(said > 0 && said <= at_most, "{refused:?}, {at_most}");
+        tokio::time::sleep(Duration::from_millis(said)).await;
+        assert_eq!(admit("c").await.verdict, Verdict::Admitted, "when it said");
+        assert!(stopped.elapsed() < Duration::from_millis(LEASE_MS + 300));
+
+        // A renewal of the lapsed `a` does not bring it back: with `b`
+        // settled, only `c` holds a slot.
+        renew(&["a", "b", "c"]).await;
+        release("b").await;
+        assert_eq!(admit("d").await.verdict, Verdict::Admitted);
+        // A settled slot neither: with `c` settled, only `d` holds one.
+        release("c").await;
+        renew(&["b", "c", "d"]).await;
+        assert_eq!(admit("e").await.verdict, Verdict::Admitted);
+        assert_eq!(admit("f").await.verdict, Verdict::Concurrency);
+        release("d").await;
+        release("e").await;
     }
 
     pub(crate) async fn suite(store: &dyn LimitStore) {

@@ -1,6 +1,8 @@
 //! The global stage in Redis: one Lua script to admit (`admit.lua`) and one
 //! to settle (`settle.lua`), each a single round trip (EVALSHA) over the
-//! limiter's own pipelined connection ([`super::redis_pipe`]).
+//! limiter's own pipelined connection ([`super::redis_pipe`]); and the
+//! slot heartbeat (`renew.lua`, one call per in-flight set per beat, see
+//! [`super::slots`]).
 //!
 //! Keys of one organisation share its hash tag, so both scripts touch one
 //! Redis Cluster slot (on a cluster, each call goes to the primary serving
@@ -10,14 +12,14 @@
 //! <prefix>rl:{<org>}:<model>:req       zset  request log (sliding minute)
 //! <prefix>rl:{<org>}:<model>:tok       zset  token log ("<request id>:<tokens>")
 //! <prefix>rl:{<org>}:<model>:toksum    string sum of the token log
-//! <prefix>rl:{<org>}:<model>:inflight  zset  in-flight requests by deadline
+//! <prefix>rl:{<org>}:<model>:inflight  zset  in-flight requests by slot lapse
 //! <prefix>rl:{<org>}:<model>:settled:<request id>  string  settled marker (one window)
 //! <prefix>spend:{<org>}                string nano-dollars spent
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
 
 use super::cluster_pipe::ClusterPipe;
-use super::redis_pipe::{PipeError, RedisPipe, Reply, RespCommand, Script};
+use super::redis_pipe::{Arg, PipeError, RedisPipe, Reply, RespCommand, Script};
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::metrics::redis_error;
 use crate::redis_conn::{RedisHandle, Target};
@@ -52,7 +54,8 @@ pub struct RedisLimits {
     redis: Arc<RedisHandle>,
     admit: Script,
     settle: Script,
-    /// Both scripts go over one lean pipelined connection (one per primary
+    renew: Script,
+    /// The scripts go over one lean pipelined connection (one per primary
     /// on a cluster): concurrent admissions and settlements share writes
     /// and reads, each still one round trip (see [`super::redis_pipe`] for
     /// why not the redis crate's).
@@ -64,22 +67,19 @@ impl RedisLimits {
     pub fn new(redis: Arc<RedisHandle>) -> Self {
         let admit = Script::new(include_str!("admit.lua"));
         let settle = Script::new(include_str!("settle.lua"));
+        let renew = Script::new(include_str!("renew.lua"));
+        let sources = vec![admit.source, settle.source, renew.source];
         let pipe = match redis.target() {
-            Target::Single(info) => Pipe::Single(RedisPipe::to(
-                info.clone(),
-                redis.tls(),
-                vec![admit.source, settle.source],
-            )),
-            Target::Cluster(topology) => Pipe::Cluster(ClusterPipe::new(
-                topology.clone(),
-                redis.tls(),
-                vec![admit.source, settle.source],
-            )),
+            Target::Single(info) => Pipe::Single(RedisPipe::to(info.clone(), redis.tls(), sources)),
+            Target::Cluster(topology) => {
+                Pipe::Cluster(ClusterPipe::new(topology.clone(), redis.tls(), sources))
+            }
         };
         Self {
             redis,
             admit,
             settle,
+            renew,
             pipe,
             keys: RwLock::new(HashMap::new()),
         }
@@ -146,9 +146,10 @@ impl LimitStore for RedisLimits {
                     r.plan.tpm.into(),
                     r.plan.max_concurrent.into(),
                     r.tokens.into(),
-                    r.in_flight_ttl_ms.into(),
+                    r.slot_lease_ms.into(),
                     r.budget_nano.unwrap_or(-1).into(),
                     WINDOW_MS.into(),
+                    r.renew_every_ms.into(),
                 ],
             )
         };
@@ -220,6 +221,27 @@ impl LimitStore for RedisLimits {
             .call(&k.spend, frame)
             .await
             .inspect_err(|_| redis_error("limiter", "settle"))?;
+        Ok(())
+    }
+
+    async fn renew(
+        &self,
+        org: &str,
+        model: &str,
+        request_ids: &[String],
+        lease_ms: u64,
+    ) -> anyhow::Result<()> {
+        let k = self.keys(org, model);
+        let frame = || {
+            let args: Vec<Arg<'_>> = std::iter::once(lease_ms.into())
+                .chain(request_ids.iter().map(|id| id.as_str().into()))
+                .collect();
+            RespCommand::evalsha(&self.renew, &[&k.inflight], &args)
+        };
+        self.pipe
+            .call(&k.inflight, frame)
+            .await
+            .inspect_err(|_| redis_error("limiter", "renew"))?;
         Ok(())
     }
 
@@ -352,6 +374,7 @@ mod tests {
         let redis = Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", None, true).unwrap());
         let store = RedisLimits::new(redis.clone());
         tests_shared::suite(&store).await;
+        tests_shared::lease_suite(&store).await;
         let used = crate::limits::TokenUsage {
             input: 7,
             cached_input: 0,
@@ -388,7 +411,8 @@ mod tests {
                 tokens: 1,
                 plan,
                 budget_nano: None,
-                in_flight_ttl_ms: 60_000,
+                slot_lease_ms: 60_000,
+                renew_every_ms: 1_000,
             };
             assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Admitted);
             assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Requests);
@@ -423,5 +447,41 @@ mod tests {
     #[tokio::test]
     async fn memory_store_passes_the_shared_suite() {
         tests_shared::suite(&MemoryLimits::default()).await;
+    }
+
+    #[tokio::test]
+    async fn redis_store_leases_slots_to_live_owners() {
+        let redis = test_redis();
+        let store = RedisLimits::new(redis.clone());
+        tests_shared::lease_suite(&store).await;
+        // The set lives no longer than its slots need: one lease.
+        let plan = crate::accounts::RatePlan {
+            max_concurrent: 1,
+            ..Default::default()
+        };
+        let r = crate::limits::AdmitRequest {
+            org: "org-ttl",
+            model: "base",
+            request_id: "r",
+            tokens: 1,
+            plan,
+            budget_nano: None,
+            slot_lease_ms: 1000,
+            renew_every_ms: 100,
+        };
+        assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Admitted);
+        let mut conn = redis.conn().await.unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&store.keys("org-ttl", "base").inflight)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((1..=1000).contains(&pttl), "{pttl}");
+        cleanup(&redis).await;
+    }
+
+    #[tokio::test]
+    async fn memory_store_leases_slots_to_live_owners() {
+        tests_shared::lease_suite(&MemoryLimits::default()).await;
     }
 }
