@@ -63,7 +63,12 @@ Engines:
              OVERLOADED (retryable), other 4xx -> INVALID_REQUEST, 5xx -> ENGINE_FAILURE.
              Health from its /health and load from its /metrics, scraped every
              --upstream-scrape-ms. Closing the stream closes the request (SGLang also
-             gets /abort_request). Field mapping: docs/upstream-engines.md.
+             gets /abort_request). The engine is bounded: no event within
+             --upstream-first-byte-timeout-ms or silence past --upstream-idle-timeout-ms
+             fails the generation (DEADLINE_EXCEEDED) and marks the worker NOT_SERVING
+             until the engine answers again; output past max_tokens ends with length;
+             an SSE event over --upstream-max-event-bytes fails with ENGINE_FAILURE.
+             Field mapping: docs/upstream-engines.md.
   synthetic  SIMULATED output (below).
 
 Adding an engine: implement worker::engine::sequence::SequenceEngine in one file under
@@ -155,6 +160,21 @@ struct ServeArgs {
     /// upstream: health and load scrape interval, in milliseconds.
     #[arg(long, default_value_t = 250)]
     upstream_scrape_ms: u64,
+    /// upstream: longest wait from sending a request to the engine's first
+    /// SSE event (prefill of a long prompt included), in milliseconds.
+    /// Past it the generation fails with DEADLINE_EXCEEDED (gateway: 504)
+    /// and the worker reports NOT_SERVING until the engine answers again.
+    #[arg(long, default_value_t = 60_000)]
+    upstream_first_byte_timeout_ms: u64,
+    /// upstream: longest silence between the engine's SSE events once the
+    /// reply streams, in milliseconds; past it, as the first-byte timeout.
+    #[arg(long, default_value_t = 15_000)]
+    upstream_idle_timeout_ms: u64,
+    /// upstream: largest SSE event accepted from the engine, in bytes; a
+    /// longer one (a line without its newline) fails the generation with
+    /// ENGINE_FAILURE instead of growing the worker's memory.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    upstream_max_event_bytes: usize,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -283,6 +303,9 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
         api_key: args.upstream_api_key.clone(),
         startup_timeout: Duration::from_secs(args.upstream_startup_timeout_seconds),
         scrape_interval: scrape,
+        first_byte_timeout: Duration::from_millis(args.upstream_first_byte_timeout_ms),
+        idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
+        max_event_bytes: args.upstream_max_event_bytes,
     })
     .await?;
     let ready = engine.spawn_scraper(scrape);

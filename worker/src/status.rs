@@ -65,6 +65,14 @@ pub fn engine_failure(message: impl Into<String>) -> Status {
     with_reason(Code::Internal, ErrorReason::EngineFailure, message)
 }
 
+/// The engine went silent: nothing within its first-byte or idle timeout.
+/// `DEADLINE_EXCEEDED` (the gateway's 504 `timeout`, retried on another
+/// worker before the first token), with the engine-failure reason: the
+/// worker's engine, not the request, is at fault.
+pub fn engine_timeout(message: impl Into<String>) -> Status {
+    with_reason(Code::DeadlineExceeded, ErrorReason::EngineFailure, message)
+}
+
 /// The `x-error-reason` of a status, if any.
 pub fn reason_of(status: &Status) -> Option<&str> {
     status
@@ -90,5 +98,7 @@ mod tests {
         assert_eq!(overloaded(1, 2).code(), Code::ResourceExhausted);
         assert_eq!(reason_of(&draining()), Some("DRAINING"));
         assert_eq!(reason_of(&engine_failure("x")), Some("ENGINE_FAILURE"));
+        assert_eq!(engine_timeout("x").code(), Code::DeadlineExceeded);
+        assert_eq!(reason_of(&engine_timeout("x")), Some("ENGINE_FAILURE"));
     }
 }

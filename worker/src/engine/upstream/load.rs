@@ -5,10 +5,10 @@
 
 use super::client::Http;
 use super::kind::{Kind, MetricNames};
+use super::liveness::Liveness;
 use crate::engine::chat::EngineLoad;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 /// Per-scrape timeout: a stuck engine must not stall the loop.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -87,13 +87,13 @@ impl LoadCell {
 }
 
 /// Scrapes health and metrics every `interval` until the process ends;
-/// readiness goes to `ready`.
+/// health goes to `liveness`.
 pub async fn scrape(
     http: Http,
     kind: Kind,
     capacity: Option<u32>,
-    cell: std::sync::Arc<LoadCell>,
-    ready: watch::Sender<bool>,
+    cell: Arc<LoadCell>,
+    liveness: Arc<Liveness>,
     interval: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
@@ -105,7 +105,7 @@ pub async fn scrape(
             http.call(http::Method::GET, kind.health_path(), bytes::Bytes::new(), SCRAPE_TIMEOUT).await,
             Ok((code, _)) if code.is_success()
         );
-        ready.send_if_modified(|r| std::mem::replace(r, healthy) != healthy);
+        liveness.scraped(healthy);
         let Some(names) = kind.metrics() else {
             continue;
         };

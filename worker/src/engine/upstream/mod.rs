@@ -14,10 +14,17 @@
 //!   refusals become worker statuses ([`client::refusal`]).
 //! - Dropping the stream drops the response body: hyper closes that
 //!   connection and the engine stops (SGLang also gets `/abort_request`).
-//! - Readiness and load come from the engine ([`load`]).
+//! - Readiness and load come from the engine ([`load`]), and from how its
+//!   generations go ([`liveness`]).
+//! - The engine is not trusted to behave: nothing within the first-byte
+//!   timeout, or silence past the idle timeout, fails the generation with
+//!   DEADLINE_EXCEEDED and marks the engine stalled; a reply past
+//!   `max_tokens` ends with `length` ([`relay::Relay::with_limit`]); an SSE
+//!   event past its byte bound fails the generation ([`relay::SseDecoder`]).
 
 pub mod client;
 pub mod kind;
+pub mod liveness;
 pub mod load;
 pub mod relay;
 pub mod request;
@@ -32,11 +39,13 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use inference_proto::v1 as pb;
 use kind::{Counting, Kind};
+use liveness::Liveness;
 use relay::{Payload, Relay, SseDecoder};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tonic::Status;
 
 /// Time allowed for a tokenize round trip (a long prompt takes a while).
@@ -63,6 +72,47 @@ pub struct UpstreamConfig {
     pub startup_timeout: Duration,
     /// The health and metrics scrape interval.
     pub scrape_interval: Duration,
+    /// From sending a request to the reply's first SSE event (a long
+    /// prompt's prefill comes first).
+    pub first_byte_timeout: Duration,
+    /// The longest silence between SSE events once the reply streams.
+    pub idle_timeout: Duration,
+    /// Bound on one SSE event of a reply, in bytes.
+    pub max_event_bytes: usize,
+}
+
+impl UpstreamConfig {
+    /// The defaults of the worker's flags for what is not said.
+    pub fn new(url: &str, kind: Kind) -> Self {
+        Self {
+            url: url.to_owned(),
+            kind,
+            model: None,
+            context_window: None,
+            enforce_tools: None,
+            api_key: None,
+            startup_timeout: Duration::from_secs(600),
+            scrape_interval: Duration::from_millis(250),
+            first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_event_bytes: relay::DEFAULT_MAX_EVENT_BYTES,
+        }
+    }
+}
+
+/// Prefill of a long prompt on a busy GPU takes tens of seconds before the
+/// first token; a minute is a wedged engine.
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Decoding engines send a token every few tens of milliseconds; a chunked
+/// prefill of another request pauses them for seconds, not fifteen.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What the relay allows the engine, per generation.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    first_byte: Duration,
+    idle: Duration,
+    max_event_bytes: usize,
 }
 
 /// The engine handle shared by all requests.
@@ -78,6 +128,8 @@ pub struct UpstreamEngine {
     load_max_age: Duration,
     /// Cleared when the engine turns out to have no tokenizer endpoint.
     can_count: AtomicBool,
+    liveness: Arc<Liveness>,
+    bounds: Bounds,
 }
 
 impl UpstreamEngine {
@@ -154,21 +206,35 @@ impl UpstreamEngine {
             load: Arc::default(),
             load_max_age: cfg.scrape_interval * 4 + Duration::from_secs(1),
             can_count: AtomicBool::new(cfg.kind.counting() != Counting::None),
+            liveness: Arc::default(),
+            bounds: Bounds {
+                first_byte: cfg.first_byte_timeout.max(Duration::from_millis(1)),
+                idle: cfg.idle_timeout.max(Duration::from_millis(1)),
+                max_event_bytes: cfg.max_event_bytes,
+            },
         })
     }
 
-    /// Starts the health and load scrape; the receiver follows readiness.
+    /// Starts the health and load scrape, and the probe of a stalled
+    /// engine; the receiver follows readiness.
     pub fn spawn_scraper(&self, interval: Duration) -> watch::Receiver<bool> {
-        let (tx, rx) = watch::channel(true);
         tokio::spawn(load::scrape(
             self.http.clone(),
             self.kind,
             self.capacity,
             Arc::clone(&self.load),
-            tx,
+            Arc::clone(&self.liveness),
             interval,
         ));
-        rx
+        tokio::spawn(liveness::probe(
+            self.http.clone(),
+            self.kind,
+            self.model.clone(),
+            Arc::clone(&self.liveness),
+            interval.max(Duration::from_millis(250)),
+            self.bounds.first_byte,
+        ));
+        self.liveness.subscribe()
     }
 
     /// Sequences the engine runs at once, when it says (llama-server slots).
@@ -304,10 +370,23 @@ impl ChatEngine for UpstreamEngine {
             self.enforce_tools,
         )?;
         let body = to_json(&built.body)?;
-        let resp = self
-            .http
-            .send(http::Method::POST, "/v1/chat/completions", body)
-            .await?;
+        let first_byte = Instant::now() + self.bounds.first_byte;
+        let resp = match tokio::time::timeout_at(
+            first_byte,
+            self.http
+                .send(http::Method::POST, "/v1/chat/completions", body),
+        )
+        .await
+        {
+            Ok(sent) => sent?,
+            Err(_) => {
+                self.liveness.timed_out();
+                return Err(status::engine_timeout(format!(
+                    "the upstream engine sent no reply within the first-byte timeout ({:?})",
+                    self.bounds.first_byte
+                )));
+            }
+        };
         if !resp.status().is_success() {
             let code = resp.status();
             let bytes = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
@@ -330,11 +409,14 @@ impl ChatEngine for UpstreamEngine {
             });
         Ok(Box::new(UpstreamGeneration {
             body: resp.into_body(),
-            relay: Relay::new(&req.request_id, built.enforced_tools),
+            relay: Relay::new(&req.request_id, built.enforced_tools).with_limit(completion_limit),
             batch: req.batch_events,
             prompt_tokens,
             on_cached,
             abort,
+            first_byte,
+            bounds: self.bounds,
+            liveness: Arc::clone(&self.liveness),
         }))
     }
 }
@@ -376,6 +458,10 @@ struct UpstreamGeneration {
     prompt_tokens: Option<u32>,
     on_cached: OnCached,
     abort: Option<AbortOnDrop>,
+    /// When the first SSE event is due (the request was sent before).
+    first_byte: Instant,
+    bounds: Bounds,
+    liveness: Arc<Liveness>,
 }
 
 /// How the read loop ended.
@@ -388,13 +474,19 @@ enum End {
 impl UpstreamGeneration {
     /// Reads the engine's stream to its end, relaying events.
     async fn stream(&mut self, out: &EventSink) -> End {
-        let mut sse = SseDecoder::default();
+        let mut sse = SseDecoder::new(self.bounds.max_event_bytes);
         let mut coalescer = Coalescer::default();
+        // Due: the first event, then each next one. Bytes that complete no
+        // event (an endless line, comments) do not count as an answer.
+        let silence = tokio::time::sleep_until(self.first_byte);
+        tokio::pin!(silence);
+        let mut answered = false;
         loop {
             let frame = tokio::select! {
                 biased;
                 _ = out.closed() => return End::Cancelled,
                 f = self.body.frame() => f,
+                _ = &mut silence => return End::Failed(self.timed_out(answered)),
             };
             let data = match frame {
                 // Ended after its finish reason, without `[DONE]`.
@@ -419,7 +511,18 @@ impl UpstreamGeneration {
                     Err(_) => continue, // trailers
                 },
             };
-            for payload in sse.push(&data) {
+            let payloads = match sse.push(&data) {
+                Ok(p) => p,
+                Err(s) => return End::Failed(s),
+            };
+            if !payloads.is_empty() {
+                if !answered {
+                    answered = true;
+                    self.liveness.answered();
+                }
+                silence.as_mut().reset(Instant::now() + self.bounds.idle);
+            }
+            for payload in payloads {
                 let text = match payload {
                     Payload::Done => {
                         return match flush(out, &mut coalescer).await {
@@ -448,6 +551,17 @@ impl UpstreamGeneration {
                         }
                     }
                 }
+                if self.relay.cut() {
+                    // Past `max_tokens`: the reply ends here; the engine's
+                    // stream is dropped with `self`.
+                    tracing::warn!(
+                        "the upstream engine went past max_tokens; the reply was cut there"
+                    );
+                    return match flush(out, &mut coalescer).await {
+                        Ok(()) => End::Done,
+                        Err(Cancelled) => End::Cancelled,
+                    };
+                }
             }
             // What arrived together went out together; a caller that
             // relays deltas gets them now.
@@ -455,6 +569,25 @@ impl UpstreamGeneration {
                 return End::Cancelled;
             }
         }
+    }
+}
+
+impl UpstreamGeneration {
+    /// The engine said nothing in time: the generation fails, and the
+    /// engine counts as stalled until it answers again.
+    fn timed_out(&self, answered: bool) -> Status {
+        self.liveness.timed_out();
+        status::engine_timeout(if answered {
+            format!(
+                "the upstream engine went silent mid-stream for the idle timeout ({:?})",
+                self.bounds.idle
+            )
+        } else {
+            format!(
+                "the upstream engine sent no event within the first-byte timeout ({:?})",
+                self.bounds.first_byte
+            )
+        })
     }
 }
 
@@ -479,7 +612,10 @@ impl Generation for UpstreamGeneration {
                 Outcome::Failed { tokens }
             }
             End::Done => {
-                if let Some(a) = &mut self.abort {
+                // A reply cut at the limit leaves the engine generating:
+                // SGLang still needs its abort.
+                let cut = self.relay.cut();
+                if let Some(a) = self.abort.as_mut().filter(|_| !cut) {
                     a.armed = false;
                 }
                 if let Some(cached) = self.relay.cached_tokens() {
@@ -588,14 +724,9 @@ mod tests {
 
     fn config(url: &str, kind: Kind) -> UpstreamConfig {
         UpstreamConfig {
-            url: url.to_owned(),
-            kind,
-            model: None,
-            context_window: None,
-            enforce_tools: None,
-            api_key: None,
             startup_timeout: Duration::from_secs(2),
             scrape_interval: Duration::from_millis(50),
+            ..UpstreamConfig::new(url, kind)
         }
     }
 
@@ -799,6 +930,141 @@ mod tests {
             .and_then(|e| e.as_ref().err())
             .expect("a failure");
         assert_eq!(status::reason_of(err), Some("ENGINE_FAILURE"));
+    }
+
+    const MODELS: &str = r#"{"data":[{"id":"m","max_model_len":4096}]}"#;
+
+    /// An engine whose chat replies are `reply` (raw, possibly unfinished:
+    /// the fake then waits, holding the connection open).
+    async fn engine_replying(reply: String, bounds: Bounds) -> UpstreamEngine {
+        let (url, _seen) = fake(vec![
+            ("/v1/models", json_reply("200 OK", MODELS)),
+            ("/v1/chat/completions", reply),
+        ])
+        .await;
+        let cfg = UpstreamConfig {
+            first_byte_timeout: bounds.first_byte,
+            idle_timeout: bounds.idle,
+            max_event_bytes: bounds.max_event_bytes,
+            ..config(&url, Kind::Openai)
+        };
+        UpstreamEngine::connect(&cfg).await.expect("connect")
+    }
+
+    fn short_bounds() -> Bounds {
+        Bounds {
+            first_byte: Duration::from_millis(300),
+            idle: Duration::from_millis(200),
+            max_event_bytes: 4096,
+        }
+    }
+
+    /// A 200 head of an event stream whose body never ends, then `frames`.
+    fn open_sse(frames: &[&str]) -> String {
+        let body: String = frames.iter().map(|f| format!("data: {f}\n\n")).collect();
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 1000000\r\n\r\n{body}"
+        )
+    }
+
+    fn last_error(events: &[Result<pb::generate_event::Event, Status>]) -> &Status {
+        events
+            .last()
+            .and_then(|e| e.as_ref().err())
+            .unwrap_or_else(|| panic!("a failure last: {events:?}"))
+    }
+
+    #[tokio::test]
+    async fn an_engine_silent_before_its_head_times_out_and_is_stalled() {
+        let engine = engine_replying(String::new(), short_bounds()).await;
+        let started = std::time::Instant::now();
+        let err = collect(&engine, request(8)).await.expect_err("timed out");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+        assert_eq!(status::reason_of(&err), Some("ENGINE_FAILURE"));
+        assert!(engine.liveness.is_stalled() && !engine.liveness.is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_head_without_events_times_out_at_the_first_byte_deadline() {
+        let engine = engine_replying(open_sse(&[]), short_bounds()).await;
+        let events = collect(&engine, request(8)).await.expect("head arrived");
+        let err = last_error(&events);
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+        assert!(err.message().contains("first-byte"), "{}", err.message());
+        assert!(engine.liveness.is_stalled());
+    }
+
+    #[tokio::test]
+    async fn silence_mid_stream_times_out_and_an_answer_clears_the_stall() {
+        let engine = engine_replying(
+            open_sse(&[r#"{"choices":[{"delta":{"content":"Hel"}}]}"#]),
+            short_bounds(),
+        )
+        .await;
+        let events = collect(&engine, request(8)).await.expect("start");
+        assert!(matches!(&events[0], Ok(pb::generate_event::Event::Text(t)) if t.text == "Hel"));
+        let err = last_error(&events);
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+        assert!(err.message().contains("idle"), "{}", err.message());
+        assert!(engine.liveness.is_stalled());
+        // The next request's first event is an answer (until that reply
+        // goes silent in turn).
+        let generation = engine
+            .start(request(8), Some(16), None, Box::new(|_| {}))
+            .await
+            .expect("start");
+        let (tx, mut rx) = mpsc::channel(64);
+        let run = tokio::spawn(generation.run(EventSink::new(tx)));
+        assert!(matches!(rx.recv().await, Some(Ok(_))));
+        assert!(!engine.liveness.is_stalled() && engine.liveness.is_ready());
+        let _ = run.await;
+        assert!(engine.liveness.is_stalled());
+    }
+
+    #[tokio::test]
+    async fn an_engine_ignoring_max_tokens_is_cut_at_the_limit() {
+        // `collect` passes a completion limit of 16.
+        let frames: Vec<String> = (0..2000)
+            .map(|_| r#"{"choices":[{"delta":{"content":"t"}}]}"#.to_owned())
+            .collect();
+        let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
+        let engine = engine_replying(open_sse(&frames), short_bounds()).await;
+        let events = collect(&engine, request(16)).await.expect("start");
+        let text: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(pb::generate_event::Event::Text(t)) => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text.len(), 16, "{text}");
+        let finished = match events.last() {
+            Some(Ok(pb::generate_event::Event::Finished(f))) => *f,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(finished.reason(), pb::finished::Reason::Length);
+        assert_eq!(finished.usage.expect("usage").completion_tokens, 16);
+    }
+
+    #[tokio::test]
+    async fn an_endless_line_fails_the_generation() {
+        let line = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 1000000\r\n\r\ndata: {}",
+            "x".repeat(8192)
+        );
+        let engine = engine_replying(line, short_bounds()).await;
+        let events = collect(&engine, request(8)).await.expect("start");
+        let err = last_error(&events);
+        assert_eq!(err.code(), tonic::Code::Internal);
+        assert_eq!(status::reason_of(err), Some("ENGINE_FAILURE"));
+        assert!(
+            err.message().contains("over 4096 bytes"),
+            "{}",
+            err.message()
+        );
+        // A server-side failure, not a stall.
+        assert!(!engine.liveness.is_stalled());
     }
 
     #[tokio::test]

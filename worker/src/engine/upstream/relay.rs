@@ -19,32 +19,81 @@ pub enum Payload {
     Done,
 }
 
+/// Default bound on one SSE event (its line being read plus the data
+/// lines gathered so far). A chunk of an OpenAI-compatible stream is a few
+/// hundred bytes; the largest legitimate ones (a tool call's whole
+/// arguments from a non-streaming tool parser) stay far below 1 MiB.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1024 * 1024;
+
 /// Splits a byte stream into SSE events' data. Bytes may arrive cut
-/// anywhere (mid-line, mid-UTF-8 character).
-#[derive(Debug, Default)]
+/// anywhere (mid-line, mid-UTF-8 character). An event longer than its
+/// bound fails the stream instead of growing the buffer: an engine that
+/// never sends the newline must not take the worker's memory with it.
+#[derive(Debug)]
 pub struct SseDecoder {
     line: Vec<u8>,
     data: Option<String>,
+    max_event_bytes: usize,
+}
+
+impl Default for SseDecoder {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_EVENT_BYTES)
+    }
 }
 
 impl SseDecoder {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Payload> {
+    pub fn new(max_event_bytes: usize) -> Self {
+        Self {
+            line: Vec::new(),
+            data: None,
+            max_event_bytes: max_event_bytes.max(1),
+        }
+    }
+
+    /// The payloads completed by `bytes`; an `ENGINE_FAILURE` status once
+    /// an event outgrows the bound (nothing past it is buffered).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Payload>, Status> {
         let mut out = Vec::new();
-        for &b in bytes {
-            if b != b'\n' {
-                self.line.push(b);
-                continue;
-            }
+        let mut rest = bytes;
+        while let Some(at) = rest.iter().position(|&b| b == b'\n') {
+            self.extend_line(&rest[..at])?;
+            rest = &rest[at + 1..];
             if self.line.last() == Some(&b'\r') {
                 self.line.pop();
             }
             let line = std::mem::take(&mut self.line);
-            self.line_done(&line, &mut out);
+            self.line_done(&line, &mut out)?;
         }
-        out
+        self.extend_line(rest)?;
+        Ok(out)
     }
 
-    fn line_done(&mut self, line: &[u8], out: &mut Vec<Payload>) {
+    /// Bytes held for the event being read.
+    fn held(&self) -> usize {
+        self.line.len() + self.data.as_ref().map_or(0, String::len)
+    }
+
+    fn extend_line(&mut self, bytes: &[u8]) -> Result<(), Status> {
+        if self.held() + bytes.len() > self.max_event_bytes {
+            return Err(self.too_long());
+        }
+        self.line.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn too_long(&mut self) -> Status {
+        // Let the buffers go now; the stream is over.
+        self.line = Vec::new();
+        self.data = None;
+        status::engine_failure(format!(
+            "the upstream engine sent an SSE event over {} bytes (a line without its \
+             newline?); the stream was dropped",
+            self.max_event_bytes
+        ))
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<Payload>) -> Result<(), Status> {
         if line.is_empty() {
             if let Some(data) = self.data.take() {
                 out.push(if data == "[DONE]" {
@@ -53,13 +102,18 @@ impl SseDecoder {
                     Payload::Data(data)
                 });
             }
-            return;
+            return Ok(());
         }
         // Comments (`: ping`), `event:`, `id:` and `retry:` carry nothing here.
         let Some(rest) = line.strip_prefix(b"data:") else {
-            return;
+            return Ok(());
         };
         let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+        // Many short `data:` lines without the blank line that ends the
+        // event grow it too.
+        if self.held() + rest.len() + 1 > self.max_event_bytes {
+            return Err(self.too_long());
+        }
         let text = String::from_utf8_lossy(rest);
         match &mut self.data {
             Some(d) => {
@@ -68,6 +122,7 @@ impl SseDecoder {
             }
             None => self.data = Some(text.into_owned()),
         }
+        Ok(())
     }
 }
 
@@ -84,9 +139,26 @@ pub struct Relay {
     native_calls: u32,
     finish: Option<String>,
     usage: Option<Usage>,
-    /// Deltas seen: the completion count when the engine reports no usage.
+    /// Deltas relayed: the completion count when the engine reports no
+    /// usage (one token each, as the engines stream them).
     deltas: u32,
+    /// `max_tokens` (or the rest of the window): the most the reply may
+    /// hold, whatever the engine sends.
+    limit: Option<u32>,
+    /// Deltas past `limit`, dropped.
+    over: u32,
+    /// The engine kept going past `limit`: the reply ended there.
+    cut: bool,
 }
+
+/// Deltas past the limit dropped while waiting for the engine's own finish
+/// and usage, before the worker ends the reply itself. Counting deltas
+/// overcounts by one or two where an engine splits one token's output
+/// (llama-server sends reasoning and content, or a tool call's name and
+/// arguments, as separate chunks), so a well-behaved engine may look a
+/// delta or two over and still deserves its usage chunk; one that ignores
+/// `max_tokens` is cut after these.
+const OVERRUN_GRACE: u32 = 16;
 
 impl Relay {
     pub fn new(request_id: &str, enforced_tools: bool) -> Self {
@@ -99,47 +171,95 @@ impl Relay {
             finish: None,
             usage: None,
             deltas: 0,
+            limit: None,
+            over: 0,
+            cut: false,
         }
     }
 
-    /// Whether the engine said how the reply ended.
+    /// Ends the reply with `length` once the engine sends more than
+    /// `limit` completion tokens (an engine that ignores `max_tokens`).
+    pub fn with_limit(mut self, limit: Option<u32>) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Whether the engine said how the reply ended, or the worker ended it
+    /// at the limit.
     pub fn finished(&self) -> bool {
         self.finish.is_some()
     }
 
-    /// The events of one chunk; an error frame fails the reply.
+    /// Whether the worker ended the reply at the limit: the engine's stream
+    /// is to be dropped, not read on.
+    pub fn cut(&self) -> bool {
+        self.cut
+    }
+
+    /// Takes one completion token for a delta; `false` when the delta is
+    /// past the limit and dropped (the reply then ends with `length`, and
+    /// is cut after [`OVERRUN_GRACE`] such deltas).
+    fn take_token(&mut self) -> bool {
+        if self.limit.is_some_and(|l| self.deltas >= l) {
+            self.over += 1;
+            self.finish = Some("length".into());
+            if self.over > OVERRUN_GRACE {
+                self.cut = true;
+            }
+            return false;
+        }
+        self.deltas += 1;
+        true
+    }
+
+    /// The events of one chunk; an error frame fails the reply. After the
+    /// cut, nothing more is relayed.
     pub fn chunk(&mut self, chunk: Chunk) -> Result<Vec<Event>, Status> {
+        if self.cut {
+            return Ok(Vec::new());
+        }
         if let Some(err) = chunk.error {
             return Err(status::engine_failure(format!(
                 "the upstream engine failed mid-stream: {}",
                 err.message
             )));
         }
-        if chunk.usage.is_some() {
-            self.usage = chunk.usage;
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage);
+            // The engine's own count (per chunk with vLLM's continuous usage
+            // stats) says this chunk goes past the limit: drop it.
+            if self.limit.is_some_and(|l| usage.completion_tokens > l) {
+                self.cut = true;
+                self.finish = Some("length".into());
+                return Ok(Vec::new());
+            }
         }
         let mut out = Vec::new();
         for choice in chunk.choices {
             let d = choice.delta;
             for reasoning in [d.reasoning, d.reasoning_content].into_iter().flatten() {
-                if !reasoning.is_empty() {
-                    self.deltas += 1;
+                if !reasoning.is_empty() && self.take_token() {
                     out.push(Event::Reasoning(pb::ReasoningDelta { text: reasoning }));
                 }
             }
-            if let Some(text) = d.content.filter(|t| !t.is_empty()) {
-                self.deltas += 1;
+            if let Some(text) = d.content.filter(|t| !t.is_empty() && self.take_token()) {
                 match &mut self.parser {
                     Some(parser) => out.extend(parser.push(&text).into_iter().map(Event::ToolCall)),
                     None => out.push(Event::Text(pb::TextDelta { text })),
                 }
             }
             for call in d.tool_calls {
-                self.deltas += 1;
-                self.native_call(call, &mut out);
+                if self.take_token() {
+                    self.native_call(call, &mut out);
+                }
             }
-            if let Some(reason) = choice.finish_reason {
+            // Past the limit the reply ends with `length`, whatever the
+            // engine says.
+            if let Some(reason) = choice.finish_reason.filter(|_| self.over == 0) {
                 self.finish = Some(reason);
+            }
+            if self.cut {
+                return Ok(out);
             }
         }
         Ok(out)
@@ -205,8 +325,14 @@ impl Relay {
             .and_then(|d| d.cached_tokens)
     }
 
+    /// The engine's count when it sent one, else the deltas relayed; never
+    /// more than the limit once the worker cut the reply there.
     pub fn completion_tokens(&self) -> u32 {
-        self.usage.map_or(self.deltas, |u| u.completion_tokens)
+        let n = self.usage.map_or(self.deltas, |u| u.completion_tokens);
+        match self.limit {
+            Some(limit) if self.cut || self.over > 0 => n.min(limit),
+            _ => n,
+        }
     }
 
     /// The last event. `counted`: the worker's own prompt count, used when
@@ -258,7 +384,7 @@ mod tests {
             let mut d = SseDecoder::default();
             let mut got = Vec::new();
             for piece in bytes.chunks(cut) {
-                got.extend(d.push(piece));
+                got.extend(d.push(piece).expect("within the bound"));
             }
             assert_eq!(
                 got,
@@ -270,6 +396,145 @@ mod tests {
                 "cut {cut}"
             );
         }
+    }
+
+    #[test]
+    fn an_event_past_the_bound_fails_without_growing_the_buffer() {
+        let mut d = SseDecoder::new(64);
+        // Within the bound, across pushes.
+        assert_eq!(d.push(b"data: {\"a\":").expect("ok"), Vec::<Payload>::new());
+        assert_eq!(
+            d.push(b"1}\n\n").expect("ok"),
+            vec![Payload::Data("{\"a\":1}".into())]
+        );
+        // A line that never ends: refused at the bound, in any slicing.
+        let endless = vec![b'x'; 50];
+        let mut d = SseDecoder::new(64);
+        d.push(b"data: ").expect("ok");
+        d.push(&endless).expect("56 bytes held");
+        let err = d.push(&endless).expect_err("over 64");
+        assert_eq!(status::reason_of(&err), Some("ENGINE_FAILURE"));
+        assert!(err.message().contains("over 64 bytes"), "{}", err.message());
+        assert!(d.line.capacity() <= 64 && d.data.is_none());
+        // One huge read is refused as a whole, before it is copied.
+        let mut d = SseDecoder::new(1024);
+        assert!(d.push(&vec![b'x'; 1 << 20]).is_err());
+        assert_eq!(d.line.capacity(), 0);
+        // Many short data lines with no blank line between grow one event.
+        let mut d = SseDecoder::new(64);
+        let lines = "data: 0123456789\n".repeat(8);
+        assert!(d.push(lines.as_bytes()).is_err());
+        // Comments and other fields are bounded by the line cap too.
+        let mut d = SseDecoder::new(64);
+        assert!(d.push(format!(": {}", "p".repeat(100)).as_bytes()).is_err());
+    }
+
+    fn content(t: &str) -> Chunk {
+        chunk(&format!(
+            r#"{{"choices":[{{"delta":{{"content":"{t}"}}}}]}}"#
+        ))
+    }
+
+    fn texts(events: &[Event]) -> String {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Text(t) => t.text.as_str(),
+                Event::Reasoning(t) => t.text.as_str(),
+                Event::ToolCall(t) => t.arguments_fragment.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_engine_past_max_tokens_is_cut_at_the_limit() {
+        let mut r = Relay::new("r", false).with_limit(Some(4));
+        let mut out = Vec::new();
+        let mut read = 0;
+        for i in 0..2000 {
+            read = i;
+            out.extend(r.chunk(content("t")).expect("ok"));
+            if r.cut() {
+                break;
+            }
+        }
+        assert_eq!(texts(&out), "tttt", "exactly the limit is relayed");
+        assert!(
+            read < 4 + OVERRUN_GRACE + 2,
+            "cut after the grace, at {read}"
+        );
+        // Nothing after the cut, not even the engine's own ending.
+        assert!(r.chunk(content("t")).expect("ok").is_empty());
+        let f = r.finish(Some(7));
+        assert_eq!(f.reason(), Reason::Length);
+        assert_eq!(f.usage.expect("usage").completion_tokens, 4);
+    }
+
+    #[test]
+    fn reasoning_and_tool_call_deltas_count_against_the_limit() {
+        let mut r = Relay::new("r", false).with_limit(Some(3));
+        let mut out = Vec::new();
+        for c in [
+            r#"{"choices":[{"delta":{"reasoning_content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"b"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"late"}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            out.extend(r.chunk(chunk(c)).expect("ok"));
+        }
+        assert_eq!(texts(&out), "ab{", "{out:?}");
+        assert!(!r.cut(), "two deltas over: still within the grace");
+        assert_eq!(r.finish(None).reason(), Reason::Length);
+        assert_eq!(r.completion_tokens(), 3);
+    }
+
+    #[test]
+    fn a_well_behaved_engine_keeps_its_finish_and_usage() {
+        // Exactly the limit, then the engine's own ending.
+        let mut r = Relay::new("r", false).with_limit(Some(2));
+        for c in ["a", "b"] {
+            r.chunk(content(c)).expect("ok");
+        }
+        r.chunk(chunk(
+            r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#,
+        ))
+        .expect("ok");
+        r.chunk(chunk(
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,
+               "prompt_tokens_details":{"cached_tokens":3}}}"#,
+        ))
+        .expect("ok");
+        assert!(!r.cut());
+        let u = r.finish(None).usage.expect("usage");
+        assert_eq!(
+            (u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens),
+            (5, 3, 2)
+        );
+        // No limit: nothing is counted against one.
+        let mut r = Relay::new("r", false);
+        for _ in 0..100 {
+            r.chunk(content("a")).expect("ok");
+        }
+        assert!(!r.cut() && !r.finished());
+    }
+
+    #[test]
+    fn the_engines_own_count_past_the_limit_cuts_at_once() {
+        // vLLM's continuous usage stats: usage on every chunk.
+        let mut r = Relay::new("r", false).with_limit(Some(2));
+        let ev = r
+            .chunk(chunk(
+                r#"{"choices":[{"delta":{"content":"abc"}}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
+            ))
+            .expect("ok");
+        assert!(ev.is_empty() && r.cut());
+        let f = r.finish(None);
+        assert_eq!(f.reason(), Reason::Length);
+        let u = f.usage.expect("usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (5, 2));
     }
 
     #[test]
