@@ -61,6 +61,13 @@ pub struct Metrics {
     /// Failed Redis operations by component (`store`, `limiter`,
     /// `accounts`) and operation.
     pub redis_errors: IntCounterVec,
+    /// Redis Cluster slot-map fetches (`CLUSTER SLOTS`) of the gateway's
+    /// own connections, by reason (`initial`, `moved`, `ask`,
+    /// `connection_error`, `unserved`, `periodic`).
+    pub redis_slot_refreshes: IntCounterVec,
+    /// Slot-map fetches that found slots served by another node than
+    /// before: a failover (or a resharding).
+    pub redis_failovers: IntCounter,
     /// Failed worker discovery refreshes (a DNS name or a Kubernetes
     /// Service that did not resolve) by model and source (`dns`,
     /// `kubernetes`); the pool keeps its members meanwhile.
@@ -226,6 +233,19 @@ impl Metrics {
                 "Failed Redis operations (errors, timeouts, lost connections) by component \
                  (store, limiter, accounts) and operation.",
                 &["component", "op"],
+                registry
+            )?,
+            redis_slot_refreshes: register_int_counter_vec_with_registry!(
+                "gateway_redis_slot_refreshes_total",
+                "Redis Cluster slot-map fetches (CLUSTER SLOTS) by reason (initial, moved, ask, \
+                 connection_error, unserved, periodic).",
+                &["reason"],
+                registry
+            )?,
+            redis_failovers: prometheus::register_int_counter_with_registry!(
+                "gateway_redis_failovers_total",
+                "Redis Cluster slot-map fetches that found slots served by another node than \
+                 before (a failover or a resharding).",
                 registry
             )?,
             discovery_failures: register_int_counter_vec_with_registry!(

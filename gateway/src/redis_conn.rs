@@ -15,7 +15,9 @@
 //! reconnects). [`RedisConn`] wraps both kinds, so the store, accounts and
 //! the operator CLI run their commands the same way on either. Connections
 //! of our own (the limiter's pipes, blocking reads, pub/sub) find their
-//! node through [`crate::redis_cluster::Topology`].
+//! node through [`crate::redis_cluster::Topology`], whose slot map is
+//! fetched again after a redirect, after a node fails to answer (a
+//! failover) and periodically ([`RedisHandle::refresh_after`]).
 //!
 //! Every key goes through [`RedisHandle::key`]: the configured prefix plus a
 //! `{hash tag}` so that all keys of one entity land in one Redis Cluster slot.
@@ -287,14 +289,16 @@ impl RedisHandle {
         }
     }
 
-    /// After a redirect on a dedicated connection: the cluster's slots
-    /// moved (a failover, a resharding); fetch their map again.
-    pub async fn slots_moved(&self) {
-        if let Backend::Cluster { topology, .. } = &self.backend {
-            let stale = topology.current();
-            if let Err(e) = topology.refresh(stale.as_ref()).await {
-                tracing::warn!("Redis Cluster slot map refresh failed: {e}");
-            }
+    /// After `error` on a dedicated connection for `key` (or on making
+    /// one): on a cluster, fetches the slot map again when the error says
+    /// it may be stale: a redirect, or a node that refused, dropped or did
+    /// not answer (a failed primary sends no redirect, and its replica may
+    /// have its slots now). Whether one more try is worth it; never on one
+    /// server.
+    pub async fn refresh_after(&self, key: &str, error: &redis::RedisError) -> bool {
+        match &self.backend {
+            Backend::Cluster { topology, .. } => topology.refresh_after(key, error).await,
+            Backend::Single { .. } => false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Private `redis-server`s on free loopback ports, for what the shared
 //! test Redis cannot be: a server that speaks only TLS, or a Redis Cluster
-//! ([`RedisCluster`]). Killed on drop.
+//! ([`RedisCluster`], with replicas to fail over to if asked for). Killed
+//! on drop.
 
 use crate::process::{free_addr, ChildProcess, Spec};
 use anyhow::{Context, Result};
@@ -10,7 +11,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
-    _process: ChildProcess,
+    process: ChildProcess,
     _dir: TempDir,
 }
 
@@ -69,7 +70,7 @@ impl RedisServer {
         .context("redis-server (tests/run.sh installs it)")?;
         Ok(RedisServer {
             port,
-            _process: process,
+            process,
             _dir: dir,
         })
     }
@@ -77,23 +78,42 @@ impl RedisServer {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// SIGKILL (no chance to say goodbye to clients or the cluster bus).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
 }
 
-/// A Redis Cluster of `n` primaries (no replicas) on loopback ports, each
-/// a private `redis-server --cluster-enabled yes` (its cluster bus on a
-/// free port of its own: the default, port + 10000, may be taken or past
-/// 65535), joined by `redis-cli --cluster create` and ready once every node
-/// reports `cluster_state:ok`. Killed on drop.
+/// A Redis Cluster of `n` primaries (no replicas, or one each with
+/// [`RedisCluster::start_with_replicas`]) on loopback ports, each a private
+/// `redis-server --cluster-enabled yes` (its cluster bus on a free port of
+/// its own: the default, port + 10000, may be taken or past 65535), joined
+/// by `redis-cli --cluster create` and ready once every node reports
+/// `cluster_state:ok` (and every replica is in sync). Killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// The CA file, for a cluster that speaks only TLS.
     tls_ca: Option<PathBuf>,
+    /// Ports of the nodes [`Self::kill`]ed.
+    killed: Vec<u16>,
 }
+
+/// How long a node may be unreachable before the others count it failed
+/// (and a replica takes its place): short, so failover tests are quick.
+const REPLICA_NODE_TIMEOUT_MS: u32 = 1000;
 
 impl RedisCluster {
     pub fn start(n: usize) -> Result<RedisCluster> {
-        Self::start_with(n, None)
+        Self::start_with(n, 0, None)
+    }
+
+    /// `n` primaries, each with one replica (`2 * n` nodes) that takes its
+    /// slots over within a few seconds of its death (node timeout
+    /// [`REPLICA_NODE_TIMEOUT_MS`]).
+    pub fn start_with_replicas(n: usize) -> Result<RedisCluster> {
+        Self::start_with(n, 1, None)
     }
 
     /// A cluster whose nodes accept only TLS, clients and cluster bus
@@ -103,7 +123,7 @@ impl RedisCluster {
     /// [`RedisCluster::test_ca`].
     pub fn start_tls(n: usize) -> Result<RedisCluster> {
         let (cert, key) = (test_cert_file("node.pem"), test_cert_file("node.key"));
-        Self::start_with(n, Some((&cert, &key, &Self::test_ca())))
+        Self::start_with(n, 0, Some((&cert, &key, &Self::test_ca())))
     }
 
     /// The CA that signed the TLS cluster's certificate.
@@ -111,11 +131,20 @@ impl RedisCluster {
         test_cert_file("ca.pem")
     }
 
-    fn start_with(n: usize, tls: Option<(&Path, &Path, &Path)>) -> Result<RedisCluster> {
+    fn start_with(
+        n: usize,
+        replicas: usize,
+        tls: Option<(&Path, &Path, &Path)>,
+    ) -> Result<RedisCluster> {
         anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
         let path = |p: &Path| p.to_string_lossy().into_owned();
-        let mut nodes = Vec::with_capacity(n);
-        for _ in 0..n {
+        let node_timeout = if replicas > 0 {
+            REPLICA_NODE_TIMEOUT_MS
+        } else {
+            2000
+        };
+        let mut nodes = Vec::with_capacity(n * (1 + replicas));
+        for _ in 0..n * (1 + replicas) {
             let port = free_port()?;
             let bus = loop {
                 let b = free_port()?;
@@ -151,18 +180,23 @@ impl RedisCluster {
                 "--cluster-config-file".into(),
                 dir.0.join("nodes.conf").to_string_lossy().into_owned(),
                 "--cluster-node-timeout".into(),
-                "2000".into(),
+                node_timeout.to_string(),
             ]);
             nodes.push(RedisServer::start_in("redis-cluster", port, args, dir)?);
         }
         let cluster = RedisCluster {
             nodes,
             tls_ca: tls.map(|(_, _, ca)| ca.to_path_buf()),
+            killed: Vec::new(),
         };
         let mut create = cluster.cli_tls_args();
         create.extend(["--cluster".into(), "create".into()]);
         create.extend(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")));
-        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        create.extend([
+            "--cluster-replicas".into(),
+            replicas.to_string(),
+            "--cluster-yes".into(),
+        ]);
         // Bounded: a node that cannot join (a cluster bus refusing a
         // certificate) would keep redis-cli waiting for ever.
         let out = output_within(
@@ -189,6 +223,18 @@ impl RedisCluster {
                 );
                 std::thread::sleep(Duration::from_millis(100));
             }
+            // A replica that has not synced yet could not take over.
+            loop {
+                let info = cluster.command(port, &["INFO", "replication"])?;
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "replica {port} of the Redis Cluster is not in sync:\n{info}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         Ok(cluster)
     }
@@ -204,9 +250,79 @@ impl RedisCluster {
         }
     }
 
-    /// The primaries' ports, in start order.
+    /// Every node's port, in start order (without replicas: the
+    /// primaries'), killed ones included.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// The ports of the nodes not killed.
+    pub fn live_ports(&self) -> Vec<u16> {
+        self.ports()
+            .into_iter()
+            .filter(|p| !self.killed.contains(p))
+            .collect()
+    }
+
+    /// SIGKILLs the node on `port` (a primary's replica then takes its
+    /// slots over: see [`Self::wait_for_failover`]).
+    pub fn kill(&mut self, port: u16) -> Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .with_context(|| format!("no node of the cluster on port {port}"))?;
+        node.kill();
+        self.killed.push(port);
+        Ok(())
+    }
+
+    /// The hash slot of `key`, as the cluster computes it.
+    pub fn key_slot(&self, key: &str) -> Result<u16> {
+        let port = *self.live_ports().first().context("no live node")?;
+        self.command(port, &["CLUSTER", "KEYSLOT", key])?
+            .trim()
+            .parse()
+            .context("CLUSTER KEYSLOT")
+    }
+
+    /// The port of the primary serving `slot`, as the live nodes see it
+    /// (`None` while none serves it, or they disagree).
+    pub fn primary_of(&self, slot: u16) -> Result<Option<u16>> {
+        let mut seen = None;
+        for port in self.live_ports() {
+            let owner = slot_owner(&self.command(port, &["CLUSTER", "NODES"])?, slot);
+            match (seen, owner) {
+                (_, None) => return Ok(None),
+                (None, Some(o)) => seen = Some(o),
+                (Some(s), Some(o)) if s != o => return Ok(None),
+                _ => {}
+            }
+        }
+        Ok(seen)
+    }
+
+    /// Waits until another node than `dead` serves `slot` in the view of
+    /// every live node, and they all report `cluster_state:ok`; the new
+    /// primary's port.
+    pub fn wait_for_failover(&self, dead: u16, slot: u16, within: Duration) -> Result<u16> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(port) = self.primary_of(slot)?.filter(|p| *p != dead) {
+                let ok = self.live_ports().into_iter().all(|p| {
+                    self.command(p, &["CLUSTER", "INFO"])
+                        .is_ok_and(|i| i.contains("cluster_state:ok"))
+                });
+                if ok {
+                    return Ok(port);
+                }
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "slot {slot} was not failed over from {dead} within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Every node as a seed: `redis://127.0.0.1:P1/,redis://127.0.0.1:P2/,...`
@@ -259,6 +375,25 @@ impl RedisCluster {
             })
             .collect()
     }
+}
+
+/// The port of the primary, not failed, serving `slot` in a
+/// `CLUSTER NODES` reply (lines `<id> <ip:port@bus> <flags> <primary>
+/// <ping> <pong> <epoch> <link> <slot ranges...>`).
+fn slot_owner(nodes: &str, slot: u16) -> Option<u16> {
+    nodes.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags = fields.get(2)?;
+        if !flags.contains("master") || flags.contains("fail") {
+            return None;
+        }
+        let serves = fields.iter().skip(8).any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+        });
+        let addr = fields.get(1)?.split('@').next()?;
+        serves.then(|| addr.rsplit(':').next()?.parse().ok())?
+    })
 }
 
 /// Runs `cmd` to its end, killing it after `limit`; its output (small:

@@ -8,11 +8,16 @@
 //! through a migration) sends it on with `ASKING` before it, the map left
 //! as is; `TRYAGAIN` (a multi-key command during a migration) and
 //! `CLUSTERDOWN` are retried after a short pause. A node that cannot be
-//! reached fails the call (the limiter's failure policy decides) and
-//! refreshes the map, so calls go to its replacement once one is promoted.
+//! reached (refused, reset, timed out: a killed primary sends no `MOVED`)
+//! fails the call (the limiter's failure policy decides: no wait for a
+//! refresh on the admission path) and refreshes the map in the background,
+//! asking the other nodes first, so the next calls go to its replacement
+//! once one is promoted. The map is also fetched every 30 s. Pipes to nodes
+//! a new map no longer names (a failed primary, a removed node) are
+//! dropped.
 
 use super::redis_pipe::{PipeError, RedisPipe, Reply, RespCommand};
-use crate::redis_cluster::{key_slot, Node, Redirect, Topology};
+use crate::redis_cluster::{key_slot, Node, Redirect, RefreshReason, SlotMap, Topology};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -28,6 +33,8 @@ pub struct ClusterPipe {
     tls: Option<Arc<rustls::ClientConfig>>,
     scripts: Vec<&'static str>,
     pipes: RwLock<HashMap<Node, Arc<RedisPipe>>>,
+    /// The map `pipes` was last pruned against.
+    pruned_for: RwLock<Option<Arc<SlotMap>>>,
 }
 
 impl ClusterPipe {
@@ -41,6 +48,7 @@ impl ClusterPipe {
             tls,
             scripts,
             pipes: RwLock::new(HashMap::new()),
+            pruned_for: RwLock::new(None),
         }
     }
 
@@ -54,12 +62,13 @@ impl ClusterPipe {
     ) -> Result<Reply, PipeError> {
         let slot = key_slot(key.as_bytes());
         let mut map = self.topology.map().await.map_err(map_failed)?;
+        self.prune(&map);
         let mut node = match map.owner(slot) {
             Some(n) => n.clone(),
             None => {
                 map = self
                     .topology
-                    .refresh(Some(&map))
+                    .refresh(Some(&map), RefreshReason::Unserved)
                     .await
                     .map_err(map_failed)?;
                 map.owner(slot).cloned().ok_or_else(|| {
@@ -82,14 +91,19 @@ impl ClusterPipe {
                 Err(PipeError::Connection(e)) => {
                     // The node may be gone (failed over): learn the new map
                     // for the calls after this one.
-                    self.topology.refresh_soon(Some(map));
+                    self.topology.refresh_soon(
+                        Some(map),
+                        RefreshReason::ConnectionError,
+                        Some(node.clone()),
+                    );
                     return Err(PipeError::Connection(format!("{node}: {e}")));
                 }
                 ok => return ok,
             };
             match Redirect::parse(&error, &node) {
                 Some(Redirect::Moved(to)) => {
-                    self.topology.refresh_soon(Some(map.clone()));
+                    self.topology
+                        .refresh_soon(Some(map.clone()), RefreshReason::Moved, None);
                     node = to;
                 }
                 Some(Redirect::Ask(to)) => {
@@ -126,6 +140,22 @@ impl ClusterPipe {
             .iter()
             .map(|p| p.call(|| RespCommand::command(&["PING".into()])));
         futures::future::join_all(pings).await;
+    }
+
+    /// Once per new map: drops the pipes to nodes it does not name (calls
+    /// under way on one finish on their own reference; its connection ends
+    /// with the last).
+    fn prune(&self, map: &Arc<SlotMap>) {
+        if let Ok(seen) = self.pruned_for.read() {
+            if seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, map)) {
+                return;
+            }
+        }
+        if let Ok(mut seen) = self.pruned_for.write() {
+            *seen = Some(map.clone());
+        }
+        let mut pipes = self.pipes.write().unwrap_or_else(|p| p.into_inner());
+        pipes.retain(|node, _| map.nodes().contains(node));
     }
 
     /// The pipe to `node` (made on first use; its connection opens lazily).
@@ -302,5 +332,49 @@ mod tests {
                 .command(port, &["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"])
                 .unwrap();
         }
+    }
+
+    /// A killed primary answers no `MOVED`: its connection is refused. The
+    /// calls after the first refused one go to the replica promoted in its
+    /// place (the map fetched again on the connection error, the dead
+    /// node's pipe dropped), without the dead node coming back.
+    #[tokio::test]
+    async fn calls_follow_a_failover_to_the_promoted_replica() {
+        let mut cluster = RedisCluster::start_with_replicas(3).expect("a Redis Cluster");
+        let handle = RedisHandle::open(&cluster.urls(), "t:", None, true).unwrap();
+        let topology = topology(&handle);
+        let pipe = ClusterPipe::new(topology.clone(), None, vec![]);
+        let incr = || RespCommand::command(&["INCR".into(), "{fo}:n".into()]);
+        assert_eq!(pipe.call("{fo}:n", incr).await.unwrap(), Reply::Int(1));
+
+        let slot = key_slot(b"{fo}:n");
+        let dead = cluster.primary_of(slot).unwrap().expect("an owner");
+        assert_eq!(topology.current().unwrap().owner(slot).unwrap().port, dead);
+        cluster.command(dead, &["WAIT", "1", "2000"]).unwrap();
+        cluster.kill(dead).unwrap();
+        let promoted = cluster
+            .wait_for_failover(dead, slot, Duration::from_secs(30))
+            .unwrap();
+
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let n = loop {
+            match pipe.call("{fo}:n", incr).await {
+                Ok(r) => break r,
+                Err(PipeError::Connection(e)) => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(n, Reply::Int(2), "the replica had the first write");
+        let map = topology.current().unwrap();
+        assert_eq!(map.owner(slot).unwrap().port, promoted);
+        assert!(!map.nodes().contains(&node_of(&cluster, dead)));
+        assert!(
+            !pipe.nodes().contains(&node_of(&cluster, dead)),
+            "the dead node's pipe is dropped: {:?}",
+            pipe.nodes()
+        );
     }
 }

@@ -484,20 +484,29 @@ type XReadReply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
 #[async_trait]
 impl EventFollower for RedisFollower {
     async fn next_batch(&mut self, wait: Duration) -> StoreResult<Vec<EncodedEvent>> {
-        // A second try only after a cluster redirect (the stream's slot
-        // moved to another node since the connection was made).
-        let mut redirected = false;
+        // A second try only after the cluster's slot map was fetched
+        // again: after a redirect (the stream's slot moved since the
+        // connection was made), or after its node refused, dropped or did
+        // not answer (a killed primary sends no redirect; its replica may
+        // hold the slot now).
+        let mut refreshed = false;
         let reply: XReadReply = loop {
             let conn = match &mut self.conn {
                 Some(c) => c,
-                None => {
-                    let c = self
-                        .redis
-                        .dedicated(&self.key, wait + Duration::from_secs(2))
-                        .await
-                        .map_err(unavailable("follow"))?;
-                    self.conn.insert(c)
-                }
+                None => match self
+                    .redis
+                    .dedicated(&self.key, wait + Duration::from_secs(2))
+                    .await
+                {
+                    Ok(c) => self.conn.insert(c),
+                    Err(e) => {
+                        if !refreshed && self.redis.refresh_after(&self.key, &e).await {
+                            refreshed = true;
+                            continue;
+                        }
+                        return Err(unavailable("follow")(e));
+                    }
+                },
             };
             let _rt = RoundTrip::start("follow");
             let reply = redis::cmd("XREAD")
@@ -514,9 +523,8 @@ impl EventFollower for RedisFollower {
                 Ok(r) => break r,
                 Err(e) => {
                     self.conn = None;
-                    if e.redirect_node().is_some() && !redirected {
-                        redirected = true;
-                        self.redis.slots_moved().await;
+                    if !refreshed && self.redis.refresh_after(&self.key, &e).await {
+                        refreshed = true;
                         continue;
                     }
                     return Err(unavailable("follow")(e));
