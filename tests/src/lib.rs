@@ -31,6 +31,8 @@
 //! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
 //! - [`RedisServer`] / [`RedisCluster`]: private `redis-server`s (TLS only, or
 //!   a Redis Cluster of N primaries), killed on drop.
+//! - [`fake_engine::FakeEngine`]: a misbehaving OpenAI-compatible engine
+//!   (stalls, ignores `max_tokens`, endless lines) behind `upstream` workers.
 //! - [`FaultProxy`]: a TCP proxy that adds latency, caps bandwidth, stalls,
 //!   partitions, drops or refuses, put between the gateway and Redis or a
 //!   worker.
@@ -48,6 +50,7 @@
 pub mod a2a_agents;
 pub mod bins;
 pub mod client;
+pub mod fake_engine;
 pub mod fault_proxy;
 pub mod gateway;
 pub mod llama_server;
