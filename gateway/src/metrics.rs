@@ -58,6 +58,11 @@ pub struct Metrics {
     pub runs_lost: prometheus::IntCounter,
     /// Runs failed because they outlived their hard deadline.
     pub runs_overdue: prometheus::IntCounter,
+    /// Foreground responses whose final write first failed and went on in
+    /// the background.
+    pub final_writes_deferred: prometheus::IntCounter,
+    /// Foreground responses whose final write never landed.
+    pub final_writes_lost: prometheus::IntCounter,
     /// Failed Redis operations by component (`store`, `limiter`,
     /// `accounts`) and operation.
     pub redis_errors: IntCounterVec,
@@ -226,6 +231,16 @@ impl Metrics {
             runs_overdue: prometheus::register_int_counter_with_registry!(
                 "gateway_response_runs_overdue_total",
                 "Runs failed because they outlived their request deadline plus a lease.",
+                registry
+            )?,
+            final_writes_deferred: prometheus::register_int_counter_with_registry!(
+                "gateway_response_final_writes_deferred_total",
+                "Foreground stored responses whose final write failed once and was retried in the background.",
+                registry
+            )?,
+            final_writes_lost: prometheus::register_int_counter_with_registry!(
+                "gateway_response_final_writes_lost_total",
+                "Foreground stored responses whose final write never landed (the sweeper's record says so).",
                 registry
             )?,
             redis_errors: register_int_counter_vec_with_registry!(

@@ -60,6 +60,7 @@ pub mod procfs;
 pub mod raw;
 pub mod redis_scope;
 pub mod redis_server;
+pub mod replicas;
 pub mod replies;
 pub mod stack;
 pub mod worker;

@@ -3,5 +3,6 @@
 //! gateway's internal types.
 
 pub mod chat;
+pub mod event_log;
 pub mod models;
 pub mod responses;

@@ -16,7 +16,7 @@ use crate::http::exchange::Exchange;
 use crate::limits::{estimate_input_tokens, Outcome};
 use crate::metrics::METRICS;
 use crate::runs::background::BackgroundRun;
-use crate::store::{NewResponse, WriteOutcome};
+use crate::store::{EndedBy, NewResponse, WriteOutcome};
 use crate::translate::new_id;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::{parse, validate};
@@ -175,8 +175,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 }
 
-/// Writes the final object of a foreground stored response (failing it
-/// first when `error` is given) and gives up its lease.
+/// Records the final object of a foreground stored response (failing it
+/// first when `error` is given): what its client is told is what the
+/// store keeps, retried in the background if the store does not answer
+/// now (`runs/foreground.rs`).
 async fn end_stored(
     app: &App,
     valid: &validate::responses::ValidResponseRequest,
@@ -190,15 +192,9 @@ async fn end_stored(
     if !valid.store {
         return;
     }
-    let id = encoder.object.id.clone();
-    if let Err(e) = app.store.write(&id, Some(&encoder.object), &[]).await {
-        tracing::warn!(response_id = %id, "could not store the final response: {e}");
-        // The lease stays; once it expires a sweeper fails the response.
-        return;
-    }
-    if let Some(o) = ownership {
-        o.release().await;
-    }
+    app.runs
+        .record_foreground_end(encoder.object.clone(), ownership, app.shutdown.begin())
+        .await;
 }
 
 /// A foreground client went away: its generation stopped, so the stored
@@ -507,7 +503,11 @@ pub async fn cancel(
     }
     let mut cancelled = object;
     cancelled.status = "cancelled".into();
-    match app.store.terminate(id, &cancelled).await? {
+    match app
+        .store
+        .terminate(id, &mut cancelled, EndedBy::Cancel)
+        .await?
+    {
         WriteOutcome::Written => {
             ex.send_json(200, &cancelled, &[]).await;
             Ok(())

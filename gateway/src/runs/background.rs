@@ -69,6 +69,7 @@ impl BackgroundRun {
             encoder,
             frames: Vec::new(),
             store_lost: false,
+            ended_here: false,
         };
         // Every step below has its own bound, but the run as a whole gets
         // one too: past it the generation is dropped (cancelling it on the
@@ -79,18 +80,24 @@ impl BackgroundRun {
             writer.run(&pools, model, work, trace, reservation, timeout),
         )
         .await;
-        if ran.is_err() && runs.fail_overdue(&writer.id).await.is_err() {
-            // Left to the sweeper: the lease expires once we let go.
-            writer.store_lost = true;
+        if ran.is_err() {
+            match runs.fail_overdue(&writer.id).await {
+                Ok(ended) => writer.ended_here = ended,
+                // Left to the sweeper: the lease expires once we let go.
+                Err(_) => writer.store_lost = true,
+            }
         }
-        if writer.store_lost {
-            // No terminal status could be written: dropping the ownership
-            // stops the heartbeat, and the lease left in the store expires
-            // into a sweep that fails the run.
-            tracing::warn!(response_id = %writer.id, "the store failed for a whole lease; the run is left to the sweeper");
-            drop(ownership);
-        } else {
+        if writer.ended_here {
             ownership.release().await;
+        } else {
+            if writer.store_lost {
+                tracing::warn!(response_id = %writer.id, "the store failed for a whole lease; the run is left to the sweeper");
+            }
+            // Not ended by this owner (cancelled, swept, deleted, or the
+            // store was lost): whoever ends it may not have yet, so the
+            // lease is dropped, not released. It lapses, and a sweeper
+            // either ends the run or finds it ended and removes the lease.
+            drop(ownership);
         }
         drop(in_flight);
     }
@@ -106,6 +113,8 @@ struct RunWriter {
     /// The store kept failing and the owner gave up: its lease is kept, not
     /// released, so that once it expires a sweeper fails the run.
     store_lost: bool,
+    /// This owner wrote the run's terminal status.
+    ended_here: bool,
 }
 
 impl RunWriter {
@@ -162,6 +171,7 @@ impl RunWriter {
             match self.runs.store.write(id, object, &self.frames).await {
                 Ok(WriteOutcome::Written) => {
                     self.frames.clear();
+                    self.ended_here = object.is_some_and(|o| o.is_terminal());
                     return Ok(());
                 }
                 // Cancelled, failed by a sweeper, or deleted: someone else ended it.

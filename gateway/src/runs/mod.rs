@@ -13,13 +13,15 @@
 //! fails it with `timeout`, whatever its owner's task is waiting on: a run
 //! ends by its deadline even if its owner hangs.
 //!
-//! The background driver lives in [`background`].
+//! The background driver lives in [`background`]; the end of a foreground
+//! stored response (a final write that must land) in [`foreground`].
 
 pub mod background;
+pub mod foreground;
 
 use crate::api::responses::ResponseError;
 use crate::config::StoreConfig;
-use crate::store::{now_ms, ResponseStore, WriteOutcome};
+use crate::store::{now_ms, EndedBy, ResponseStore, WriteOutcome};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,6 +38,13 @@ pub const REPLICA_SHUTDOWN: &str = "replica_shutdown";
 /// The error code of a run that outlived its hard deadline (the request
 /// deadline's own code).
 pub const OVERDUE: &str = "timeout";
+
+/// The record of a foreground response whose owner could not store how it
+/// ended: its client may hold a complete reply, so it must not read as if
+/// nothing came.
+const UNRECORDED_FOREGROUND: &str = "The gateway replica serving this response stopped \
+    renewing its lease before it recorded how the response ended. The reply may have \
+    reached the client that created it in full.";
 
 pub struct Runs {
     pub store: Arc<dyn ResponseStore>,
@@ -59,9 +68,13 @@ impl Runs {
         }
     }
 
-    /// The lease deadline of a run starting (or renewed) now.
+    /// The lease deadline of a run starting (or renewed) now: one lease,
+    /// plus one heartbeat of slack. The next renewal may come up to a
+    /// heartbeat late (it was due just as the store stalled), so without the
+    /// slack a stall shorter than a lease could still outlast it; with it,
+    /// a run survives any store stall shorter than `lease`.
     pub fn lease_until_ms(&self) -> u64 {
-        now_ms() + self.lease.as_millis() as u64
+        now_ms() + (self.lease + self.heartbeat).as_millis() as u64
     }
 
     fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -248,6 +261,11 @@ impl Runs {
 
     /// Writes `failed` with `code` unless the run already ended (compare
     /// and set: whoever ends a run first wins). True if this call ended it.
+    ///
+    /// A foreground response's client may already hold the whole reply (its
+    /// owner lost the store, not the client), so its record says the
+    /// outcome is unknown rather than that nothing came; should the owner
+    /// reach the store later, its own final write replaces this one.
     async fn fail(&self, id: &str, code: &str, message: &str) -> crate::store::StoreResult<bool> {
         let Some(mut object) = self.store.object(id).await? else {
             return Ok(false);
@@ -256,11 +274,19 @@ impl Runs {
             return Ok(false);
         }
         object.status = "failed".into();
+        let message = if object.background {
+            message
+        } else {
+            UNRECORDED_FOREGROUND
+        };
         object.error = Some(ResponseError {
             code: code.into(),
             message: message.into(),
         });
-        let outcome = self.store.terminate(id, &object).await?;
+        let outcome = self
+            .store
+            .terminate(id, &mut object, EndedBy::Sweeper)
+            .await?;
         Ok(outcome == WriteOutcome::Written)
     }
 }
@@ -333,6 +359,7 @@ mod tests {
         let store: Arc<dyn ResponseStore> = Arc::new(MemoryStore::new(Duration::from_secs(60)));
         let config = StoreConfig {
             lease_millis: 50,
+            heartbeat_millis: 20,
             ..StoreConfig::default()
         };
         let runs = Arc::new(Runs::new(store.clone(), &config));
@@ -407,12 +434,20 @@ mod tests {
         ) -> crate::store::StoreResult<WriteOutcome> {
             self.0.write(id, object, events).await
         }
-        async fn terminate(
+        async fn finish(
             &self,
             id: &str,
             object: &ResponseObject,
         ) -> crate::store::StoreResult<WriteOutcome> {
-            self.0.terminate(id, object).await
+            self.0.finish(id, object).await
+        }
+        async fn terminate(
+            &self,
+            id: &str,
+            object: &mut ResponseObject,
+            by: EndedBy,
+        ) -> crate::store::StoreResult<WriteOutcome> {
+            self.0.terminate(id, object, by).await
         }
         async fn read_events(
             &self,

@@ -4,8 +4,10 @@
 //! followers wake as soon as events arrive.
 
 use super::{
-    EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation, WriteOutcome,
+    EndedBy, EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation,
+    WriteOutcome,
 };
+use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent};
 use crate::api::responses::{InputItem, ResponseObject};
 use async_trait::async_trait;
@@ -21,6 +23,9 @@ struct Entry {
     context: Vec<InputItem>,
     events: Vec<EncodedEvent>,
     expires_at: Instant,
+    /// The terminal status is a sweeper's: its owner's final write may
+    /// replace it.
+    swept: bool,
     /// Bumped on every append; followers wait on it.
     appended: watch::Sender<usize>,
 }
@@ -92,6 +97,7 @@ impl ResponseStore for MemoryStore {
                 context: new.context.to_vec(),
                 events: Vec::new(),
                 expires_at: Instant::now() + self.window,
+                swept: false,
                 appended,
             },
         );
@@ -165,7 +171,28 @@ impl ResponseStore for MemoryStore {
         Ok(WriteOutcome::Written)
     }
 
-    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
+    async fn finish(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.live(id) else {
+            return Ok(WriteOutcome::Gone);
+        };
+        if entry.object == *object {
+            return Ok(WriteOutcome::Written);
+        }
+        if entry.object.is_terminal() && !entry.swept {
+            return Ok(WriteOutcome::AlreadyTerminal);
+        }
+        entry.object = object.clone();
+        entry.swept = false;
+        Ok(WriteOutcome::Written)
+    }
+
+    async fn terminate(
+        &self,
+        id: &str,
+        object: &mut ResponseObject,
+        by: EndedBy,
+    ) -> StoreResult<WriteOutcome> {
         let mut state = lock(&self.state);
         let Some(entry) = state.live(id) else {
             return Ok(WriteOutcome::Gone);
@@ -173,7 +200,12 @@ impl ResponseStore for MemoryStore {
         if entry.object.is_terminal() {
             return Ok(WriteOutcome::AlreadyTerminal);
         }
+        if object.background {
+            // Under the lock the log cannot grow before the terminal event.
+            object.output = fold_output(&entry.events);
+        }
         entry.object = object.clone();
+        entry.swept = by == EndedBy::Sweeper;
         if object.background {
             let seq = entry.events.last().map_or(0, |f| f.seq + 1);
             let (name, prefix) = external_terminal(object);

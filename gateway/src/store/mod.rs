@@ -77,6 +77,17 @@ pub enum WriteOutcome {
     Gone,
 }
 
+/// Who ends a run from outside its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndedBy {
+    /// A client's cancel: final.
+    Cancel,
+    /// A sweeper, after the owner's lease lapsed: the owner may still be
+    /// alive behind a partition, so its own final write of a foreground
+    /// response may replace this one (see [`ResponseStore::finish`]).
+    Sweeper,
+}
+
 /// A stored response with the conversation it ended, for chaining.
 pub struct StoredConversation {
     pub object: ResponseObject,
@@ -116,11 +127,25 @@ pub trait ResponseStore: Send + Sync {
         events: &[EncodedEvent],
     ) -> StoreResult<WriteOutcome>;
 
+    /// The owner's terminal write of a foreground response (no event log):
+    /// sets `object` unless the run already ended, or unless it ended by
+    /// anyone but a sweeper. A sweeper's `failed` is a guess that the owner
+    /// died; the owner's own record (what its client was told) replaces it.
+    /// Repeating a write that landed is success.
+    async fn finish(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome>;
+
     /// Ends a run from outside its owner (cancel, or the sweeper after a lost
     /// lease): sets the terminal `object` unless the run is already
-    /// terminal, and for a background response appends its terminal event
-    /// with the next sequence number. `expect_org` guards cancel requests.
-    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome>;
+    /// terminal. For a background response it first closes the event log
+    /// to its owner (whose next write then finds the run ended), folds the
+    /// log into `object.output`, so the object tells what the replay
+    /// shows, and appends the terminal event with the next sequence number.
+    async fn terminate(
+        &self,
+        id: &str,
+        object: &mut ResponseObject,
+        by: EndedBy,
+    ) -> StoreResult<WriteOutcome>;
 
     /// Events with a sequence number above `after` (all when `None`), up to `limit`.
     async fn read_events(
@@ -179,6 +204,7 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 pub mod suite {
     use super::*;
+    use crate::api::event_log::fold_output;
     use crate::api::responses::external_terminal;
     use crate::api::responses::{is_terminal_status, ItemContent};
     use std::collections::BTreeMap;
@@ -254,6 +280,7 @@ pub mod suite {
         put_get_delete_and_org_scope(store).await;
         events_append_read_and_terminal_once(store).await;
         terminate_races_the_owner(store).await;
+        the_owners_final_write_replaces_a_sweep(store).await;
         follow_sees_live_events(store).await;
         leases_expire(store).await;
     }
@@ -340,7 +367,10 @@ pub mod suite {
             WriteOutcome::AlreadyTerminal
         );
         assert_eq!(
-            store.terminate(&id, &late).await.unwrap(),
+            store
+                .terminate(&id, &mut late.clone(), EndedBy::Sweeper)
+                .await
+                .unwrap(),
             WriteOutcome::AlreadyTerminal
         );
         assert_eq!(store.read_events(&id, None, 100).await.unwrap().len(), 5);
@@ -369,32 +399,151 @@ pub mod suite {
             )
             .await
             .unwrap();
+        // What the owner generated so far: an unfinished message.
+        store
+            .write(
+                &id,
+                None,
+                &[
+                    message_added(2, "msg_partial"),
+                    text_delta(3, "msg_partial", "Once upon"),
+                ],
+            )
+            .await
+            .unwrap();
         let mut cancelled = obj.clone();
         cancelled.status = "cancelled".into();
         assert_eq!(
-            store.terminate(&id, &cancelled).await.unwrap(),
+            store
+                .terminate(&id, &mut cancelled, EndedBy::Cancel)
+                .await
+                .unwrap(),
             WriteOutcome::Written
+        );
+        // The object tells what the log tells.
+        let stored = store.get("org-a", &id).await.unwrap().unwrap();
+        assert_eq!(stored, cancelled);
+        assert_eq!(
+            serde_json::to_value(&stored.output).unwrap(),
+            serde_json::json!([{"type": "message", "id": "msg_partial", "status": "incomplete",
+                "role": "assistant", "content": [{"type": "output_text", "text": "Once upon",
+                "annotations": [], "logprobs": []}]}])
         );
         // The owner's next write is refused and it must stop.
         assert_eq!(
             store
-                .write(&id, None, &[ev(2, "response.output_text.delta")])
+                .write(&id, None, &[text_delta(4, "msg_partial", " a time")])
                 .await
                 .unwrap(),
             WriteOutcome::AlreadyTerminal
         );
         let events = store.read_events(&id, None, 100).await.unwrap();
-        assert_eq!(events.len(), 3);
-        let last = &events[2];
-        assert_eq!(last.seq, 2);
+        assert_eq!(events.len(), 5);
+        let last = &events[4];
+        assert_eq!(last.seq, 4);
         assert_eq!(last.name, external_terminal(&cancelled).0);
         let v: serde_json::Value = serde_json::from_str(&last.data).unwrap();
-        assert_eq!(v["sequence_number"], 2);
+        assert_eq!(v["sequence_number"], 4);
         assert_eq!(v["response"]["status"], "cancelled");
+        assert_eq!(
+            v["response"]["output"][0]["content"][0]["text"], "Once upon",
+            "the terminal event carries the folded output"
+        );
         assert!(is_terminal_status(
             store.status(&id).await.unwrap().as_deref().unwrap()
         ));
         store.delete("org-a", &id).await.unwrap();
+    }
+
+    /// A foreground response swept as lost while its owner was cut off:
+    /// the owner's final write replaces the sweeper's guess, but never a
+    /// status that a client or the owner itself set.
+    async fn the_owners_final_write_replaces_a_sweep(store: &dyn ResponseStore) {
+        let id = new_id();
+        let obj = object(&id, false);
+        create(store, "org-a", &obj).await;
+        let mut swept = obj.clone();
+        swept.status = "failed".into();
+        assert_eq!(
+            store
+                .terminate(&id, &mut swept, EndedBy::Sweeper)
+                .await
+                .unwrap(),
+            WriteOutcome::Written
+        );
+        let mut completed = obj.clone();
+        completed.status = "completed".into();
+        completed.output = fold_output(&[
+            message_added(0, "msg_done"),
+            text_delta(1, "msg_done", "all of it"),
+        ]);
+        assert_eq!(
+            store.finish(&id, &completed).await.unwrap(),
+            WriteOutcome::Written
+        );
+        assert_eq!(
+            store.get("org-a", &id).await.unwrap(),
+            Some(completed.clone())
+        );
+        // A repeat of the write that landed is success; anything else after
+        // the owner's record is refused.
+        assert_eq!(
+            store.finish(&id, &completed).await.unwrap(),
+            WriteOutcome::Written
+        );
+        let mut other = completed.clone();
+        other.status = "failed".into();
+        assert_eq!(
+            store.finish(&id, &other).await.unwrap(),
+            WriteOutcome::AlreadyTerminal
+        );
+        assert_eq!(
+            store
+                .terminate(&id, &mut other.clone(), EndedBy::Sweeper)
+                .await
+                .unwrap(),
+            WriteOutcome::AlreadyTerminal
+        );
+        assert_eq!(
+            store.status(&id).await.unwrap().as_deref(),
+            Some("completed")
+        );
+        // A run its owner has not finished takes the write as usual.
+        let fresh = new_id();
+        create(store, "org-a", &object(&fresh, false)).await;
+        let mut done = object(&fresh, false);
+        done.status = "completed".into();
+        assert_eq!(
+            store.finish(&fresh, &done).await.unwrap(),
+            WriteOutcome::Written
+        );
+        assert_eq!(
+            store.finish("resp_missing", &done).await.unwrap(),
+            WriteOutcome::Gone
+        );
+        store.delete("org-a", &id).await.unwrap();
+        store.delete("org-a", &fresh).await.unwrap();
+    }
+
+    fn message_added(seq: u64, item_id: &str) -> EncodedEvent {
+        let data = serde_json::json!({"type": "response.output_item.added", "sequence_number": seq,
+            "output_index": 0, "item": {"type": "message", "id": item_id, "status": "in_progress",
+            "role": "assistant", "content": [{"type": "output_text", "text": "", "annotations": []}]}});
+        EncodedEvent {
+            seq,
+            name: "response.output_item.added".into(),
+            data: data.to_string(),
+        }
+    }
+
+    fn text_delta(seq: u64, item_id: &str, delta: &str) -> EncodedEvent {
+        let data = serde_json::json!({"type": "response.output_text.delta", "sequence_number": seq,
+            "item_id": item_id, "output_index": 0, "content_index": 0, "delta": delta});
+        EncodedEvent {
+            seq,
+            name: "response.output_text.delta".into(),
+            data: data.to_string(),
+        }
     }
 
     async fn follow_sees_live_events(store: &dyn ResponseStore) {

@@ -22,9 +22,10 @@
 //! on a dedicated connection per live follower.
 
 use super::{
-    EventFollower, NewResponse, ResponseStore, StoreError, StoreResult, StoredConversation,
-    WriteOutcome,
+    EndedBy, EventFollower, NewResponse, ResponseStore, StoreError, StoreResult,
+    StoredConversation, WriteOutcome,
 };
+use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent};
 use crate::api::responses::{InputItem, ResponseObject};
 use crate::metrics::METRICS;
@@ -56,6 +57,7 @@ elseif ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then
   return 0
 end
 if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
+if redis.call('HEXISTS', KEYS[1], 'closing') == 1 then return 1 end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2]) end
 if #ARGV >= 5 then
   for i = 3, #ARGV, 3 do
@@ -69,9 +71,45 @@ return 0
     )
 });
 
+/// Closes a running response's event log to its owner before an outside
+/// terminal write (the owner's next WRITE answers "terminal"), so the log
+/// read next is the whole log. KEYS: hash. Returns 0 closed (or already
+/// closing), 1 already terminal, -1 gone.
+static CLOSE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return -1 end
+if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
+redis.call('HSET', KEYS[1], 'closing', '1')
+return 0
+"#,
+    )
+});
+
+/// The owner's final write of a foreground response. KEYS: hash.
+/// ARGV: obj JSON, status. Replaces a running status, or a terminal one
+/// that a sweeper wrote (`swept`); a repeat of a landed write is success.
+/// Returns 0 written, 1 already terminal, -1 gone.
+static FINISH: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return -1 end
+if redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then return 0 end
+local terminal = st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete'
+if terminal and redis.call('HGET', KEYS[1], 'swept') ~= '1' then return 1 end
+redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
+redis.call('HDEL', KEYS[1], 'swept')
+return 0
+"#,
+    )
+});
+
 /// An outside terminal write (cancel, sweeper). KEYS: hash, events.
-/// ARGV: obj JSON, status, event name ("" for none), event payload prefix.
-/// The event gets the sequence number after the log's last entry.
+/// ARGV: obj JSON, status, event name ("" for none), event payload prefix,
+/// "1" when a sweeper writes. The event gets the sequence number after the
+/// log's last entry.
 static TERMINATE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
@@ -79,6 +117,8 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return -1 end
 if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
 redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
+redis.call('HDEL', KEYS[1], 'closing')
+if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'swept', '1') end
 if ARGV[3] ~= '' then
   local seq = 0
   local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
@@ -102,6 +142,9 @@ return 1
 "#,
     )
 });
+
+/// More events than any run's log holds (the `COUNT` of a read of it all).
+const WHOLE_LOG: usize = 1 << 30;
 
 pub struct RedisStore {
     redis: Arc<RedisHandle>,
@@ -364,14 +407,50 @@ impl ResponseStore for RedisStore {
         Ok(outcome(code))
     }
 
-    async fn terminate(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
-        let _rt = RoundTrip::start("terminate");
+    async fn finish(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
+        let _rt = RoundTrip::start("write");
         let mut conn = self.conn().await?;
+        let code: i64 = FINISH
+            .key(self.hash(id))
+            .arg(to_json(object)?)
+            .arg(&object.status)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable("write"))?;
+        Ok(outcome(code))
+    }
+
+    async fn terminate(
+        &self,
+        id: &str,
+        object: &mut ResponseObject,
+        by: EndedBy,
+    ) -> StoreResult<WriteOutcome> {
         let (name, prefix) = if object.background {
+            // Close the log to the owner, then read all of it: the object
+            // then tells what the replay shows. If this replica dies between
+            // the two writes, the run stays closed but running, its owner
+            // stops, the lease lapses and a sweeper ends it the same way.
+            let closed = {
+                let _rt = RoundTrip::start("terminate");
+                let mut conn = self.conn().await?;
+                CLOSE
+                    .key(self.hash(id))
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+                    .map_err(unavailable("terminate"))?
+            };
+            if closed != 0 {
+                return Ok(outcome(closed));
+            }
+            let events = self.read_events(id, None, WHOLE_LOG).await?;
+            object.output = fold_output(&events);
             external_terminal(object)
         } else {
             ("", String::new())
         };
+        let _rt = RoundTrip::start("terminate");
+        let mut conn = self.conn().await?;
         let code: i64 = TERMINATE
             .key(self.hash(id))
             .key(self.events(id))
@@ -379,6 +458,7 @@ impl ResponseStore for RedisStore {
             .arg(&object.status)
             .arg(name)
             .arg(prefix)
+            .arg(if by == EndedBy::Sweeper { "1" } else { "" })
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("terminate"))?;

@@ -1,0 +1,312 @@
+//! What a client was told is what the store keeps, through the faults that
+//! split a fleet: two gateway replicas on one Redis, each over a link of its
+//! own (`harness::replicas`), one cut off or stalled while its peer sweeps.
+//!
+//! Every test ends by reading the store directly: the stored object equals
+//! what its client received, the replay of a run tells the same story as
+//! its stored object, one terminal event ends each log, no lease is left.
+
+use harness::replicas::{output_text, streamed_text, Replicas};
+use harness::{bounded, json, Client, SseFrame, Value, WorkerOpts};
+use std::time::{Duration, Instant};
+
+/// A lease of 1.5 s (renewed every 300 ms) and sweeps every 200 ms: a cut-off
+/// replica's runs are swept by its peer within about two seconds.
+const SHORT_LEASES: &str =
+    "[store]\nlease_millis = 1500\nheartbeat_millis = 300\nsweep_interval_millis = 200\n";
+
+/// Polls `read` until it gives `Some`, failing after `within`.
+async fn eventually<T>(
+    within: Duration,
+    what: &str,
+    logs: impl Fn() -> String,
+    mut read: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = read() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn events(frames: &[SseFrame]) -> Vec<(String, Value)> {
+    frames
+        .iter()
+        .filter_map(|f| Some((f.event.clone()?, f.json())))
+        .collect()
+}
+
+async fn replay(client: &Client, id: &str) -> Vec<(String, Value)> {
+    let stream = client
+        .open_stream(client.request(
+            reqwest::Method::GET,
+            &format!("/responses/{id}?stream=true"),
+        ))
+        .await
+        .expect("replay");
+    assert_eq!(stream.status, 200);
+    events(&stream.collect().await.expect("replay frames"))
+}
+
+fn is_terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
+}
+
+/// The stored log ends with exactly one terminal event, and the replay of
+/// the run and its stored object tell the same story: same text, and the
+/// terminal event carries the object as stored.
+async fn assert_one_story(r: &Replicas, id: &str) -> Value {
+    let object = r.stored_object(id).expect("store").expect("stored");
+    let log = r.stored_events(id).expect("log");
+    let terminal: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, (n, _))| {
+            matches!(
+                n.as_str(),
+                "response.completed" | "response.failed" | "response.incomplete"
+            )
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(terminal, [log.len() - 1], "one terminal event, last: {id}");
+    let replayed = replay(&r.b.client(), id).await;
+    let text = streamed_text(replayed.iter().map(|(n, d)| (n.as_str(), d)));
+    assert_eq!(
+        output_text(&object),
+        text,
+        "the stored object's output is the replayed text ({id})"
+    );
+    let (_, last) = replayed.last().expect("a terminal event");
+    assert_eq!(last["response"], object, "the terminal event is the object");
+    object
+}
+
+/// How replica A loses Redis.
+#[derive(Clone, Copy, Debug)]
+enum CutOff {
+    /// Nothing gets through until healed (writes in flight may land late).
+    Partition,
+    /// Connections reset and new ones refused, as while Redis restarts:
+    /// nothing sent lands late, so only a retried write can.
+    Restart,
+}
+
+/// The audit's first defect: a replica cut off from Redis after its clients
+/// received complete replies (a partition of the replica, and a restart of
+/// the Redis it reaches). Its peer sweeps the runs as lost while it is
+/// away; once back, the owner's final writes replace the sweep, so the
+/// store keeps exactly what each client was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_its_client_saw_complete_is_stored_complete_after_the_replica_was_partitioned() {
+    stored_as_told_after(CutOff::Partition).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_its_client_saw_complete_is_stored_complete_after_its_redis_restarted() {
+    stored_as_told_after(CutOff::Restart).await;
+}
+
+async fn stored_as_told_after(cut: CutOff) {
+    bounded(90, async {
+        let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
+        let body = |stream: bool| {
+            json!({"model": "base", "input": "synthetic:reply_tokens=150 go", "stream": stream})
+        };
+        let plain = tokio::spawn({
+            let (client, body) = (r.a.client(), body(false));
+            async move { client.post_json("/responses", &body).await }
+        });
+        let streamed = tokio::spawn({
+            let (client, body) = (r.a.client(), body(true));
+            async move {
+                let s = client.stream("/responses", &body).await?;
+                s.collect().await
+            }
+        });
+        // Both are stored and generating; then A loses Redis.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        match cut {
+            CutOff::Partition => r.link_a.partition(),
+            CutOff::Restart => {
+                r.link_a.refuse(true);
+                r.link_a.drop_connections();
+            }
+        }
+
+        let plain = plain.await.expect("task").expect("plain reply");
+        assert_eq!(plain.status, 200, "{plain}");
+        let plain = plain.json();
+        assert_eq!(plain["status"], "completed");
+        let frames = streamed.await.expect("task").expect("streamed reply");
+        let streamed = events(&frames);
+        let (name, last) = streamed.last().expect("a terminal event");
+        assert_eq!(name, "response.completed");
+        let streamed = last["response"].clone();
+        let told = [plain, streamed];
+        for object in &told {
+            assert_eq!(output_text(object).is_empty(), false, "{object}");
+        }
+
+        // While A is away, B takes A for dead and sweeps its runs.
+        for object in &told {
+            let id = object["id"].as_str().expect("id");
+            let swept = eventually(Duration::from_secs(10), "the peer's sweep", || r.logs(), || {
+                r.stored_object(id)
+                    .ok()
+                    .flatten()
+                    .filter(|o| o["status"] == "failed")
+            })
+            .await;
+            assert_eq!(swept["error"]["code"], "run_lost", "{swept}");
+        }
+        r.link_a.heal();
+        r.link_a.refuse(false);
+
+        // A's retried final writes land and replace the sweep.
+        for object in &told {
+            let id = object["id"].as_str().expect("id");
+            let stored = eventually(Duration::from_secs(15), "the owner's final write", || r.logs(), || {
+                r.stored_object(id).ok().flatten().filter(|o| o["status"] != "failed")
+            })
+            .await;
+            assert_eq!(&stored, object, "the store keeps what the client was told");
+            let via_b = r.b.client().get(&format!("/responses/{id}")).await.expect("get");
+            assert_eq!(&via_b.json(), object);
+        }
+        eventually(Duration::from_secs(10), "leases released", || r.logs(), || {
+            (r.leases_left().ok()? == 0).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+/// The audit's fifth defect: a stall of the store link just under one
+/// lease, while the peer sweeps. Leases carry a heartbeat of slack, so no
+/// run is taken for lost; every one completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_stall_just_under_a_lease_loses_no_run() {
+    bounded(90, async {
+        let leases =
+            "[store]\nlease_millis = 3000\nheartbeat_millis = 1000\nsweep_interval_millis = 200\n";
+        let r = Replicas::start(WorkerOpts::paced(0, 100), leases).expect("replicas");
+        let client = r.a.client();
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            let reply = client
+                .post_json(
+                    "/responses",
+                    &json!({"model": "base", "input": "synthetic:reply_tokens=900 go", "background": true}),
+                )
+                .await
+                .expect("create");
+            assert_eq!(reply.status, 200, "{reply}");
+            ids.push(reply.json()["id"].as_str().expect("id").to_owned());
+        }
+        // Two stalls of 0.9 of a lease, at unrelated points of the
+        // heartbeat's cycle.
+        for pause in [700, 1300] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            r.link_a.stall(Duration::from_millis(2700));
+            tokio::time::sleep(Duration::from_millis(2700)).await;
+        }
+        for id in &ids {
+            let object = eventually(Duration::from_secs(30), "runs terminal", || r.logs(), || {
+                r.stored_object(id)
+                    .ok()
+                    .flatten()
+                    .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
+            })
+            .await;
+            assert_eq!(object["status"], "completed", "{object}");
+            assert_eq!(object["usage"]["output_tokens"], 900);
+            assert_one_story(&r, id).await;
+        }
+    })
+    .await;
+}
+
+/// The audit's second defect, on cancel: the run cancelled through the
+/// other replica keeps what it generated, as `incomplete` content, and the
+/// replay ends with that same object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_keeps_what_it_generated() {
+    bounded(60, async {
+        let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
+        let created = r
+            .a
+            .client()
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "synthetic:reply_tokens=600 go", "background": true}),
+            )
+            .await
+            .expect("create");
+        let id = created.json()["id"].as_str().expect("id").to_owned();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let cancelled = r
+            .b
+            .client()
+            .post_json(&format!("/responses/{id}/cancel"), &json!({}))
+            .await
+            .expect("cancel");
+        assert_eq!(cancelled.status, 200, "{cancelled}");
+        let cancelled = cancelled.json();
+        assert_eq!(cancelled["status"], "cancelled");
+        assert_eq!(cancelled["output"][0]["status"], "incomplete", "{cancelled}");
+        assert!(!output_text(&cancelled).is_empty(), "{cancelled}");
+        // The owner stops at its next write; nothing follows the end.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let object = assert_one_story(&r, &id).await;
+        assert_eq!(object, cancelled, "the cancel's answer is what is stored");
+    })
+    .await;
+}
+
+/// The audit's second defect, on a sweep: a run whose owner was cut off is
+/// failed `run_lost` by the peer with the output its log holds, and the
+/// owner, once back, writes nothing after the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swept_run_keeps_what_it_generated() {
+    bounded(60, async {
+        let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
+        let created = r
+            .a
+            .client()
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "synthetic:reply_tokens=800 go", "background": true}),
+            )
+            .await
+            .expect("create");
+        let id = created.json()["id"].as_str().expect("id").to_owned();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        r.link_a.partition();
+        let swept = eventually(Duration::from_secs(10), "the peer's sweep", || r.logs(), || {
+            r.stored_object(&id)
+                .ok()
+                .flatten()
+                .filter(|o| o["status"] == "failed")
+        })
+        .await;
+        assert_eq!(swept["error"]["code"], "run_lost", "{swept}");
+        assert!(!output_text(&swept).is_empty(), "{swept}");
+        r.link_a.heal();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let object = assert_one_story(&r, &id).await;
+        assert_eq!(object, swept, "the owner wrote nothing after the sweep");
+        eventually(Duration::from_secs(10), "leases released", || r.logs(), || {
+            (r.leases_left().ok()? == 0).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
