@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// Short, so the test is: A's slots lapse this long after its last renewal.
 const LEASE_MS: u64 = 3000;
-const HEARTBEAT_MS: u64 = 250;
+const HEARTBEAT_MS: u64 = 300;
 
 /// `retry-after-ms` and `retry-after` (whole seconds) of a 429.
 #[track_caller]
