@@ -1,0 +1,145 @@
+//! A Redis Cluster failover heals itself: the gateway on a cluster of three
+//! primaries with a replica each, a background response stored, the
+//! primary serving its slot killed (SIGKILL) and its replica promoted.
+//! Without the dead node ever coming back, the response reads back and its
+//! event log replays in full (`GET /v1/responses/{id}?stream=true`), and
+//! the failover is counted on the admin `/metrics`.
+//!
+//! A killed primary answers no `MOVED`: connections to it are refused. The
+//! follower's dedicated connection must fetch the slot map again on that
+//! error, not only on a redirect, or it keeps asking the dead node.
+
+use harness::{bounded, json, start_workers, Gateway, GatewayOpts, RedisCluster, WorkerOpts};
+use std::time::{Duration, Instant};
+
+/// The value of an unlabelled counter, or the sum of a labelled family's
+/// series matching `labels`, in a Prometheus text exposition.
+fn counter(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_killed_primary_s_replica_serves_replay_without_the_dead_node() {
+    bounded(90, async {
+        let started = Instant::now();
+        let mut cluster = tokio::task::spawn_blocking(|| {
+            RedisCluster::start_with_replicas(3).expect("a Redis Cluster of 3 primaries and 3 replicas")
+        })
+        .await
+        .expect("cluster start");
+        let workers = start_workers("base", &[WorkerOpts::default()]);
+        let mut opts = GatewayOpts {
+            redis: Some((cluster.urls(), "fo:".into())),
+            extra_toml: "[store]\nredis_cluster = true\n".into(),
+            ..GatewayOpts::default()
+        };
+        opts.workers
+            .insert("base".into(), vec![workers[0].addr().to_string()]);
+        let gateway = Gateway::start(opts).expect("gateway on a Redis Cluster");
+        let client = gateway.client();
+
+        // A background run, completed and replayed once: the gateway's
+        // connections know the cluster's slot map as it was.
+        let r = client
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "synthetic:reply_tokens=20 go", "background": true}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        let id = r.json()["id"].as_str().unwrap().to_owned();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let done = loop {
+            let r = client.get(&format!("/responses/{id}")).await.unwrap();
+            assert_eq!(r.status, 200, "{r}");
+            let o = r.json();
+            if o["status"] == "completed" {
+                break o;
+            }
+            assert!(Instant::now() < deadline, "not completed: {o}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let replay = |client: harness::Client, id: String| async move {
+            let live = client
+                .open_stream(client.request(
+                    reqwest::Method::GET,
+                    &format!("/responses/{id}?stream=true"),
+                ))
+                .await
+                .unwrap();
+            (live.status, live.collect().await.unwrap())
+        };
+        let (status, before) = replay(client.clone(), id.clone()).await;
+        assert_eq!(status, 200);
+        let names = |frames: &[harness::SseFrame]| -> Vec<String> {
+            frames.iter().filter_map(|f| f.event.clone()).collect()
+        };
+        assert_eq!(
+            names(&before).last().map(String::as_str),
+            Some("response.completed"),
+            "{:?}",
+            names(&before)
+        );
+
+        // Kill the primary serving the response's slot (its keys share the
+        // `{id}` hash tag), once its replica has every write.
+        let slot = cluster.key_slot(&format!("{{{id}}}")).unwrap();
+        let primary = cluster
+            .primary_of(slot)
+            .unwrap()
+            .expect("a primary serves the slot");
+        cluster.command(primary, &["WAIT", "1", "2000"]).unwrap();
+        cluster.kill(primary).unwrap();
+        let new_primary = cluster
+            .wait_for_failover(primary, slot, Duration::from_secs(30))
+            .expect("the replica promoted");
+        assert_ne!(new_primary, primary);
+
+        // The response reads back, and its event log replays in full, from
+        // the promoted replica: no error event, nothing missing.
+        let r = client.get(&format!("/responses/{id}")).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(r.json(), done, "the stored object after the failover");
+        let (status, after) = replay(client.clone(), id.clone()).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            names(&after),
+            names(&before),
+            "the replay after the failover"
+        );
+        for (i, f) in after.iter().enumerate() {
+            assert_eq!(f.json()["sequence_number"], i as u64, "{f:?}");
+        }
+        assert_eq!(
+            after.last().map(|f| f.json()["response"]["output"].clone()),
+            Some(done["output"].clone()),
+            "the terminal event carries the stored output"
+        );
+
+        // The failover was seen and counted: the slot map fetched again on
+        // the refused connection, its slots found on another node.
+        let (status, metrics) = gateway.admin_get("/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        assert!(
+            counter(&metrics, "gateway_redis_failovers_total", "") > 0.0,
+            "{metrics}"
+        );
+        assert!(
+            counter(
+                &metrics,
+                "gateway_redis_slot_refreshes_total",
+                "reason=\"connection_error\""
+            ) > 0.0,
+            "{metrics}"
+        );
+        eprintln!("failover test took {:?}", started.elapsed());
+    })
+    .await;
+}
