@@ -24,6 +24,7 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use harness::replicas::{output_text, streamed_text};
 use harness::{FaultProxy, Gateway, GatewayOpts, RedisScope, WorkerOpts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -61,6 +62,10 @@ const LEASES: &str =
 
 /// Background runs created so far, with when their create was answered.
 type Runs = Arc<Mutex<Vec<(String, Instant)>>>;
+
+/// Foreground stored responses as their clients got them: id, status and
+/// output text, checked against the store at the end.
+type Told = Arc<Mutex<Vec<(String, String, String)>>>;
 
 /// Answers by (kind, outcome).
 type Tally = Arc<Mutex<BTreeMap<(&'static str, String), u64>>>;
@@ -102,6 +107,7 @@ async fn main() -> Result<()> {
     let client = gateway.client();
     let tally: Tally = Arc::default();
     let runs: Runs = Arc::default();
+    let told: Told = Arc::default();
     // A run still going past this bound broke the contract.
     let bound =
         Duration::from_secs(args.run_timeout_secs + 5) + Duration::from_millis(LEASE_MILLIS);
@@ -134,9 +140,10 @@ async fn main() -> Result<()> {
             count(&tally, "skipped", "max in flight");
             continue;
         };
-        let (client, tally, runs) = (client.clone(), tally.clone(), runs.clone());
+        let (client, tally, runs, told) =
+            (client.clone(), tally.clone(), runs.clone(), told.clone());
         tokio::spawn(async move {
-            one_request(n, &client, &tally, &runs).await;
+            one_request(n, &client, &tally, &runs, &told).await;
             drop(permit);
         });
     }
@@ -190,7 +197,16 @@ async fn main() -> Result<()> {
     }
     overdue.abort();
     let ever_overdue = OVERDUE_SEEN.load(std::sync::atomic::Ordering::Relaxed);
-    let bad_logs = audit_logs(&scope, &ids)?;
+    let (bad_logs, replay_mismatches) = audit_logs(&scope, &ids)?;
+    // Final writes deferred by a fault land within their retries: give them
+    // a minute, then every stored response must say what its client got.
+    let told = told.lock().map(|t| t.clone()).unwrap_or_default();
+    let mut told_mismatches = audit_told(&scope, &told)?;
+    let settle_started = Instant::now();
+    while told_mismatches > 0 && settle_started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        told_mismatches = audit_told(&scope, &told)?;
+    }
 
     println!("\nanswers by kind and outcome:");
     if let Ok(t) = tally.lock() {
@@ -204,6 +220,14 @@ async fn main() -> Result<()> {
     }
     println!("event logs not ending in exactly one terminal event: {bad_logs}");
     println!(
+        "runs whose replayed text differs from their stored output: {replay_mismatches} of {}",
+        ids.len()
+    );
+    println!(
+        "stored responses differing from what their client got: {told_mismatches} of {}",
+        told.len()
+    );
+    println!(
         "runs seen still going past their deadline + lease ({} s) while the traffic ran: {ever_overdue}",
         bound.as_secs()
     );
@@ -216,8 +240,13 @@ async fn main() -> Result<()> {
         println!("  {}", describe(&scope, id));
     }
     println!("load average at end: {}", load_average());
-    if !stranded.is_empty() || bad_logs > 0 || ever_overdue > 0 {
-        anyhow::bail!("stranded or overdue runs, or bad event logs");
+    if !stranded.is_empty()
+        || bad_logs > 0
+        || ever_overdue > 0
+        || replay_mismatches > 0
+        || told_mismatches > 0
+    {
+        anyhow::bail!("stranded or overdue runs, bad event logs, or a store that disagrees with what clients were told");
     }
     Ok(())
 }
@@ -287,7 +316,7 @@ fn load_average() -> String {
 }
 
 /// One request of the mix, chosen by its number.
-async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Runs) {
+async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Runs, told: &Told) {
     match n % 20 {
         // 45%: chat, half of it streaming.
         0..=8 => {
@@ -325,6 +354,18 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Run
                     &json!({"model": "base", "input": "synthetic:reply_tokens=20 soak"}),
                 )
                 .await;
+            if let Ok(reply) = &r {
+                if reply.status == 200 {
+                    let object = reply.json();
+                    if let (Some(id), Some(status)) =
+                        (object["id"].as_str(), object["status"].as_str())
+                    {
+                        if let Ok(mut told) = told.lock() {
+                            told.push((id.into(), status.into(), output_text(&object)));
+                        }
+                    }
+                }
+            }
             count(tally, "response", status_of(&r));
         }
         // 20%: background runs.
@@ -515,11 +556,44 @@ fn describe(scope: &RedisScope, id: &str) -> String {
     )
 }
 
-/// Event logs that do not end in exactly one terminal event (read from
-/// Redis directly, not through the proxy).
-fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<usize> {
+/// Stored responses whose status or output text differ from what their
+/// client was told (read from Redis directly, in pipelined batches).
+fn audit_told(scope: &RedisScope, told: &[(String, String, String)]) -> Result<usize> {
+    let mut conn = scope.connection()?;
+    let mut differ = 0;
+    for chunk in told.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for (id, _, _) in chunk {
+            pipe.cmd("HGET")
+                .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+                .arg("obj");
+        }
+        let stored: Vec<Option<String>> = pipe.query(&mut conn)?;
+        for ((id, status, text), obj) in chunk.iter().zip(stored) {
+            let object: Value = obj
+                .and_then(|o| serde_json::from_str(&o).ok())
+                .unwrap_or(Value::Null);
+            if object["status"] != status.as_str() || output_text(&object) != *text {
+                differ += 1;
+                if differ <= 10 {
+                    println!(
+                        "  told {status} but stored {} ({}): {id}",
+                        object["status"], object["error"]["code"]
+                    );
+                }
+            }
+        }
+    }
+    Ok(differ)
+}
+
+/// Event logs that do not end in exactly one terminal event, and runs whose
+/// replayed text is not their stored object's output (read from Redis
+/// directly, not through the proxy).
+fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<(usize, usize)> {
     let mut conn = scope.connection()?;
     let mut bad = 0;
+    let mut mismatched = 0;
     for id in ids {
         let key = format!("{}resp:{{{id}}}:events", scope.prefix());
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
@@ -527,6 +601,32 @@ fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<usize> {
             .arg("-")
             .arg("+")
             .query(&mut conn)?;
+        let obj: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+            .arg("obj")
+            .query(&mut conn)?;
+        let object: Value = obj
+            .and_then(|o| serde_json::from_str(&o).ok())
+            .unwrap_or(Value::Null);
+        let replayed: Vec<(String, Value)> = entries
+            .iter()
+            .map(|(_, f)| {
+                let data = f.get(3).and_then(|d| serde_json::from_str(d).ok());
+                (
+                    f.get(1).cloned().unwrap_or_default(),
+                    data.unwrap_or(Value::Null),
+                )
+            })
+            .collect();
+        if streamed_text(replayed.iter().map(|(n, d)| (n.as_str(), d))) != output_text(&object) {
+            mismatched += 1;
+            if mismatched <= 10 {
+                println!(
+                    "  replay differs from the stored object ({} {}): {id}",
+                    object["status"], object["error"]["code"]
+                );
+            }
+        }
         let terminal: Vec<usize> = entries
             .iter()
             .enumerate()
@@ -547,5 +647,5 @@ fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<usize> {
             bad += 1;
         }
     }
-    Ok(bad)
+    Ok((bad, mismatched))
 }
