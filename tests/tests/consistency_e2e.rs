@@ -152,7 +152,7 @@ async fn stored_as_told_after(cut: CutOff) {
         let streamed = last["response"].clone();
         let told = [plain, streamed];
         for object in &told {
-            assert_eq!(output_text(object).is_empty(), false, "{object}");
+            assert!(!output_text(object).is_empty(), "{object}");
         }
 
         // While A is away, B takes A for dead and sweeps its runs.
