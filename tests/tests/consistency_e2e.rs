@@ -55,6 +55,20 @@ async fn replay(client: &Client, id: &str) -> Vec<(String, Value)> {
     events(&stream.collect().await.expect("replay frames"))
 }
 
+/// A background run of `tokens` synthetic tokens; its id.
+async fn create_background(client: &Client, tokens: u32) -> String {
+    let input = format!("synthetic:reply_tokens={tokens} go");
+    let reply = client
+        .post_json(
+            "/responses",
+            &json!({"model": "base", "input": input, "background": true}),
+        )
+        .await
+        .expect("create");
+    assert_eq!(reply.status, 200, "{reply}");
+    reply.json()["id"].as_str().expect("id").to_owned()
+}
+
 fn is_terminal(status: &str) -> bool {
     matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
 }
@@ -201,15 +215,7 @@ async fn a_store_stall_just_under_a_lease_loses_no_run() {
         let client = r.a.client();
         let mut ids = Vec::new();
         for _ in 0..6 {
-            let reply = client
-                .post_json(
-                    "/responses",
-                    &json!({"model": "base", "input": "synthetic:reply_tokens=900 go", "background": true}),
-                )
-                .await
-                .expect("create");
-            assert_eq!(reply.status, 200, "{reply}");
-            ids.push(reply.json()["id"].as_str().expect("id").to_owned());
+            ids.push(create_background(&client, 900).await);
         }
         // Two stalls of 0.9 of a lease, at unrelated points of the
         // heartbeat's cycle.
@@ -219,12 +225,17 @@ async fn a_store_stall_just_under_a_lease_loses_no_run() {
             tokio::time::sleep(Duration::from_millis(2700)).await;
         }
         for id in &ids {
-            let object = eventually(Duration::from_secs(30), "runs terminal", || r.logs(), || {
-                r.stored_object(id)
-                    .ok()
-                    .flatten()
-                    .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
-            })
+            let object = eventually(
+                Duration::from_secs(30),
+                "runs terminal",
+                || r.logs(),
+                || {
+                    r.stored_object(id)
+                        .ok()
+                        .flatten()
+                        .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
+                },
+            )
             .await;
             assert_eq!(object["status"], "completed", "{object}");
             assert_eq!(object["usage"]["output_tokens"], 900);
@@ -241,27 +252,20 @@ async fn a_store_stall_just_under_a_lease_loses_no_run() {
 async fn a_cancelled_run_keeps_what_it_generated() {
     bounded(60, async {
         let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
-        let created = r
-            .a
-            .client()
-            .post_json(
-                "/responses",
-                &json!({"model": "base", "input": "synthetic:reply_tokens=600 go", "background": true}),
-            )
-            .await
-            .expect("create");
-        let id = created.json()["id"].as_str().expect("id").to_owned();
+        let id = create_background(&r.a.client(), 600).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let cancelled = r
-            .b
-            .client()
-            .post_json(&format!("/responses/{id}/cancel"), &json!({}))
-            .await
-            .expect("cancel");
+        let cancelled =
+            r.b.client()
+                .post_json(&format!("/responses/{id}/cancel"), &json!({}))
+                .await
+                .expect("cancel");
         assert_eq!(cancelled.status, 200, "{cancelled}");
         let cancelled = cancelled.json();
         assert_eq!(cancelled["status"], "cancelled");
-        assert_eq!(cancelled["output"][0]["status"], "incomplete", "{cancelled}");
+        assert_eq!(
+            cancelled["output"][0]["status"], "incomplete",
+            "{cancelled}"
+        );
         assert!(!output_text(&cancelled).is_empty(), "{cancelled}");
         // The owner stops at its next write; nothing follows the end.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -278,24 +282,20 @@ async fn a_cancelled_run_keeps_what_it_generated() {
 async fn a_swept_run_keeps_what_it_generated() {
     bounded(60, async {
         let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
-        let created = r
-            .a
-            .client()
-            .post_json(
-                "/responses",
-                &json!({"model": "base", "input": "synthetic:reply_tokens=800 go", "background": true}),
-            )
-            .await
-            .expect("create");
-        let id = created.json()["id"].as_str().expect("id").to_owned();
+        let id = create_background(&r.a.client(), 800).await;
         tokio::time::sleep(Duration::from_millis(1200)).await;
         r.link_a.partition();
-        let swept = eventually(Duration::from_secs(10), "the peer's sweep", || r.logs(), || {
-            r.stored_object(&id)
-                .ok()
-                .flatten()
-                .filter(|o| o["status"] == "failed")
-        })
+        let swept = eventually(
+            Duration::from_secs(10),
+            "the peer's sweep",
+            || r.logs(),
+            || {
+                r.stored_object(&id)
+                    .ok()
+                    .flatten()
+                    .filter(|o| o["status"] == "failed")
+            },
+        )
         .await;
         assert_eq!(swept["error"]["code"], "run_lost", "{swept}");
         assert!(!output_text(&swept).is_empty(), "{swept}");
@@ -303,9 +303,12 @@ async fn a_swept_run_keeps_what_it_generated() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let object = assert_one_story(&r, &id).await;
         assert_eq!(object, swept, "the owner wrote nothing after the sweep");
-        eventually(Duration::from_secs(10), "leases released", || r.logs(), || {
-            (r.leases_left().ok()? == 0).then_some(())
-        })
+        eventually(
+            Duration::from_secs(10),
+            "leases released",
+            || r.logs(),
+            || (r.leases_left().ok()? == 0).then_some(()),
+        )
         .await;
     })
     .await;
