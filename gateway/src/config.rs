@@ -169,8 +169,23 @@ pub struct AgentEntryConfig {
     /// never from the file or Redis.
     #[serde(default)]
     pub auth_secret_env: Option<String>,
+    /// Hosts (`host` for any port, or `host:port`) besides the URL's own
+    /// origin that the agent's card may name as its endpoint. Empty: the
+    /// card must stay on the URL's origin (scheme, host and port), so the
+    /// auth header never goes to a host the operator did not name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
     #[serde(default = "default_true")]
     pub enabled: bool,
+}
+
+/// Whether `s` is a host (`name`, `1.2.3.4`, `[::1]`) with an optional
+/// `:port`: what `allowed_hosts` takes.
+pub fn valid_allowed_host(s: &str) -> bool {
+    let Ok(authority) = s.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    !s.is_empty() && !s.contains('@') && authority.as_str() == s && !authority.host().is_empty()
 }
 
 fn default_true() -> bool {
@@ -546,6 +561,12 @@ impl Config {
             if a.auth_header.is_some() != a.auth_secret_env.is_some() {
                 bail!(
                     "planner.agents '{}': auth_header and auth_secret_env go together",
+                    a.id
+                );
+            }
+            if let Some(h) = a.allowed_hosts.iter().find(|h| !valid_allowed_host(h)) {
+                bail!(
+                    "planner.agents '{}': allowed_hosts entry '{h}' must be a host or host:port",
                     a.id
                 );
             }

@@ -284,8 +284,8 @@ impl Metrics {
             )?,
             planner_agent_latency: register_histogram_vec_with_registry!(
                 "gateway_planner_agent_duration_seconds",
-                "Latency of agent calls (A2A) by outcome.",
-                &["outcome"],
+                "Latency of agent calls (A2A) by outcome, and reason (refused, timeout, dns, tls, reset, policy, ...; none).",
+                &["outcome", "reason"],
                 LATENCY_BUCKETS.to_vec(),
                 registry
             )?,

@@ -77,6 +77,7 @@ fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<gateway::config::Age
                 url: url.to_owned(),
                 auth_header: None,
                 auth_secret_env: None,
+                allowed_hosts: Vec::new(),
                 enabled: true,
             })
         })

@@ -57,32 +57,87 @@ pub fn card_urls(address: &str) -> Vec<String> {
     ]
 }
 
+/// Why an agent's card could not be had.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CardError {
+    Net { url: String, error: NetError },
+    Http { url: String, status: u16 },
+    Invalid { url: String, why: String },
+}
+
+impl CardError {
+    /// What the caller of a request may see: network failures say only
+    /// "agent unreachable" (connection refused, timed out, TLS errors
+    /// would let a tenant probe hosts and ports); a refusal of the URL
+    /// itself by the policy reveals nothing about the network.
+    pub fn public(&self) -> String {
+        match self {
+            CardError::Net {
+                url,
+                error: e @ (NetError::Denied(_) | NetError::BadUrl(_)),
+            } => format!("card {url}: {e}"),
+            CardError::Net { .. } => "agent unreachable".into(),
+            CardError::Http { url, status } => format!("card {url}: HTTP {status}"),
+            CardError::Invalid { url, why } => format!("card {url}: {why}"),
+        }
+    }
+
+    /// A bounded label for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CardError::Net { error, .. } => error.reason(),
+            CardError::Http { .. } => "http_status",
+            CardError::Invalid { .. } => "invalid_card",
+        }
+    }
+}
+
+/// The whole detail, for the operator (logs, `gateway agents probe`).
+impl std::fmt::Display for CardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CardError::Net { url, error } => write!(f, "card {url}: {error}"),
+            CardError::Http { url, status } => write!(f, "card {url}: HTTP {status}"),
+            CardError::Invalid { url, why } => write!(f, "card {url}: {why}"),
+        }
+    }
+}
+
 /// Fetches and parses an agent's card.
 pub async fn fetch_card(
     http: &AgentHttp,
     address: &str,
     headers: &[(String, String)],
     limits: NetLimits,
-) -> Result<AgentCard, String> {
-    let mut last = String::new();
+) -> Result<AgentCard, CardError> {
+    let mut last = CardError::Invalid {
+        url: address.to_owned(),
+        why: "no card URL".into(),
+    };
     for url in card_urls(address) {
+        let net = |error: NetError| CardError::Net {
+            url: url.clone(),
+            error,
+        };
         let response = http
             .send(http::Method::GET, &url, headers, None, limits)
             .await
-            .map_err(|e| format!("card {url}: {e}"))?;
+            .map_err(net)?;
         if response.status == 404 {
-            last = format!("card {url}: 404");
+            last = CardError::Http {
+                url: url.clone(),
+                status: 404,
+            };
             continue;
         }
         if !(200..300).contains(&response.status) {
-            return Err(format!("card {url}: HTTP {}", response.status));
+            return Err(CardError::Http {
+                url: url.clone(),
+                status: response.status,
+            });
         }
-        let body = response
-            .body
-            .all()
-            .await
-            .map_err(|e| format!("card {url}: {e}"))?;
-        return parse_card(&body, &url).map_err(|e| format!("card {url}: {e}"));
+        let body = response.body.all().await.map_err(net)?;
+        return parse_card(&body, &url).map_err(|why| CardError::Invalid { url, why });
     }
     Err(last)
 }
@@ -262,7 +317,12 @@ pub enum AgentFailure {
     Silent(String),
     /// The step's total deadline passed.
     Timeout,
-    Unreachable(String),
+    /// Connecting or reading failed; `reason` is a bounded label, the
+    /// detail is for the logs only.
+    Unreachable {
+        reason: &'static str,
+        detail: String,
+    },
     Denied(String),
     TooLarge(usize),
     /// No card: the agent could not be resolved.
@@ -284,7 +344,7 @@ impl AgentFailure {
             AgentFailure::Malformed(_) => "malformed",
             AgentFailure::Silent(_) => "silent",
             AgentFailure::Timeout => "timeout",
-            AgentFailure::Unreachable(_) => "unreachable",
+            AgentFailure::Unreachable { .. } => "unreachable",
             AgentFailure::Denied(_) => "denied",
             AgentFailure::TooLarge(_) => "too_large",
             AgentFailure::NoCard(_) => "no_card",
@@ -308,7 +368,9 @@ impl AgentFailure {
             AgentFailure::Malformed(m) => format!("not an A2A reply: {}", cut(m)),
             AgentFailure::Silent(m) => format!("the agent went silent: {m}"),
             AgentFailure::Timeout => "the step's deadline passed".into(),
-            AgentFailure::Unreachable(m) => format!("unreachable: {}", cut(m)),
+            // Never the network's detail: it would let a tenant probe
+            // ports (refused vs timed out vs TLS); see `log_detail`.
+            AgentFailure::Unreachable { .. } => "agent unreachable".into(),
             AgentFailure::Denied(m) => format!("not allowed: {}", cut(m)),
             AgentFailure::TooLarge(n) => format!("the reply exceeds {n} bytes"),
             AgentFailure::NoCard(m) => format!("no usable agent card: {}", cut(m)),
@@ -316,16 +378,42 @@ impl AgentFailure {
     }
 }
 
+impl AgentFailure {
+    /// A bounded reason for the metrics: the network's reason of an
+    /// unreachable agent, "policy" for a refusal by the address policy,
+    /// else "none".
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AgentFailure::Unreachable { reason, .. } => reason,
+            AgentFailure::Denied(_) => "policy",
+            _ => "none",
+        }
+    }
+
+    /// The detail the logs keep (may name hosts and OS errors; never a
+    /// header value).
+    pub fn log_detail(&self) -> String {
+        match self {
+            AgentFailure::Unreachable { reason, detail } => format!("{reason}: {detail}"),
+            other => other.detail(),
+        }
+    }
+}
+
 impl From<NetError> for AgentFailure {
     fn from(e: NetError) -> Self {
+        let reason = e.reason();
         match e {
             NetError::Denied(m) => AgentFailure::Denied(m),
             NetError::BadUrl(m) => AgentFailure::Denied(format!("not an http(s) URL: {m}")),
-            NetError::Connect(m) => AgentFailure::Unreachable(m),
+            // A name resolving only to forbidden addresses says "unreachable"
+            // like any other: it would otherwise reveal internal DNS names.
+            NetError::DeniedResolved(detail)
+            | NetError::Connect { detail, .. }
+            | NetError::Broken(detail) => AgentFailure::Unreachable { reason, detail },
             NetError::FirstByte => AgentFailure::Silent("no response head in time".into()),
             NetError::Idle => AgentFailure::Silent("nothing more in time".into()),
             NetError::TooLarge(n) => AgentFailure::TooLarge(n),
-            NetError::Broken(m) => AgentFailure::Unreachable(m),
         }
     }
 }
@@ -338,6 +426,10 @@ pub struct Endpoint {
     pub streaming: bool,
     /// Headers of every call (the directory's auth header).
     pub headers: Vec<(String, String)>,
+    /// Set when the endpoint may not be called (a directory card naming a
+    /// host outside its entry's origins): every call fails with this,
+    /// before any traffic.
+    pub refused: Option<String>,
 }
 
 /// The task an in-flight call created, for cancelling it.
@@ -497,6 +589,9 @@ async fn rpc(
     params: Value,
     limits: NetLimits,
 ) -> Result<super::net::Response, AgentFailure> {
+    if let Some(why) = &endpoint.refused {
+        return Err(AgentFailure::Denied(why.clone()));
+    }
     let body = serde_json::to_vec(&wire::RpcRequest {
         jsonrpc: "2.0",
         id: crate::translate::new_id("rpc-"),

@@ -30,6 +30,11 @@ enum AgentsCommand {
         /// (mount the secret there); the value is never stored.
         #[arg(long, requires = "auth_header")]
         auth_secret_env: Option<String>,
+        /// A host (`host` or `host:port`) besides the URL's origin that the
+        /// agent's card may name as its endpoint; repeatable. Without it,
+        /// the card must stay on the URL's scheme, host and port.
+        #[arg(long = "allowed-host")]
+        allowed_hosts: Vec<String>,
         /// Add it disabled (planning ignores it).
         #[arg(long)]
         disabled: bool,
@@ -62,6 +67,7 @@ impl AgentsArgs {
                     url,
                     auth_header,
                     auth_secret_env,
+                    allowed_hosts,
                     disabled,
                 } => {
                     if !valid_id(&id) {
@@ -70,12 +76,19 @@ impl AgentsArgs {
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
                         bail!("the agent's URL must be http:// or https://");
                     }
+                    if let Some(h) = allowed_hosts
+                        .iter()
+                        .find(|h| !crate::config::valid_allowed_host(h))
+                    {
+                        bail!("--allowed-host {h}: expected a host or host:port");
+                    }
                     store
                         .put(&Entry {
                             id: id.clone(),
                             url,
                             auth_header,
                             auth_secret_env,
+                            allowed_hosts,
                             enabled: !disabled,
                         })
                         .await?;
@@ -86,13 +99,18 @@ impl AgentsArgs {
                     entries.sort_by(|a, b| a.id.cmp(&b.id));
                     for e in entries {
                         println!(
-                            "{}\t{}\t{}\t{}",
+                            "{}\t{}\t{}\t{}\t{}",
                             e.id,
                             e.url,
                             if e.enabled { "enabled" } else { "disabled" },
                             match (&e.auth_header, &e.auth_secret_env) {
                                 (Some(h), Some(v)) => format!("{h} from ${v}"),
                                 _ => "no auth".into(),
+                            },
+                            if e.allowed_hosts.is_empty() {
+                                "own origin only".to_owned()
+                            } else {
+                                format!("also {}", e.allowed_hosts.join(","))
                             }
                         );
                     }
@@ -108,8 +126,8 @@ impl AgentsArgs {
                     id_or_url,
                     allow_private,
                 } => {
-                    let (url, headers) = if id_or_url.starts_with("http") {
-                        (id_or_url.clone(), Vec::new())
+                    let (url, headers, entry) = if id_or_url.starts_with("http") {
+                        (id_or_url.clone(), Vec::new(), None)
                     } else {
                         let e = store
                             .list()
@@ -118,7 +136,7 @@ impl AgentsArgs {
                             .find(|e| e.id == id_or_url)
                             .with_context(|| format!("no agent {id_or_url} in Redis"))?;
                         let headers = e.headers();
-                        (e.url, headers)
+                        (e.url.clone(), headers, Some(e))
                     };
                     let http = AgentHttp::new(
                         AddressPolicy {
@@ -139,6 +157,12 @@ impl AgentsArgs {
                                 card.name, card.protocol, card.streaming
                             );
                             println!("endpoint: {}", card.endpoint);
+                            if let Some(e) = entry.filter(|e| !e.endpoint_allowed(&card.endpoint)) {
+                                println!(
+                                    "refused: the endpoint is outside {}'s origin and allowed hosts; the planner will not call it",
+                                    e.id
+                                );
+                            }
                             println!("description: {}", card.description);
                             for s in card.skills {
                                 println!(

@@ -4,11 +4,18 @@
 //! agents' cards, fetched, validated and cached with a TTL. A broken card
 //! marks its entry unhealthy for a while; it never breaks planning.
 //!
+//! Trust: an entry's auth header goes only to the origin of its URL (or
+//! the hosts of its `allowed_hosts`): a card naming an endpoint elsewhere
+//! makes the agent unusable. Cards are cached per entry and credential;
+//! a request naming a URL gets an anonymous fetch and an entry of its
+//! own, so it can neither see a card fetched with a secret nor make an
+//! entry unhealthy.
+//!
 //! For one request the directory resolves the request's `agents` (ids or
 //! URLs) and discovers more by matching the request's words against the
 //! cards' names, descriptions and skills.
 
-use super::a2a::{self, AgentCard, Endpoint};
+use super::a2a::{self, AgentCard, CardError, Endpoint};
 use super::net::{AgentHttp, NetLimits};
 use crate::redis_conn::RedisHandle;
 use serde::{Deserialize, Serialize};
@@ -32,6 +39,75 @@ impl Entry {
             _ => Vec::new(),
         }
     }
+}
+
+impl Entry {
+    /// The credential's identity for the card cache: a hash of the header
+    /// name, the variable and its value (never the secret in clear).
+    fn credential(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for (name, value) in self.headers() {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(value.as_bytes());
+            h.update([0]);
+        }
+        h.update(self.auth_secret_env.as_deref().unwrap_or("").as_bytes());
+        h.finalize().into()
+    }
+
+    /// Whether a card's endpoint may be called with this entry's headers:
+    /// on the URL's origin, or on one of `allowed_hosts` (and then over
+    /// https, or http only when the URL itself is http).
+    pub fn endpoint_allowed(&self, endpoint: &str) -> bool {
+        let (Some(own), Some(to)) = (origin_of(&self.url), origin_of(endpoint)) else {
+            return false;
+        };
+        if own == to {
+            return true;
+        }
+        if !(to.scheme == "https" || to.scheme == own.scheme) {
+            return false;
+        }
+        self.allowed_hosts.iter().any(|allowed| {
+            let allowed = allowed.to_ascii_lowercase();
+            match allowed.parse::<http::uri::Authority>() {
+                Ok(a) => host_of(a.host()) == to.host && a.port_u16().is_none_or(|p| p == to.port),
+                Err(_) => false,
+            }
+        })
+    }
+}
+
+/// An origin compared as the browser does: scheme, host, port (defaults
+/// filled in).
+#[derive(Debug, PartialEq, Eq)]
+struct Origin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+fn host_of(host: &str) -> String {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
+}
+
+fn origin_of(url: &str) -> Option<Origin> {
+    let uri: http::Uri = url.parse().ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    let default = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    Some(Origin {
+        port: uri.port_u16().unwrap_or(default),
+        host: host_of(uri.host()?),
+        scheme,
+    })
 }
 
 /// Whether `s` is a valid directory id.
@@ -125,9 +201,22 @@ pub struct Unusable {
 }
 
 struct CachedCard {
-    card: Result<AgentCard, String>,
+    card: Result<AgentCard, CardError>,
     until: Instant,
 }
+
+/// Whose card a cache entry holds: an anonymous fetch (a request's URL),
+/// or a directory entry's fetch with its credential. A request URL never
+/// reads or writes an entry's card, even at the same address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum CardScope {
+    Anonymous,
+    Entry { id: String, credential: [u8; 32] },
+}
+
+/// Cached cards beyond which expired ones are dropped (request URLs are
+/// the tenants' to choose).
+const MAX_CACHED_CARDS: usize = 4096;
 
 /// The directory, with its card cache.
 pub struct Directory {
@@ -135,7 +224,7 @@ pub struct Directory {
     store: Option<DirectoryStore>,
     /// Redis entries, read at most every few seconds.
     stored: Mutex<Option<(Instant, Vec<Entry>)>>,
-    cards: Mutex<HashMap<String, CachedCard>>,
+    cards: Mutex<HashMap<(String, CardScope), CachedCard>>,
     card_ttl: Duration,
     http: Arc<AgentHttp>,
     limits: NetLimits,
@@ -201,33 +290,85 @@ impl Directory {
         by_id.into_values().collect()
     }
 
+    /// A directory entry's card, fetched with its headers and cached for
+    /// that entry and credential only.
+    pub async fn entry_card(&self, e: &Entry) -> Result<AgentCard, CardError> {
+        let scope = CardScope::Entry {
+            id: e.id.clone(),
+            credential: e.credential(),
+        };
+        self.card(&e.url, scope, &e.headers()).await
+    }
+
+    /// A request URL's card: fetched without credentials, cached apart.
+    pub async fn anonymous_card(&self, address: &str) -> Result<AgentCard, CardError> {
+        self.card(address, CardScope::Anonymous, &[]).await
+    }
+
     /// An agent's card, from the cache or fetched (a failure is cached
     /// for a tenth of the TTL, at most 30 s: an unhealthy entry).
-    pub async fn card(
+    async fn card(
         &self,
         address: &str,
+        scope: CardScope,
         headers: &[(String, String)],
-    ) -> Result<AgentCard, String> {
+    ) -> Result<AgentCard, CardError> {
+        let key = (address.to_owned(), scope);
         if let Ok(cards) = self.cards.lock() {
-            if let Some(c) = cards.get(address).filter(|c| c.until > Instant::now()) {
+            if let Some(c) = cards.get(&key).filter(|c| c.until > Instant::now()) {
                 return c.card.clone();
             }
         }
         let card = a2a::fetch_card(&self.http, address, headers, self.limits).await;
+        if let Err(e) = &card {
+            tracing::warn!(
+                reason = e.reason(),
+                "agent card unavailable (cached for a while): {e}"
+            );
+        }
         let ttl = match &card {
             Ok(_) => self.card_ttl,
             Err(_) => (self.card_ttl / 10).min(Duration::from_secs(30)),
         };
         if let Ok(mut cards) = self.cards.lock() {
-            cards.insert(
-                address.to_owned(),
-                CachedCard {
-                    card: card.clone(),
-                    until: Instant::now() + ttl,
-                },
-            );
+            if cards.len() >= MAX_CACHED_CARDS {
+                let now = Instant::now();
+                cards.retain(|_, c| c.until > now);
+            }
+            if cards.len() < MAX_CACHED_CARDS {
+                cards.insert(
+                    key,
+                    CachedCard {
+                        card: card.clone(),
+                        until: Instant::now() + ttl,
+                    },
+                );
+            }
         }
         card
+    }
+
+    /// An entry's card, when its endpoint stays within the entry's
+    /// origins; `Err` is the outcome and what the caller may see.
+    async fn usable_entry_card(&self, e: &Entry) -> Result<AgentCard, (&'static str, String)> {
+        let card = self
+            .entry_card(e)
+            .await
+            .map_err(|err| ("no_card", err.public()))?;
+        if !e.endpoint_allowed(&card.endpoint) {
+            tracing::warn!(
+                agent = %e.id,
+                "agent card names endpoint {} outside the entry's origin {} and allowed_hosts {:?}: not called",
+                card.endpoint,
+                e.url,
+                e.allowed_hosts
+            );
+            return Err((
+                "denied",
+                "the agent's card names an endpoint outside the origins configured for it".into(),
+            ));
+        }
+        Ok(card)
     }
 
     /// The agents of one request: its `agents` (directory ids or URLs),
@@ -255,7 +396,7 @@ impl Directory {
                     });
                     continue;
                 }
-                match self.card(address, &[]).await {
+                match self.anonymous_card(address).await {
                     Ok(card) => {
                         // A request's URL may only lead to its own origin.
                         if a2a::origin(&card.endpoint) != a2a::origin(address) {
@@ -277,15 +418,15 @@ impl Directory {
                             card,
                         });
                     }
-                    Err(reason) => unusable.push(Unusable {
+                    Err(e) => unusable.push(Unusable {
                         address: address.to_owned(),
                         outcome: "no_card",
-                        reason,
+                        reason: e.public(),
                     }),
                 }
             } else {
                 match by_id.get(address) {
-                    Some(e) if e.enabled => match self.card(&e.url, &e.headers()).await {
+                    Some(e) if e.enabled => match self.usable_entry_card(e).await {
                         Ok(card) => {
                             if ids.insert(e.id.clone()) {
                                 agents.push(ResolvedAgent {
@@ -296,9 +437,9 @@ impl Directory {
                                 });
                             }
                         }
-                        Err(reason) => unusable.push(Unusable {
+                        Err((outcome, reason)) => unusable.push(Unusable {
                             address: address.to_owned(),
-                            outcome: "no_card",
+                            outcome,
                             reason,
                         }),
                     },
@@ -326,7 +467,7 @@ impl Directory {
             let cards = futures::future::join_all(
                 candidates
                     .iter()
-                    .map(|e| async { self.card(&e.url, &e.headers()).await }),
+                    .map(|e| async { self.usable_entry_card(e).await }),
             )
             .await;
             let mut scored: Vec<(usize, &Entry, AgentCard)> = candidates
@@ -352,15 +493,30 @@ impl Directory {
     }
 
     /// How to call a resolved agent (its directory auth header included).
+    /// The entry's origins are checked again here (a paused plan resumes
+    /// with the card it stored, and the entry may have changed since): an
+    /// endpoint outside them gets no headers and refuses every call.
     pub async fn endpoint(&self, agent: &ResolvedAgent) -> Endpoint {
+        let mut refused = None;
         let headers = match &agent.directory_id {
-            Some(id) => self
-                .entries()
-                .await
-                .into_iter()
-                .find(|e| &e.id == id)
-                .map(|e| e.headers())
-                .unwrap_or_default(),
+            Some(id) => match self.entries().await.into_iter().find(|e| &e.id == id) {
+                Some(e) if e.endpoint_allowed(&agent.card.endpoint) => e.headers(),
+                Some(e) => {
+                    tracing::warn!(
+                        agent = %e.id,
+                        "agent endpoint {} is outside the entry's origin {} and allowed_hosts {:?}: not called",
+                        agent.card.endpoint,
+                        e.url,
+                        e.allowed_hosts
+                    );
+                    refused = Some(
+                        "the agent's card names an endpoint outside the origins configured for it"
+                            .to_owned(),
+                    );
+                    Vec::new()
+                }
+                None => Vec::new(),
+            },
             None => Vec::new(),
         };
         Endpoint {
@@ -368,6 +524,7 @@ impl Directory {
             protocol: agent.card.protocol,
             streaming: agent.card.streaming,
             headers,
+            refused,
         }
     }
 }
@@ -505,10 +662,150 @@ mod tests {
             url: "https://a".into(),
             auth_header: Some("authorization".into()),
             auth_secret_env: Some("IGW_TEST_AGENT_SECRET_THAT_IS_UNSET".into()),
+            allowed_hosts: Vec::new(),
             enabled: true,
         };
         assert!(e.headers().is_empty());
         let stored = serde_json::to_string(&e).unwrap();
         assert!(!stored.contains("Bearer"));
+        // Entries stored before `allowed_hosts` existed still read.
+        assert!(!stored.contains("allowed_hosts"), "{stored}");
+        let old: Entry = serde_json::from_str(
+            r#"{"id":"x","url":"https://a","auth_header":null,"auth_secret_env":null,"enabled":true}"#,
+        )
+        .unwrap();
+        assert!(old.allowed_hosts.is_empty());
+    }
+
+    fn entry(url: &str, allowed: &[&str]) -> Entry {
+        Entry {
+            id: "e".into(),
+            url: url.into(),
+            auth_header: None,
+            auth_secret_env: None,
+            allowed_hosts: allowed.iter().map(|h| h.to_string()).collect(),
+            enabled: true,
+        }
+    }
+
+    #[test]
+    fn a_directory_card_may_only_name_its_own_origin_or_allowed_hosts() {
+        let own = entry("https://agents.example.com/weather", &[]);
+        for ok in [
+            "https://agents.example.com/rpc",
+            "https://AGENTS.example.com:443/other/path",
+        ] {
+            assert!(own.endpoint_allowed(ok), "{ok}");
+        }
+        for refused in [
+            "https://evil.example.net/rpc",
+            "http://agents.example.com/rpc",
+            "https://agents.example.com:8443/rpc",
+            "https://agents.example.com.evil.net/rpc",
+            "not a url",
+        ] {
+            assert!(!own.endpoint_allowed(refused), "{refused}");
+        }
+        let listed = entry(
+            "https://agents.example.com",
+            &["rpc.example.com", "10.1.2.3:8443", "[2001:db8::1]:9000"],
+        );
+        for ok in [
+            "https://rpc.example.com/a",
+            "https://rpc.example.com:9443/a",
+            "https://10.1.2.3:8443/rpc",
+            "https://[2001:db8::1]:9000/rpc",
+        ] {
+            assert!(listed.endpoint_allowed(ok), "{ok}");
+        }
+        for refused in [
+            // No downgrade to http from an https entry.
+            "http://rpc.example.com/a",
+            "https://10.1.2.3:8444/rpc",
+            "https://other.example.com/a",
+            "https://[2001:db8::1]:9001/rpc",
+        ] {
+            assert!(!listed.endpoint_allowed(refused), "{refused}");
+        }
+        for (host, ok) in [
+            ("rpc.example.com", true),
+            ("rpc.example.com:8443", true),
+            ("[2001:db8::1]:9000", true),
+            ("https://rpc.example.com", false),
+            ("rpc.example.com/path", false),
+            ("user@rpc.example.com", false),
+            ("", false),
+        ] {
+            assert_eq!(crate::config::valid_allowed_host(host), ok, "{host}");
+        }
+        // An http entry may list http hosts.
+        let plain = entry("http://127.0.0.1:7000", &["127.0.0.1"]);
+        assert!(plain.endpoint_allowed("http://127.0.0.1:7001/rpc"));
+        assert!(!plain.endpoint_allowed("http://127.0.0.2:7001/rpc"));
+    }
+
+    fn directory() -> Directory {
+        let http = AgentHttp::new(
+            super::super::net::AddressPolicy::default(),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        Directory::new(
+            Vec::new(),
+            None,
+            Duration::from_secs(300),
+            Arc::new(http),
+            NetLimits {
+                first_byte: Duration::from_millis(200),
+                idle: Duration::from_millis(200),
+                max_body: 1024,
+            },
+            true,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_card_cache_is_keyed_by_entry_and_credential_not_by_url_alone() {
+        // Loopback is refused by the strict policy: a fetch fails at once,
+        // without traffic.
+        let url = "http://127.0.0.1:9";
+        let secret_var = "IGW_TEST_DIRECTORY_CACHE_SECRET";
+        std::env::set_var(secret_var, "Bearer one");
+        let mut e = entry(url, &[]);
+        e.auth_header = Some("authorization".into());
+        e.auth_secret_env = Some(secret_var.into());
+        let d = directory();
+        // The card as fetched with the entry's secret.
+        let authenticated = card("Protected", "Fetched with the secret", &[]);
+        let scope = CardScope::Entry {
+            id: e.id.clone(),
+            credential: e.credential(),
+        };
+        d.cards.lock().unwrap().insert(
+            (url.to_owned(), scope.clone()),
+            CachedCard {
+                card: Ok(authenticated.clone()),
+                until: Instant::now() + Duration::from_secs(60),
+            },
+        );
+        // A request naming the URL is not served the authenticated card...
+        assert!(d.anonymous_card(url).await.is_err());
+        // ...and its failure, now cached, does not disable the entry.
+        assert!(d.anonymous_card(url).await.is_err());
+        assert_eq!(d.entry_card(&e).await.unwrap(), authenticated);
+        // Another credential is another key (a rotated secret refetches).
+        std::env::set_var(secret_var, "Bearer two");
+        assert_ne!(
+            e.credential(),
+            match &scope {
+                CardScope::Entry { credential, .. } => *credential,
+                CardScope::Anonymous => unreachable!(),
+            }
+        );
+        assert!(d.entry_card(&e).await.is_err());
+        // Keys never hold the secret in clear.
+        let keys = format!("{:?}", d.cards.lock().unwrap().keys().collect::<Vec<_>>());
+        assert!(!keys.contains("Bearer"), "{keys}");
+        std::env::remove_var(secret_var);
     }
 }

@@ -134,7 +134,7 @@ pub async fn agent_step(
                 let latency_ms = took.as_millis() as u64;
                 match result {
                     Ok(answer) => {
-                        observe_latency("completed", took);
+                        observe_latency("completed", "none", took);
                         attempts.push(Attempt {
                             target: agent.clone(),
                             outcome: "completed",
@@ -155,7 +155,18 @@ pub async fn agent_step(
                         return done(agent, answer, attempts);
                     }
                     Err(f) => {
-                        observe_latency(f.outcome(), took);
+                        observe_latency(f.outcome(), f.reason(), took);
+                        if matches!(f, AgentFailure::Unreachable { .. } | AgentFailure::Denied(_)) {
+                            // The caller sees "agent unreachable"; the
+                            // operator sees why.
+                            tracing::warn!(
+                                agent = %agent,
+                                step = %step.id,
+                                reason = f.reason(),
+                                "agent call failed: {}",
+                                f.log_detail()
+                            );
+                        }
                         attempts.push(Attempt {
                             target: agent.clone(),
                             outcome: f.outcome(),
@@ -190,7 +201,7 @@ pub async fn agent_step(
                 let n = running.len();
                 drop(running);
                 for _ in 0..n {
-                    observe_latency("timeout", began.elapsed());
+                    observe_latency("timeout", "none", began.elapsed());
                 }
                 attempts.push(Attempt {
                     target: step.target.clone(),
@@ -209,10 +220,12 @@ pub async fn agent_step(
     }
 }
 
-fn observe_latency(outcome: &str, took: Duration) {
+/// `reason`: a bounded label (`AgentFailure::reason`), the network's
+/// detail of a failure that `tool_thought` does not show.
+fn observe_latency(outcome: &str, reason: &str, took: Duration) {
     METRICS
         .planner_agent_latency
-        .with_label_values(&[outcome])
+        .with_label_values(&[outcome, reason])
         .observe(took.as_secs_f64());
 }
 

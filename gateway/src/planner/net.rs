@@ -19,7 +19,8 @@ use std::time::Duration;
 /// Which addresses agents may live at.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AddressPolicy {
-    /// Loopback, RFC 1918, CGNAT (100.64/10), unique-local (fc00::/7).
+    /// Loopback, RFC 1918, CGNAT (100.64/10), unique-local (fc00::/7),
+    /// site-local (fec0::/10).
     pub allow_private: bool,
     /// Link-local (169.254/16, fe80::/10) and cloud metadata endpoints.
     pub allow_link_local: bool,
@@ -29,22 +30,37 @@ pub struct AddressPolicy {
 const METADATA_V4: [Ipv4Addr; 1] = [Ipv4Addr::new(100, 100, 100, 200)];
 const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)];
 
+/// The IPv4 address in the last 32 bits of an IPv6 address.
+fn low_v4(ip: Ipv6Addr) -> Ipv4Addr {
+    let o = ip.octets();
+    Ipv4Addr::new(o[12], o[13], o[14], o[15])
+}
+
 impl AddressPolicy {
     /// `Err` names why `ip` may not be called.
     pub fn check(&self, ip: IpAddr) -> Result<(), &'static str> {
         match ip {
             IpAddr::V4(v4) => self.check_v4(v4),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => self.check_v4(v4),
-                None => self.check_v6(v6),
-            },
+            IpAddr::V6(v6) => self.check_v6(v6),
         }
     }
 
     fn check_v4(&self, ip: Ipv4Addr) -> Result<(), &'static str> {
-        let [a, b, ..] = ip.octets();
+        let [a, b, c, _] = ip.octets();
         if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || a == 0 {
             return Err("not a unicast address");
+        }
+        // Never a public agent: reserved (240/4), benchmarking
+        // (198.18/15), IETF protocol assignments (192.0.0/24) and the
+        // documentation ranges.
+        let reserved = a >= 240
+            || (a == 198 && (b & 0xfe) == 18)
+            || (a == 192 && b == 0 && c == 0)
+            || (a == 192 && b == 0 && c == 2)
+            || (a == 198 && b == 51 && c == 100)
+            || (a == 203 && b == 0 && c == 113);
+        if reserved {
+            return Err("a reserved address");
         }
         if ip.is_link_local() || METADATA_V4.contains(&ip) {
             return if self.allow_link_local {
@@ -65,18 +81,68 @@ impl AddressPolicy {
     }
 
     fn check_v6(&self, ip: Ipv6Addr) -> Result<(), &'static str> {
-        let first = ip.segments()[0];
+        let s = ip.segments();
         if ip.is_unspecified() || ip.is_multicast() {
             return Err("not a unicast address");
         }
-        if (first & 0xffc0) == 0xfe80 || METADATA_V6.contains(&ip) {
+        if ip.is_loopback() {
+            return if self.allow_private {
+                Ok(())
+            } else {
+                Err("a private address")
+            };
+        }
+        // Transition forms that carry an IPv4 address: the packets end up
+        // at that address, so it is held to the IPv4 policy.
+        // IPv4-mapped ::ffff:0:0/96 and IPv4-compatible ::/96 (the two
+        // special cases above aside).
+        if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
+            return self.check_v4(low_v4(ip));
+        }
+        // IPv4-translated ::ffff:0:0:0/96 (RFC 2765).
+        if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+            return self.check_v4(low_v4(ip));
+        }
+        // NAT64 well-known prefix 64:ff9b::/96 (RFC 6052).
+        if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+            return self.check_v4(low_v4(ip));
+        }
+        // The rest of 64:ff9b::/32, the local-use NAT64 prefix
+        // 64:ff9b:1::/48 (RFC 8215) included: where its IPv4 address sits
+        // depends on a prefix length chosen by the network operator, so
+        // it cannot be extracted reliably; refused outright.
+        if s[0] == 0x64 && s[1] == 0xff9b {
+            return Err("a NAT64 address whose IPv4 address is ambiguous");
+        }
+        // 6to4 2002::/16: the IPv4 address in bits 16..48.
+        if s[0] == 0x2002 {
+            let [a, b] = s[1].to_be_bytes();
+            let [c, d] = s[2].to_be_bytes();
+            return self.check_v4(Ipv4Addr::new(a, b, c, d));
+        }
+        // Teredo 2001::/32 (RFC 4380): the server's IPv4 address in bits
+        // 32..64, the client's (where packets go) in the last 32 bits,
+        // inverted. Both must pass.
+        if s[0] == 0x2001 && s[1] == 0 {
+            let [a, b] = s[2].to_be_bytes();
+            let [c, d] = s[3].to_be_bytes();
+            self.check_v4(Ipv4Addr::new(a, b, c, d))?;
+            let client = u32::from(low_v4(ip)) ^ 0xffff_ffff;
+            return self.check_v4(Ipv4Addr::from(client));
+        }
+        // Documentation 2001:db8::/32.
+        if s[0] == 0x2001 && s[1] == 0x0db8 {
+            return Err("a reserved address");
+        }
+        if (s[0] & 0xffc0) == 0xfe80 || METADATA_V6.contains(&ip) {
             return if self.allow_link_local {
                 Ok(())
             } else {
                 Err("a link-local or cloud metadata address")
             };
         }
-        if ip.is_loopback() || (first & 0xfe00) == 0xfc00 {
+        // Unique-local fc00::/7 and the deprecated site-local fec0::/10.
+        if (s[0] & 0xfe00) == 0xfc00 || (s[0] & 0xffc0) == 0xfec0 {
             return if self.allow_private {
                 Ok(())
             } else {
@@ -110,26 +176,56 @@ impl tower_service::Service<Name> for PolicyResolver {
         let policy = self.policy;
         Box::pin(async move {
             let host = name.as_str().to_owned();
-            let found: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = found
-                .iter()
-                .copied()
-                .filter(|a| policy.check(a.ip()).is_ok())
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await
+                .map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        ResolveFailed(format!("{host}: {e}")),
+                    )
+                })?
                 .collect();
-            if allowed.is_empty() {
-                let why = found
-                    .first()
-                    .and_then(|a| policy.check(a.ip()).err())
-                    .unwrap_or("no address");
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!("{host} resolves to {why}"),
-                ));
-            }
-            Ok(allowed.into_iter())
+            Ok(allowed_answers(policy, &host, found)?.into_iter())
         })
     }
+}
+
+/// A name that did not resolve (told apart from other connect errors for
+/// the logs and metrics).
+#[derive(Debug)]
+struct ResolveFailed(String);
+
+impl std::fmt::Display for ResolveFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "could not resolve {}", self.0)
+    }
+}
+
+impl std::error::Error for ResolveFailed {}
+
+/// The addresses of a DNS answer the policy allows; an error (of kind
+/// `PermissionDenied`) when none is left.
+fn allowed_answers(
+    policy: AddressPolicy,
+    host: &str,
+    found: Vec<SocketAddr>,
+) -> std::io::Result<Vec<SocketAddr>> {
+    let allowed: Vec<SocketAddr> = found
+        .iter()
+        .copied()
+        .filter(|a| policy.check(a.ip()).is_ok())
+        .collect();
+    if allowed.is_empty() {
+        let why = found
+            .first()
+            .and_then(|a| policy.check(a.ip()).err())
+            .unwrap_or("no address");
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{host} resolves to {why}"),
+        ));
+    }
+    Ok(allowed)
 }
 
 /// Time and size limits of one agent exchange.
@@ -143,12 +239,18 @@ pub struct NetLimits {
 /// Why an HTTP exchange with an agent failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetError {
-    /// The address policy forbids the destination.
+    /// The address policy forbids the URL's IP literal (known before any
+    /// network traffic).
     Denied(String),
+    /// Every address the URL's name resolves to is forbidden.
+    DeniedResolved(String),
     /// The URL is not an absolute http(s) URL.
     BadUrl(String),
-    /// Connecting failed (refused, DNS, TLS, connect timeout).
-    Connect(String),
+    /// Connecting failed; `reason` is one of [`CONNECT_REASONS`].
+    Connect {
+        reason: &'static str,
+        detail: String,
+    },
     /// No response head within the first-byte deadline.
     FirstByte,
     /// The body went silent for longer than the idle deadline.
@@ -159,12 +261,34 @@ pub enum NetError {
     Broken(String),
 }
 
+/// The bounded reasons of a failed connection (a metrics label).
+pub const CONNECT_REASONS: [&str; 6] = ["refused", "timeout", "dns", "tls", "reset", "other"];
+
+impl NetError {
+    /// A bounded label for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NetError::Denied(_) => "policy",
+            NetError::DeniedResolved(_) => "policy_dns",
+            NetError::BadUrl(_) => "bad_url",
+            NetError::Connect { reason, .. } => reason,
+            NetError::FirstByte => "first_byte",
+            NetError::Idle => "idle",
+            NetError::TooLarge(_) => "too_large",
+            NetError::Broken(_) => "broken",
+        }
+    }
+}
+
 impl std::fmt::Display for NetError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NetError::Denied(why) => write!(f, "address not allowed: {why}"),
+            NetError::DeniedResolved(why) => write!(f, "address not allowed: {why}"),
             NetError::BadUrl(u) => write!(f, "not an http(s) URL: {u}"),
-            NetError::Connect(e) => write!(f, "could not connect: {e}"),
+            NetError::Connect { reason, detail } => {
+                write!(f, "could not connect ({reason}): {detail}")
+            }
             NetError::FirstByte => f.write_str("no response before the first-byte deadline"),
             NetError::Idle => f.write_str("the response went silent past the idle deadline"),
             NetError::TooLarge(n) => write!(f, "the response exceeds {n} bytes"),
@@ -280,20 +404,46 @@ pub fn check_url(policy: AddressPolicy, url: &str) -> Result<http::Uri, NetError
 }
 
 /// The error of a request that got no response: a policy refusal from the
-/// resolver, or a connection failure.
+/// resolver, or a connection failure with its reason.
 fn connect_error(e: &hyper_util::client::legacy::Error) -> NetError {
     let mut text = e.to_string();
+    let mut reason = "other";
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         text = s.to_string();
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            reason = "tls";
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::PermissionDenied {
-                return NetError::Denied(io.to_string());
+            let inner = io.get_ref();
+            if inner.is_some_and(|i| i.downcast_ref::<ResolveFailed>().is_some()) {
+                reason = "dns";
+            } else if inner.is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some()) {
+                reason = "tls";
+            } else {
+                match io.kind() {
+                    std::io::ErrorKind::PermissionDenied => {
+                        return NetError::DeniedResolved(io.to_string())
+                    }
+                    std::io::ErrorKind::ConnectionRefused => reason = "refused",
+                    std::io::ErrorKind::TimedOut => reason = "timeout",
+                    std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof => reason = "reset",
+                    _ => {}
+                }
             }
         }
         source = s.source();
     }
-    NetError::Connect(text)
+    if reason == "other" && text.to_ascii_lowercase().contains("timed out") {
+        reason = "timeout";
+    }
+    NetError::Connect {
+        reason,
+        detail: text,
+    }
 }
 
 /// A response body read under the idle deadline and the size cap.
@@ -461,6 +611,109 @@ mod tests {
         };
         assert!(all.check("169.254.169.254".parse().unwrap()).is_ok());
         assert!(all.check("0.0.0.0".parse().unwrap()).is_err());
+    }
+
+    /// Every IPv6 transition form that embeds an IPv4 address, and the
+    /// reserved ranges: (address, allowed by the strict policy, allowed
+    /// with private addresses on). An embedded address is judged as that
+    /// IPv4 address would be.
+    const TABLE: [(&str, bool, bool); 44] = [
+        // IPv4 ranges.
+        ("198.18.0.1", false, false),
+        ("198.19.255.254", false, false),
+        ("198.20.0.1", true, true),
+        ("240.0.0.1", false, false),
+        ("255.255.255.254", false, false),
+        ("255.255.255.255", false, false),
+        ("192.0.0.9", false, false),
+        ("192.0.2.1", false, false),
+        ("192.0.1.1", true, true),
+        // IPv4-mapped ::ffff:0:0/96 and translated ::ffff:0:0:0/96.
+        ("::ffff:10.0.0.1", false, true),
+        ("::ffff:8.8.8.8", true, true),
+        ("::ffff:0:10.0.0.1", false, true),
+        ("::ffff:0:8.8.8.8", true, true),
+        // IPv4-compatible ::/96.
+        ("::10.0.0.1", false, true),
+        ("::127.0.0.1", false, true),
+        ("::169.254.169.254", false, false),
+        ("::8.8.8.8", true, true),
+        ("::0.0.0.2", false, false),
+        // NAT64 64:ff9b::/96: the embedded address decides.
+        ("64:ff9b::10.0.0.1", false, true),
+        ("64:ff9b::127.0.0.1", false, true),
+        ("64:ff9b::169.254.169.254", false, false),
+        ("64:ff9b::240.0.0.1", false, false),
+        ("64:ff9b::8.8.8.8", true, true),
+        // Local-use NAT64 64:ff9b:1::/48 and the rest of 64:ff9b::/32:
+        // refused outright (the IPv4 address's position is ambiguous).
+        ("64:ff9b:1::808:808", false, false),
+        ("64:ff9b:1:a00:1::", false, false),
+        ("64:ff9b:0:1::808:808", false, false),
+        // 6to4 2002::/16: bits 16..48.
+        ("2002:a00:1::1", false, true),
+        ("2002:7f00:1::1", false, true),
+        ("2002:a9fe:a9fe::1", false, false),
+        ("2002:c612:1::1", false, false),
+        ("2002:808:808::1", true, true),
+        // Teredo 2001::/32: server 8.8.8.8 or 10.0.0.1 in bits 32..64,
+        // client 10.0.0.1 (f5ff:fffe inverted) or 8.8.8.8 (f7f7:f7f7).
+        ("2001:0:808:808:0:0:f5ff:fffe", false, true),
+        ("2001:0:a00:1:0:0:f7f7:f7f7", false, true),
+        ("2001:0:808:808:0:0:5601:5601", false, false),
+        ("2001:0:808:808:0:0:f7f7:f7f7", true, true),
+        // Site-local fec0::/10, unique-local, link-local, documentation.
+        ("fec0::1", false, true),
+        ("feff::1", false, true),
+        ("fd00::1", false, true),
+        ("fe80::1", false, false),
+        ("2001:db8::1", false, false),
+        // Plain public and the special cases.
+        ("2606:2800:220:1::1", true, true),
+        ("::1", false, true),
+        ("::", false, false),
+        ("1.1.1.1", true, true),
+    ];
+
+    #[test]
+    fn transition_forms_and_reserved_ranges_follow_the_ipv4_policy() {
+        let strict = AddressPolicy::default();
+        let private = AddressPolicy {
+            allow_private: true,
+            allow_link_local: false,
+        };
+        for (addr, strict_ok, private_ok) in TABLE {
+            let ip: IpAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            assert_eq!(strict.check(ip).is_ok(), strict_ok, "strict: {addr}");
+            assert_eq!(private.check(ip).is_ok(), private_ok, "private: {addr}");
+            // As an IP literal of a URL.
+            let url = match ip {
+                IpAddr::V4(_) => format!("http://{ip}:8080/a"),
+                IpAddr::V6(_) => format!("http://[{ip}]:8080/a"),
+            };
+            assert_eq!(check_url(strict, &url).is_ok(), strict_ok, "url: {url}");
+            // As a DNS answer (the resolver's filter).
+            let answer = vec![SocketAddr::new(ip, 0)];
+            let filtered = allowed_answers(strict, "agent.example", answer);
+            assert_eq!(filtered.is_ok(), strict_ok, "dns: {addr}");
+            if let Err(e) = filtered {
+                assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+            }
+        }
+    }
+
+    #[test]
+    fn a_dns_answer_keeps_only_its_allowed_addresses() {
+        let strict = AddressPolicy::default();
+        let answer: Vec<SocketAddr> = ["64:ff9b::a00:1", "2002:808:808::1", "10.0.0.1"]
+            .iter()
+            .map(|a| SocketAddr::new(a.parse().unwrap(), 0))
+            .collect();
+        let kept = allowed_answers(strict, "mixed.example", answer).unwrap();
+        assert_eq!(
+            kept,
+            vec![SocketAddr::new("2002:808:808::1".parse().unwrap(), 0)]
+        );
     }
 
     #[test]
