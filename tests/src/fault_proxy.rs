@@ -54,8 +54,14 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listens on a free loopback port and forwards to `upstream`.
     pub fn start(upstream: SocketAddr) -> Result<FaultProxy> {
-        let std_listener =
-            std::net::TcpListener::bind("127.0.0.1:0").context("binding the fault proxy")?;
+        Self::start_at(std::net::Ipv4Addr::LOCALHOST.into(), upstream)
+    }
+
+    /// Listens on a free port of `ip` (a lab's bridge, which its hosts
+    /// reach) and forwards to `upstream`.
+    pub fn start_at(ip: std::net::IpAddr, upstream: SocketAddr) -> Result<FaultProxy> {
+        let std_listener = std::net::TcpListener::bind(SocketAddr::new(ip, 0))
+            .context("binding the fault proxy")?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let (faults, faults_rx) = watch::channel(Faults::default());

@@ -55,6 +55,9 @@ pub struct GatewayOpts {
     /// `RUST_LOG` for the process (default `info,pingora_core=warn`).
     pub rust_log: Option<String>,
     pub env: Vec<(String, String)>,
+    /// Run on this lab host (its own network namespace and address)
+    /// instead of loopback.
+    pub host: Option<crate::netlab::Host>,
 }
 
 impl Default for GatewayOpts {
@@ -68,6 +71,7 @@ impl Default for GatewayOpts {
             extra_toml: String::new(),
             rust_log: None,
             env: Vec::new(),
+            host: None,
         }
     }
 }
@@ -152,6 +156,10 @@ impl Gateway {
         let mut last_err = None;
         for _ in 0..3 {
             let (addr, admin_addr) = (free_addr()?, free_addr()?);
+            let (addr, admin_addr) = match &opts.host {
+                Some(host) => (on_host(host, &addr), on_host(host, &admin_addr)),
+                None => (addr, admin_addr),
+            };
             let config_path = crate::bins::log_root().join(format!(
                 "gateway-{}-{}.toml",
                 std::process::id(),
@@ -191,14 +199,19 @@ impl Gateway {
                 .unwrap_or_else(|| "info,pingora_core=warn".into()),
         )];
         env.extend(opts.env.iter().cloned());
-        let spec = Spec {
-            name: "gateway".into(),
-            program: crate::bins::bin("gateway")?,
-            args: vec![
+        let (program, args) = crate::netlab::on(
+            opts.host.as_ref(),
+            crate::bins::bin("gateway")?,
+            vec![
                 "serve".into(),
                 "--config".into(),
                 config_path.display().to_string(),
             ],
+        );
+        let spec = Spec {
+            name: "gateway".into(),
+            program,
+            args,
             env,
             env_remove: [
                 "GATEWAY_CONFIG",
@@ -330,6 +343,13 @@ impl Drop for Gateway {
             let _ = std::fs::remove_file(&self.config_path);
         }
     }
+}
+
+/// `loopback:port` moved to the lab host's address (a fresh namespace has
+/// every port free).
+fn on_host(host: &crate::netlab::Host, loopback: &str) -> String {
+    let port = loopback.rsplit(':').next().unwrap_or("0");
+    format!("{}:{port}", host.ip)
 }
 
 /// A gateway over the given workers (any models, any flags), with

@@ -453,3 +453,89 @@ fn test_cert_file(name: &str) -> std::path::PathBuf {
         .join("testdata/redis-cluster")
         .join(name)
 }
+
+/// A persistent `redis-server`: an append-only file fsynced on every write
+/// (`--appendfsync always`, the production setting the chart uses), so
+/// [`PersistentRedis::restart`] brings it back with every acknowledged
+/// write. On a [`crate::netlab::Host`]'s address, or on loopback without
+/// one. Killed on drop.
+pub struct PersistentRedis {
+    host: Option<crate::netlab::Host>,
+    ip: std::net::IpAddr,
+    port: u16,
+    dir: TempDir,
+    process: Option<ChildProcess>,
+}
+
+impl PersistentRedis {
+    pub fn start(host: Option<&crate::netlab::Host>) -> Result<PersistentRedis> {
+        let (ip, port) = match host {
+            Some(h) => (std::net::IpAddr::V4(h.ip), 6379),
+            None => (std::net::Ipv4Addr::LOCALHOST.into(), free_port()?),
+        };
+        let mut redis = PersistentRedis {
+            host: host.cloned(),
+            ip,
+            port,
+            dir: TempDir::new("redis-aof")?,
+            process: None,
+        };
+        redis.process = Some(redis.spawn()?);
+        Ok(redis)
+    }
+
+    fn spawn(&self) -> Result<ChildProcess> {
+        let args = [
+            "--bind",
+            &self.ip.to_string(),
+            "--port",
+            &self.port.to_string(),
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            "",
+            "--dir",
+            &self.dir.0.to_string_lossy(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let (program, args) = crate::netlab::on(self.host.as_ref(), "redis-server", args);
+        let (process, _) = ChildProcess::start(&Spec {
+            name: "redis-aof".into(),
+            program,
+            args,
+            env: Vec::new(),
+            env_remove: Vec::new(),
+            ready_prefix: "Ready to accept connections".into(),
+            ready_timeout: Duration::from_secs(10),
+        })
+        .context("a persistent redis-server (tests/run.sh installs it)")?;
+        Ok(process)
+    }
+
+    /// `redis://ip:port`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.ip, self.port)
+    }
+
+    /// SIGKILL, `down_for` without a server, then the same server on the
+    /// same data.
+    pub fn restart(&mut self, down_for: Duration) -> Result<()> {
+        if let Some(mut p) = self.process.take() {
+            p.kill();
+        }
+        std::thread::sleep(down_for);
+        self.process = Some(self.spawn()?);
+        Ok(())
+    }
+}

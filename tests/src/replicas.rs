@@ -1,16 +1,23 @@
 //! Two gateway replicas sharing one Redis, each reaching it over a link of
 //! its own (a [`FaultProxy`]), in front of one synthetic worker: the shape
 //! of the faults that split a fleet (one replica cut off from the store
-//! while its peer sweeps, one replica's store link stalled).
+//! while its peer sweeps, one replica's store link stalled, the store
+//! restarting).
 //!
-//! Links are loopback proxies: every process runs on this host, and a fault
-//! is the proxy holding or dropping bytes, as a partition or a congested
-//! link would. The audit helpers read the store directly, never through a
-//! gateway, so what a client was told is checked against what is kept.
+//! Where network namespaces can be made (root, iproute2: CI and developer
+//! machines), Redis, each replica and the worker run on hosts of their own
+//! ([`NetLab`]: separate namespaces and addresses, as on separate
+//! machines), Redis persistent (AOF, fsync always) and restartable with its
+//! data; the proxies sit on the links in the test's namespace. Elsewhere
+//! every process is on loopback. Each test says which mode ran. The audit
+//! helpers read the store directly, never through a gateway, so what a
+//! client was told is checked against what is kept.
 
-use crate::{FaultProxy, Gateway, GatewayOpts, RedisScope, Value, Worker, WorkerOpts};
+use crate::netlab::{Host, NetLab};
+use crate::{FaultProxy, Gateway, GatewayOpts, PersistentRedis, Value, Worker, WorkerOpts};
 use anyhow::{Context, Result};
 
+/// Fields drop in order: processes before the lab that hosts them.
 pub struct Replicas {
     pub a: Gateway,
     pub b: Gateway,
@@ -18,44 +25,103 @@ pub struct Replicas {
     pub link_a: FaultProxy,
     /// Replica B's link to Redis.
     pub link_b: FaultProxy,
+    /// Both replicas' link to the worker.
+    pub link_worker: FaultProxy,
     pub worker: Worker,
-    /// Keys under this prefix are deleted on drop.
-    pub scope: RedisScope,
+    /// The store both replicas share.
+    pub redis: PersistentRedis,
+    prefix: String,
+    /// The hosts of replica A, replica B, the worker and Redis, in
+    /// namespace mode.
+    pub hosts: Option<[Host; 4]>,
+    _lab: Option<NetLab>,
 }
 
 impl Replicas {
-    /// Both replicas on a fresh prefix of the test Redis, one `base`
-    /// worker with `worker`, and `extra_toml` for both gateways.
-    pub fn start(worker: WorkerOpts, extra_toml: &str) -> Result<Replicas> {
-        eprintln!("fault mode: loopback links (a TCP fault proxy per replica)");
-        let scope = RedisScope::new().context("the test Redis")?;
-        let link_a = FaultProxy::start(scope.addr()?)?;
-        let link_b = FaultProxy::start(scope.addr()?)?;
+    /// Both replicas on one fresh Redis, one `base` worker with `worker`,
+    /// and `extra_toml` for both gateways.
+    pub fn start(mut worker: WorkerOpts, extra_toml: &str) -> Result<Replicas> {
+        let mut lab = NetLab::new();
+        let hosts = match &mut lab {
+            Some(lab) => Some([
+                lab.host("gw-a")?,
+                lab.host("gw-b")?,
+                lab.host("worker")?,
+                lab.host("redis")?,
+            ]),
+            None => None,
+        };
+        let proxy_ip = match &lab {
+            Some(lab) => std::net::IpAddr::V4(lab.bridge_ip()),
+            None => std::net::Ipv4Addr::LOCALHOST.into(),
+        };
+        eprintln!(
+            "fault mode: {}",
+            if hosts.is_some() {
+                "network namespaces (Redis, each replica and the worker on hosts of their own; a fault proxy on each replica's Redis link)"
+            } else {
+                "loopback (network namespaces unavailable; a fault proxy on each replica's Redis link)"
+            }
+        );
+        let host = |i: usize| hosts.as_ref().map(|h| h[i].clone());
+        let redis = PersistentRedis::start(host(3).as_ref())?;
+        let link_a = FaultProxy::start_at(proxy_ip, redis.addr())?;
+        let link_b = FaultProxy::start_at(proxy_ip, redis.addr())?;
+        worker.host = host(2);
         let worker = Worker::start("base", worker)?;
-        let opts = |link: &FaultProxy, keys| {
+        let link_worker = FaultProxy::start_at(proxy_ip, worker.addr().parse()?)?;
+        let prefix = format!("igwtest:{}:", crate::random_hex(12));
+        let opts = |link: &FaultProxy, host: Option<Host>, keys| {
             let mut opts = GatewayOpts {
                 extra_toml: extra_toml.to_owned(),
-                redis: Some((link.redis_url(), scope.prefix().to_owned())),
+                redis: Some((link.redis_url(), prefix.clone())),
+                host,
                 ..GatewayOpts::default()
             };
             if let Some(keys) = keys {
                 opts.keys = keys;
             }
             opts.workers
-                .insert("base".into(), vec![worker.addr().to_owned()]);
+                .insert("base".into(), vec![link_worker.addr().to_string()]);
             opts
         };
-        let a = Gateway::start(opts(&link_a, None))?;
+        let a = Gateway::start(opts(&link_a, host(0), None))?;
         // One key for both: a client may reach either replica.
-        let b = Gateway::start(opts(&link_b, Some(a.keys().to_vec())))?;
+        let b = Gateway::start(opts(&link_b, host(1), Some(a.keys().to_vec())))?;
         Ok(Replicas {
             a,
             b,
             link_a,
             link_b,
+            link_worker,
             worker,
-            scope,
+            redis,
+            prefix,
+            hosts,
+            _lab: lab,
         })
+    }
+
+    /// Cuts replica A off from everything: its host's cable in namespace
+    /// mode; in loopback mode its Redis link (the worker link is shared).
+    pub fn cut_a(&self) -> Result<()> {
+        match &self.hosts {
+            Some(h) => h[0].cut(),
+            None => {
+                self.link_a.partition();
+                Ok(())
+            }
+        }
+    }
+
+    pub fn reconnect_a(&self) -> Result<()> {
+        match &self.hosts {
+            Some(h) => h[0].reconnect(),
+            None => {
+                self.link_a.heal();
+                Ok(())
+            }
+        }
     }
 
     /// Both gateways' logs, for failure messages.
@@ -68,12 +134,14 @@ impl Replicas {
     }
 
     fn conn(&self) -> Result<redis::Connection> {
-        self.scope.connection()
+        redis::Client::open(self.redis.url())?
+            .get_connection_with_timeout(std::time::Duration::from_secs(2))
+            .context("the replicas' Redis")
     }
 
     /// The stored response object, read from Redis (not through a gateway).
     pub fn stored_object(&self, id: &str) -> Result<Option<Value>> {
-        let key = format!("{}resp:{{{id}}}", self.scope.prefix());
+        let key = format!("{}resp:{{{id}}}", self.prefix);
         let obj: Option<String> = redis::cmd("HGET")
             .arg(&key)
             .arg("obj")
@@ -84,7 +152,7 @@ impl Replicas {
 
     /// The run's event log as (name, payload), read from Redis.
     pub fn stored_events(&self, id: &str) -> Result<Vec<(String, Value)>> {
-        let key = format!("{}resp:{{{id}}}:events", self.scope.prefix());
+        let key = format!("{}resp:{{{id}}}:events", self.prefix);
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
             .arg(&key)
             .arg("-")
@@ -103,7 +171,7 @@ impl Replicas {
     /// Run leases still in the store.
     pub fn leases_left(&self) -> Result<usize> {
         Ok(redis::cmd("ZCARD")
-            .arg(format!("{}runs:{{leases}}", self.scope.prefix()))
+            .arg(format!("{}runs:{{leases}}", self.prefix))
             .query(&mut self.conn()?)?)
     }
 }

@@ -24,6 +24,9 @@ pub struct WorkerOpts {
     pub extra_args: Vec<String>,
     /// Extra environment for the process (for example `RUST_LOG`).
     pub env: Vec<(String, String)>,
+    /// Run on this lab host (its own network namespace and address)
+    /// instead of loopback.
+    pub host: Option<crate::netlab::Host>,
 }
 
 impl Default for WorkerOpts {
@@ -38,6 +41,7 @@ impl Default for WorkerOpts {
             grace_period_seconds: None,
             extra_args: Vec::new(),
             env: Vec::new(),
+            host: None,
         }
     }
 }
@@ -143,6 +147,10 @@ impl Worker {
         let mut last_err = None;
         for _ in 0..3 {
             let addr = free_addr()?;
+            let addr = match &opts.host {
+                Some(host) => format!("{}:{}", host.ip, addr.rsplit(':').next().unwrap_or("0")),
+                None => addr,
+            };
             match Self::start_on(model, &addr, &opts) {
                 Ok(process) => {
                     return Ok(Worker {
@@ -160,10 +168,15 @@ impl Worker {
     }
 
     fn start_on(model: &str, addr: &str, opts: &WorkerOpts) -> Result<ChildProcess> {
+        let (program, args) = crate::netlab::on(
+            opts.host.as_ref(),
+            crate::bins::bin("worker")?,
+            opts.args(model, addr),
+        );
         let spec = Spec {
             name: format!("worker-{model}"),
-            program: crate::bins::bin("worker")?,
-            args: opts.args(model, addr),
+            program,
+            args,
             env: opts.env.clone(),
             env_remove: Vec::new(),
             ready_prefix: "worker listening on".into(),
