@@ -3,7 +3,8 @@
 # toolchain lacks to build and run the service: cmake (Pingora's zlib-ng,
 # llama.cpp), a C/C++ compiler, clang and libclang-dev (llama.cpp's
 # bindgen), python3 with pip and unzip (the model comes from a PyPI wheel).
-# `--tests` adds what the test command needs: redis-server and python3-venv.
+# `--tests` adds what the test command needs: redis-server, python3-venv and
+# iproute2 (`ip`: the fault tests put processes in network namespaces).
 # Idempotent and quiet; installs nothing that is already there.
 set -uo pipefail
 
@@ -20,6 +21,7 @@ python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || n
 if [ "${1:-}" = "--tests" ]; then
     command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
     python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+    command -v ip >/dev/null 2>&1 || need+=(iproute2)
 fi
 ((${#need[@]})) || exit 0
 
