@@ -61,6 +61,38 @@ pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// Most messages (chat `messages`) or input items (responses `input`) in a
+/// request. Long agent sessions (the Codex CLI resends its whole history)
+/// reach hundreds of items; 4,096 leaves an order of magnitude of room,
+/// and any more, even empty, is a body built to cost parsing time.
+pub const MAX_MESSAGES: usize = 4096;
+
+/// Most content parts in one message or input item: a message of text and
+/// images needs a handful; 1,024 is far beyond any real use.
+pub const MAX_CONTENT_PARTS: usize = 1024;
+
+/// Reads a JSON array into a `Vec`, failing as soon as it holds more than
+/// `limit` elements: the rest of the body is never parsed, so a huge array
+/// of tiny elements is refused for the cost of `limit` of them. The error
+/// is a data error, so [`json_body`] reports it as `invalid_value` with the
+/// array's path as `param`.
+pub fn bounded_seq<'de, A, T>(mut seq: A, limit: usize, what: &str) -> Result<Vec<T>, A::Error>
+where
+    A: serde::de::SeqAccess<'de>,
+    T: serde::Deserialize<'de>,
+{
+    let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(limit).min(64));
+    while let Some(item) = seq.next_element()? {
+        if out.len() == limit {
+            return Err(serde::de::Error::custom(format!(
+                "more than {limit} {what}; send at most {limit}"
+            )));
+        }
+        out.push(item);
+    }
+    Ok(out)
+}
+
 fn classify(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = dot_path(e.path());
     let inner = e.into_inner();
@@ -233,6 +265,97 @@ mod tests {
             assert_eq!((e.status, e.code.as_ref()), (400, "invalid_type"), "{body}");
             assert_eq!(e.param.as_deref(), Some("body"));
         }
+    }
+
+    /// A chat body with `n` messages of `message`.
+    fn chat_with(n: usize, message: &str) -> String {
+        let mut body = String::with_capacity(n * (message.len() + 1) + 40);
+        body.push_str(r#"{"model":"base","messages":["#);
+        for i in 0..n {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(message);
+        }
+        body.push_str("]}");
+        body
+    }
+
+    #[test]
+    fn message_count_is_bounded() {
+        let m = r#"{"role":"user","content":"x"}"#;
+        let ok = json_body::<ChatCompletionRequest>(chat_with(MAX_MESSAGES, m).as_bytes());
+        assert_eq!(ok.unwrap().messages.map(|v| v.len()), Some(MAX_MESSAGES));
+        let e = err(&chat_with(MAX_MESSAGES + 1, m));
+        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_value"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(e.message.contains("4096"), "{}", e.message);
+    }
+
+    #[test]
+    fn content_parts_per_message_are_bounded() {
+        let parts = |n: usize| vec![r#"{"type":"text","text":"x"}"#; n].join(",");
+        let body = |n| {
+            format!(
+                r#"{{"model":"base","messages":[{{"role":"user","content":"hi"}},{{"role":"user","content":[{}]}}]}}"#,
+                parts(n)
+            )
+        };
+        assert!(json_body::<ChatCompletionRequest>(body(MAX_CONTENT_PARTS).as_bytes()).is_ok());
+        let e = err(&body(MAX_CONTENT_PARTS + 1));
+        assert_eq!(e.code, "invalid_value");
+        assert_eq!(e.param.as_deref(), Some("messages.1.content"));
+    }
+
+    #[test]
+    fn input_items_and_their_parts_are_bounded() {
+        use crate::api::responses::CreateResponseRequest;
+        let resp = |input: String| {
+            json_body::<CreateResponseRequest>(
+                format!(r#"{{"model":"base","input":[{input}]}}"#).as_bytes(),
+            )
+        };
+        let item = r#"{"role":"user","content":"x"}"#;
+        assert!(resp(vec![item; MAX_MESSAGES].join(",")).is_ok());
+        let e = resp(vec![item; MAX_MESSAGES + 1].join(",")).unwrap_err();
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("input"))
+        );
+        let part = r#"{"type":"input_text","text":"x"}"#;
+        let many = format!(
+            r#"{{"role":"user","content":[{}]}}"#,
+            vec![part; MAX_CONTENT_PARTS + 1].join(",")
+        );
+        let e = resp(many).unwrap_err();
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("input.0.content"))
+        );
+    }
+
+    /// The audit's body: 16 MiB of 570,000 empty messages. Before the bound
+    /// it parsed in full (about a CPU-second) and failed only in validation;
+    /// now parsing stops after the 4,097th message.
+    #[test]
+    fn a_flood_of_empty_messages_is_refused_cheaply() {
+        let body = chat_with(570_000, r#"{"role":"user","content":""}"#);
+        assert!(body.len() > 15 << 20, "{} bytes", body.len());
+        let started = std::time::Instant::now();
+        let e = err(&body);
+        let took = started.elapsed();
+        // What the old, unbounded parse of the same array costs, for the note.
+        let array = &body[r#"{"model":"base","messages":"#.len()..body.len() - 1];
+        let started = std::time::Instant::now();
+        let all: Vec<crate::api::chat::ChatMessage> = serde_json::from_str(array).unwrap();
+        let unbounded = started.elapsed();
+        println!(
+            "{} bytes, {} empty messages: refused in {took:?}; an unbounded parse takes {unbounded:?}",
+            body.len(),
+            all.len()
+        );
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(took < std::time::Duration::from_millis(250), "{took:?}");
     }
 
     #[test]

@@ -12,6 +12,8 @@ use serde_json::Value;
 #[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
+    /// At most [`crate::parse::MAX_MESSAGES`], counted while parsing.
+    #[serde(default, deserialize_with = "deserialize_messages")]
     pub messages: Option<Vec<ChatMessage>>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -91,6 +93,34 @@ pub struct ChatMessage {
     pub refusal: Option<String>,
 }
 
+/// `messages`: an array of at most [`crate::parse::MAX_MESSAGES`] (null is
+/// `None`), refused as soon as the count is passed.
+fn deserialize_messages<'de, D>(d: D) -> Result<Option<Vec<ChatMessage>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct MessagesVisitor;
+    impl<'de> serde::de::Visitor<'de> for MessagesVisitor {
+        type Value = Option<Vec<ChatMessage>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of messages")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A>(self, seq: A) -> Result<Self::Value, A::Error>
+        where
+            A: serde::de::SeqAccess<'de>,
+        {
+            crate::parse::bounded_seq(seq, crate::parse::MAX_MESSAGES, "messages").map(Some)
+        }
+    }
+    d.deserialize_any(MessagesVisitor)
+}
+
 /// `content`: a string or an array of parts (null is `None`).
 #[derive(Debug, Clone)]
 pub enum MessageContent {
@@ -125,7 +155,7 @@ where
             A: serde::de::SeqAccess<'de>,
         {
             let parts =
-                Vec::<ContentPart>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                crate::parse::bounded_seq(seq, crate::parse::MAX_CONTENT_PARTS, "content parts")?;
             Ok(Some(MessageContent::Parts(parts)))
         }
     }

@@ -64,6 +64,7 @@ impl<'de> Deserialize<'de> for Input {
             Input::Text,
             Input::Items,
             "a string or an array of input items",
+            (crate::parse::MAX_MESSAGES, "input items"),
         )
     }
 }
@@ -114,17 +115,21 @@ impl<'de> Deserialize<'de> for ItemContent {
             ItemContent::Text,
             ItemContent::Parts,
             "a string or an array of content parts",
+            (crate::parse::MAX_CONTENT_PARTS, "content parts"),
         )
     }
 }
 
 /// A string or an array, without `untagged` (which would hide the inner
-/// error and its path: `input.2.content.0.type` must stay exact).
+/// error and its path: `input.2.content.0.type` must stay exact). The
+/// array holds at most `bound.0` elements (`bound.1` names them), counted
+/// while parsing.
 fn string_or_seq<'de, D, T, E>(
     d: D,
     text: fn(String) -> T,
     seq: fn(Vec<E>) -> T,
     expecting: &'static str,
+    bound: (usize, &'static str),
 ) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
@@ -134,6 +139,7 @@ where
         text: fn(String) -> T,
         seq: fn(Vec<E>) -> T,
         expecting: &'static str,
+        bound: (usize, &'static str),
     }
     impl<'de, T, E: Deserialize<'de>> serde::de::Visitor<'de> for V<T, E> {
         type Value = T;
@@ -147,7 +153,7 @@ where
             Ok((self.text)(v))
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<T, A::Error> {
-            let items = Vec::<E>::deserialize(serde::de::value::SeqAccessDeserializer::new(a))?;
+            let items = crate::parse::bounded_seq(a, self.bound.0, self.bound.1)?;
             Ok((self.seq)(items))
         }
     }
@@ -155,6 +161,7 @@ where
         text,
         seq,
         expecting,
+        bound,
     })
 }
 
@@ -334,6 +341,12 @@ pub enum OutputItem {
         summary: Vec<SummaryPart>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         status: Option<String>,
+        /// Always `null`: reasoning is returned in clear in `summary`, never
+        /// encrypted, so `include: ["reasoning.encrypted_content"]` (the
+        /// Codex CLI's default with `store: false`) is answered truthfully
+        /// with nothing to carry between turns.
+        #[serde(default)]
+        encrypted_content: Option<String>,
     },
 }
 

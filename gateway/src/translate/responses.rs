@@ -454,6 +454,7 @@ impl ResponseEncoder {
                     id: new_id("rs_"),
                     summary: Vec::new(),
                     status: None,
+                    encrypted_content: None,
                 };
                 self.emit(
                     out,

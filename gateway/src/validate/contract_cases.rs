@@ -906,6 +906,31 @@ pub fn responses_cases() -> Vec<Case> {
             Some("truncation"),
         ),
         ok("truncation disabled", resp(r#""truncation":"disabled""#)),
+        // ---- stream_options, as on chat -------------------------------------------
+        it(
+            "stream_options not an object",
+            resp(r#""stream":true,"stream_options":"yes""#),
+            "stream_options",
+        ),
+        it(
+            "stream_options.include_obfuscation not a boolean",
+            resp(r#""stream":true,"stream_options":{"include_obfuscation":1}"#),
+            "stream_options.include_obfuscation",
+        ),
+        it(
+            "stream_options.include_usage not a boolean",
+            resp(r#""stream":true,"stream_options":{"include_usage":"yes"}"#),
+            "stream_options.include_usage",
+        ),
+        iv(
+            "stream_options without stream",
+            resp(r#""stream_options":{"include_obfuscation":false}"#),
+            "stream_options",
+        ),
+        ok(
+            "stream_options with stream",
+            resp(r#""stream":true,"stream_options":{"include_obfuscation":false}"#),
+        ),
         ok(
             "Codex-style request",
             resp_on(

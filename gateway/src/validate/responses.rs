@@ -155,6 +155,7 @@ pub fn validate(req: &CreateResponseRequest) -> Result<ValidResponseRequest, Api
         }
     }
     check_include(req.include.as_deref().unwrap_or_default())?;
+    check_stream_options(req.stream_options.as_ref(), req.stream.unwrap_or(false))?;
     if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
         return Err(ApiError::invalid_value(
             "prompt",
@@ -327,8 +328,12 @@ fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
 }
 
 /// `include` values that cannot change a reply here: they add data to
-/// output items this service never produces (hosted tools, input images,
-/// encrypted reasoning, which the Codex CLI asks for with `store: false`).
+/// output items this service never produces (hosted tools, input images).
+/// `reasoning.encrypted_content` is accepted, not refused: the Codex CLI
+/// sends it on every request with reasoning and `store: false`, and
+/// refusing it would break Codex. Reasoning is returned in clear summary
+/// items, whose `encrypted_content` is always `null` (nothing is
+/// encrypted); docs/request-contract.md says so.
 const INCLUDE_NO_EFFECT: [&str; 7] = [
     "reasoning.encrypted_content",
     "file_search_call.results",
@@ -356,6 +361,42 @@ fn check_include(include: &[String]) -> Result<(), ApiError> {
                 format!("'include' has an unknown value '{value}'."),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `stream_options`, checked as chat completions check theirs: an object
+/// whose `include_obfuscation` (the Responses API's one option) and
+/// `include_usage` (chat's; usage is always on `response.completed`) are
+/// booleans, sent only with `stream: true`. Neither changes the reply.
+fn check_stream_options(options: Option<&Value>, stream: bool) -> Result<(), ApiError> {
+    let fields = match options {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => {
+            return Err(ApiError::invalid_type(
+                "stream_options",
+                "Invalid type for 'stream_options': expected an object.",
+            ))
+        }
+    };
+    for key in ["include_obfuscation", "include_usage"] {
+        if fields
+            .get(key)
+            .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(_)))
+        {
+            let param = format!("stream_options.{key}");
+            return Err(ApiError::invalid_type(
+                param.clone(),
+                format!("Invalid type for '{param}': expected a boolean."),
+            ));
+        }
+    }
+    if !stream {
+        return Err(ApiError::invalid_value(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true.",
+        ));
     }
     Ok(())
 }
