@@ -33,6 +33,11 @@ pub struct Config {
     /// Time allowed to receive a request's headers and body.
     #[serde(default = "default_read_timeout")]
     pub read_timeout_seconds: u64,
+    /// Time one write to a client may wait for it to drain its socket; a
+    /// client that stops reading loses its stream after this, freeing the
+    /// worker and its concurrency slot.
+    #[serde(default = "default_write_timeout")]
+    pub write_timeout_seconds: u64,
     /// Upper bound on one generation, start to last token.
     #[serde(default = "default_request_timeout")]
     pub request_timeout_seconds: u64,
@@ -431,6 +436,9 @@ fn default_max_header() -> usize {
 fn default_read_timeout() -> u64 {
     30
 }
+fn default_write_timeout() -> u64 {
+    30
+}
 fn default_request_timeout() -> u64 {
     600
 }
@@ -462,6 +470,7 @@ impl Config {
             max_body_bytes: default_max_body(),
             max_header_bytes: default_max_header(),
             read_timeout_seconds: default_read_timeout(),
+            write_timeout_seconds: default_write_timeout(),
             request_timeout_seconds: default_request_timeout(),
             keys: Vec::new(),
             store: StoreConfig::default(),
@@ -529,6 +538,9 @@ impl Config {
         }
         if self.threads == 0 {
             bail!("threads must be at least 1");
+        }
+        if self.write_timeout_seconds == 0 {
+            bail!("write_timeout_seconds must be at least 1");
         }
         // Pingora listens with SO_REUSEPORT: one address for both would
         // start fine and then split connections between the API and the

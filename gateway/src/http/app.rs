@@ -24,6 +24,16 @@ impl HttpServerApp for PublicApp {
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         let app = &self.0;
+        // Requests sent before the previous answer was read (HTTP/1.1
+        // pipelining) are served in order: Pingora keeps the bytes read
+        // past a request and hands them to the next session on this
+        // connection (`finish` → `ReusedHttpStream`). Without this it
+        // answered the first and closed, dropping the others unanswered.
+        session.set_pipelining_enabled(true);
+        // A client that stops reading must not hold its stream, its worker
+        // and its concurrency slot: a write that cannot complete in time
+        // fails, and the stream ends as if the client had gone.
+        session.set_write_timeout(Some(Duration::from_secs(app.config.write_timeout_seconds)));
         // Slow or silent clients must not hold a connection forever.
         let read_timeout = Duration::from_secs(app.config.read_timeout_seconds);
         match tokio::time::timeout(read_timeout, session.read_request()).await {
@@ -32,6 +42,12 @@ impl HttpServerApp for PublicApp {
             Ok(Err(e)) if *e.etype() == pingora_core::ErrorType::InvalidHTTPHeader => {
                 let err = if e.to_string().contains("larger than") {
                     ApiError::headers_too_large(app.config.max_header_bytes)
+                } else if too_many_headers(&e) {
+                    ApiError::new(
+                        431,
+                        "request_header_fields_too_large",
+                        format!("The request has more than {MAX_HEADER_FIELDS} header fields."),
+                    )
                 } else {
                     ApiError::new(
                         400,
@@ -151,6 +167,18 @@ fn check_header_size(ex: &Exchange, limit: usize) -> Result<(), ApiError> {
         return Err(ApiError::headers_too_large(limit));
     }
     Ok(())
+}
+
+/// How many header fields Pingora parses (its `MAX_HEADERS`); more is a
+/// parse failure whose cause is httparse's `TooManyHeaders`.
+const MAX_HEADER_FIELDS: usize = 256;
+
+/// Whether a head failed to parse because it has too many fields: an
+/// oversized header section (431), not a malformed one (400).
+fn too_many_headers(e: &pingora_core::Error) -> bool {
+    e.cause
+        .as_ref()
+        .is_some_and(|c| c.to_string() == "too many headers")
 }
 
 /// Static labels for the statuses the gateway sends (no allocation per request).

@@ -251,7 +251,9 @@ impl Exchange {
         self.session.set_abort_on_close(true);
         loop {
             match self.session.read_body_or_idle(true).await {
-                // Extra bytes on an idle request (pipelining): not a disconnect.
+                // Extra bytes on an idle request are not a disconnect. A
+                // pipelined next request is kept for its turn (Pingora then
+                // stops watching, so a later close is seen by a write).
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => return,
             }

@@ -125,11 +125,31 @@ fn generation<'a>(
     }
 }
 
-/// The access check of every route (see `Accounts::authorize`).
+/// The access check of every route (see `Accounts::authorize`). Two
+/// `Authorization` headers are refused before either is looked at: which
+/// one counts would otherwise depend on who reads them (a proxy in front
+/// may check the last one while we used the first).
 async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
-    app.accounts
-        .authorize(ex.header("authorization"), scope)
-        .await
+    let mut values = ex
+        .session
+        .req_header()
+        .headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter();
+    let first = values.next().map(|v| v.as_bytes());
+    if values.next().is_some() {
+        return Err(duplicate_header("Authorization"));
+    }
+    app.accounts.authorize(first, scope).await
+}
+
+/// 400 for a header that must appear at most once.
+fn duplicate_header(name: &str) -> ApiError {
+    ApiError::new(
+        400,
+        "duplicate_header",
+        format!("The request has more than one '{name}' header; send exactly one."),
+    )
 }
 
 /// Admits the request under its plan's limits (see `Limiter::admit_request`);

@@ -339,6 +339,16 @@ pub async fn retrieve(
             "Only responses created with 'background': true can be streamed on retrieve.",
         ));
     }
+    // An ended run's log is complete: a cursor past its last event would
+    // give an empty stream without a terminal event, so name the cursor.
+    if let Some(before) = starting_after.and_then(|n| n.checked_sub(1)) {
+        if object.is_terminal() && app.store.read_events(id, Some(before), 1).await?.is_empty() {
+            return Err(ApiError::invalid_value(
+                "starting_after",
+                "'starting_after' is beyond the last event of this response's stream.",
+            ));
+        }
+    }
     follow(app, ex, id, starting_after).await
 }
 
