@@ -53,6 +53,18 @@ pub struct Seen {
     pub texts: Vec<String>,
     /// `Authorization` headers of RPC calls.
     pub auth: Vec<String>,
+    /// `Authorization` headers of card fetches (`None`: the fetch had none).
+    pub card_auth: Vec<Option<String>>,
+}
+
+/// How an agent deviates from the plain one its behaviour describes.
+#[derive(Debug, Clone, Default)]
+pub struct AgentOptions {
+    /// The JSON-RPC URL its card names, instead of its own `/rpc`.
+    pub card_endpoint: Option<String>,
+    /// An `Authorization` value every request must carry (else HTTP 401,
+    /// card included).
+    pub require_auth: Option<String>,
 }
 
 /// A running test agent; it stops when dropped.
@@ -73,6 +85,16 @@ impl TestAgent {
     /// Starts an agent named `name` (its card's name: the plan's target id
     /// when the request names it by URL) on a free loopback port.
     pub async fn start(name: &str, description: &str, behavior: Behavior) -> TestAgent {
+        Self::start_with(name, description, behavior, AgentOptions::default()).await
+    }
+
+    /// [`TestAgent::start`] with [`AgentOptions`].
+    pub async fn start_with(
+        name: &str,
+        description: &str,
+        behavior: Behavior,
+        options: AgentOptions,
+    ) -> TestAgent {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -82,6 +104,7 @@ impl TestAgent {
             addr: addr.clone(),
             behavior,
             seen: seen.clone(),
+            options,
         });
         let task = tokio::spawn(async move {
             loop {
@@ -132,6 +155,14 @@ impl TestAgent {
         self.seen.lock().map(|s| s.auth.clone()).unwrap_or_default()
     }
 
+    /// The `Authorization` header of each card fetch, in order.
+    pub fn card_auth(&self) -> Vec<Option<String>> {
+        self.seen
+            .lock()
+            .map(|s| s.card_auth.clone())
+            .unwrap_or_default()
+    }
+
     pub fn texts(&self) -> Vec<String> {
         self.seen
             .lock()
@@ -146,6 +177,7 @@ struct AgentSpec {
     addr: String,
     behavior: Behavior,
     seen: Arc<Mutex<Seen>>,
+    options: AgentOptions,
 }
 
 /// One parsed request.
@@ -207,6 +239,7 @@ async fn respond(
 ) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
+        401 => "Unauthorized",
         404 => "Not Found",
         500 => "Internal Server Error",
         _ => "Status",
@@ -237,13 +270,20 @@ impl AgentSpec {
         )
     }
 
+    fn rpc_url(&self) -> String {
+        self.options
+            .card_endpoint
+            .clone()
+            .unwrap_or_else(|| format!("http://{}/rpc", self.addr))
+    }
+
     fn card_v1(&self) -> Value {
         json!({
             "name": self.name,
             "description": self.description,
             "version": "1.0.0",
             "supportedInterfaces": [{
-                "url": format!("http://{}/rpc", self.addr),
+                "url": self.rpc_url(),
                 "protocolBinding": "JSONRPC",
                 "protocolVersion": "1.0"
             }],
@@ -260,7 +300,7 @@ impl AgentSpec {
             "description": self.description,
             "version": "0.3.0",
             "protocolVersion": "0.3.0",
-            "url": format!("http://{}/rpc", self.addr),
+            "url": self.rpc_url(),
             "preferredTransport": "JSONRPC",
             "capabilities": {"streaming": false},
             "defaultInputModes": ["text/plain"],
@@ -273,6 +313,26 @@ impl AgentSpec {
         let Some(req) = read_request(&mut socket).await? else {
             return Ok(());
         };
+        let auth = req
+            .headers
+            .iter()
+            .find(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.clone());
+        if req.method == "GET" {
+            if let Ok(mut seen) = self.seen.lock() {
+                seen.card_auth.push(auth.clone());
+            }
+        }
+        if let Some(required) = &self.options.require_auth {
+            if auth.as_ref() != Some(required) {
+                if req.method == "POST" {
+                    if let Ok(mut seen) = self.seen.lock() {
+                        seen.methods.push("(unauthorized)".into());
+                    }
+                }
+                return respond(&mut socket, 401, "text/plain", "unauthorized").await;
+            }
+        }
         match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/.well-known/agent-card.json") => match self.behavior {
                 Behavior::MalformedCard => {
