@@ -12,7 +12,7 @@ use serde_json::Value;
 #[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
-    /// At most [`crate::parse::MAX_MESSAGES`], counted while parsing.
+    /// At most [`super::bounds::MAX_MESSAGES`], counted while parsing.
     #[serde(default, deserialize_with = "deserialize_messages")]
     pub messages: Option<Vec<ChatMessage>>,
     pub stream: Option<bool>,
@@ -93,7 +93,7 @@ pub struct ChatMessage {
     pub refusal: Option<String>,
 }
 
-/// `messages`: an array of at most [`crate::parse::MAX_MESSAGES`] (null is
+/// `messages`: an array of at most [`super::bounds::MAX_MESSAGES`] (null is
 /// `None`), refused as soon as the count is passed.
 fn deserialize_messages<'de, D>(d: D) -> Result<Option<Vec<ChatMessage>>, D::Error>
 where
@@ -115,7 +115,7 @@ where
         where
             A: serde::de::SeqAccess<'de>,
         {
-            crate::parse::bounded_seq(seq, crate::parse::MAX_MESSAGES, "messages").map(Some)
+            super::bounds::bounded_seq(seq, super::bounds::MAX_MESSAGES, "messages").map(Some)
         }
     }
     d.deserialize_any(MessagesVisitor)
@@ -155,7 +155,7 @@ where
             A: serde::de::SeqAccess<'de>,
         {
             let parts =
-                crate::parse::bounded_seq(seq, crate::parse::MAX_CONTENT_PARTS, "content parts")?;
+                super::bounds::bounded_seq(seq, super::bounds::MAX_CONTENT_PARTS, "content parts")?;
             Ok(Some(MessageContent::Parts(parts)))
         }
     }

@@ -2,6 +2,7 @@
 //! API byte for byte and stay apart from the worker protocol and from the
 //! gateway's internal types.
 
+pub mod bounds;
 pub mod chat;
 pub mod event_log;
 pub mod models;

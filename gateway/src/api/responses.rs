@@ -64,7 +64,7 @@ impl<'de> Deserialize<'de> for Input {
             Input::Text,
             Input::Items,
             "a string or an array of input items",
-            (crate::parse::MAX_MESSAGES, "input items"),
+            (super::bounds::MAX_MESSAGES, "input items"),
         )
     }
 }
@@ -115,7 +115,7 @@ impl<'de> Deserialize<'de> for ItemContent {
             ItemContent::Text,
             ItemContent::Parts,
             "a string or an array of content parts",
-            (crate::parse::MAX_CONTENT_PARTS, "content parts"),
+            (super::bounds::MAX_CONTENT_PARTS, "content parts"),
         )
     }
 }
@@ -153,7 +153,7 @@ where
             Ok((self.text)(v))
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<T, A::Error> {
-            let items = crate::parse::bounded_seq(a, self.bound.0, self.bound.1)?;
+            let items = super::bounds::bounded_seq(a, self.bound.0, self.bound.1)?;
             Ok((self.seq)(items))
         }
     }
