@@ -69,6 +69,22 @@ async fn create_background(client: &Client, tokens: u32) -> String {
     reply.json()["id"].as_str().expect("id").to_owned()
 }
 
+/// The stored object once the run is terminal (read from Redis).
+async fn terminal(r: &Replicas, id: &str, within: Duration) -> Value {
+    eventually(
+        within,
+        "the run terminal",
+        || r.logs(),
+        || {
+            r.stored_object(id)
+                .ok()
+                .flatten()
+                .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
+        },
+    )
+    .await
+}
+
 fn is_terminal(status: &str) -> bool {
     matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
 }
@@ -246,18 +262,7 @@ async fn a_store_stall_just_under_a_lease_loses_no_run() {
             tokio::time::sleep(Duration::from_millis(2700)).await;
         }
         for id in &ids {
-            let object = eventually(
-                Duration::from_secs(30),
-                "runs terminal",
-                || r.logs(),
-                || {
-                    r.stored_object(id)
-                        .ok()
-                        .flatten()
-                        .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
-                },
-            )
-            .await;
+            let object = terminal(&r, id, Duration::from_secs(30)).await;
             assert_eq!(object["status"], "completed", "{object}");
             assert_eq!(object["usage"]["output_tokens"], 900);
             assert_one_story(&r, id).await;
@@ -352,18 +357,7 @@ async fn runs_whose_worker_was_cut_off_mid_stream_end_once_and_agree_with_their_
         tokio::time::sleep(Duration::from_secs(12)).await;
         r.link_worker.heal();
         for id in &ids {
-            let object = eventually(
-                Duration::from_secs(30),
-                "runs terminal",
-                || r.logs(),
-                || {
-                    r.stored_object(id)
-                        .ok()
-                        .flatten()
-                        .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
-                },
-            )
-            .await;
+            let object = terminal(&r, id, Duration::from_secs(30)).await;
             assert_eq!(object["status"], "failed", "{object}");
             assert!(!output_text(&object).is_empty(), "{object}");
             assert_one_story(&r, id).await;
@@ -390,18 +384,7 @@ async fn a_replica_killed_while_cut_off_leaves_no_run_running() {
         r.a.kill();
         r.reconnect_a().expect("reconnect A's host");
         for id in &ids {
-            let object = eventually(
-                Duration::from_secs(15),
-                "runs swept",
-                || r.logs(),
-                || {
-                    r.stored_object(id)
-                        .ok()
-                        .flatten()
-                        .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
-                },
-            )
-            .await;
+            let object = terminal(&r, id, Duration::from_secs(15)).await;
             assert_eq!(object["status"], "failed", "{object}");
             assert_eq!(object["error"]["code"], "run_lost", "{object}");
             assert!(!output_text(&object).is_empty(), "{object}");
