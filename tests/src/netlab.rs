@@ -51,13 +51,24 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// A /24 of its own per lab: tests of one binary run in parallel in one
+/// process, so a counter (from a random start, apart from other runs)
+/// keeps their addresses apart.
+fn next_subnet() -> u8 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicUsize> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        AtomicUsize::new(usize::from_str_radix(&crate::random_hex(2), 16).unwrap_or(0))
+    });
+    (next.fetch_add(1, Ordering::Relaxed) % 254 + 1) as u8
+}
+
 impl NetLab {
     /// A fresh lab, or `None` (with the reason on stderr) where network
     /// namespaces are not permitted.
     pub fn new() -> Option<NetLab> {
         let hex = crate::random_hex(6);
-        // A /24 of its own per lab, so parallel tests never share addresses.
-        let subnet = u8::from_str_radix(&hex[..2], 16).unwrap_or(1).max(1);
+        let subnet = next_subnet();
         let lab = NetLab {
             tag: hex.clone(),
             subnet,
