@@ -166,25 +166,22 @@ impl RunWriter {
             return Ok(());
         }
         let give_up = tokio::time::Instant::now() + self.runs.lease;
-        let mut backoff = WRITE_RETRY_FIRST;
-        loop {
-            match self.runs.store.write(id, object, &self.frames).await {
-                Ok(WriteOutcome::Written) => {
-                    self.frames.clear();
-                    self.ended_here = object.is_some_and(|o| o.is_terminal());
-                    return Ok(());
-                }
-                // Cancelled, failed by a sweeper, or deleted: someone else ended it.
-                Ok(_) => return Err(Gone),
-                Err(e) if tokio::time::Instant::now() + backoff < give_up => {
-                    tracing::warn!(response_id = %id, "store write failed, retrying: {e}");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(WRITE_RETRY_MAX);
-                }
-                Err(_) => {
-                    self.store_lost = true;
-                    return Err(Gone);
-                }
+        let frames = &self.frames;
+        let written = super::retry_store(id, give_up, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, || {
+            self.runs.store.write(id, object, frames)
+        })
+        .await;
+        match written {
+            Ok(WriteOutcome::Written) => {
+                self.frames.clear();
+                self.ended_here = object.is_some_and(|o| o.is_terminal());
+                Ok(())
+            }
+            // Cancelled, failed by a sweeper, or deleted: someone else ended it.
+            Ok(_) => Err(Gone),
+            Err(_) => {
+                self.store_lost = true;
+                Err(Gone)
             }
         }
     }

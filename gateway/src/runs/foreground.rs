@@ -45,25 +45,22 @@ impl Runs {
         let runs = self.clone();
         tokio::spawn(async move {
             let give_up = tokio::time::Instant::now() + PATIENCE;
-            let mut backoff = RETRY_FIRST;
-            loop {
-                tokio::time::sleep(backoff).await;
-                if runs.try_finish(&object).await {
-                    release(ownership).await;
-                    break;
-                }
-                if tokio::time::Instant::now() + backoff >= give_up {
-                    METRICS.final_writes_lost.inc();
-                    tracing::error!(
-                        response_id = %object.id,
-                        "gave up storing a foreground response's final state; its lease lapses into a sweep"
-                    );
-                    // Dropped, not released: the lease left in the store
-                    // lets a sweeper end the run.
-                    drop(ownership);
-                    break;
-                }
-                backoff = (backoff * 2).min(RETRY_MAX);
+            tokio::time::sleep(RETRY_FIRST).await;
+            let finished = super::retry_store(&object.id, give_up, RETRY_FIRST, RETRY_MAX, || {
+                runs.store.finish(&object.id, &object)
+            })
+            .await;
+            if finished.is_ok() {
+                release(ownership).await;
+            } else {
+                METRICS.final_writes_lost.inc();
+                tracing::error!(
+                    response_id = %object.id,
+                    "gave up storing a foreground response's final state; its lease lapses into a sweep"
+                );
+                // Dropped, not released: the lease left in the store lets
+                // a sweeper end the run.
+                drop(ownership);
             }
             drop(in_flight);
         });

@@ -291,6 +291,34 @@ impl Runs {
     }
 }
 
+/// Retries a store call of run `id` with pauses doubling from `first` to
+/// `max` until the store answers (any outcome) or the next pause would end
+/// past `give_up`; then its last error. The owners' writes are idempotent,
+/// so a retry of a write that landed is success.
+async fn retry_store<T, F, Fut>(
+    id: &str,
+    give_up: tokio::time::Instant,
+    first: Duration,
+    max: Duration,
+    mut attempt: F,
+) -> crate::store::StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+{
+    let mut backoff = first;
+    loop {
+        match attempt().await {
+            Err(e) if tokio::time::Instant::now() + backoff < give_up => {
+                tracing::warn!(response_id = %id, "store write failed, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max);
+            }
+            answered => return answered,
+        }
+    }
+}
+
 /// A run owned by this replica; dropping it stops the lease heartbeat.
 pub struct Ownership {
     runs: Arc<Runs>,
