@@ -28,12 +28,26 @@ app.kubernetes.io/name: {{ include "ig.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- with .model }}
-inference-gateway.io/model: {{ . }}
+inference-gateway.io/model: {{ include "ig.modelLabel" . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* The spec's model ids: catalogue built in. */}}
+{{- define "ig.specModels" -}}base base-ultra base-mini{{- end -}}
+
+{{/* A label value for a model id (ids reach 64 characters and may end in . _ -; label values stop at 63 and end alphanumeric). */}}
+{{- define "ig.modelLabel" -}}
+{{- if and (le (len .) 63) (regexMatch "[a-z0-9]$" .) -}}
+{{- . -}}
+{{- else -}}
+{{- printf "%s-%s" (. | trunc 52 | trimSuffix "-" | trimSuffix "." | trimSuffix "_") (sha256sum . | trunc 10) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Image reference: (dict "image" .Values.image "root" $ "suffix" "-cuda"). Digest wins over tag. */}}
 {{- define "ig.image" -}}
+{{- if not .image.repository -}}{{- fail "image.repository is empty: set this project's image (ghcr.io/igw-inference-edge/igw, the default) or your registry's copy of it (deploy/README.md \"The image\")" -}}{{- end -}}
+{{- if regexMatch "(^|/)inference-gateway/inference-gateway$" .image.repository -}}{{- fail (printf "image.repository %s is another project's image, not this one: build deploy/Dockerfile and push it (deploy/README.md \"The image\")" .image.repository) -}}{{- end -}}
 {{- $tag := default .root.Chart.AppVersion .image.tag -}}
 {{- if eq $tag "latest" -}}{{- fail "image tag 'latest' is not allowed: pin a version (or a digest)" -}}{{- end -}}
 {{- if .image.digest -}}
@@ -47,7 +61,15 @@ inference-gateway.io/model: {{ . }}
 
 {{- define "ig.gatewayName" -}}{{ include "ig.fullname" . }}-gateway{{- end -}}
 {{- define "ig.redisName" -}}{{ include "ig.fullname" . }}-redis{{- end -}}
-{{- define "ig.workerName" -}}{{ include "ig.fullname" .root }}-worker-{{ .model }}{{- end -}}
+{{/* "<fullname>-worker-<model>", a DNS-1035 label (Service names): a model id with . or _, ending in -, or making it longer than 63 characters is cut and gets a hash of the id. */}}
+{{- define "ig.workerName" -}}
+{{- $key := .model | replace "." "-" | replace "_" "-" -}}
+{{- $n := printf "%s-worker-%s" (include "ig.fullname" .root) $key -}}
+{{- if or (ne $key .model) (gt (len $n) 63) (hasSuffix "-" $n) -}}
+{{- $n = printf "%s-%s" ($n | trunc 52 | trimSuffix "-") (sha256sum .model | trunc 10) -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
 
 {{/* Secret names (existing ones win). */}}
 {{- define "ig.redisSecretName" -}}
@@ -114,6 +136,16 @@ inference-gateway.io/model: {{ . }}
 {{- end }}
 - name: GATEWAY_KEY_PREFIX
   value: {{ .Values.gateway.config.store.keyPrefix | quote }}
+{{- end -}}
+
+{{/* Refuses generated secrets where lookup sees no cluster (helm template, Argo CD): each render would make new values. */}}
+{{- define "ig.requireCluster" -}}
+{{- if not .root.Values.secrets.generateWithoutCluster -}}
+{{- $probe := lookup "v1" "Secret" .root.Release.Namespace "" -}}
+{{- if not $probe -}}
+{{- fail (printf "%s: this render has no cluster to read the existing Secret from (helm template, Argo CD, --dry-run=client), so a generated value would change on every render. Set %s (GitOps: deploy/README.md \"GitOps\"), or secrets.generateWithoutCluster=true for a throwaway render" .what .value) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A generated secret value that survives upgrades: (dict "root" $ "name" N "key" K "length" L). */}}
@@ -193,4 +225,34 @@ topologySpreadConstraints:
 - name: redis-ca
   secret: {secretName: {{ include "ig.redisCa" . }}, items: [{key: ca.crt, path: ca.crt}]}
 {{- end }}
+{{- end -}}
+
+{{/* Bytes of a Kubernetes quantity ("2Gi", "1536M", "512Mi", 1073741824). */}}
+{{- define "ig.quantityBytes" -}}
+{{- $q := toString . -}}
+{{- $num := regexFind "^[0-9.]+" $q -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- $mult := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- if not (hasKey $mult $suffix) -}}{{- fail (printf "cannot read the quantity %q" $q) -}}{{- end -}}
+{{- mulf (float64 $num) (index $mult $suffix) | int64 -}}
+{{- end -}}
+
+{{/* Bytes of a Redis memory size ("1gb", "1536mb", "512m", "100000"). */}}
+{{- define "ig.redisBytes" -}}
+{{- $q := lower (toString .) -}}
+{{- $num := regexFind "^[0-9]+" $q -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- $mult := dict "" 1 "b" 1 "k" 1000 "kb" 1024 "m" 1000000 "mb" 1048576 "g" 1000000000 "gb" 1073741824 -}}
+{{- if or (not $num) (not (hasKey $mult $suffix)) -}}{{- fail (printf "redis.maxmemory %q is not a Redis size (e.g. 1gb, 1536mb)" $q) -}}{{- end -}}
+{{- mul (int64 $num) (index $mult $suffix) -}}
+{{- end -}}
+
+{{/* The lowest replica count a pool runs at (autoscaled: minReplicas). */}}
+{{- define "ig.poolFloor" -}}
+{{- if and .w.autoscaling.enabled (ne .root.Values.autoscaling.mode "none") -}}{{ int .w.autoscaling.minReplicas }}{{- else -}}{{ int .w.replicas }}{{- end -}}
+{{- end -}}
+
+{{/* Environment variable carrying a planner agent's auth secret. */}}
+{{- define "ig.agentEnv" -}}
+{{- printf "PLANNER_AGENT_%s_AUTH" (regexReplaceAll "[^A-Z0-9]" (upper .) "_") -}}
 {{- end -}}
