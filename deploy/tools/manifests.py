@@ -3,9 +3,12 @@
 
   manifests.py split RENDERED.yaml OUTDIR       write OUTDIR/NN-*.yaml in apply order
   manifests.py refs [--external-secrets a,b] FILE...   order/reference test
-  manifests.py crds-out RENDERED.yaml OUT.yaml  drop kinds without a core schema
+  manifests.py crds-out RENDERED.yaml OUT.yaml CRDS.json
+                                                core kinds to OUT.yaml, CRD kinds to CRDS.json
+                                                (validated by tools/crds.mjs)
   manifests.py toml RENDERED.yaml               gateway.toml parses, known keys only
   manifests.py alert-tests RULES TESTS          every alert has a firing test case
+  manifests.py runbooks RULES RUNBOOK.md        every alert links its section of the runbook
   manifests.py dashboard DASHBOARD.json         datasource variable, $__rate_interval
 """
 import json
@@ -16,17 +19,17 @@ from pathlib import Path
 
 import yaml
 
-# Kinds validated elsewhere or by their CRD's own controller: no schema in
-# kubernetes-validate's Kubernetes 1.30 set.
-CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}
+# Custom resources: no schema in kubernetes-validate's Kubernetes set; their
+# CRDs' schemas are checked by tools/crds.mjs.
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject", "HTTPRoute"}
 
 # Kinds a workload may reference, and the apply order of kinds.
 ORDER = [
     "Namespace", "ServiceAccount", "Secret", "ConfigMap", "Role", "RoleBinding",
     "ClusterRole", "ClusterRoleBinding", "PersistentVolumeClaim", "Service",
     "NetworkPolicy", "StatefulSet", "Deployment", "PodDisruptionBudget",
-    "HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor", "PodMonitor",
-    "PrometheusRule", "Job",
+    "HorizontalPodAutoscaler", "ScaledObject", "Ingress", "HTTPRoute", "ServiceMonitor",
+    "PodMonitor", "PrometheusRule", "Job",
 ]
 
 
@@ -156,6 +159,16 @@ def cmd_refs(paths, external_secrets):
         if name and (ns, name) not in defined.get(kind, set()):
             errors.append(f"{where}: {kind} {name!r} is not defined")
 
+    dns1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    for f, d in docs:
+        meta = d.get("metadata", {})
+        where = f"{Path(f).name}: {d['kind']}/{meta.get('name')}"
+        if d["kind"] == "Service" and not (len(meta["name"]) <= 63 and dns1035.match(meta["name"])):
+            errors.append(f"{where}: not a valid Service name (DNS-1035 label, at most 63)")
+        for k, v in (meta.get("labels") or {}).items():
+            if len(str(v)) > 63 or not label_value.match(str(v)):
+                errors.append(f"{where}: label {k}={v!r} is not a valid label value")
     for f, d in docs:
         ps = pod_spec(d)
         if ps is None:
@@ -215,32 +228,45 @@ def cmd_refs(paths, external_secrets):
     return 1 if errors else 0
 
 
-def cmd_crds_out(rendered, out):
-    keep, skipped = [], {}
+def cmd_crds_out(rendered, out, crds_json):
+    keep, crds = [], []
     for _, d in load([rendered]):
-        if d["kind"] in CRD_KINDS:
-            skipped[d["kind"]] = skipped.get(d["kind"], 0) + 1
-        else:
-            keep.append(d)
+        (crds if d["kind"] in CRD_KINDS else keep).append(d)
     Path(out).write_text("---\n".join(yaml.safe_dump(d, sort_keys=False) for d in keep))
-    if skipped:
-        print("  schema validation skips CRD kinds: " + ", ".join(f"{k} x{n}" for k, n in sorted(skipped.items())))
+    Path(crds_json).write_text(json.dumps(crds))
+    print(f"  {len(keep)} core objects, {len(crds)} custom resources")
     return 0
 
 
 GATEWAY_KEYS = {
     "listen", "admin_listen", "threads", "grace_period_seconds", "readiness_drain_millis",
-    "max_body_bytes", "max_header_bytes", "read_timeout_seconds", "request_timeout_seconds",
-    "keys", "store", "plans", "orgs", "limits", "telemetry", "models",
+    "max_body_bytes", "max_header_bytes", "read_timeout_seconds", "write_timeout_seconds",
+    "request_timeout_seconds", "keys", "store", "plans", "orgs", "limits", "telemetry", "models",
+    "planner", "tls", "worker_tls",
 }
 SECTION_KEYS = {
     "store": {"redis_url", "redis_cluster", "redis_ca_file", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
               "sweep_interval_millis", "cancel_poll_millis"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},
+    "tls": {"cert_file", "key_file"},
+    "worker_tls": {"ca_file", "cert_file", "key_file", "server_name"},
+    # gateway/src/config.rs PlannerConfig (allowed_networks: #29).
+    "planner": {"connect_timeout_ms", "first_byte_timeout_ms", "idle_timeout_ms", "step_timeout_ms",
+                "hedge_after_ms", "run_timeout_ms", "synthesis_timeout_ms", "max_steps", "max_replans",
+                "max_run_tokens", "max_plan_tokens", "max_response_bytes", "max_card_bytes",
+                "max_step_output_bytes", "card_ttl_seconds", "session_ttl_seconds", "keepalive_ms",
+                "allow_private_addresses", "allow_link_local", "allow_request_urls", "max_discovered",
+                "allowed_networks", "agents"},
 }
+AGENT_KEYS = {"id", "url", "auth_header", "auth_secret_env", "allowed_hosts", "enabled"}
+SPEC_MODELS = {"base", "base-ultra", "base-mini"}
+MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PLAN_KEYS = {"rpm", "tpm", "max_concurrent", "default_max_tokens"}
 MODEL_KEYS = {"workers", "policy"}
+# Catalogue of a model id other than the spec's (#29).
+CATALOGUE_KEYS = {"context_window", "input_price", "cached_input_price", "output_price",
+                  "reasoning_budget", "image_input", "description"}
 KEY_KEYS = {"sha256", "org", "name", "plan", "scopes", "models"}
 
 
@@ -267,12 +293,19 @@ def cmd_toml(rendered):
             errors += [f"unknown key [plans.{name}].{k}" for k in p if k not in PLAN_KEYS]
         for k in cfg.get("keys", []):
             errors += [f"unknown key [[keys]].{x}" for x in k if x not in KEY_KEYS]
+        for a in cfg.get("planner", {}).get("agents", []):
+            errors += [f"unknown key [[planner.agents]].{x}" for x in a if x not in AGENT_KEYS]
         if not cfg.get("models"):
             errors.append("no [models.*]")
         for name, m in cfg.get("models", {}).items():
-            errors += [f"unknown key [models.{name}].{k}" for k in m if k not in MODEL_KEYS]
+            allowed = MODEL_KEYS if name in SPEC_MODELS else MODEL_KEYS | CATALOGUE_KEYS
+            errors += [f"unknown key [models.{name}].{k}" for k in m if k not in allowed]
+            if not MODEL_NAME.match(name):
+                errors.append(f"model id {name!r} is not one the gateway accepts")
+            if name not in SPEC_MODELS and "context_window" not in m:
+                errors.append(f"[models.{name}] has no context_window")
             for w in m.get("workers", []):
-                if not re.match(r"^(k8s://[a-z0-9-]+/[a-z0-9-]+:[a-z0-9-]+|dns://[a-z0-9.-]+:\d+)$", w):
+                if not re.match(r"^(k8s://[a-z0-9-]+/[a-z][a-z0-9-]{0,62}:[a-z0-9-]+|dns://[a-z0-9.-]+:\d+)$", w):
                     errors.append(f"[models.{name}] worker target {w!r} is malformed")
         if cfg.get("default_plan") and cfg["limits"]["default_plan"] not in cfg.get("plans", {}):
             errors.append("limits.default_plan names no plan")
@@ -295,6 +328,33 @@ def cmd_alert_tests(rules, tests):
         print(f"  FAIL alert {a} has no test case in which it fires")
     print(f"alerts: {len(alerts)}, with a firing test: {len(alerts) - len(missing)}")
     return 1 if missing else 0
+
+
+RUNBOOK_BASE = "https://github.com/igw-inference-edge/igw/blob/main/deploy/monitoring/runbook.md"
+
+
+def cmd_runbooks(rules, runbook):
+    """Every alert has runbook_url = RUNBOOK_BASE#<alert in lower case>
+    (the chart swaps the base), and the runbook has that heading."""
+    headings = {m.group(1).strip().lower() for m in re.finditer(r"^## (.+)$", Path(runbook).read_text(), re.M)}
+    errors = []
+    n = 0
+    for g in yaml.safe_load(Path(rules).read_text())["groups"]:
+        for r in g["rules"]:
+            if "alert" not in r:
+                continue
+            n += 1
+            name = r["alert"]
+            want = f"{RUNBOOK_BASE}#{name.lower()}"
+            got = (r.get("annotations") or {}).get("runbook_url")
+            if got != want:
+                errors.append(f"alert {name}: runbook_url {got!r}, expected {want!r}")
+            if name.lower() not in headings:
+                errors.append(f"alert {name}: no '## {name}' section in {Path(runbook).name}")
+    for e in errors:
+        print("  FAIL", e)
+    print(f"runbooks: {n} alerts, {len(errors)} problems")
+    return 1 if errors else 0
 
 
 def cmd_dashboard(path):
@@ -342,6 +402,8 @@ def main(argv):
         return cmd_alert_tests(*args)
     if cmd == "dashboard":
         return cmd_dashboard(*args)
+    if cmd == "runbooks":
+        return cmd_runbooks(*args)
     print(__doc__)
     return 2
 
