@@ -167,6 +167,23 @@ for v in "${variants[@]}"; do
 done
 check "CRD validator refuses broken custom resources (self-test)" crds --self-test
 
+# The values examples of deploy/README.md ("# values: NAME" blocks) render,
+# validate and reference only what they define or the operator creates.
+readme_variant() { # file
+    local f="$work/readme-$(basename "$1")"
+    "$helm" template igw "$chart" --namespace inference --kube-version 1.30.0 "${offline[@]}" \
+        --set namespace.create=true -f "$1" >"$f" &&
+        "$py" "$m" crds-out "$f" "$f.core.yaml" "$f.crds.json" >/dev/null &&
+        "$kv" --strict --quiet -k 1.30.0 "$f.core.yaml" && crds "$f.crds.json" >/dev/null &&
+        "$py" "$m" refs --external-secrets "$external_secrets,igw-redis,igw-worker-auth,igw-bootstrap" "$f" &&
+        "$py" "$m" toml "$f"
+}
+if check "deploy/README.md values examples extracted" "$py" "$m" readme-values "$here/README.md" "$work/readme"; then
+    for f in "$work"/readme/*.yaml; do
+        check "README values $(basename "$f") render and validate" readme_variant "$f"
+    done
+fi
+
 refuses() { # description, helm template args...: rendering must fail
     local what="$1"
     shift

@@ -10,6 +10,8 @@
   manifests.py alert-tests RULES TESTS          every alert has a firing test case
   manifests.py runbooks RULES RUNBOOK.md        every alert links its section of the runbook
   manifests.py dashboard DASHBOARD.json         datasource variable, $__rate_interval
+  manifests.py readme-values README.md OUTDIR   write the README's values examples
+                                                (yaml blocks opening with "# values: NAME")
 """
 import json
 import re
@@ -380,6 +382,26 @@ def cmd_dashboard(path):
     return 1 if errors else 0
 
 
+def cmd_readme_values(readme, outdir):
+    """The values files deploy/README.md documents, so that check.sh renders
+    them: every ```yaml block whose first line is `# values: NAME`. A
+    `<sha256>` placeholder becomes a well-formed digest."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for m in re.finditer(r"^( *)```yaml\n((?:.*\n)*?)\1```", Path(readme).read_text(), re.M):
+        indent, body = m.group(1), m.group(2)
+        lines = [ln[len(indent):] for ln in body.splitlines()]
+        head = re.match(r"^# values: ([\w.-]+\.yaml)$", lines[0]) if lines else None
+        if not head:
+            continue
+        text = "\n".join(lines) + "\n"
+        (out / head.group(1)).write_text(text.replace("<sha256>", "a" * 64))
+        n += 1
+    print(f"readme values: {n} files")
+    return 0 if n else 1
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__)
@@ -404,6 +426,8 @@ def main(argv):
         return cmd_dashboard(*args)
     if cmd == "runbooks":
         return cmd_runbooks(*args)
+    if cmd == "readme-values":
+        return cmd_readme_values(*args)
     print(__doc__)
     return 2
 
