@@ -13,7 +13,7 @@
 #    start the real gateway and workers on free loopback ports);
 # 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
 #    venv it creates);
-# 6. runs deploy/check.sh (Helm chart, Kubernetes 1.30 schemas, promtool,
+# 6. runs deploy/check.sh (Helm chart, Kubernetes 1.27/1.35 and CRD schemas, promtool,
 #    hadolint; its tools install once into target/deploy-tools);
 # and exits non-zero if any step failed, after a one-line summary.
 #
