@@ -121,12 +121,12 @@ after(async () => {
 });
 
 /** `codex exec PROMPT` in a fresh CODEX_HOME and working directory. */
-async function codexExec(name, prompt, overrides) {
+async function codexExec(name, prompt, overrides, topLevel = '') {
   const home = path.join(scratch, name, 'codex-home');
   const work = path.join(scratch, name, 'work');
   mkdirSync(home, { recursive: true });
   mkdirSync(work, { recursive: true });
-  writeFileSync(path.join(home, 'config.toml'), readmeConfig(baseUrl));
+  writeFileSync(path.join(home, 'config.toml'), topLevel + readmeConfig(baseUrl));
   const lastMessage = path.join(scratch, name, 'last-message.txt');
   // Only what Codex needs: no OPENAI_API_KEY or proxies of the caller.
   const env = {
@@ -206,4 +206,21 @@ test("with web search and sub-agent tools on, Codex is refused with the gateway'
   // A 400 is not retried: the gateway's error (code and param) reaches the user.
   assert.match(r.stdout + r.stderr, /invalid_value/, explain(r));
   assert.match(r.stdout + r.stderr, /tools\.\d+\.type/, explain(r));
+});
+
+test("Codex loads the gateway's catalogue (spec 4.7) as its model_catalog_json", async () => {
+  // Fetched as README.md says: the catalogue format answers a Codex originator.
+  const reply = await fetch(`${baseUrl}/models`, {
+    headers: { authorization: `Bearer ${devKey}`, originator: 'codex_exec' },
+  });
+  assert.equal(reply.status, 200);
+  assert.ok(reply.headers.get('etag'));
+  const catalogue = path.join(scratch, 'catalogue.json');
+  writeFileSync(catalogue, await reply.text());
+  const r = await codexExec('catalogue', 'Say hello in one short sentence.', [], `model_catalog_json = ${JSON.stringify(catalogue)}\n`);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.equal(r.code, 0, `Codex accepts the catalogue: ${explain(r)}`);
+  assert.doesNotMatch(r.stdout + r.stderr, /Model metadata for `base` not found/, explain(r));
+  assert.ok(r.events.some((e) => e.type === 'turn.completed'), explain(r));
+  assert.ok(r.last && r.last.trim(), explain(r));
 });
