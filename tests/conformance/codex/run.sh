@@ -6,10 +6,6 @@
 # worker first: `cargo build --release --workspace --bins`.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$here/../npm-ci.sh" "$here"
 cd "$here"
-if ! cmp -s package-lock.json node_modules/.package-lock.installed; then
-    rm -rf node_modules
-    npm ci --no-audit --no-fund --loglevel=error
-    cp package-lock.json node_modules/.package-lock.installed
-fi
 exec node --test --test-concurrency=1 "$@" codex.test.mjs

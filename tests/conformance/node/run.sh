@@ -7,10 +7,6 @@
 # Arguments go to `node --test` (for example `--test-name-pattern cancel`).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$here/../npm-ci.sh" "$here"
 cd "$here"
-if ! cmp -s package-lock.json node_modules/.package-lock.installed; then
-    rm -rf node_modules
-    npm ci --no-audit --no-fund --loglevel=error
-    cp package-lock.json node_modules/.package-lock.installed
-fi
 exec node --test --test-concurrency=1 "$@" test/
