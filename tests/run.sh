@@ -11,14 +11,16 @@
 # 4. checks gateway/src's dependency rules (scripts/check-deps.py: no
 #    import cycle, no forbidden import), runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
-# 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
-#    venv it creates);
+# 5. runs the Python conformance suite (official `openai` SDK and
+#    LangChain's `ChatOpenAI`, pinned, in a venv it creates), the Node one
+#    (official `openai` npm package) and the Codex CLI (`codex exec` against
+#    `gateway up`), both pinned by lock files and installed with `npm ci`;
 # 6. runs deploy/check.sh (Helm chart, Kubernetes 1.27/1.35 and CRD schemas, promtool,
 #    hadolint; its tools install once into target/deploy-tools);
 # and exits non-zero if any step failed, after a one-line summary.
 #
 # Knobs: E2E_THREADS (parallel end-to-end tests, default 2), TEST_REDIS_URL,
-# SKIP_PYTHON=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
+# SKIP_PYTHON=1, SKIP_NODE=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,7 +110,16 @@ step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-
 
 # ---- 5. Python conformance ---------------------------------------------------
 if [ "${SKIP_PYTHON:-0}" != "1" ]; then
-    step "python openai SDK conformance" timeout 900 bash tests/conformance/python/run.sh
+    step "python openai SDK and LangChain conformance" timeout 900 bash tests/conformance/python/run.sh
+fi
+
+# ---- 5b. Node clients ------------------------------------------------------------
+# The official `openai` npm package and the Codex CLI, pinned by their lock
+# files and installed with `npm ci` into each suite's node_modules/ (again
+# only when a lock file changes), run with the machine's Node.
+if [ "${SKIP_NODE:-0}" != "1" ]; then
+    step "node openai SDK conformance" timeout 600 bash tests/conformance/node/run.sh
+    step "codex CLI" timeout 600 bash tests/conformance/codex/run.sh
 fi
 
 # ---- 6. deploy/ ----------------------------------------------------------------

@@ -115,6 +115,13 @@ async fn codex_gets_its_catalogue_with_a_stable_etag() {
             assert!(level["effort"].is_string() && level["description"].is_string());
         }
         assert!(m["truncation_policy"]["mode"].is_string());
+        // Codex 0.169 refuses an entry whose `base_instructions` is null.
+        assert!(
+            m["base_instructions"]
+                .as_str()
+                .is_some_and(|s| !s.trim().is_empty()),
+            "{m}"
+        );
     }
 
     // The same ETag again; If-None-Match with it is a 304 without a body.

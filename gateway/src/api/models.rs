@@ -34,7 +34,9 @@ pub struct CodexModel {
     pub visibility: &'static str,
     pub supported_in_api: bool,
     pub priority: i32,
-    pub base_instructions: Option<String>,
+    /// Codex's system prompt for this model. Codex refuses a catalogue
+    /// entry without it (or an `instructions_template`), so never null.
+    pub base_instructions: &'static str,
     pub supports_reasoning_summaries: bool,
     pub support_verbosity: bool,
     pub default_verbosity: Option<String>,

@@ -30,6 +30,16 @@ static CODEX_CATALOGUE: LazyLock<(Bytes, String)> = LazyLock::new(|| {
     (body.into(), etag)
 });
 
+/// The system prompt the catalogue gives Codex for every model. Short, so a
+/// small model's context is left to the conversation (Codex's own default
+/// prompt with its tool schemas is about 6,200 tokens).
+const CODEX_BASE_INSTRUCTIONS: &str = "You are Codex, a coding agent working in the user's \
+    terminal and workspace. Be concise and direct. When a task needs facts about the workspace, \
+    use the provided tools to read files and run commands instead of guessing, and never invent \
+    command output. Respect the sandbox and approval settings you are given. Make focused \
+    changes that follow the conventions of the existing code. End with a short summary of what \
+    you did and anything left for the user.";
+
 /// The ETag Codex compares against `x-models-etag` on `/responses` replies.
 pub fn codex_etag() -> &'static str {
     &CODEX_CATALOGUE.1
@@ -110,7 +120,7 @@ impl From<&ModelSpec> for CodexModel {
             visibility: "list",
             supported_in_api: true,
             priority: m.priority,
-            base_instructions: None,
+            base_instructions: CODEX_BASE_INSTRUCTIONS,
             supports_reasoning_summaries: true,
             support_verbosity: false,
             default_verbosity: None,

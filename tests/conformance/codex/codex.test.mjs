@@ -1,0 +1,226 @@
+// The Codex CLI (pinned in package.json) in `codex exec` mode against
+// `gateway up`, configured as README.md's "Codex CLI" section says: a custom
+// provider with `wire_api = "responses"`, in a temporary CODEX_HOME.
+//
+// IGW_CODEX_ENGINE picks the engine of `gateway up` (default `synthetic`;
+// `llama` runs the real SmolLM2 model, see tests/README.md for why CI does
+// not). Every child runs under a deadline, so nothing here can hang.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const ROOT = path.resolve(HERE, '../../..');
+const CODEX = path.join(HERE, 'node_modules', '.bin', 'codex');
+const ENGINE = process.env.IGW_CODEX_ENGINE ?? 'synthetic';
+const TURN_DEADLINE_MS = 120_000;
+
+function gatewayBin() {
+  const target = path.resolve(ROOT, process.env.CARGO_TARGET_DIR ?? 'target');
+  return path.join(target, 'release', 'gateway');
+}
+
+async function freePort() {
+  const server = net.createServer();
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+/**
+ * The `config.toml` of README.md's "Codex CLI" section (its first toml
+ * block), pointed at this gateway: the README shows what this test runs.
+ */
+function readmeConfig(baseUrl) {
+  const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+  const section = readme.split(/^## Codex CLI$/m)[1];
+  assert.ok(section, 'README.md has a "## Codex CLI" section');
+  const block = /```toml\n([\s\S]*?)```/.exec(section)?.[1];
+  assert.ok(block && block.includes('[model_providers.igw]'), 'the section shows the provider block');
+  const pointed = block.replace(/^base_url = ".*"$/m, `base_url = "${baseUrl}"`);
+  assert.notEqual(pointed, block, 'the block sets base_url');
+  return pointed;
+}
+
+/**
+ * What the README's configuration turns off: Codex's web search (a
+ * `web_search` tool) and multi-agent tools (a `namespace` tool), tool types
+ * the spec refuses (2.6). Turned back on, Codex's first request is refused.
+ */
+const REFUSED_TOOLS = ['-c', 'agents.enabled=true', '-c', 'web_search="cached"'];
+
+/** Runs a child to completion (or kills it at the deadline); collects its output. */
+function run(cmd, args, { env, cwd, deadlineMs }) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { env, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      child.kill('SIGKILL');
+    }, deadlineMs);
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout, stderr, timedOut });
+    });
+  });
+}
+
+let gateway;
+let gatewayLog = '';
+let baseUrl;
+let adminUrl;
+let devKey;
+let scratch;
+
+before(async () => {
+  const [port, adminPort] = [await freePort(), await freePort()];
+  baseUrl = `http://127.0.0.1:${port}/v1`;
+  adminUrl = `http://127.0.0.1:${adminPort}`;
+  devKey = `sk-codex-${randomBytes(8).toString('hex')}`;
+  const args = ['up', '--listen', `127.0.0.1:${port}`, '--admin-listen', `127.0.0.1:${adminPort}`, '--dev-key', devKey];
+  if (ENGINE === 'synthetic') args.push('--engine', 'synthetic', '--ttft-ms', '20', '--tokens-per-second', '400');
+  gateway = spawn(gatewayBin(), args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  gateway.stdout.on('data', (d) => (gatewayLog += d));
+  gateway.stderr.on('data', (d) => (gatewayLog += d));
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    if (gateway.exitCode !== null) throw new Error(`gateway up exited (${gateway.exitCode}):\n${gatewayLog}`);
+    try {
+      const ready = await fetch(`${adminUrl}/readyz`);
+      if (ready.ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) throw new Error(`gateway up was not ready in 120 s:\n${gatewayLog}`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  scratch = mkdtempSync(path.join(os.tmpdir(), 'igw-codex-'));
+});
+
+after(async () => {
+  if (gateway && gateway.exitCode === null) {
+    const exited = new Promise((resolve) => gateway.once('exit', resolve));
+    gateway.kill('SIGTERM');
+    const timer = setTimeout(() => gateway.kill('SIGKILL'), 10_000);
+    await exited;
+    clearTimeout(timer);
+  }
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+});
+
+/** `codex exec PROMPT` in a fresh CODEX_HOME and working directory. */
+async function codexExec(name, prompt, overrides, topLevel = '') {
+  const home = path.join(scratch, name, 'codex-home');
+  const work = path.join(scratch, name, 'work');
+  mkdirSync(home, { recursive: true });
+  mkdirSync(work, { recursive: true });
+  writeFileSync(path.join(home, 'config.toml'), topLevel + readmeConfig(baseUrl));
+  const lastMessage = path.join(scratch, name, 'last-message.txt');
+  // Only what Codex needs: no OPENAI_API_KEY or proxies of the caller.
+  const env = {
+    PATH: process.env.PATH,
+    HOME: path.join(scratch, name),
+    CODEX_HOME: home,
+    IGW_API_KEY: devKey,
+    RUST_LOG: 'error',
+    NO_COLOR: '1',
+  };
+  const args = [
+    'exec',
+    // A key this version does not know is an error, not silently ignored.
+    '--strict-config',
+    '--skip-git-repo-check',
+    '--ephemeral',
+    '--sandbox',
+    'read-only',
+    '--color',
+    'never',
+    '--json',
+    '--output-last-message',
+    lastMessage,
+    ...overrides,
+    prompt,
+  ];
+  const result = await run(CODEX, args, { env, cwd: work, deadlineMs: TURN_DEADLINE_MS });
+  let last = null;
+  try {
+    last = readFileSync(lastMessage, 'utf8');
+  } catch {
+    // no final message written
+  }
+  const events = result.stdout
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l));
+  return { ...result, last, events };
+}
+
+/** `gateway_requests_total` samples for a route, summed by status. */
+async function requestsByStatus(route) {
+  const text = await (await fetch(`${adminUrl}/metrics`)).text();
+  const byStatus = {};
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('gateway_requests_total{') || !line.includes(`route="${route}"`)) continue;
+    const status = /status="(\d+)"/.exec(line)?.[1];
+    byStatus[status] = (byStatus[status] ?? 0) + Number(line.split(' ').at(-1));
+  }
+  return byStatus;
+}
+
+function explain(r) {
+  return `exit ${r.code} ${r.signal ?? ''}${r.timedOut ? ' (deadline)' : ''}\n--- stdout\n${r.stdout.slice(-4000)}\n--- stderr\n${r.stderr.slice(-4000)}\n--- gateway\n${gatewayLog.slice(-3000)}`;
+}
+
+test('codex exec completes a turn through the gateway with the README configuration', async () => {
+  const before = await requestsByStatus('responses.create');
+  const r = await codexExec('turn', 'Say hello in one short sentence.', []);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.equal(r.code, 0, explain(r));
+  assert.ok(r.last && r.last.trim(), `a final message: ${explain(r)}`);
+  const types = r.events.map((e) => e.type);
+  assert.ok(types.includes('turn.completed'), `turn.completed among ${types}: ${explain(r)}`);
+  const messages = r.events.filter((e) => e.type === 'item.completed' && e.item?.type === 'agent_message');
+  assert.equal(messages.at(-1)?.item.text.trim(), r.last.trim());
+  const usage = r.events.find((e) => e.type === 'turn.completed').usage;
+  assert.ok(usage.input_tokens > 0 && usage.output_tokens > 0, JSON.stringify(usage));
+  const afterTurn = await requestsByStatus('responses.create');
+  assert.ok((afterTurn['200'] ?? 0) > (before['200'] ?? 0), `a 200 on POST /v1/responses (route responses.create): ${JSON.stringify(afterTurn)}`);
+});
+
+test("with web search and sub-agent tools on, Codex is refused with the gateway's 400", async () => {
+  const r = await codexExec('refused', 'Say hello.', REFUSED_TOOLS);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.notEqual(r.code, 0, explain(r));
+  // A 400 is not retried: the gateway's error (code and param) reaches the user.
+  assert.match(r.stdout + r.stderr, /invalid_value/, explain(r));
+  assert.match(r.stdout + r.stderr, /tools\.\d+\.type/, explain(r));
+});
+
+test("Codex loads the gateway's catalogue (spec 4.7) as its model_catalog_json", async () => {
+  // Fetched as README.md says: the catalogue format answers a Codex originator.
+  const reply = await fetch(`${baseUrl}/models`, {
+    headers: { authorization: `Bearer ${devKey}`, originator: 'codex_exec' },
+  });
+  assert.equal(reply.status, 200);
+  assert.ok(reply.headers.get('etag'));
+  const catalogue = path.join(scratch, 'catalogue.json');
+  writeFileSync(catalogue, await reply.text());
+  const r = await codexExec('catalogue', 'Say hello in one short sentence.', [], `model_catalog_json = ${JSON.stringify(catalogue)}\n`);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.equal(r.code, 0, `Codex accepts the catalogue: ${explain(r)}`);
+  assert.doesNotMatch(r.stdout + r.stderr, /Model metadata for `base` not found/, explain(r));
+  assert.ok(r.events.some((e) => e.type === 'turn.completed'), explain(r));
+  assert.ok(r.last && r.last.trim(), explain(r));
+});
