@@ -4,7 +4,7 @@
 //! is allowed, without `allow_private_addresses` opening every private
 //! range. Plans are scripted as in `planner_trust_e2e.rs`.
 
-use harness::a2a_agents::{Behavior, TestAgent};
+use harness::a2a_agents::{AgentOptions, Behavior, TestAgent};
 use harness::{bounded, json, Reply, Stack, Value};
 use std::time::Duration;
 
@@ -44,11 +44,11 @@ fn scripted(target: &str) -> String {
     format!("Find it. synthetic:echo synthetic:json_replies={plan} {replan}")
 }
 
-async fn ask(stack: &Stack, agent_url: &str) -> Value {
+async fn ask(stack: &Stack, target: &str, agent_url: &str) -> Value {
     let body = json!({
         "model": "base-mini",
         "planner_mode": true,
-        "messages": [{"role": "user", "content": scripted("inhouse")}],
+        "messages": [{"role": "user", "content": scripted(target)}],
         "agents": [agent_url],
     });
     let client = stack.client();
@@ -73,61 +73,79 @@ fn thought(reply: &Value, target: &str) -> Value {
         .unwrap_or_else(|| panic!("no tool_thought for {target}: {}", reply["tool_thought"]))
 }
 
+fn good() -> Behavior {
+    Behavior::Good {
+        delay: Duration::ZERO,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_agent_is_served_only_when_its_network_or_name_is_allowed() {
     bounded(120, async {
-        let agent = TestAgent::start(
-            "inhouse",
-            "An in-cluster helper",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
-        )
-        .await;
+        let agent = TestAgent::start("inhouse", "An in-cluster helper", good()).await;
         let by_address = agent.url();
         assert!(by_address.starts_with("http://127.0.0.1:"), "{by_address}");
-        let by_name = by_address.replace("127.0.0.1", "localhost");
 
         // The default policy (and an allow-list of other ranges): refused
         // before any connection; the agent hears nothing.
-        for allowed in [&[][..], &["10.0.0.0/8", "fd00::/8", "*.svc.cluster.local"][..]] {
+        for allowed in [
+            &[][..],
+            &["10.0.0.0/8", "fd00::/8", "*.svc.cluster.local"][..],
+        ] {
             let stack = stack(allowed);
-            let reply = ask(&stack, &by_address).await;
+            let reply = ask(&stack, "inhouse", &by_address).await;
             let t = thought(&reply, &by_address);
             assert_eq!(t["outcome"], "no_card", "{allowed:?}: {t}");
             assert!(
-                t["detail"].as_str().unwrap_or("").contains("127.0.0.1 is a private address"),
+                t["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("127.0.0.1 is a private address"),
                 "{t}"
             );
         }
-        assert!(agent.card_auth().is_empty(), "no card fetch reached the agent");
+        assert!(
+            agent.card_auth().is_empty(),
+            "no card fetch reached the agent"
+        );
         assert!(agent.methods().is_empty(), "no call reached the agent");
 
         // Its network allowed: its card is read and its step completes.
-        let stack_cidr = stack(&["127.0.0.0/8"]);
-        let reply = ask(&stack_cidr, &by_address).await;
+        let cidr = stack(&["127.0.0.0/8"]);
+        let reply = ask(&cidr, "inhouse", &by_address).await;
         assert_eq!(
             thought(&reply, "inhouse")["outcome"],
             "completed",
             "{}",
             reply["tool_thought"]
         );
-        let calls = agent.methods().len();
-        assert!(calls >= 1, "the agent was called");
-        drop(stack_cidr);
+        assert!(!agent.methods().is_empty(), "the agent was called");
+        drop(cidr);
 
-        // Its host name allowed: served by name; the bare address is not
-        // (a name entry opens what that name resolves to, nothing else).
-        let stack_name = stack(&["localhost"]);
-        let reply = ask(&stack_name, &by_name).await;
+        // A host name allowed: an agent reached (and carded) as
+        // `localhost` is served; the bare address is not, since a name entry
+        // opens only what that name resolves to.
+        let named = TestAgent::start_with(
+            "named",
+            "An in-cluster helper known by name",
+            good(),
+            AgentOptions {
+                card_host: Some("localhost".into()),
+                ..AgentOptions::default()
+            },
+        )
+        .await;
+        let by_name = named.url().replace("127.0.0.1", "localhost");
+        let stack = stack(&["localhost"]);
+        let reply = ask(&stack, "named", &by_name).await;
         assert_eq!(
-            thought(&reply, "inhouse")["outcome"],
+            thought(&reply, "named")["outcome"],
             "completed",
             "{}",
             reply["tool_thought"]
         );
-        assert!(agent.methods().len() > calls);
-        let reply = ask(&stack_name, &by_address).await;
+        assert!(!named.methods().is_empty(), "the named agent was called");
+        let reply = ask(&stack, "inhouse", &by_address).await;
         assert_eq!(thought(&reply, &by_address)["outcome"], "no_card");
     })
     .await
