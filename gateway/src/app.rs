@@ -2,6 +2,7 @@
 //! instance per process, shared by every request.
 
 use crate::accounts::cache::Accounts;
+use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
@@ -15,6 +16,8 @@ use std::time::Duration;
 
 pub struct App {
     pub config: Config,
+    /// The models offered: the spec's three and the config's added ids.
+    pub catalog: Catalog,
     /// Keys, organisations and plans (config keys, plus Redis when configured).
     pub accounts: Arc<Accounts>,
     /// Plan limits: the local stage plus Redis (or the in-process store).
@@ -33,6 +36,10 @@ pub struct App {
 
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Self> {
+        let catalog = config.catalog()?;
+        for model in catalog.models() {
+            crate::metrics::register_model(model.id);
+        }
         // Connects lazily, inside the server's runtime.
         let redis = match &config.store.redis_url {
             Some(url) => Some(Arc::new(RedisHandle::open(
@@ -62,6 +69,7 @@ impl App {
         let runs = Arc::new(Runs::new(store.clone(), &config.store));
         Ok(Self {
             config,
+            catalog,
             accounts,
             limiter,
             pools: Arc::new(pools),

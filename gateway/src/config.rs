@@ -1,6 +1,7 @@
 //! Gateway configuration: a TOML file, then environment overrides.
 //! The keys and defaults are documented in `docs/process-contract.md`.
 
+use crate::catalog::{self, AddedModel, Catalog, Price};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -119,6 +120,13 @@ pub struct PlannerConfig {
     /// Link-local addresses, cloud metadata endpoints included
     /// (169.254.169.254). Off by default; rarely right to turn on.
     pub allow_link_local: bool,
+    /// Private addresses allowed without `allow_private_addresses`: CIDRs
+    /// or addresses (`10.0.0.0/8`, `fd00::/8`), host names
+    /// (`agents.ns.svc.cluster.local`) and `*.domain` patterns
+    /// (`*.svc.cluster.local`), whose resolved addresses may be private.
+    /// Never opens link-local or metadata addresses (`allow_link_local`)
+    /// nor the reserved ranges.
+    pub allowed_networks: Vec<String>,
     /// Whether a request's `agents` may name URLs (not only directory ids).
     pub allow_request_urls: bool,
     /// Most agents discovered in the directory for one request.
@@ -149,6 +157,7 @@ impl Default for PlannerConfig {
             keepalive_ms: 10_000,
             allow_private_addresses: false,
             allow_link_local: false,
+            allowed_networks: Vec::new(),
             allow_request_urls: true,
             max_discovered: 4,
             agents: Vec::new(),
@@ -410,6 +419,101 @@ pub struct ModelPool {
     /// to one worker while its load allows) or `least_loaded`.
     #[serde(default)]
     pub policy: crate::pool::Policy,
+    /// The catalogue fields below describe a model id beyond the spec's
+    /// three (whose facts are the spec's: setting any of these on `base`,
+    /// `base-ultra` or `base-mini` is refused). Context window in tokens;
+    /// required for an added id.
+    #[serde(default)]
+    pub context_window: Option<u32>,
+    /// US dollars per million input tokens; required for an added id.
+    #[serde(default)]
+    pub input_price: Option<f64>,
+    /// US dollars per million cached input tokens (default: 10 % of
+    /// `input_price`).
+    #[serde(default)]
+    pub cached_input_price: Option<f64>,
+    /// US dollars per million output tokens (reasoning included); required
+    /// for an added id.
+    #[serde(default)]
+    pub output_price: Option<f64>,
+    /// `thinking_budget` / `reasoning.budget_tokens` accepted (default false).
+    #[serde(default)]
+    pub reasoning_budget: Option<bool>,
+    /// Image parts accepted on chat completions (default false).
+    #[serde(default)]
+    pub image_input: Option<bool>,
+    /// One line for the Codex catalogue (default: empty).
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+impl ModelPool {
+    /// A pool of `workers` with the default policy and no catalogue fields.
+    pub fn of(workers: Vec<String>) -> Self {
+        Self {
+            workers,
+            policy: crate::pool::Policy::default(),
+            context_window: None,
+            input_price: None,
+            cached_input_price: None,
+            output_price: None,
+            reasoning_budget: None,
+            image_input: None,
+            description: None,
+        }
+    }
+
+    /// Whether any catalogue field is set.
+    fn has_catalogue_fields(&self) -> bool {
+        self.context_window.is_some()
+            || self.input_price.is_some()
+            || self.cached_input_price.is_some()
+            || self.output_price.is_some()
+            || self.reasoning_budget.is_some()
+            || self.image_input.is_some()
+            || self.description.is_some()
+    }
+
+    /// The catalogue entry of an added id `id`, checked: a window and the
+    /// input and output prices are required, prices are finite and not
+    /// negative.
+    fn added_model(&self, id: &str) -> anyhow::Result<AddedModel> {
+        let Some(context_window) = self.context_window else {
+            bail!(
+                "models.{id}: context_window is required for a model id beyond base, base-ultra and base-mini"
+            );
+        };
+        if context_window == 0 {
+            bail!("models.{id}: context_window must be at least 1");
+        }
+        let price = |field: &str, v: Option<f64>| -> anyhow::Result<f64> {
+            let Some(v) = v else {
+                bail!("models.{id}: {field} (US dollars per million tokens) is required for a model id beyond base, base-ultra and base-mini");
+            };
+            if !v.is_finite() || v < 0.0 {
+                bail!("models.{id}: {field} must be a number of at least 0, got {v}");
+            }
+            Ok(v)
+        };
+        let input = price("input_price", self.input_price)?;
+        let output = price("output_price", self.output_price)?;
+        let cached_input = match self.cached_input_price {
+            Some(v) => price("cached_input_price", Some(v))?,
+            None => input / 10.0,
+        };
+        Ok(AddedModel {
+            id: id.to_owned(),
+            description: self.description.clone().unwrap_or_default(),
+            context_window,
+            image_input: self.image_input.unwrap_or(false),
+            reasoning_budget: self.reasoning_budget.unwrap_or(false),
+            price: Price {
+                input,
+                cached_input,
+                output,
+            },
+        })
+    }
 }
 
 fn default_listen() -> String {
@@ -525,10 +629,45 @@ impl Config {
         Ok(())
     }
 
+    /// The models this config serves beyond the spec's three, checked:
+    /// each `[models.NAME]` is a spec id without catalogue fields, or a
+    /// valid new id with them.
+    pub fn added_models(&self) -> anyhow::Result<Vec<AddedModel>> {
+        let mut added = Vec::new();
+        for (id, pool) in &self.models {
+            if catalog::is_spec_model(id) {
+                if pool.has_catalogue_fields() {
+                    bail!(
+                        "models.{id}: context_window, prices, capabilities and description are the spec's for {id}; set them only on model ids you add"
+                    );
+                }
+                continue;
+            }
+            if !catalog::valid_model_id(id) {
+                bail!(
+                    "config names model '{id}': a model id is 1 to 64 of a-z 0-9 . _ - starting with a letter or digit"
+                );
+            }
+            if !pool.has_catalogue_fields() {
+                bail!(
+                    "config names model '{id}', which the service does not offer; to add it, give [models.{id}] a context_window, input_price and output_price"
+                );
+            }
+            added.push(pool.added_model(id)?);
+        }
+        Ok(added)
+    }
+
+    /// The catalogue: the spec's three and this config's added ids.
+    pub fn catalog(&self) -> anyhow::Result<Catalog> {
+        Ok(Catalog::with_added(self.added_models()?))
+    }
+
     fn check(&self) -> anyhow::Result<()> {
-        for id in self.models.keys() {
-            if crate::catalog::find(id).is_none() {
-                bail!("config names model '{id}', which the service does not offer");
+        let added = self.added_models()?;
+        for m in self.keys.iter().flat_map(|k| k.models.iter().flatten()) {
+            if !catalog::is_spec_model(m) && !added.iter().any(|a| a.id == *m) {
+                bail!("keys[].models names '{m}', which the service does not offer");
             }
         }
         for k in &self.keys {
@@ -584,6 +723,10 @@ impl Config {
             }
         }
         let p = &self.planner;
+        for entry in &p.allowed_networks {
+            crate::planner::net::AllowedNetwork::parse(entry)
+                .map_err(|e| anyhow::anyhow!("planner.allowed_networks: {e}"))?;
+        }
         if p.step_timeout_ms == 0 || p.run_timeout_ms == 0 || p.first_byte_timeout_ms == 0 {
             bail!("planner: step, run and first-byte timeouts must be above 0");
         }
@@ -695,6 +838,75 @@ mod tests {
             assert!(c.check().is_err(), "{bad}");
         }
         assert!(toml::from_str::<Config>(&format!("[planner]\nbogus = 1\n{base}")).is_err());
+        let allowed: Config = toml::from_str(&format!(
+            "[planner]\nallowed_networks = [\"10.0.0.0/8\", \"*.svc.cluster.local\"]\n{base}"
+        ))
+        .unwrap();
+        assert!(allowed.check().is_ok());
+        let e = toml::from_str::<Config>(&format!(
+            "[planner]\nallowed_networks = [\"10.0.0.0/99\"]\n{base}"
+        ))
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("planner.allowed_networks: '10.0.0.0/99'"), "{e}");
+    }
+
+    #[test]
+    fn added_models_need_a_window_and_prices_and_a_good_name() {
+        let c: Config = toml::from_str(
+            "[models.llama-70b]\nworkers = []\ncontext_window = 8192\ninput_price = 0.6\noutput_price = 0.8\nimage_input = true\ndescription = \"Llama 3.3 70B\"\n[models.base]\nworkers = []\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let added = c.added_models().unwrap();
+        assert_eq!(added.len(), 1);
+        let l = &added[0];
+        assert_eq!((l.id.as_str(), l.context_window), ("llama-70b", 8192));
+        assert!((l.price.cached_input - 0.06).abs() < 1e-12, "10 % of input");
+        assert!(l.image_input && !l.reasoning_budget);
+        let catalog = c.catalog().unwrap();
+        assert_eq!(catalog.models().len(), 4);
+        assert_eq!(
+            catalog.find("llama-70b").unwrap().description,
+            "Llama 3.3 70B"
+        );
+        let refused = |toml: &str| {
+            toml::from_str::<Config>(toml)
+                .unwrap()
+                .check()
+                .unwrap_err()
+                .to_string()
+        };
+        let e =
+            refused("[models.llama-70b]\nworkers = []\ninput_price = 1.0\noutput_price = 1.0\n");
+        assert!(
+            e.contains("models.llama-70b: context_window is required"),
+            "{e}"
+        );
+        let e =
+            refused("[models.llama-70b]\nworkers = []\ncontext_window = 8192\ninput_price = 1.0\n");
+        assert!(e.contains("output_price"), "{e}");
+        let e = refused("[models.x]\nworkers = []\ncontext_window = 8\ninput_price = -1.0\noutput_price = 1.0\n");
+        assert!(
+            e.contains("input_price must be a number of at least 0"),
+            "{e}"
+        );
+        let e = refused("[models.Llama]\nworkers = []\ncontext_window = 8192\ninput_price = 1.0\noutput_price = 1.0\n");
+        assert!(e.contains("'Llama'") && e.contains("a-z 0-9"), "{e}");
+        let e = refused("[models.base]\nworkers = []\ncontext_window = 8192\n");
+        assert!(e.contains("are the spec's for base"), "{e}");
+        let e = refused(&format!(
+            "[[keys]]\nsha256 = \"{}\"\nmodels = [\"llama-8b\"]\n[models.base]\nworkers = []\n",
+            "0".repeat(64)
+        ));
+        assert!(e.contains("keys[].models names 'llama-8b'"), "{e}");
+        let e = refused("[models.gpt]\nworkers = []\n");
+        assert!(
+            e.contains("does not offer") && e.contains("context_window"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Prometheus metrics, served on the admin listener. Names follow the
 //! OpenTelemetry GenAI conventions where they exist (`gen_ai_*`).
 
-use crate::catalog::MODELS;
 use prometheus::{
     register_counter_vec_with_registry, register_gauge_vec_with_registry,
     register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
@@ -9,7 +8,7 @@ use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Registry, TextEncoder,
 };
-use std::sync::{LazyLock, OnceLock};
+use std::sync::{LazyLock, OnceLock, PoisonError, RwLock};
 
 pub struct Metrics {
     registry: Registry,
@@ -409,6 +408,8 @@ impl LimitDecision {
 /// request path would otherwise pay that a dozen times per request.
 pub struct ModelSeries {
     model: &'static str,
+    /// Position in the registry of model series.
+    index: usize,
     tokens: [OnceLock<IntCounter>; 4],
     time_to_first_token: OnceLock<Histogram>,
     time_per_output_token: OnceLock<Histogram>,
@@ -455,34 +456,71 @@ impl ModelSeries {
     }
 }
 
-static MODEL_SERIES: LazyLock<[ModelSeries; MODELS.len()]> = LazyLock::new(|| {
-    MODELS.map(|m| ModelSeries {
-        model: m.id,
+/// The per-model series of every catalogue model, in registration order
+/// (a model's position indexes its per-account series). The spec's three
+/// are there from the start; the App registers its catalogue's added ids.
+static MODEL_SERIES: LazyLock<RwLock<Vec<&'static ModelSeries>>> = LazyLock::new(|| {
+    let mut models = Vec::new();
+    for m in &inference_proto::models::MODELS {
+        push_model(&mut models, m.id);
+    }
+    RwLock::new(models)
+});
+
+fn push_model(models: &mut Vec<&'static ModelSeries>, model: &'static str) {
+    // Leaked once per model id: the series live as long as the process.
+    models.push(Box::leak(Box::new(ModelSeries {
+        model,
+        index: models.len(),
         tokens: Default::default(),
         time_to_first_token: OnceLock::new(),
         time_per_output_token: OnceLock::new(),
         inter_token_latency: OnceLock::new(),
         decisions: Default::default(),
-    })
-});
-
-/// Position of a catalogue model, which indexes the per-model series.
-fn model_index(model: &str) -> Option<usize> {
-    MODELS.iter().position(|m| m.id == model)
+    })));
 }
 
-/// The series of a catalogue model (`None` for an id not in the catalogue).
+/// Gives a catalogue model its series (once per id; later calls are no-ops).
+pub fn register_model(model: &'static str) {
+    let mut models = MODEL_SERIES.write().unwrap_or_else(PoisonError::into_inner);
+    if !models.iter().any(|s| s.model == model) {
+        push_model(&mut models, model);
+    }
+}
+
+/// The series of a catalogue model (`None` for an id never registered, so
+/// no label value comes from outside the catalogue).
 pub fn model_series(model: &str) -> Option<&'static ModelSeries> {
-    MODEL_SERIES.get(model_index(model)?)
+    MODEL_SERIES
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .copied()
+        .find(|s| s.model == model)
 }
 
 /// One API key's usage series per model, kept with its cached account so
 /// the labels (organisation, key id, model, type) are resolved once.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub struct AccountSeries {
-    by_model: [OnceLock<AccountModelSeries>; MODELS.len()],
+    /// By the model's registration index; filled on first use.
+    by_model: RwLock<Vec<Option<AccountModelSeries>>>,
 }
 
+impl Clone for AccountSeries {
+    fn clone(&self) -> Self {
+        let by_model = self
+            .by_model
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Self {
+            by_model: RwLock::new(by_model),
+        }
+    }
+}
+
+/// Counters of one key and model (handles: cloning one shares its counts).
 #[derive(Clone)]
 pub struct AccountModelSeries {
     pub tokens: [IntCounter; 4],
@@ -490,17 +528,33 @@ pub struct AccountModelSeries {
 }
 
 impl AccountSeries {
-    pub fn for_model(&self, org: &str, key_id: &str, model: &str) -> Option<&AccountModelSeries> {
-        Some(
-            self.by_model[model_index(model)?].get_or_init(|| AccountModelSeries {
-                tokens: TokenKind::ALL.map(|kind| {
-                    METRICS
-                        .org_tokens
-                        .with_label_values(&[org, key_id, model, kind.label()])
-                }),
-                cost: METRICS.org_cost.with_label_values(&[org, key_id, model]),
+    pub fn for_model(&self, org: &str, key_id: &str, model: &str) -> Option<AccountModelSeries> {
+        let index = model_series(model)?.index;
+        if let Some(Some(series)) = self
+            .by_model
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(index)
+        {
+            return Some(series.clone());
+        }
+        let series = AccountModelSeries {
+            tokens: TokenKind::ALL.map(|kind| {
+                METRICS
+                    .org_tokens
+                    .with_label_values(&[org, key_id, model, kind.label()])
             }),
-        )
+            cost: METRICS.org_cost.with_label_values(&[org, key_id, model]),
+        };
+        let mut by_model = self
+            .by_model
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if by_model.len() <= index {
+            by_model.resize(index + 1, None);
+        }
+        by_model[index] = Some(series.clone());
+        Some(series)
     }
 }
 
@@ -523,11 +577,19 @@ mod tests {
         let account = AccountSeries::default();
         let s = account.for_model("org-m", "key-m", "base-mini").unwrap();
         s.tokens[TokenKind::Reasoning as usize].inc_by(2);
-        assert!(std::ptr::eq(
-            s,
-            account.for_model("org-m", "key-m", "base-mini").unwrap()
-        ));
+        let again = account.for_model("org-m", "key-m", "base-mini").unwrap();
+        assert_eq!(again.tokens[TokenKind::Reasoning as usize].get(), 2);
         assert!(model_series("gpt-4").is_none());
+        register_model("metrics-added");
+        register_model("metrics-added");
+        let added = model_series("metrics-added").unwrap();
+        added.tokens(TokenKind::Output).inc_by(5);
+        assert_eq!(added.index, model_series("metrics-added").unwrap().index);
+        account
+            .for_model("org-m", "key-m", "metrics-added")
+            .unwrap()
+            .cost
+            .inc_by(0.5);
         let text = String::from_utf8(METRICS.render()).unwrap();
         assert!(text.contains(
             "gen_ai_usage_tokens_total{gen_ai_request_model=\"base\",gen_ai_token_type=\"cached_input\"}"
@@ -537,6 +599,9 @@ mod tests {
         ));
         assert!(text.contains(
             "gateway_usage_tokens_total{gen_ai_request_model=\"base-mini\",gen_ai_token_type=\"reasoning\",key_id=\"key-m\",org=\"org-m\"} 2"
+        ));
+        assert!(text.contains(
+            "gen_ai_usage_tokens_total{gen_ai_request_model=\"metrics-added\",gen_ai_token_type=\"output\"} 5"
         ));
     }
 

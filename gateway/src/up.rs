@@ -10,7 +10,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use gateway::catalog::MODELS;
+use gateway::catalog::SPEC_MODELS;
 use gateway::config::{Config, ModelPool, StaticKey, StoreConfig};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -102,7 +102,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
                 // The cores shared among the three workers: llama.cpp's
                 // spinning thread pools slow down sharply when oversubscribed.
                 "--threads".to_owned(),
-                threads_per_worker(MODELS.len()).to_string(),
+                threads_per_worker(SPEC_MODELS.len()).to_string(),
             ];
             if args.n_ctx > 0 {
                 a.extend(["--n-ctx".to_owned(), args.n_ctx.to_string()]);
@@ -119,16 +119,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         ],
     };
     let mut models = BTreeMap::new();
-    for model in MODELS {
+    for model in SPEC_MODELS {
         let addr = free_loopback_addr()?;
         start_worker(&worker_bin, model.id, &addr, &engine_args)?;
-        models.insert(
-            model.id.to_string(),
-            ModelPool {
-                workers: vec![addr],
-                policy: Default::default(),
-            },
-        );
+        models.insert(model.id.to_string(), ModelPool::of(vec![addr]));
     }
     let config = Config {
         listen: args.listen.clone(),

@@ -1,5 +1,6 @@
 //! Usage accounting at the end of a generation: token counters by model
-//! and type, and the cost from the spec's price table.
+//! and type, and the cost at the model's catalogue price (the spec's
+//! table for the three, the config's for an added id).
 //!
 //! Per organisation, key, model and day, the counters live in Redis (added
 //! by the limiter's settle script in the same round trip, see

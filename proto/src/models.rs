@@ -1,7 +1,8 @@
-//! The models this service offers and their fixed properties (spec 1 and 8):
+//! The spec's three models and their fixed properties (spec 1 and 8):
 //! context windows, capabilities and prices. One table, read by the gateway
-//! (catalogue, validation, billing) and by workers (a model's default
-//! window and capabilities), so the two cannot disagree.
+//! (the first entries of its catalogue, `gateway::catalog`, which adds the
+//! ids its config describes) and by workers (a model's default window and
+//! capabilities), so the two cannot disagree.
 
 /// One public model.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -62,6 +62,9 @@ pub struct Seen {
 pub struct AgentOptions {
     /// The JSON-RPC URL its card names, instead of its own `/rpc`.
     pub card_endpoint: Option<String>,
+    /// The host its card names for its own `/rpc` (default `127.0.0.1`;
+    /// `localhost` for an agent reached by name).
+    pub card_host: Option<String>,
     /// An `Authorization` value every request must carry (else HTTP 401,
     /// card included).
     pub require_auth: Option<String>,
@@ -274,7 +277,13 @@ impl AgentSpec {
         self.options
             .card_endpoint
             .clone()
-            .unwrap_or_else(|| format!("http://{}/rpc", self.addr))
+            .unwrap_or_else(|| match &self.options.card_host {
+                Some(host) => {
+                    let port = self.addr.rsplit(':').next().unwrap_or_default();
+                    format!("http://{host}:{port}/rpc")
+                }
+                None => format!("http://{}/rpc", self.addr),
+            })
     }
 
     fn card_v1(&self) -> Value {

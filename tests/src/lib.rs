@@ -36,6 +36,9 @@
 //! - [`FaultProxy`]: a TCP proxy that adds latency, caps bandwidth, stalls,
 //!   partitions, drops or refuses, put between the gateway and Redis or a
 //!   worker.
+//! - [`file_server::FileServer`]: a loopback HTTP file server with `Range`,
+//!   request recording and mid-body cuts, standing in for object stores and
+//!   the Hugging Face Hub in the weights fetcher's tests.
 //! - [`procfs`]: CPU time and memory of a child from `/proc`.
 //! - [`a2a_agents::TestAgent`]: hand-written A2A agents on loopback that
 //!   answer, stall, refuse or break, for planner tests.
@@ -52,6 +55,7 @@ pub mod bins;
 pub mod client;
 pub mod fake_engine;
 pub mod fault_proxy;
+pub mod file_server;
 pub mod gateway;
 pub mod llama_server;
 pub mod model;

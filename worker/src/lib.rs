@@ -23,3 +23,4 @@ pub mod prefix_cache;
 pub mod service;
 pub mod status;
 pub mod tokenizer;
+pub mod weights;

@@ -101,6 +101,81 @@ SIGTERM drains: health NOT_SERVING, new requests fail with DRAINING, running one
 get --grace-period-seconds to finish, then the process exits 0."
     )]
     Serve(ServeArgs),
+    /// Fetch a weights file into a directory, verified (init containers).
+    #[command(
+        long_about = "Fetch one weights file into --dest, verified by its sha256.
+
+One source: --url (HTTP/HTTPS), --s3 s3://BUCKET/KEY with --s3-endpoint (SigV4-signed
+with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY [/ AWS_SESSION_TOKEN] from the
+environment; unsigned without them), or --hf-repo ORG/NAME with --hf-file (HF_TOKEN
+from the environment as a bearer token when set).
+
+The file is written to DEST/NAME.part; a cut connection resumes with a Range request
+(backing off from --retry-backoff-ms, doubling up to 30 s; --retries attempts in a row
+without progress end it). The whole file's sha256 is checked, then it is renamed to
+DEST/NAME. A wrong checksum deletes the download and exits 1 naming both digests. A file
+already at DEST/NAME with the right checksum exits 0 at once, without a request. One
+fetch per directory at a time (an advisory lock on DEST). Prints the file's path."
+    )]
+    FetchWeights(FetchArgs),
+}
+
+#[derive(Parser, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["url", "s3", "hf_repo"])))]
+struct FetchArgs {
+    /// The directory the file goes to (created if missing).
+    #[arg(long)]
+    dest: std::path::PathBuf,
+    /// The file's expected sha256 (64 hex digits).
+    #[arg(long)]
+    sha256: String,
+    /// The file's name in --dest (default: the source's last path segment).
+    #[arg(long)]
+    file: Option<String>,
+    /// An http:// or https:// URL.
+    #[arg(long)]
+    url: Option<String>,
+    /// An object of an S3-compatible bucket: s3://BUCKET/KEY.
+    #[arg(long, requires = "s3_endpoint")]
+    s3: Option<String>,
+    /// The S3 endpoint (`https://s3.eu-west-1.amazonaws.com`, a MinIO URL).
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    /// The bucket's region (signed into the request).
+    #[arg(long, default_value = "us-east-1")]
+    s3_region: String,
+    /// Address the bucket as BUCKET.ENDPOINT (virtual-host style) instead
+    /// of ENDPOINT/BUCKET (path style, what MinIO and most S3-compatible
+    /// stores take).
+    #[arg(long)]
+    s3_virtual_host: bool,
+    /// A Hugging Face model repository: ORG/NAME.
+    #[arg(long, requires = "hf_file")]
+    hf_repo: Option<String>,
+    /// The file in the repository (`model-q4_k_m.gguf`, `sub/dir/file`).
+    #[arg(long)]
+    hf_file: Option<String>,
+    /// A branch, tag or commit of the repository.
+    #[arg(long, default_value = "main")]
+    hf_revision: String,
+    /// The Hub (a mirror, or a test server).
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    hf_endpoint: String,
+    /// Attempts in a row without progress before giving up.
+    #[arg(long, default_value_t = 8)]
+    retries: u32,
+    /// The first wait between attempts, in milliseconds (doubling, at most 30 s).
+    #[arg(long, default_value_t = 500)]
+    retry_backoff_ms: u64,
+    #[arg(long, default_value_t = 30)]
+    connect_timeout_seconds: u64,
+    /// Longest silence of a response (head or body) before the connection
+    /// counts as cut.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout_seconds: u64,
+    /// A PEM bundle of further trusted CAs (a private object store).
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -115,7 +190,9 @@ enum EngineKind {
 
 #[derive(Parser, Debug)]
 struct ServeArgs {
-    /// The public model id served: base, base-mini or base-ultra.
+    /// The public model id served: base, base-mini, base-ultra, or an id
+    /// the gateway's config adds (`[models.NAME]`; the synthetic engine then
+    /// needs --context-window).
     #[arg(long)]
     model: String,
     /// The engine. `synthetic` is SIMULATED output, not a language model.
@@ -198,7 +275,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1024)]
     max_queue: u32,
     /// Context window in tokens (default: the model's: base 196608,
-    /// base-ultra 1000000, base-mini 262144; upstream: the engine's).
+    /// base-ultra 1000000, base-mini 262144; upstream: the engine's). An
+    /// added model id on the synthetic engine must give it.
     #[arg(long)]
     context_window: Option<u32>,
     /// On SIGTERM, how long running generations get to finish.
@@ -234,7 +312,10 @@ struct ServeArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::FetchWeights(args) => return fetch_weights(args),
+    };
     let mut telemetry = telemetry::init(&telemetry::Options {
         service_name: &args.service_name,
         otlp_endpoint: args.otlp_endpoint.as_deref(),
@@ -247,6 +328,69 @@ fn main() -> anyhow::Result<()> {
         .block_on(serve(args));
     telemetry.shutdown();
     result
+}
+
+fn fetch_weights(args: FetchArgs) -> anyhow::Result<()> {
+    use worker::weights::source::{S3Credentials, Source};
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let source = if let Some(url) = args.url {
+        Source::Url(url)
+    } else if let Some(s3) = args.s3 {
+        let (bucket, key) = Source::parse_s3_url(&s3)?;
+        let credentials = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+            (Some(key), Some(secret)) => Some(S3Credentials {
+                key,
+                secret,
+                token: env("AWS_SESSION_TOKEN"),
+            }),
+            (None, None) => None,
+            _ => anyhow::bail!("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither (a public bucket)"),
+        };
+        Source::S3 {
+            bucket,
+            key,
+            endpoint: args.s3_endpoint.unwrap_or_default(),
+            region: args.s3_region,
+            virtual_host: args.s3_virtual_host,
+            credentials,
+        }
+    } else if let Some(repo) = args.hf_repo {
+        let valid = repo.split('/').count() == 2
+            && repo.split('/').all(|p| {
+                !p.is_empty()
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            });
+        if !valid {
+            anyhow::bail!("--hf-repo must be ORG/NAME, got '{repo}'");
+        }
+        Source::HuggingFace {
+            endpoint: args.hf_endpoint,
+            repo,
+            file: args.hf_file.unwrap_or_default(),
+            revision: args.hf_revision,
+            token: env("HF_TOKEN"),
+        }
+    } else {
+        anyhow::bail!("give one source: --url, --s3 or --hf-repo");
+    };
+    let opts = worker::weights::FetchOptions {
+        source,
+        dest: args.dest,
+        file_name: args.file,
+        sha256: args.sha256,
+        retries: args.retries,
+        backoff: Duration::from_millis(args.retry_backoff_ms.max(1)),
+        connect_timeout: Duration::from_secs(args.connect_timeout_seconds.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
+        ca_file: args.ca_file,
+    };
+    let path = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(worker::weights::fetch(&opts))?;
+    println!("{}", path.display());
+    Ok(())
 }
 
 /// The engine, its name and description, its model profile and capacity.
@@ -275,7 +419,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 engine: Engines::Reply(Arc::new(engine)),
                 name: "synthetic",
                 description: SYNTHETIC_DESCRIPTION.to_owned(),
-                model: ModelProfile::new(&args.model, args.context_window),
+                model: ModelProfile::for_serving(&args.model, args.context_window)?,
                 capacity: args.max_concurrency,
                 ready: None,
             })

@@ -30,6 +30,18 @@ impl ModelProfile {
         }
     }
 
+    /// As [`ModelProfile::new`] for `worker serve`: an id beyond the
+    /// spec's three (one the gateway's config adds) has no window of its
+    /// own, so one must be given rather than borrowed from `base`.
+    pub fn for_serving(id: &str, context_window: Option<u32>) -> anyhow::Result<Self> {
+        if models::find(id).is_none() && context_window.is_none() {
+            anyhow::bail!(
+                "--model {id} is not one of base, base-ultra, base-mini: give its window with --context-window N (as the gateway's [models.{id}] context_window)"
+            );
+        }
+        Ok(Self::new(id, context_window))
+    }
+
     pub fn capabilities(&self) -> pb::Capabilities {
         pb::Capabilities {
             image_input: self.image_input,
@@ -55,5 +67,11 @@ mod tests {
         let mini = ModelProfile::new("base-mini", Some(4096));
         assert_eq!(mini.context_window, 4096);
         assert!(!mini.image_input);
+        let added = ModelProfile::for_serving("llama-70b", Some(8192)).unwrap();
+        assert_eq!(added.context_window, 8192);
+        assert!(!added.image_input && !added.reasoning_budget);
+        let e = ModelProfile::for_serving("llama-70b", None).unwrap_err();
+        assert!(e.to_string().contains("--context-window"), "{e}");
+        assert!(ModelProfile::for_serving("base", None).is_ok());
     }
 }

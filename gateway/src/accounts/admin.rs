@@ -179,9 +179,15 @@ impl KeysArgs {
                             .filter(|s| !s.is_empty())
                             .collect()
                     });
+                    // The ids a gateway adds live in its config, which this
+                    // command does not read: an id of the right shape is
+                    // accepted, one beyond the spec's three with a reminder.
                     for m in models.iter().flatten() {
-                        if crate::catalog::find(m).is_none() {
-                            bail!("unknown model '{m}'");
+                        if !crate::catalog::valid_model_id(m) {
+                            bail!("'{m}' is not a model id (1 to 64 of a-z 0-9 . _ -)");
+                        }
+                        if !crate::catalog::is_spec_model(m) {
+                            eprintln!("note: '{m}' is not one of base, base-ultra, base-mini; the gateways' config must add it ([models.{m}])");
                         }
                     }
                     let (secret, rec) = store

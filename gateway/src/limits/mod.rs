@@ -807,7 +807,7 @@ mod tests {
 
     #[test]
     fn cost_in_nano_dollars_matches_the_price_table() {
-        let base = crate::catalog::find("base").unwrap();
+        let base = crate::catalog::Catalog::default().find("base").unwrap();
         let u = TokenUsage {
             input: 1_000_000,
             cached_input: 400_000,
@@ -816,7 +816,9 @@ mod tests {
         };
         // 600k * 0.50 + 400k * 0.05 + 200k (reasoning included) * 1.90 = 0.70 USD
         assert_eq!(cost_nano(base, &u), 700_000_000);
-        let mini = crate::catalog::find("base-mini").unwrap();
+        let mini = crate::catalog::Catalog::default()
+            .find("base-mini")
+            .unwrap();
         let one_each = TokenUsage {
             input: 2,
             cached_input: 1,
@@ -878,7 +880,7 @@ mod tests {
             ..RatePlan::default()
         };
         let acc = account(plan);
-        let base = crate::catalog::find("base").unwrap();
+        let base = crate::catalog::Catalog::default().find("base").unwrap();
         let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
         let held = r.unwrap();
         tokio::time::sleep(lease * 3).await;
@@ -934,7 +936,10 @@ mod tests {
             max_concurrent: 1,
             ..RatePlan::default()
         };
-        let (acc, base) = (account(plan), crate::catalog::find("base").unwrap());
+        let (acc, base) = (
+            account(plan),
+            crate::catalog::Catalog::default().find("base").unwrap(),
+        );
         let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
         let _leaked = r.unwrap();
         let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 1, 1).await;
@@ -971,7 +976,7 @@ mod tests {
             default_max_tokens: 0,
         };
         let acc = account(plan);
-        let base = crate::catalog::find("base").unwrap();
+        let base = crate::catalog::Catalog::default().find("base").unwrap();
         let (r, headers) = limiter
             .admit_request(&acc, base, "r1".into(), 100, 800)
             .await;
@@ -1015,7 +1020,7 @@ mod tests {
             ..RatePlan::default()
         };
         let acc = account(plan);
-        let base = crate::catalog::find("base").unwrap();
+        let base = crate::catalog::Catalog::default().find("base").unwrap();
         for i in 0..3 {
             let (r, _) = limiter
                 .admit_request(&acc, base, format!("r{i}"), 1, 1)
@@ -1159,7 +1164,7 @@ mod bench {
             let header = format!("Bearer {secret}");
             let accounts = Accounts::from_config(&config, Some(redis.clone())).unwrap();
             let limiter = Arc::new(Limiter::from_config(&config, Some(redis.clone())));
-            let model = crate::catalog::find("base").unwrap();
+            let model = crate::catalog::Catalog::default().find("base").unwrap();
             let usage = pb::Usage {
                 prompt_tokens: 20,
                 cached_prompt_tokens: 0,

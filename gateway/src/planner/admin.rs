@@ -141,7 +141,7 @@ impl AgentsArgs {
                     let http = AgentHttp::new(
                         AddressPolicy {
                             allow_private,
-                            allow_link_local: false,
+                            ..AddressPolicy::default()
                         },
                         Duration::from_secs(5),
                     )?;

@@ -287,10 +287,11 @@ impl Planner {
         config: &PlannerConfig,
         redis: Option<Arc<RedisHandle>>,
     ) -> anyhow::Result<Self> {
-        let policy = AddressPolicy {
-            allow_private: config.allow_private_addresses,
-            allow_link_local: config.allow_link_local,
-        };
+        let policy = AddressPolicy::new(
+            config.allow_private_addresses,
+            config.allow_link_local,
+            &config.allowed_networks,
+        )?;
         let http = Arc::new(AgentHttp::new(
             policy,
             Duration::from_millis(config.connect_timeout_ms),

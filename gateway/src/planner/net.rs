@@ -17,13 +17,107 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Which addresses agents may live at.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressPolicy {
     /// Loopback, RFC 1918, CGNAT (100.64/10), unique-local (fc00::/7),
     /// site-local (fec0::/10).
     pub allow_private: bool,
     /// Link-local (169.254/16, fe80::/10) and cloud metadata endpoints.
     pub allow_link_local: bool,
+    /// Private addresses allowed without `allow_private`: in these ranges,
+    /// or resolved from these host names. Never link-local or metadata
+    /// (that takes `allow_link_local`), never the reserved ranges.
+    pub allowed: Vec<AllowedNetwork>,
+}
+
+/// One entry of `[planner] allowed_networks`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowedNetwork {
+    /// An address range (`10.0.0.0/8`, `fd00::/8`) or one address.
+    Range { network: IpAddr, prefix: u8 },
+    /// Every address one host name resolves to (`agents.ns.svc.cluster.local`).
+    Host(String),
+    /// Every address the names under a domain resolve to
+    /// (`*.svc.cluster.local`: `a.svc.cluster.local`, not the domain itself).
+    Domain(String),
+}
+
+impl AllowedNetwork {
+    /// Parses a CIDR, an address, a host name or `*.domain`.
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("'{entry}' {why}");
+        let entry_trimmed = entry.trim();
+        if let Some((addr, prefix)) = entry_trimmed.split_once('/') {
+            let network: IpAddr = addr
+                .parse()
+                .map_err(|_| bad("is not a CIDR (address/prefix)"))?;
+            let max = if network.is_ipv4() { 32 } else { 128 };
+            let prefix: u8 = prefix
+                .parse()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| bad(&format!("has a prefix length beyond 0..={max}")))?;
+            if prefix < 8 {
+                return Err(bad("is wider than a /8: name the private ranges you mean"));
+            }
+            return Ok(Self::Range { network, prefix });
+        }
+        if let Ok(network) = entry_trimmed.parse::<IpAddr>() {
+            let prefix = if network.is_ipv4() { 32 } else { 128 };
+            return Ok(Self::Range { network, prefix });
+        }
+        let name = entry_trimmed.trim_end_matches('.').to_ascii_lowercase();
+        let (domain, pattern) = match name.strip_prefix("*.") {
+            Some(rest) => (rest, true),
+            None => (name.as_str(), false),
+        };
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if domain.is_empty() || domain.len() > 253 || !domain.split('.').all(label_ok) {
+            return Err(bad("is not a CIDR, an address, a host name or *.domain"));
+        }
+        if pattern && !domain.contains('.') {
+            return Err(bad("is a wildcard over a top-level domain"));
+        }
+        Ok(if pattern {
+            Self::Domain(domain.to_owned())
+        } else {
+            Self::Host(domain.to_owned())
+        })
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        let Self::Range { network, prefix } = self else {
+            return false;
+        };
+        match (network, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+                u32::from(*n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
+                u128::from(*n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+
+    fn names(&self, host: &str) -> bool {
+        match self {
+            Self::Range { .. } => false,
+            Self::Host(h) => h == host,
+            Self::Domain(d) => host
+                .strip_suffix(d.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        }
+    }
 }
 
 /// Cloud metadata endpoints outside the link-local ranges.
@@ -37,15 +131,56 @@ fn low_v4(ip: Ipv6Addr) -> Ipv4Addr {
 }
 
 impl AddressPolicy {
-    /// `Err` names why `ip` may not be called.
+    /// The policy of `[planner]`: the two switches and `allowed_networks`
+    /// (each entry parsed, see [`AllowedNetwork::parse`]).
+    pub fn new(
+        allow_private: bool,
+        allow_link_local: bool,
+        allowed_networks: &[String],
+    ) -> anyhow::Result<Self> {
+        let allowed = allowed_networks
+            .iter()
+            .map(|e| AllowedNetwork::parse(e))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("planner.allowed_networks: {e}"))?;
+        Ok(Self {
+            allow_private,
+            allow_link_local,
+            allowed,
+        })
+    }
+
+    /// `Err` names why `ip` may not be called (an IP literal, or an
+    /// address of a name no host entry of the allow-list names).
     pub fn check(&self, ip: IpAddr) -> Result<(), &'static str> {
+        self.check_resolved(None, ip)
+    }
+
+    /// As [`AddressPolicy::check`] for an address `host` resolved to: a
+    /// host allowed by name may be private.
+    pub fn check_resolved(&self, host: Option<&str>, ip: IpAddr) -> Result<(), &'static str> {
+        let named = !self.allowed.is_empty()
+            && host.is_some_and(|h| {
+                let h = h.trim_end_matches('.').to_ascii_lowercase();
+                self.allowed.iter().any(|a| a.names(&h))
+            });
         match ip {
-            IpAddr::V4(v4) => self.check_v4(v4),
-            IpAddr::V6(v6) => self.check_v6(v6),
+            IpAddr::V4(v4) => self.check_v4(v4, named),
+            IpAddr::V6(v6) => self.check_v6(v6, named),
         }
     }
 
-    fn check_v4(&self, ip: Ipv4Addr) -> Result<(), &'static str> {
+    /// A private address passes: every private address is allowed, or its
+    /// name is, or its range is.
+    fn private_ok(&self, ip: IpAddr, named: bool) -> Result<(), &'static str> {
+        if self.allow_private || named || self.allowed.iter().any(|a| a.contains(ip)) {
+            Ok(())
+        } else {
+            Err("a private address")
+        }
+    }
+
+    fn check_v4(&self, ip: Ipv4Addr, named: bool) -> Result<(), &'static str> {
         let [a, b, c, _] = ip.octets();
         if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || a == 0 {
             return Err("not a unicast address");
@@ -71,41 +206,33 @@ impl AddressPolicy {
         }
         let cgnat = a == 100 && (64..128).contains(&b);
         if ip.is_loopback() || ip.is_private() || cgnat {
-            return if self.allow_private {
-                Ok(())
-            } else {
-                Err("a private address")
-            };
+            return self.private_ok(IpAddr::V4(ip), named);
         }
         Ok(())
     }
 
-    fn check_v6(&self, ip: Ipv6Addr) -> Result<(), &'static str> {
+    fn check_v6(&self, ip: Ipv6Addr, named: bool) -> Result<(), &'static str> {
         let s = ip.segments();
         if ip.is_unspecified() || ip.is_multicast() {
             return Err("not a unicast address");
         }
         if ip.is_loopback() {
-            return if self.allow_private {
-                Ok(())
-            } else {
-                Err("a private address")
-            };
+            return self.private_ok(IpAddr::V6(ip), named);
         }
         // Transition forms that carry an IPv4 address: the packets end up
         // at that address, so it is held to the IPv4 policy.
         // IPv4-mapped ::ffff:0:0/96 and IPv4-compatible ::/96 (the two
         // special cases above aside).
         if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
-            return self.check_v4(low_v4(ip));
+            return self.check_v4(low_v4(ip), named);
         }
         // IPv4-translated ::ffff:0:0:0/96 (RFC 2765).
         if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
-            return self.check_v4(low_v4(ip));
+            return self.check_v4(low_v4(ip), named);
         }
         // NAT64 well-known prefix 64:ff9b::/96 (RFC 6052).
         if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-            return self.check_v4(low_v4(ip));
+            return self.check_v4(low_v4(ip), named);
         }
         // The rest of 64:ff9b::/32, the local-use NAT64 prefix
         // 64:ff9b:1::/48 (RFC 8215) included: where its IPv4 address sits
@@ -118,7 +245,7 @@ impl AddressPolicy {
         if s[0] == 0x2002 {
             let [a, b] = s[1].to_be_bytes();
             let [c, d] = s[2].to_be_bytes();
-            return self.check_v4(Ipv4Addr::new(a, b, c, d));
+            return self.check_v4(Ipv4Addr::new(a, b, c, d), named);
         }
         // Teredo 2001::/32 (RFC 4380): the server's IPv4 address in bits
         // 32..64, the client's (where packets go) in the last 32 bits,
@@ -126,9 +253,9 @@ impl AddressPolicy {
         if s[0] == 0x2001 && s[1] == 0 {
             let [a, b] = s[2].to_be_bytes();
             let [c, d] = s[3].to_be_bytes();
-            self.check_v4(Ipv4Addr::new(a, b, c, d))?;
+            self.check_v4(Ipv4Addr::new(a, b, c, d), named)?;
             let client = u32::from(low_v4(ip)) ^ 0xffff_ffff;
-            return self.check_v4(Ipv4Addr::from(client));
+            return self.check_v4(Ipv4Addr::from(client), named);
         }
         // Documentation 2001:db8::/32.
         if s[0] == 0x2001 && s[1] == 0x0db8 {
@@ -143,11 +270,7 @@ impl AddressPolicy {
         }
         // Unique-local fc00::/7 and the deprecated site-local fec0::/10.
         if (s[0] & 0xfe00) == 0xfc00 || (s[0] & 0xffc0) == 0xfec0 {
-            return if self.allow_private {
-                Ok(())
-            } else {
-                Err("a private address")
-            };
+            return self.private_ok(IpAddr::V6(ip), named);
         }
         Ok(())
     }
@@ -173,7 +296,7 @@ impl tower_service::Service<Name> for PolicyResolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let policy = self.policy;
+        let policy = self.policy.clone();
         Box::pin(async move {
             let host = name.as_str().to_owned();
             let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
@@ -185,7 +308,7 @@ impl tower_service::Service<Name> for PolicyResolver {
                     )
                 })?
                 .collect();
-            Ok(allowed_answers(policy, &host, found)?.into_iter())
+            Ok(allowed_answers(&policy, &host, found)?.into_iter())
         })
     }
 }
@@ -206,19 +329,19 @@ impl std::error::Error for ResolveFailed {}
 /// The addresses of a DNS answer the policy allows; an error (of kind
 /// `PermissionDenied`) when none is left.
 fn allowed_answers(
-    policy: AddressPolicy,
+    policy: &AddressPolicy,
     host: &str,
     found: Vec<SocketAddr>,
 ) -> std::io::Result<Vec<SocketAddr>> {
     let allowed: Vec<SocketAddr> = found
         .iter()
         .copied()
-        .filter(|a| policy.check(a.ip()).is_ok())
+        .filter(|a| policy.check_resolved(Some(host), a.ip()).is_ok())
         .collect();
     if allowed.is_empty() {
         let why = found
             .first()
-            .and_then(|a| policy.check(a.ip()).err())
+            .and_then(|a| policy.check_resolved(Some(host), a.ip()).err())
             .unwrap_or("no address");
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -315,7 +438,9 @@ pub struct Response {
 
 impl AgentHttp {
     pub fn new(policy: AddressPolicy, connect_timeout: Duration) -> anyhow::Result<Self> {
-        let mut http = HttpConnector::new_with_resolver(PolicyResolver { policy });
+        let mut http = HttpConnector::new_with_resolver(PolicyResolver {
+            policy: policy.clone(),
+        });
         http.enforce_http(false);
         http.set_connect_timeout(Some(connect_timeout));
         http.set_nodelay(true);
@@ -333,14 +458,14 @@ impl AgentHttp {
         Ok(Self { client, policy })
     }
 
-    pub fn policy(&self) -> AddressPolicy {
-        self.policy
+    pub fn policy(&self) -> &AddressPolicy {
+        &self.policy
     }
 
     /// Checks a URL before it is called: http(s), and an IP literal host
     /// must pass the policy (names are checked as they resolve).
     pub fn check_url(&self, url: &str) -> Result<http::Uri, NetError> {
-        check_url(self.policy, url)
+        check_url(&self.policy, url)
     }
 
     /// Sends a request and waits for its head (the first-byte deadline).
@@ -387,7 +512,7 @@ impl AgentHttp {
 }
 
 /// The policy's check of a URL (see [`AgentHttp::check_url`]).
-pub fn check_url(policy: AddressPolicy, url: &str) -> Result<http::Uri, NetError> {
+pub fn check_url(policy: &AddressPolicy, url: &str) -> Result<http::Uri, NetError> {
     let uri: http::Uri = url.parse().map_err(|_| NetError::BadUrl(url.to_owned()))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
@@ -600,6 +725,7 @@ mod tests {
         let private = AddressPolicy {
             allow_private: true,
             allow_link_local: false,
+            allowed: Vec::new(),
         };
         assert!(private.check("127.0.0.1".parse().unwrap()).is_ok());
         assert!(private.check("10.0.0.1".parse().unwrap()).is_ok());
@@ -608,6 +734,7 @@ mod tests {
         let all = AddressPolicy {
             allow_private: true,
             allow_link_local: true,
+            allowed: Vec::new(),
         };
         assert!(all.check("169.254.169.254".parse().unwrap()).is_ok());
         assert!(all.check("0.0.0.0".parse().unwrap()).is_err());
@@ -681,6 +808,7 @@ mod tests {
         let private = AddressPolicy {
             allow_private: true,
             allow_link_local: false,
+            allowed: Vec::new(),
         };
         for (addr, strict_ok, private_ok) in TABLE {
             let ip: IpAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
@@ -691,10 +819,10 @@ mod tests {
                 IpAddr::V4(_) => format!("http://{ip}:8080/a"),
                 IpAddr::V6(_) => format!("http://[{ip}]:8080/a"),
             };
-            assert_eq!(check_url(strict, &url).is_ok(), strict_ok, "url: {url}");
+            assert_eq!(check_url(&strict, &url).is_ok(), strict_ok, "url: {url}");
             // As a DNS answer (the resolver's filter).
             let answer = vec![SocketAddr::new(ip, 0)];
-            let filtered = allowed_answers(strict, "agent.example", answer);
+            let filtered = allowed_answers(&strict, "agent.example", answer);
             assert_eq!(filtered.is_ok(), strict_ok, "dns: {addr}");
             if let Err(e) = filtered {
                 assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
@@ -709,7 +837,7 @@ mod tests {
             .iter()
             .map(|a| SocketAddr::new(a.parse().unwrap(), 0))
             .collect();
-        let kept = allowed_answers(strict, "mixed.example", answer).unwrap();
+        let kept = allowed_answers(&strict, "mixed.example", answer).unwrap();
         assert_eq!(
             kept,
             vec![SocketAddr::new("2002:808:808::1".parse().unwrap(), 0)]
@@ -719,25 +847,25 @@ mod tests {
     #[test]
     fn urls_must_be_http_and_ip_literals_are_checked() {
         let strict = AddressPolicy::default();
-        assert!(check_url(strict, "https://agents.example.com/a").is_ok());
+        assert!(check_url(&strict, "https://agents.example.com/a").is_ok());
         assert!(matches!(
-            check_url(strict, "http://127.0.0.1:9/"),
+            check_url(&strict, "http://127.0.0.1:9/"),
             Err(NetError::Denied(_))
         ));
         assert!(matches!(
-            check_url(strict, "http://[::1]:9/"),
+            check_url(&strict, "http://[::1]:9/"),
             Err(NetError::Denied(_))
         ));
         assert!(matches!(
-            check_url(strict, "http://169.254.169.254/latest/meta-data"),
+            check_url(&strict, "http://169.254.169.254/latest/meta-data"),
             Err(NetError::Denied(_))
         ));
         assert!(matches!(
-            check_url(strict, "ftp://example.com/"),
+            check_url(&strict, "ftp://example.com/"),
             Err(NetError::BadUrl(_))
         ));
         assert!(matches!(
-            check_url(strict, "not a url"),
+            check_url(&strict, "not a url"),
             Err(NetError::BadUrl(_))
         ));
     }
@@ -755,9 +883,160 @@ mod tests {
             policy: AddressPolicy {
                 allow_private: true,
                 allow_link_local: false,
+                allowed: Vec::new(),
             },
         };
         assert!(open.call(name).await.unwrap().next().is_some());
+    }
+
+    fn allowing(entries: &[&str]) -> AddressPolicy {
+        let entries: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+        AddressPolicy::new(false, false, &entries).unwrap()
+    }
+
+    #[test]
+    fn allowed_networks_open_their_private_ranges_only() {
+        let p = allowing(&["10.0.0.0/8", "fd00::/8", "127.0.0.1", "192.168.7.0/24"]);
+        for ok in [
+            "10.1.2.3",
+            "fd12::1",
+            "127.0.0.1",
+            "192.168.7.9",
+            "::ffff:10.0.0.1",
+            "8.8.8.8",
+        ] {
+            assert!(p.check(ok.parse().unwrap()).is_ok(), "{ok}");
+        }
+        for denied in [
+            "127.0.0.2",
+            "172.16.0.1",
+            "192.168.8.1",
+            "fc00::1",
+            "::1",
+            "100.64.0.1",
+        ] {
+            assert_eq!(
+                p.check(denied.parse().unwrap()),
+                Err("a private address"),
+                "{denied}"
+            );
+        }
+        // A range over link-local, metadata or reserved addresses opens
+        // none of them: those take allow_link_local, or nothing.
+        let wide = allowing(&[
+            "169.254.0.0/16",
+            "fe80::/10",
+            "100.100.100.0/24",
+            "240.0.0.0/8",
+            "198.18.0.0/15",
+        ]);
+        for denied in [
+            "169.254.169.254",
+            "fe80::1",
+            "100.100.100.200",
+            "240.0.0.1",
+            "198.18.0.1",
+        ] {
+            assert!(wide.check(denied.parse().unwrap()).is_err(), "{denied}");
+        }
+        let link = AddressPolicy::new(false, true, &["10.0.0.0/8".into()]).unwrap();
+        assert!(link.check("169.254.169.254".parse().unwrap()).is_ok());
+        assert!(link.check("172.16.0.1".parse().unwrap()).is_err());
+        // IP literals in URLs follow the same ranges.
+        assert!(check_url(&p, "http://10.0.0.5:8080/a").is_ok());
+        assert!(matches!(
+            check_url(&p, "http://172.16.0.5/a"),
+            Err(NetError::Denied(_))
+        ));
+    }
+
+    #[test]
+    fn allowed_host_names_open_the_private_addresses_they_resolve_to() {
+        let p = allowing(&["agents.ns.svc.cluster.local", "*.svc.cluster.local"]);
+        let private: IpAddr = "10.96.0.12".parse().unwrap();
+        assert!(p
+            .check_resolved(Some("agents.ns.svc.cluster.local"), private)
+            .is_ok());
+        assert!(p
+            .check_resolved(Some("Search.Team.SVC.cluster.local."), private)
+            .is_ok());
+        assert!(p
+            .check_resolved(Some("svc.cluster.local"), private)
+            .is_err());
+        assert!(p
+            .check_resolved(Some("evil-svc.cluster.local"), private)
+            .is_err());
+        assert!(p
+            .check_resolved(Some("agents.example.com"), private)
+            .is_err());
+        assert!(p.check(private).is_err(), "a literal is not a name");
+        // Never link-local or reserved, whatever the name.
+        for denied in ["169.254.169.254", "fd00:ec2::254", "240.0.0.1"] {
+            let ip: IpAddr = denied.parse().unwrap();
+            assert!(
+                p.check_resolved(Some("a.svc.cluster.local"), ip).is_err(),
+                "{denied}"
+            );
+        }
+        let answer = vec![SocketAddr::new(private, 0)];
+        assert!(allowed_answers(&p, "a.svc.cluster.local", answer.clone()).is_ok());
+        assert_eq!(
+            allowed_answers(&p, "a.example.com", answer)
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::PermissionDenied
+        );
+    }
+
+    #[test]
+    fn allowed_network_entries_are_checked() {
+        assert_eq!(
+            AllowedNetwork::parse("10.0.0.0/8"),
+            Ok(AllowedNetwork::Range {
+                network: "10.0.0.0".parse().unwrap(),
+                prefix: 8
+            })
+        );
+        assert_eq!(
+            AllowedNetwork::parse("*.svc.cluster.local"),
+            Ok(AllowedNetwork::Domain("svc.cluster.local".into()))
+        );
+        assert_eq!(
+            AllowedNetwork::parse("Agents.NS.svc.cluster.local."),
+            Ok(AllowedNetwork::Host("agents.ns.svc.cluster.local".into()))
+        );
+        for bad in [
+            "10.0.0.0/33",
+            "fd00::/129",
+            "0.0.0.0/0",
+            "::/0",
+            "10.0.0.0/x",
+            "*.local",
+            "*",
+            "",
+            "http://agents",
+            "a..b",
+            "-a.b",
+            "*.*.svc",
+        ] {
+            assert!(AllowedNetwork::parse(bad).is_err(), "{bad}");
+        }
+        let e = AddressPolicy::new(false, false, &["10.0.0.0/40".into()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("planner.allowed_networks: '10.0.0.0/40'"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_resolver_honours_allowed_host_names() {
+        use tower_service::Service;
+        let mut resolver = PolicyResolver {
+            policy: allowing(&["localhost"]),
+        };
+        let name: Name = "localhost".parse().unwrap();
+        assert!(resolver.call(name).await.unwrap().next().is_some());
     }
 
     #[test]

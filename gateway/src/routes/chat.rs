@@ -24,6 +24,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     // 2. Validate, and check the key may use this model (and the planner).
     let session_id = ex.session_id().map(str::to_owned);
     let valid = validate::chat::validate(
+        &app.catalog,
         &req,
         &validate::chat::ChatHeaders {
             session_id: session_id.as_deref(),

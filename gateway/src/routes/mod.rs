@@ -41,13 +41,13 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             ex.route = "models.list";
             allow(&method, Method::GET, &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
-            models::list(ex).await
+            models::list(&app.catalog, ex).await
         }
         ["v1", "models", id] => {
             ex.route = "models.retrieve";
             allow(&method, Method::GET, &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
-            models::retrieve(ex, id).await
+            models::retrieve(&app.catalog, ex, id).await
         }
         ["v1", "responses"] => {
             ex.route = "responses.create";

@@ -4,31 +4,35 @@
 use crate::api::models::{
     CodexCatalogue, CodexModel, Model, ModelList, ReasoningLevel, TruncationPolicy,
 };
-use crate::catalog::{self, ModelSpec, MODELS};
+use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use std::sync::LazyLock;
 
-/// The list body never changes while the process runs: encode it once.
-static MODEL_LIST: LazyLock<Bytes> = LazyLock::new(|| {
+/// The list body (a few hundred bytes: encoded per request).
+fn model_list(catalog: &Catalog) -> Bytes {
     let list = ModelList {
         object: "list",
-        data: MODELS.iter().map(Model::from).collect(),
+        data: catalog.models().iter().copied().map(Model::from).collect(),
     };
     serde_json::to_vec(&list).unwrap_or_default().into()
-});
+}
 
 /// The Codex catalogue and its ETag (a digest of the body, so it changes
 /// exactly when the catalogue does).
-static CODEX_CATALOGUE: LazyLock<(Bytes, String)> = LazyLock::new(|| {
-    let mut models: Vec<CodexModel> = MODELS.iter().map(CodexModel::from).collect();
+fn codex_catalogue(catalog: &Catalog) -> (Bytes, String) {
+    let mut models: Vec<CodexModel> = catalog
+        .models()
+        .iter()
+        .copied()
+        .map(CodexModel::from)
+        .collect();
     models.sort_by_key(|m| m.priority);
     let body = serde_json::to_vec(&CodexCatalogue { models }).unwrap_or_default();
     let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
     (body.into(), etag)
-});
+}
 
 /// The system prompt the catalogue gives Codex for every model. Short, so a
 /// small model's context is left to the conversation (Codex's own default
@@ -40,11 +44,6 @@ const CODEX_BASE_INSTRUCTIONS: &str = "You are Codex, a coding agent working in 
     changes that follow the conventions of the existing code. End with a short summary of what \
     you did and anything left for the user.";
 
-/// The ETag Codex compares against `x-models-etag` on `/responses` replies.
-pub fn codex_etag() -> &'static str {
-    &CODEX_CATALOGUE.1
-}
-
 /// Codex identifies itself by `originator` or `User-Agent` starting `codex_`.
 fn is_codex(ex: &Exchange) -> bool {
     ["originator", "user-agent"]
@@ -52,9 +51,9 @@ fn is_codex(ex: &Exchange) -> bool {
         .any(|h| ex.header(h).is_some_and(|v| v.starts_with(b"codex_")))
 }
 
-pub async fn list(ex: &mut Exchange) -> Result<(), ApiError> {
+pub async fn list(catalog: &Catalog, ex: &mut Exchange) -> Result<(), ApiError> {
     if is_codex(ex) {
-        let (body, etag) = &*CODEX_CATALOGUE;
+        let (body, etag) = codex_catalogue(catalog);
         if ex.header("if-none-match") == Some(etag.as_bytes()) {
             ex.send(
                 304,
@@ -65,22 +64,19 @@ pub async fn list(ex: &mut Exchange) -> Result<(), ApiError> {
             .await;
             return Ok(());
         }
-        ex.send(
-            200,
-            "application/json",
-            &[("etag", etag.clone())],
-            body.clone(),
-        )
-        .await;
+        ex.send(200, "application/json", &[("etag", etag)], body)
+            .await;
     } else {
-        ex.send(200, "application/json", &[], MODEL_LIST.clone())
+        ex.send(200, "application/json", &[], model_list(catalog))
             .await;
     }
     Ok(())
 }
 
-pub async fn retrieve(ex: &mut Exchange, id: &str) -> Result<(), ApiError> {
-    let model = catalog::find(id).ok_or_else(|| ApiError::model_not_found(id))?;
+pub async fn retrieve(catalog: &Catalog, ex: &mut Exchange, id: &str) -> Result<(), ApiError> {
+    let model = catalog
+        .find(id)
+        .ok_or_else(|| ApiError::model_not_found(id))?;
     ex.send_json(200, &Model::from(model), &[]).await;
     Ok(())
 }

@@ -37,7 +37,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let req: CreateResponseRequest = parse::json_body(&body)?;
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
-    let valid = validate::responses::validate(&req)?;
+    let valid = validate::responses::validate(&app.catalog, &req)?;
     ex.model = valid.model.id;
     account.check_model(valid.model.id)?;
     if valid.background && app.shutdown.is_draining() {

@@ -542,7 +542,12 @@ mod tests {
 
     fn validated(body: &str) -> (ChatCompletionRequest, ValidChatRequest) {
         let req: ChatCompletionRequest = json_body(body.as_bytes()).unwrap();
-        let valid = validate(&req, &Default::default()).unwrap();
+        let valid = validate(
+            &crate::catalog::Catalog::default(),
+            &req,
+            &Default::default(),
+        )
+        .unwrap();
         (req, valid)
     }
 

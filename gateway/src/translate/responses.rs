@@ -718,7 +718,7 @@ mod tests {
 
     fn setup(body: &str) -> (CreateResponseRequest, ValidResponseRequest) {
         let req: CreateResponseRequest = json_body(body.as_bytes()).unwrap();
-        let valid = validate(&req).unwrap();
+        let valid = validate(&crate::catalog::Catalog::default(), &req).unwrap();
         (req, valid)
     }
 

@@ -38,10 +38,11 @@ fn with_tools_and_schema() -> String {
 
 fn measure(label: &str, body: &[u8], iterations: u32) -> f64 {
     let headers = super::chat::ChatHeaders::default();
+    let catalog = crate::catalog::Catalog::default();
     // Warm up (lazy statics: meta-schemas, regexes).
     for _ in 0..1000 {
         let req: ChatCompletionRequest = json_body(body).unwrap();
-        super::chat::validate(&req, &headers).unwrap();
+        super::chat::validate(&catalog, &req, &headers).unwrap();
     }
     let start = Instant::now();
     for _ in 0..iterations {
@@ -52,7 +53,7 @@ fn measure(label: &str, body: &[u8], iterations: u32) -> f64 {
     let req: ChatCompletionRequest = json_body(body).unwrap();
     let start = Instant::now();
     for _ in 0..iterations {
-        black_box(super::chat::validate(black_box(&req), &headers).unwrap());
+        black_box(super::chat::validate(&catalog, black_box(&req), &headers).unwrap());
     }
     let validate = start.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
     println!(

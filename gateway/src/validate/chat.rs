@@ -29,7 +29,7 @@ use super::common::{
     self, check_at_least, check_range, check_tool_type, FormatKind, FormatSpec, FunctionSpec,
 };
 use crate::api::chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent};
-use crate::catalog::{self, ModelSpec};
+use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
 use serde_json::Value;
 
@@ -62,6 +62,7 @@ pub struct ChatHeaders<'a> {
 
 /// Checks a parsed request against every rule of the chat contract.
 pub fn validate(
+    catalog: &Catalog,
     req: &ChatCompletionRequest,
     headers: &ChatHeaders<'_>,
 ) -> Result<ValidChatRequest, ApiError> {
@@ -69,7 +70,9 @@ pub fn validate(
         .model
         .as_deref()
         .ok_or_else(|| ApiError::missing_parameter("model"))?;
-    let model = catalog::find(model_id).ok_or_else(|| ApiError::model_not_found(model_id))?;
+    let model = catalog
+        .find(model_id)
+        .ok_or_else(|| ApiError::model_not_found(model_id))?;
     let messages = req
         .messages
         .as_ref()
@@ -767,6 +770,7 @@ mod tests {
 
     fn check_with(body: &str, session: Option<&str>) -> Result<ValidChatRequest, ApiError> {
         validate(
+            &crate::catalog::Catalog::default(),
             &json_body::<ChatCompletionRequest>(body.as_bytes())?,
             &ChatHeaders {
                 session_id: session,
@@ -825,6 +829,54 @@ mod tests {
                 "{model}"
             );
         }
+    }
+
+    #[test]
+    fn an_added_model_is_validated_with_its_own_facts() {
+        use crate::catalog::{AddedModel, Catalog, Price};
+        let added = |image_input, reasoning_budget| AddedModel {
+            id: "llama-70b".into(),
+            description: String::new(),
+            context_window: 8192,
+            image_input,
+            reasoning_budget,
+            price: Price {
+                input: 1.0,
+                cached_input: 0.1,
+                output: 2.0,
+            },
+        };
+        let plain = Catalog::with_added(vec![added(false, false)]);
+        let able = Catalog::with_added(vec![added(true, true)]);
+        let run = |catalog: &Catalog, body: &str| {
+            validate(
+                catalog,
+                &json_body::<ChatCompletionRequest>(body.as_bytes()).unwrap(),
+                &ChatHeaders::default(),
+            )
+        };
+        let e = run(
+            &Catalog::default(),
+            r#"{"model":"llama-70b","messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!((e.status, &*e.code), (404, "model_not_found"));
+        // Its own window: 8192 output tokens leave no room for input.
+        let e = run(
+            &plain,
+            r#"{"model":"llama-70b","messages":[{"role":"user","content":"x"}],"max_tokens":8192}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, "context_length_exceeded");
+        assert!(e.message.contains("8192"), "{}", e.message);
+        let img = r#"[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]"#;
+        let with_image =
+            format!(r#"{{"model":"llama-70b","messages":[{{"role":"user","content":{img}}}]}}"#);
+        assert!(run(&plain, &with_image).is_err());
+        assert!(run(&able, &with_image).is_ok());
+        let budget = r#"{"model":"llama-70b","messages":[{"role":"user","content":"x"}],"enable_thinking":true,"thinking_budget":512}"#;
+        assert_eq!(run(&plain, budget).unwrap().reasoning_budget, 0);
+        assert_eq!(run(&able, budget).unwrap().reasoning_budget, 512);
     }
 
     #[test]

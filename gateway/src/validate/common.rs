@@ -827,7 +827,7 @@ mod tests {
 
     #[test]
     fn context_window_early_check() {
-        let base = catalog::find("base").unwrap();
+        let base = catalog::Catalog::default().find("base").unwrap();
         assert!(check_context_window(base, 1_000, Some(1_000), "messages", "max_tokens").is_ok());
         let e =
             check_context_window(base, 10, Some(196_608), "messages", "max_tokens").unwrap_err();
@@ -839,7 +839,7 @@ mod tests {
         assert!(check_context_window(base, 1_572_864, None, "messages", "max_tokens").is_ok());
         let e = check_context_window(base, 1_572_872, None, "messages", "max_tokens").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
-        let ultra = catalog::find("base-ultra").unwrap();
+        let ultra = catalog::Catalog::default().find("base-ultra").unwrap();
         assert!(check_context_window(ultra, 1_572_872, None, "input", "max_output_tokens").is_ok());
     }
 }

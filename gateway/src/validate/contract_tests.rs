@@ -14,11 +14,11 @@ fn run(case: &Case) -> Result<(), ApiError> {
             let headers = super::chat::ChatHeaders {
                 session_id: case.session_id,
             };
-            super::chat::validate(&req, &headers).map(|_| ())
+            super::chat::validate(&crate::catalog::Catalog::default(), &req, &headers).map(|_| ())
         }
         Api::Responses => {
             let req: CreateResponseRequest = json_body(&case.body)?;
-            super::responses::validate(&req).map(|_| ())
+            super::responses::validate(&crate::catalog::Catalog::default(), &req).map(|_| ())
         }
     }
 }

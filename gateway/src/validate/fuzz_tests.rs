@@ -145,6 +145,7 @@ fn run(api: Api, body: &[u8], session: Option<&str>) -> Result<(), ApiError> {
         Api::Chat => {
             let req: ChatCompletionRequest = json_body(body)?;
             super::chat::validate(
+                &crate::catalog::Catalog::default(),
                 &req,
                 &super::chat::ChatHeaders {
                     session_id: session,
@@ -154,7 +155,7 @@ fn run(api: Api, body: &[u8], session: Option<&str>) -> Result<(), ApiError> {
         }
         Api::Responses => {
             let req: CreateResponseRequest = json_body(body)?;
-            super::responses::validate(&req).map(|_| ())
+            super::responses::validate(&crate::catalog::Catalog::default(), &req).map(|_| ())
         }
     }
 }

@@ -6,7 +6,7 @@ use super::common::{
     FormatSpec, FunctionSpec,
 };
 use crate::api::responses::{ContentPart, CreateResponseRequest, Input, InputItem, ItemContent};
-use crate::catalog::{self, ModelSpec};
+use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
 use crate::output_check::OutputFormat;
 use serde_json::{json, Value};
@@ -54,12 +54,17 @@ impl FlatTool {
     }
 }
 
-pub fn validate(req: &CreateResponseRequest) -> Result<ValidResponseRequest, ApiError> {
+pub fn validate(
+    catalog: &Catalog,
+    req: &CreateResponseRequest,
+) -> Result<ValidResponseRequest, ApiError> {
     let model_id = req
         .model
         .as_deref()
         .ok_or_else(|| ApiError::missing_parameter("model"))?;
-    let model = catalog::find(model_id).ok_or_else(|| ApiError::model_not_found(model_id))?;
+    let model = catalog
+        .find(model_id)
+        .ok_or_else(|| ApiError::model_not_found(model_id))?;
     let input = req
         .input
         .as_ref()
@@ -553,7 +558,10 @@ mod tests {
     use crate::parse::json_body;
 
     fn check(body: &str) -> Result<ValidResponseRequest, ApiError> {
-        validate(&json_body::<CreateResponseRequest>(body.as_bytes())?)
+        validate(
+            &crate::catalog::Catalog::default(),
+            &json_body::<CreateResponseRequest>(body.as_bytes())?,
+        )
     }
 
     #[test]
