@@ -22,4 +22,5 @@ pub mod pipeline;
 pub mod prefix_cache;
 pub mod service;
 pub mod status;
+pub mod tls;
 pub mod tokenizer;
