@@ -1,11 +1,11 @@
 """The official SDK over HTTPS: a gateway serving `[tls]` with a certificate
-from a CA made for the run (`stack --tls`), and the SDK's httpx client
-trusting that CA, as a client of a private deployment would be configured.
+from a CA made for the run (`stack --tls`), and the SDK's HTTP client
+(`openai.DefaultHttpxClient`) trusting that CA, as a client of a private
+deployment would be configured.
 """
 
 import ssl
 
-import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -24,7 +24,8 @@ def sdk(info, verify) -> OpenAI:
         base_url=info["base_url"],
         api_key=info["api_key"],
         max_retries=0,
-        http_client=httpx.Client(verify=verify),
+        # The SDK's own client class, with the SDK's defaults, told whom to trust.
+        http_client=openai.DefaultHttpxClient(verify=verify),
     )
 
 
