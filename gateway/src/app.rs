@@ -61,6 +61,11 @@ impl App {
                 policy: pool.policy,
             }),
             crate::pool::worker_auth(config.worker_token.as_deref())?,
+            config
+                .worker_tls
+                .as_ref()
+                .map(crate::tls::worker::channel_tls)
+                .transpose()?,
         )?;
         let store = crate::store::open(
             redis,

@@ -67,7 +67,46 @@ pub struct Config {
     /// directory's config entries.
     #[serde(default)]
     pub planner: PlannerConfig,
+    /// HTTPS on the public listener (`[tls]`); absent = plain HTTP.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsConfig>,
+    /// TLS, optionally mutual, on the gRPC channels to the workers
+    /// (`[worker_tls]`); absent = h2c.
+    #[serde(default)]
+    pub worker_tls: Option<WorkerTlsConfig>,
     pub models: BTreeMap<String, ModelPool>,
+}
+
+/// The public listener's certificate (`[tls]`). Both files are PEM and
+/// read again whenever their contents change (checked every 2 s): new
+/// connections get the new certificate, open ones keep theirs, and a pair
+/// that does not load is logged and the previous one kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsConfig {
+    /// The certificate chain, leaf first.
+    pub cert_file: std::path::PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: std::path::PathBuf,
+}
+
+/// TLS to the workers (`[worker_tls]`), whose addresses are then reached
+/// over `https` (`host:port` or `https://host:port`). Read at start-up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerTlsConfig {
+    /// PEM of the CA(s) the workers' certificates must chain to.
+    pub ca_file: std::path::PathBuf,
+    /// The gateway's client certificate (PEM), for workers started with
+    /// `--tls-client-ca`; goes with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The name checked on every worker's certificate instead of the
+    /// address's host (needed when `dns://`/`k8s://` resolve to IPs).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// Planner mode (`[planner]`). Every duration is in milliseconds; the
@@ -584,6 +623,8 @@ impl Config {
             telemetry: TelemetryConfig::default(),
             worker_token: None,
             planner: PlannerConfig::default(),
+            tls: None,
+            worker_tls: None,
             models: BTreeMap::new(),
         }
     }
@@ -735,6 +776,17 @@ impl Config {
                 bail!(
                     "telemetry.otlp_endpoint must be an http:// or https:// URL, got '{endpoint}'"
                 );
+            }
+        }
+        if let Some(w) = &self.worker_tls {
+            if w.cert_file.is_some() != w.key_file.is_some() {
+                bail!("worker_tls: cert_file and key_file go together");
+            }
+            if w.server_name
+                .as_deref()
+                .is_some_and(|n| n.trim().is_empty())
+            {
+                bail!("worker_tls.server_name must not be empty");
             }
         }
         if self.store.redis_cluster && self.store.redis_url.is_none() {
@@ -907,6 +959,36 @@ mod tests {
             e.contains("does not offer") && e.contains("context_window"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_sections_parse_and_worker_client_files_go_together() {
+        let base = "[models.base]\nworkers = []\n";
+        let c: Config = toml::from_str(&format!(
+            "[tls]\ncert_file = \"/s/tls.crt\"\nkey_file = \"/s/tls.key\"\n\
+             [worker_tls]\nca_file = \"/w/ca.crt\"\ncert_file = \"/w/c.crt\"\n\
+             key_file = \"/w/c.key\"\nserver_name = \"worker.ns.svc\"\n{base}"
+        ))
+        .unwrap();
+        assert!(c.check().is_ok());
+        assert_eq!(c.tls.unwrap().key_file, Path::new("/s/tls.key"));
+        assert_eq!(
+            c.worker_tls.unwrap().server_name.as_deref(),
+            Some("worker.ns.svc")
+        );
+        let plain: Config = toml::from_str(base).unwrap();
+        assert!(plain.tls.is_none() && plain.worker_tls.is_none());
+        let half: Config = toml::from_str(&format!(
+            "[worker_tls]\nca_file = \"/w/ca.crt\"\ncert_file = \"/w/c.crt\"\n{base}"
+        ))
+        .unwrap();
+        let e = half.check().unwrap_err().to_string();
+        assert!(e.contains("go together"), "{e}");
+        assert!(toml::from_str::<Config>(&format!("[tls]\ncert_file = \"x\"\n{base}")).is_err());
+        assert!(toml::from_str::<Config>(&format!(
+            "[tls]\ncert_file = \"x\"\nkey_file = \"y\"\nca = 1\n{base}"
+        ))
+        .is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::http::admin::AdminApp;
 use crate::http::app::PublicApp;
 use crate::lifecycle::Shutdown;
+use crate::tls::listener::ReloadingCert;
 use async_trait::async_trait;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::ServerConf;
@@ -32,6 +33,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen.clone();
+    // A certificate that does not load stops the gateway here, before it
+    // listens: never a plain-text fallback.
+    let certificate = match &config.tls {
+        Some(tls) => Some(Arc::new(ReloadingCert::load(
+            &tls.cert_file,
+            &tls.key_file,
+        )?)),
+        None => None,
+    };
     let app = Arc::new(App::new(config)?);
     let drain = DrainingSignal {
         readiness_delay,
@@ -47,7 +57,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let admin_app = AdminApp(app.shutdown.clone());
     let mut public = Service::new("public".into(), PublicApp(app));
-    public.add_listener(public_listener(&listen));
+    public.add_listener(public_listener(&listen, certificate.clone())?);
     let mut admin = Service::new("admin".into(), admin_app);
     admin.threads = Some(1);
     admin.add_tcp(&admin_listen);
@@ -65,6 +75,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.add_service(runs_maintainer);
     server.add_service(slots_maintainer);
     server.add_service(key_invalidations);
+    if let Some(certificate) = certificate {
+        server.add_service(background_service(
+            "tls certificate",
+            CertificateWatcher(certificate),
+        ));
+    }
     server.run(RunArgs {
         shutdown_signal: Box::new(drain),
     });
@@ -76,9 +92,17 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 /// (thousands of mostly idle SSE connections); its HTTP/1 layer already
 /// reads headers and bodies into buffers of its own, so reads go straight
 /// to those. Writes keep the default small buffer (one MSS), flushed per
-/// event.
-fn public_listener(addr: &str) -> ListenerConfig {
-    ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::default().read(0))
+/// event. With `[tls]` it serves HTTPS (HTTP/1.1), the certificate taken
+/// from `certificate` at each handshake.
+fn public_listener(
+    addr: &str,
+    certificate: Option<Arc<ReloadingCert>>,
+) -> anyhow::Result<ListenerConfig> {
+    let listener = ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::default().read(0));
+    Ok(match certificate {
+        Some(cert) => listener.tls(crate::tls::listener::settings(cert)?),
+        None => listener,
+    })
 }
 
 /// SIGTERM: fail readiness, keep serving until in-flight work is done (or
@@ -175,6 +199,19 @@ impl BackgroundService for KeyInvalidations {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         tokio::select! {
             _ = self.0.listen_for_invalidations() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Re-reads the public listener's certificate files when they change.
+struct CertificateWatcher(Arc<ReloadingCert>);
+
+#[async_trait]
+impl BackgroundService for CertificateWatcher {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.watch() => {}
             _ = shutdown.changed() => {}
         }
     }

@@ -1,22 +1,44 @@
-//! rustls client configurations, with ring as the only crypto provider (no
-//! system OpenSSL): the Kubernetes API client and Redis over TLS.
+//! rustls configurations, with ring as the only crypto provider (no system
+//! OpenSSL): the Kubernetes API client and Redis over TLS (here), the public
+//! listener's certificate (`listener`), the channels to workers (`worker`).
+
+pub mod listener;
+pub mod worker;
 
 use anyhow::{bail, Context};
-use rustls::pki_types::{pem::PemObject, CertificateDer};
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 use std::sync::Arc;
 
-/// The certificates of a PEM bundle (`what` names it in errors).
-pub fn roots_from_pem(pem: &[u8], what: &str) -> anyhow::Result<rustls::RootCertStore> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        roots
-            .add(cert.with_context(|| format!("{what} is not PEM"))?)
-            .with_context(|| what.to_owned())?;
-    }
-    if roots.is_empty() {
+/// The certificates of a PEM file, at least one (`what` names it in errors).
+pub fn certs_from_pem(pem: &[u8], what: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{what} is not PEM"))?;
+    if certs.is_empty() {
         bail!("{what} holds no certificate");
     }
+    Ok(certs)
+}
+
+/// The certificates of a PEM bundle as trust roots (`what` names it in errors).
+pub fn roots_from_pem(pem: &[u8], what: &str) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs_from_pem(pem, what)? {
+        roots.add(cert).with_context(|| what.to_owned())?;
+    }
     Ok(roots)
+}
+
+/// A certificate chain and its private key (PEM), checked to belong
+/// together, signing with ring.
+pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<CertifiedKey> {
+    let chain = certs_from_pem(cert_pem, "the certificate file")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| anyhow::anyhow!("the key file holds no usable private key: {e}"))?;
+    let provider = rustls::crypto::ring::default_provider();
+    CertifiedKey::from_der(chain, key, &provider)
+        .map_err(|e| anyhow::anyhow!("the certificate and key do not make a pair: {e}"))
 }
 
 /// The system's trusted roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` override

@@ -58,6 +58,9 @@ pub struct GatewayOpts {
     /// Run on this lab host (its own network namespace and address)
     /// instead of loopback.
     pub host: Option<crate::netlab::Host>,
+    /// Serve HTTPS with this certificate (`[tls]`); `base_url` is then
+    /// `https://`.
+    pub tls: Option<crate::certs::CertFiles>,
 }
 
 impl Default for GatewayOpts {
@@ -72,6 +75,7 @@ impl Default for GatewayOpts {
             rust_log: None,
             env: Vec::new(),
             host: None,
+            tls: None,
         }
     }
 }
@@ -116,6 +120,15 @@ impl GatewayOpts {
             models.insert(model.clone(), Value::Table(pool));
         }
         root.insert("models".into(), Value::Table(models));
+        if let Some(tls) = &self.tls {
+            let mut t = Table::new();
+            t.insert(
+                "cert_file".into(),
+                tls.cert_file.display().to_string().into(),
+            );
+            t.insert("key_file".into(), tls.key_file.display().to_string().into());
+            root.insert("tls".into(), Value::Table(t));
+        }
         if !self.extra_toml.trim().is_empty() {
             let extra: Table = toml::from_str(&self.extra_toml).with_context(|| {
                 format!("GatewayOpts.extra_toml is not TOML:\n{}", self.extra_toml)
@@ -230,9 +243,15 @@ impl Gateway {
         Ok(ChildProcess::start(&spec)?.0)
     }
 
-    /// `http://127.0.0.1:PORT/v1`: what SDKs take as `base_url`.
+    /// `http://127.0.0.1:PORT/v1` (`https://` with [`GatewayOpts::tls`]):
+    /// what SDKs take as `base_url`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        let scheme = if self.opts.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}/v1", self.addr)
     }
 
     /// `127.0.0.1:PORT` of the public listener (for raw sockets).

@@ -28,6 +28,8 @@
 //! - [`model::model_file`]: the real model (SmolLM2 GGUF) for `llama` workers.
 //! - [`llama_server::LlamaServer`]: llama.cpp's own server on that model, the
 //!   real engine behind `upstream` workers.
+//! - [`certs::TestCa`]: a CA made at run time issuing server and client
+//!   certificates (PEM files) for TLS tests.
 //! - [`RedisScope`]: a random key prefix on the test Redis, cleaned on drop.
 //! - [`RedisServer`] / [`RedisCluster`]: private `redis-server`s (TLS only, or
 //!   a Redis Cluster of N primaries), killed on drop.
@@ -52,6 +54,7 @@
 
 pub mod a2a_agents;
 pub mod bins;
+pub mod certs;
 pub mod client;
 pub mod fake_engine;
 pub mod fault_proxy;

@@ -69,6 +69,12 @@ impl StackBuilder {
         self
     }
 
+    /// HTTPS on the gateway's public listener ([`GatewayOpts::tls`]).
+    pub fn gateway_tls(mut self, files: crate::certs::CertFiles) -> Self {
+        self.gateway.tls = Some(files);
+        self
+    }
+
     /// Adds a variable to the gateway's environment ([`GatewayOpts::env`]).
     pub fn gateway_env(mut self, (key, value): (String, String)) -> Self {
         self.gateway.env.push((key, value));

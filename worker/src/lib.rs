@@ -22,5 +22,6 @@ pub mod pipeline;
 pub mod prefix_cache;
 pub mod service;
 pub mod status;
+pub mod tls;
 pub mod tokenizer;
 pub mod weights;

@@ -287,6 +287,17 @@ struct ServeArgs {
     /// fail with UNAUTHENTICATED. grpc.health.v1 stays open for probes.
     #[arg(long, env = "WORKER_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// Serve gRPC over TLS with this certificate chain (PEM, leaf first);
+    /// gateways then need `[worker_tls]`. Read at start-up.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: refuse, at the handshake, clients without a certificate
+    /// signed by this CA (PEM). Needs --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// When unpaced (--tokens-per-second 0, no slow_ms), merge up to N
     /// tokens into one event: fewer, larger deltas for load tests. 1 = one
     /// token per event.
@@ -553,16 +564,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         });
     }
 
+    // Certificate files are read before binding: a bad one fails the
+    // start, never a plain-text fallback.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(worker::tls::server_config(&worker::tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.tls_client_ca.as_deref(),
+        })?),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let max_streams = loaded
         .capacity
         .saturating_add(args.max_queue)
         .saturating_add(64);
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .max_concurrent_streams(max_streams)
@@ -571,11 +591,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             WorkerServer::new(WorkerService::new(Arc::clone(&state)))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
             RequireToken::new(args.auth_token.as_deref()),
-        ))
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
-        });
-    let mut server = tokio::spawn(server);
+        ));
+    let stopped = async {
+        let _ = stop_rx.await;
+    };
+    let mut server = match tls {
+        Some(config) => tokio::spawn(
+            router.serve_with_incoming_shutdown(worker::tls::incoming(listener, config), stopped),
+        ),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stopped,
+        )),
+    };
     let metrics = match args.metrics_listen {
         Some(at) => {
             let (listener, bound) = worker::metrics::bind(at).await?;
@@ -594,8 +622,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         writeln!(
             out,
-            "worker listening on {addr} model={} engine={engine_name}",
-            args.model
+            "worker listening on {addr} model={} engine={engine_name}{}",
+            args.model,
+            if args.tls_cert.is_some() { " tls" } else { "" }
         )?;
         out.flush()?;
     }

@@ -6,7 +6,7 @@ use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Consecutive failures that open the circuit.
 const OPEN_AFTER_FAILURES: u32 = 3;
@@ -53,14 +53,31 @@ pub struct WorkerEndpoint {
 /// Reset streams remembered per worker connection (about 100 bytes each).
 const MAX_REMEMBERED_RESETS: usize = 16 * 1024;
 
+/// The URI of a worker address: `https` with `[worker_tls]`, else `http`.
+/// An explicit scheme must agree with the setting.
+fn worker_uri(addr: &str, tls: bool) -> anyhow::Result<String> {
+    match (addr.split_once("://"), tls) {
+        (None, false) => Ok(format!("http://{addr}")),
+        (None, true) => Ok(format!("https://{addr}")),
+        (Some(("http", _)), true) => anyhow::bail!(
+            "worker {addr}: with [worker_tls] workers are reached over TLS; \
+             write host:port or https://host:port"
+        ),
+        (Some(("https", _)), false) => {
+            anyhow::bail!("worker {addr}: an https:// worker needs [worker_tls] (its CA)")
+        }
+        (Some(_), _) => Ok(addr.to_owned()),
+    }
+}
+
 impl WorkerEndpoint {
-    pub fn new(addr: &str) -> anyhow::Result<Self> {
-        let uri = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("http://{addr}")
-        };
-        let endpoint = Endpoint::from_shared(uri)?
+    /// A worker at `addr`, over TLS with `tls` (`[worker_tls]`), else h2c.
+    pub fn new(addr: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Result<Self> {
+        let mut endpoint = Endpoint::from_shared(worker_uri(addr, tls.is_some())?)?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let endpoint = endpoint
             .connect_timeout(super::CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             // Keepalive pings detect a silently dead worker (no FIN, no RST).
@@ -251,7 +268,7 @@ mod tests {
 
     #[test]
     fn circuit_opens_after_consecutive_failures_and_success_resets() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         assert!(e.is_available());
         e.record_failure();
         e.record_failure();
@@ -265,7 +282,7 @@ mod tests {
 
     #[test]
     fn half_open_admits_one_probe_whose_outcome_decides() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         for _ in 0..OPEN_AFTER_FAILURES {
             e.record_failure();
         }
@@ -292,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_probe_without_an_outcome_is_forgotten_at_the_next_check() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         for _ in 0..OPEN_AFTER_FAILURES {
             e.record_failure();
         }
@@ -305,7 +322,7 @@ mod tests {
 
     #[test]
     fn draining_or_unhealthy_workers_are_not_selectable() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         e.record_check(true, Some((1, 0, 8, true)));
         assert!(!e.is_available());
         e.record_check(false, Some((1, 0, 8, false)));
@@ -317,7 +334,7 @@ mod tests {
 
     #[test]
     fn an_open_circuit_leaves_a_healthy_worker_selectable_only_in_panic_mode() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         for _ in 0..OPEN_AFTER_FAILURES {
             e.record_failure();
         }
@@ -332,8 +349,26 @@ mod tests {
     }
 
     #[test]
+    fn worker_addresses_take_the_scheme_of_the_tls_setting() {
+        assert_eq!(
+            worker_uri("10.0.0.1:50051", false).unwrap(),
+            "http://10.0.0.1:50051"
+        );
+        assert_eq!(
+            worker_uri("10.0.0.1:50051", true).unwrap(),
+            "https://10.0.0.1:50051"
+        );
+        assert_eq!(worker_uri("https://w:1", true).unwrap(), "https://w:1");
+        assert_eq!(worker_uri("http://w:1", false).unwrap(), "http://w:1");
+        let e = worker_uri("http://w:1", true).unwrap_err().to_string();
+        assert!(e.contains("[worker_tls]"), "{e}");
+        let e = worker_uri("https://w:1", false).unwrap_err().to_string();
+        assert!(e.contains("needs [worker_tls]"), "{e}");
+    }
+
+    #[test]
     fn inflight_slot_is_released_on_drop() {
-        let e = WorkerEndpoint::new("127.0.0.1:1").unwrap();
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
         let slot = e.acquire();
         assert_eq!(e.inflight(), 1);
         drop(slot);

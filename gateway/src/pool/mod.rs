@@ -25,6 +25,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use telemetry::TraceParent;
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::ClientTlsConfig;
 use tonic::{Code, Status, Streaming};
 
 /// How many distinct workers one request may try before the first token.
@@ -64,9 +65,12 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// Pools of `specs`; every call carries `auth`, over TLS with `tls`
+    /// (`[worker_tls]`).
     pub fn new(
         specs: impl IntoIterator<Item = PoolSpec>,
         auth: WorkerAuth,
+        tls: Option<ClientTlsConfig>,
     ) -> anyhow::Result<Self> {
         let specs: Vec<PoolSpec> = specs.into_iter().collect();
         let mut parsed = Vec::with_capacity(specs.len());
@@ -93,6 +97,7 @@ impl Pools {
                 model: spec.model.clone(),
                 policy: spec.policy,
                 auth: auth.clone(),
+                tls: tls.clone(),
                 endpoints: RwLock::new(Arc::new(Vec::new())),
                 targets,
             };
@@ -146,6 +151,8 @@ pub struct WorkerPool {
     policy: Policy,
     /// Sent on every call to this pool's workers, health checks included.
     auth: WorkerAuth,
+    /// TLS of the channels to this pool's workers (`[worker_tls]`).
+    tls: Option<ClientTlsConfig>,
     targets: Vec<Target>,
     /// Replaced as a whole when membership changes; readers take a snapshot.
     endpoints: RwLock<Arc<Vec<Arc<WorkerEndpoint>>>>,
@@ -207,7 +214,7 @@ impl WorkerPool {
         for addr in &addrs {
             match current.iter().find(|e| e.addr() == addr) {
                 Some(e) => next.push(e.clone()),
-                None => next.push(Arc::new(WorkerEndpoint::new(addr)?)),
+                None => next.push(Arc::new(WorkerEndpoint::new(addr, self.tls.as_ref())?)),
             }
         }
         for gone in current
@@ -550,6 +557,7 @@ mod tests {
                 workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
                 policy: Policy::LeastLoaded,
             }],
+            None,
             None,
         )
         .unwrap();

@@ -121,7 +121,9 @@ mod tests {
 
     fn pool(n: usize) -> Vec<Arc<WorkerEndpoint>> {
         (0..n)
-            .map(|i| Arc::new(WorkerEndpoint::new(&format!("127.0.0.1:{}", 1000 + i)).unwrap()))
+            .map(|i| {
+                Arc::new(WorkerEndpoint::new(&format!("127.0.0.1:{}", 1000 + i), None).unwrap())
+            })
             .collect()
     }
 

@@ -6,7 +6,10 @@
 //!
 //! Prints one JSON line `{"base_url", "api_key", "admin_url", "gateway_pid"}`
 //! on stdout once everything is ready, then runs until its stdin closes (the
-//! parent exited or closed the pipe); the children die with it.
+//! parent exited or closed the pipe); the children die with it. With `--tls`
+//! the gateway serves HTTPS with a certificate for `localhost` and
+//! `127.0.0.1` from a CA made for the run, whose PEM file the line names as
+//! `ca_file`.
 
 use clap::{Parser, ValueEnum};
 use harness::{LlamaServer, Stack, WorkerOpts};
@@ -46,6 +49,9 @@ struct Args {
     /// with the real model.
     #[arg(long, value_enum, default_value = "synthetic")]
     engine: Engine,
+    /// Serve HTTPS (`[tls]`) with a certificate of a CA made for this run.
+    #[arg(long)]
+    tls: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,6 +83,13 @@ fn main() -> anyhow::Result<()> {
     if !args.extra_toml.is_empty() {
         builder = builder.extra_toml(&args.extra_toml);
     }
+    let ca = if args.tls {
+        let ca = harness::certs::TestCa::new("stack")?;
+        builder = builder.gateway_tls(ca.server("gateway", &["localhost", "127.0.0.1"])?);
+        Some(ca)
+    } else {
+        None
+    };
     let stack = builder.start()?;
     println!(
         "{}",
@@ -85,6 +98,7 @@ fn main() -> anyhow::Result<()> {
             "api_key": stack.gateway.api_key(),
             "admin_url": stack.gateway.admin_url(),
             "gateway_pid": stack.gateway.pid(),
+            "ca_file": ca.as_ref().map(|ca| ca.ca_file().display().to_string()),
         })
     );
     // Wait for EOF on stdin; dropping the stack then stops everything.
@@ -92,5 +106,6 @@ fn main() -> anyhow::Result<()> {
     let _ = std::io::stdin().read_to_end(&mut sink);
     drop(stack);
     drop(server);
+    drop(ca);
     Ok(())
 }
