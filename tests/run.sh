@@ -13,12 +13,14 @@
 #    start the real gateway and workers on free loopback ports);
 # 5. runs the Python conformance suite (official `openai` SDK, pinned, in a
 #    venv it creates);
-# 6. runs deploy/check.sh (Helm chart, Kubernetes 1.30 schemas, promtool,
+# 6. runs schemathesis (pinned, in a venv under target/) against
+#    `gateway up --engine synthetic`, with the served OpenAPI document;
+# 7. runs deploy/check.sh (Helm chart, Kubernetes 1.30 schemas, promtool,
 #    hadolint; its tools install once into target/deploy-tools);
 # and exits non-zero if any step failed, after a one-line summary.
 #
 # Knobs: E2E_THREADS (parallel end-to-end tests, default 2), TEST_REDIS_URL,
-# SKIP_PYTHON=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
+# SKIP_PYTHON=1, SKIP_SCHEMATHESIS=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -109,6 +111,11 @@ step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-
 # ---- 5. Python conformance ---------------------------------------------------
 if [ "${SKIP_PYTHON:-0}" != "1" ]; then
     step "python openai SDK conformance" timeout 900 bash tests/conformance/python/run.sh
+fi
+
+# ---- 5b. the OpenAPI document against the live gateway ------------------------
+if [ "${SKIP_SCHEMATHESIS:-0}" != "1" ]; then
+    step "schemathesis (OpenAPI document vs live gateway)" timeout 600 bash tests/conformance/schemathesis/run.sh
 fi
 
 # ---- 6. deploy/ ----------------------------------------------------------------

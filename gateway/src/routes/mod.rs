@@ -1,9 +1,11 @@
 //! Routing: method and path to handler. Every known route authorizes first
-//! (`Accounts::authorize`: key 401, organisation 402, scope 403); an
-//! unknown route is a 404 in the standard envelope.
+//! (`Accounts::authorize`: key 401, organisation 402, scope 403), except
+//! the public interface description (`/v1/openapi.json`); an unknown route
+//! is a 404 in the standard envelope.
 
 pub mod chat;
 pub mod models;
+pub mod openapi;
 pub mod planner;
 pub mod responses;
 
@@ -36,6 +38,11 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             let account = authorize(app, ex, Scope::ChatWrite).await?;
             let route = Box::pin(chat::create(app, ex, account));
             route.await
+        }
+        ["v1", "openapi.json"] => {
+            ex.route = "openapi";
+            allow(&method, Method::GET, &path)?;
+            openapi::serve(ex).await
         }
         ["v1", "models"] => {
             ex.route = "models.list";
