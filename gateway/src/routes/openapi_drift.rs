@@ -394,7 +394,10 @@ fn compare(
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        for f in fields.iter().filter(|f| f.optional) {
+        // Request types (read, never written): reply types that are also
+        // read back from the store omit their `None`s instead.
+        let request_only = !t.serialize || t.name == "InputItem";
+        for f in fields.iter().filter(|f| f.optional && request_only) {
             let prop = &schema["properties"][&f.name];
             if !prop.is_null() && !required.contains(f.name.as_str()) && !admits_null(doc, prop) {
                 problems.push(format!(
