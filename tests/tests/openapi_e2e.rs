@@ -32,13 +32,24 @@ async fn the_document_is_served_without_a_key() {
     }
 }
 
+/// A 405 names the methods the path takes in `Allow` (RFC 9110; found by
+/// schemathesis's `unsupported_method` check).
 #[tokio::test]
-async fn only_get_is_allowed() {
+async fn a_405_carries_allow() {
     let stack = stack();
     let client = stack.client();
-    let reply = client
-        .send(client.request(Method::POST, "/openapi.json"))
-        .await
-        .unwrap();
-    assert_error(&reply, 405, "method_not_allowed");
+    for (method, path, allowed) in [
+        (Method::POST, "/openapi.json", "GET"),
+        (Method::TRACE, "/chat/completions", "POST"),
+        (Method::PUT, "/models", "GET"),
+        (Method::PATCH, "/responses/resp_1", "GET, DELETE"),
+        (Method::GET, "/responses/resp_1/cancel", "POST"),
+    ] {
+        let reply = client
+            .send(client.request(method.clone(), path))
+            .await
+            .unwrap();
+        assert_error(&reply, 405, "method_not_allowed");
+        assert_eq!(reply.header("allow"), Some(allowed), "{method} {path}");
+    }
 }
