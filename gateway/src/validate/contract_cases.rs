@@ -825,6 +825,12 @@ pub fn responses_cases() -> Vec<Case> {
             resp(r#""background":true,"store":false"#),
             "background",
         ),
+        ok("service tier", resp(r#""service_tier":"flex""#)),
+        iv(
+            "service tier unknown",
+            resp(r#""service_tier":"AAA""#),
+            "service_tier",
+        ),
         ok(
             "background stored",
             resp(r#""background":true,"store":true"#),

@@ -154,6 +154,10 @@ pub fn validate(req: &CreateResponseRequest) -> Result<ValidResponseRequest, Api
             ))
         }
     }
+    // Checked as on chat completions (schemathesis found any string accepted here).
+    if let Some(tier) = req.service_tier.as_deref() {
+        super::common::check_service_tier(tier)?;
+    }
     check_include(req.include.as_deref().unwrap_or_default())?;
     check_stream_options(req.stream_options.as_ref(), req.stream.unwrap_or(false))?;
     if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
