@@ -27,13 +27,11 @@ const RENAMED: &[(&str, &str, &str)] = &[
 ];
 
 /// Serde types of the walked files that are not on the wire, and why.
-const NOT_WIRE: &[(&str, &str, &str)] = &[
-    (
-        "api/event_log.rs",
-        "Payload",
-        "reads stored events back; never sent",
-    ),
-];
+const NOT_WIRE: &[(&str, &str, &str)] = &[(
+    "api/event_log.rs",
+    "Payload",
+    "reads stored events back; never sent",
+)];
 
 /// The error shapes live in `error/`, beside the status table; only these
 /// of its serde types are wire types (`BlockedAccount` is the 402 detail
@@ -46,10 +44,7 @@ const DOC_ONLY: &[(&str, &str)] = &[
         "MessageContent",
         "api::chat::MessageContent, read by a hand-written visitor",
     ),
-    (
-        "Input",
-        "api::responses::Input, a hand-written Deserialize",
-    ),
+    ("Input", "api::responses::Input, a hand-written Deserialize"),
     (
         "ChatToolChoice",
         "a serde_json::Value checked by validate::chat",
@@ -559,7 +554,9 @@ fn an_undocumented_field_is_reported() {
 #[test]
 fn document_is_openapi_3_1_version_1_0_0() {
     let doc = document();
-    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")));
+    assert!(doc["openapi"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("3.1")));
     assert_eq!(doc["info"]["version"], "1.0.0");
     assert_eq!(
         doc["components"]["securitySchemes"]["bearerAuth"]["scheme"],
