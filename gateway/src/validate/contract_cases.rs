@@ -832,6 +832,15 @@ pub fn responses_cases() -> Vec<Case> {
             "service_tier",
         ),
         ok(
+            "prompt cache retention",
+            resp(r#""prompt_cache_retention":"24h""#),
+        ),
+        iv(
+            "prompt cache retention unknown",
+            resp(r#""prompt_cache_retention":"AAA""#),
+            "prompt_cache_retention",
+        ),
+        ok(
             "background stored",
             resp(r#""background":true,"store":true"#),
         ),
