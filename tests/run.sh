@@ -15,12 +15,14 @@
 #    LangChain's `ChatOpenAI`, pinned, in a venv it creates), the Node one
 #    (official `openai` npm package) and the Codex CLI (`codex exec` against
 #    `gateway up`), both pinned by lock files and installed with `npm ci`;
-# 6. runs deploy/check.sh (Helm chart, Kubernetes 1.27/1.35 and CRD schemas, promtool,
+# 6. runs schemathesis (pinned, in a venv under target/) against
+#    `gateway up --engine synthetic`, with the served OpenAPI document;
+# 7. runs deploy/check.sh (Helm chart, Kubernetes 1.27/1.35 and CRD schemas, promtool,
 #    hadolint; its tools install once into target/deploy-tools);
 # and exits non-zero if any step failed, after a one-line summary.
 #
 # Knobs: E2E_THREADS (parallel end-to-end tests, default 2), TEST_REDIS_URL,
-# SKIP_PYTHON=1, SKIP_NODE=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
+# SKIP_PYTHON=1, SKIP_NODE=1, SKIP_SCHEMATHESIS=1, SKIP_DEPLOY=1, IGW_KEEP_LOGS=1 (keep child logs of passing tests too).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -120,6 +122,11 @@ fi
 if [ "${SKIP_NODE:-0}" != "1" ]; then
     step "node openai SDK conformance" timeout 600 bash tests/conformance/node/run.sh
     step "codex CLI" timeout 600 bash tests/conformance/codex/run.sh
+fi
+
+# ---- 5c. the OpenAPI document against the live gateway ------------------------
+if [ "${SKIP_SCHEMATHESIS:-0}" != "1" ]; then
+    step "schemathesis (OpenAPI document vs live gateway)" timeout 600 bash tests/conformance/schemathesis/run.sh
 fi
 
 # ---- 6. deploy/ ----------------------------------------------------------------

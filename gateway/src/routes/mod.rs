@@ -1,9 +1,11 @@
 //! Routing: method and path to handler. Every known route authorizes first
-//! (`Accounts::authorize`: key 401, organisation 402, scope 403); an
-//! unknown route is a 404 in the standard envelope.
+//! (`Accounts::authorize`: key 401, organisation 402, scope 403), except
+//! the public interface description (`/v1/openapi.json`); an unknown route
+//! is a 404 in the standard envelope.
 
 pub mod chat;
 pub mod models;
+pub mod openapi;
 pub mod planner;
 pub mod responses;
 
@@ -32,26 +34,31 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
     match segments.as_slice() {
         ["v1", "chat", "completions"] => {
             ex.route = "chat.completions";
-            allow(&method, Method::POST, &path)?;
+            allow(ex, &[Method::POST], &path)?;
             let account = authorize(app, ex, Scope::ChatWrite).await?;
             let route = Box::pin(chat::create(app, ex, account));
             route.await
         }
+        ["v1", "openapi.json"] => {
+            ex.route = "openapi";
+            allow(ex, &[Method::GET], &path)?;
+            openapi::serve(ex).await
+        }
         ["v1", "models"] => {
             ex.route = "models.list";
-            allow(&method, Method::GET, &path)?;
+            allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
             models::list(&app.catalog, ex).await
         }
         ["v1", "models", id] => {
             ex.route = "models.retrieve";
-            allow(&method, Method::GET, &path)?;
+            allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
             models::retrieve(&app.catalog, ex, id).await
         }
         ["v1", "responses"] => {
             ex.route = "responses.create";
-            allow(&method, Method::POST, &path)?;
+            allow(ex, &[Method::POST], &path)?;
             let account = authorize(app, ex, Scope::ResponsesWrite).await?;
             let route = Box::pin(responses::create(app, ex, account));
             route.await
@@ -61,7 +68,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                 ex.route = "responses.delete";
             } else {
                 ex.route = "responses.retrieve";
-                allow(&method, Method::GET, &path)?;
+                allow(ex, &[Method::GET, Method::DELETE], &path)?;
             }
             // Deleting destroys data: a read-only key may not.
             let scope = if method == Method::DELETE {
@@ -81,7 +88,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         ["v1", "responses", id, "cancel"] => {
             ex.route = "responses.cancel";
-            allow(&method, Method::POST, &path)?;
+            allow(ex, &[Method::POST], &path)?;
             // Cancelling ends a run: a write.
             let principal = authorize(app, ex, Scope::ResponsesWrite)
                 .await?
@@ -93,7 +100,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         ["v1", "responses", id, "input_items"] => {
             ex.route = "responses.input_items";
-            allow(&method, Method::GET, &path)?;
+            allow(ex, &[Method::GET], &path)?;
             let principal = authorize(app, ex, Scope::ResponsesRead)
                 .await?
                 .principal
@@ -171,10 +178,14 @@ async fn admit(
     Ok(result?)
 }
 
-fn allow(method: &Method, expected: Method, path: &str) -> Result<(), ApiError> {
-    if *method == expected {
-        Ok(())
-    } else {
-        Err(ApiError::method_not_allowed(method.as_str(), path))
+/// 405 unless the request's method is one of `allowed`, with the `Allow`
+/// header RFC 9110 requires on a 405 (the error response carries
+/// `extra_headers`).
+fn allow(ex: &mut Exchange, allowed: &[Method], path: &str) -> Result<(), ApiError> {
+    if allowed.contains(ex.method()) {
+        return Ok(());
     }
+    let list: Vec<&str> = allowed.iter().map(Method::as_str).collect();
+    ex.extra_headers.push(("allow", list.join(", ")));
+    Err(ApiError::method_not_allowed(ex.method().as_str(), path))
 }

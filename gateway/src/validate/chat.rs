@@ -192,12 +192,7 @@ pub fn validate(
         common::check_metadata("metadata", m)?;
     }
     if let Some(tier) = req.service_tier.as_deref() {
-        if !["auto", "default", "flex", "scale", "priority"].contains(&tier) {
-            return Err(ApiError::invalid_value(
-                "service_tier",
-                format!("Invalid value for 'service_tier': '{tier}'. Supported values are: 'auto', 'default', 'flex', 'scale' and 'priority'."),
-            ));
-        }
+        common::check_service_tier(tier)?;
     }
     if let Some(p) = &req.prediction {
         check_prediction(p)?;

@@ -139,6 +139,18 @@ pub fn check_metadata(param: &str, v: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `service_tier`: one of the public API's values (both endpoints accept
+/// it and ignore it: replies say `default`), else `invalid_value`.
+pub fn check_service_tier(tier: &str) -> Result<(), ApiError> {
+    if ["auto", "default", "flex", "scale", "priority"].contains(&tier) {
+        return Ok(());
+    }
+    Err(ApiError::invalid_value(
+        "service_tier",
+        format!("Invalid value for 'service_tier': '{tier}'. Supported values are: 'auto', 'default', 'flex', 'scale' and 'priority'."),
+    ))
+}
+
 /// `reasoning.effort` / `reasoning_effort`: one of [`REASONING_EFFORTS`].
 pub fn check_reasoning_effort(param: &str, v: &str) -> Result<(), ApiError> {
     if REASONING_EFFORTS.contains(&v) {

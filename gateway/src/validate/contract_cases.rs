@@ -825,6 +825,21 @@ pub fn responses_cases() -> Vec<Case> {
             resp(r#""background":true,"store":false"#),
             "background",
         ),
+        ok("service tier", resp(r#""service_tier":"flex""#)),
+        iv(
+            "service tier unknown",
+            resp(r#""service_tier":"AAA""#),
+            "service_tier",
+        ),
+        ok(
+            "prompt cache retention",
+            resp(r#""prompt_cache_retention":"24h""#),
+        ),
+        iv(
+            "prompt cache retention unknown",
+            resp(r#""prompt_cache_retention":"AAA""#),
+            "prompt_cache_retention",
+        ),
         ok(
             "background stored",
             resp(r#""background":true,"store":true"#),

@@ -159,6 +159,20 @@ pub fn validate(
             ))
         }
     }
+    // Checked as on chat completions (schemathesis found any string accepted here).
+    if let Some(tier) = req.service_tier.as_deref() {
+        super::common::check_service_tier(tier)?;
+    }
+    // A retention hint the workers' prefix cache has its own policy for:
+    // checked, then ignored (schemathesis found any string accepted).
+    if let Some(r) = req.prompt_cache_retention.as_deref() {
+        if !matches!(r, "in_memory" | "24h") {
+            return Err(ApiError::invalid_value(
+                "prompt_cache_retention",
+                format!("Invalid value for 'prompt_cache_retention': '{r}'. Supported values are: 'in_memory' and '24h'."),
+            ));
+        }
+    }
     check_include(req.include.as_deref().unwrap_or_default())?;
     check_stream_options(req.stream_options.as_ref(), req.stream.unwrap_or(false))?;
     if req.prompt.as_ref().is_some_and(|p| !p.is_null()) {
