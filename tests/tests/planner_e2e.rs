@@ -976,7 +976,10 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
         let thought = r["thought"].to_string();
-        assert!(thought.contains("Plan: a scripted plan"), "{thought}");
+        assert!(
+            thought.contains("output tokens): a scripted plan"),
+            "{thought}"
+        );
         assert!(!thought.contains("Fallback"), "{thought}");
         assert!(outcomes(&r).contains(&("model".into(), "completed".into())));
         assert!(answer(&r).contains("good says: done"));

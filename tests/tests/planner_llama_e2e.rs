@@ -110,7 +110,10 @@ async fn one_good_agent_is_asked_and_the_model_answers() {
         let took = began.elapsed();
         assert_eq!(reply.status, 200, "{}\n{}", reply.text(), stack.logs());
         let r = reply.json();
-        println!("one planner request with one agent: {took:?}");
+        println!(
+            "one planner request with one agent: {took:?}; usage {}; thought {}",
+            r["usage"], r["thought"]
+        );
         let thought = thoughts(&r);
         assert!(
             thought.iter().any(|t| t.starts_with("Plan (")),

@@ -23,12 +23,13 @@
 use super::plan::{Targets, ToolDemand, MAX_PLAN_STEPS, MODEL_TARGET};
 use serde_json::{json, Map, Value};
 
-/// Characters of the plan's `thought`.
-pub const THOUGHT_CHARS: usize = 120;
-/// Characters of a step's `instruction`.
-pub const INSTRUCTION_CHARS: usize = 120;
+/// Characters of the plan's `thought`. Small models fill text fields to
+/// their limit (SmolLM2 repeats itself), so the limits are short.
+pub const THOUGHT_CHARS: usize = 60;
+/// Characters of a step's `instruction` (the step also gets the request).
+pub const INSTRUCTION_CHARS: usize = 80;
 /// Characters of the reason a named agent is not consulted.
-pub const REASON_CHARS: usize = 80;
+pub const REASON_CHARS: usize = 60;
 /// Alternates of one agent step.
 pub const MAX_ALTERNATES: usize = 2;
 /// Printable ASCII less `"` and `\`: nothing in it needs escaping.
