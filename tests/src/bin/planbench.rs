@@ -130,16 +130,23 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Posts a chat completion and returns the 200 reply's body. Planner
+/// requests on a loaded machine outlast the harness client's 60 s limit:
+/// this one waits up to 10 minutes.
 async fn post(client: &Client, session: Option<&str>, body: &Value) -> Result<Value> {
-    let mut rb = client.request(reqwest::Method::POST, "/chat/completions");
+    let mut rb = client
+        .request(reqwest::Method::POST, "/chat/completions")
+        .timeout(Duration::from_secs(600));
     if let Some(s) = session {
         rb = rb.header("x-session-id", s);
     }
-    let reply = client.send(rb.json(body)).await?;
-    if reply.status != 200 {
-        bail!("{} {}", reply.status, reply.text());
+    let resp = rb.json(body).send().await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    if status != 200 {
+        bail!("{status} {text}");
     }
-    Ok(reply.json())
+    Ok(serde_json::from_str(&text)?)
 }
 
 fn planner_body(
