@@ -78,6 +78,11 @@ pub struct Metrics {
     pub discovery_failures: IntCounterVec,
     /// Planner runs by event (`new` plan made, `answered`).
     pub planner_plans: IntCounterVec,
+    /// Plan calls by result: `valid`, `rejected` (by the guard: the
+    /// engine did not enforce the plan's grammar), `failed` (no reply).
+    pub planner_plan_calls: IntCounterVec,
+    /// Output tokens of plan calls that replied.
+    pub planner_plan_tokens: Histogram,
     /// Planner steps by kind (`agent`, `function`, `llm`) and outcome.
     pub planner_steps: IntCounterVec,
     /// Agent calls' latency by outcome (`completed`, `rejected`, `silent`, ...).
@@ -273,6 +278,18 @@ impl Metrics {
                 "gateway_planner_plans_total",
                 "Planner runs: new plans made, and runs answered.",
                 &["event"],
+                registry
+            )?,
+            planner_plan_calls: register_int_counter_vec_with_registry!(
+                "gateway_planner_plan_calls_total",
+                "Plan calls by result: valid, rejected by the plan guard, failed.",
+                &["result"],
+                registry
+            )?,
+            planner_plan_tokens: prometheus::register_histogram_with_registry!(
+                "gateway_planner_plan_output_tokens",
+                "Output tokens of plan calls.",
+                vec![16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0],
                 registry
             )?,
             planner_steps: register_int_counter_vec_with_registry!(

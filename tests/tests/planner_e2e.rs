@@ -40,8 +40,35 @@ fn llm_step(id: &str, deps: &[&str]) -> Value {
     json!({"id": id, "kind": "llm", "target": "model", "instruction": "Summarise.", "depends_on": deps})
 }
 
+/// A plan of `steps` written with names for readability, as the model
+/// writes it: steps are identified by position (`id` 1, 2, ...), and
+/// `depends_on` names earlier positions.
 fn plan(steps: Vec<Value>) -> Value {
-    json!({"summary": "a scripted plan", "steps": steps})
+    let names: Vec<String> = steps
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let position = |name: &Value| {
+        names
+            .iter()
+            .position(|n| Some(n.as_str()) == name.as_str())
+            .map(|i| i + 1)
+            .expect("a dependency on a step of the plan")
+    };
+    let steps: Vec<Value> = steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let deps: Vec<usize> = s["depends_on"]
+                .as_array()
+                .map(|d| d.iter().map(position).collect())
+                .unwrap_or_default();
+            s["id"] = json!(i + 1);
+            s["depends_on"] = json!(deps);
+            s
+        })
+        .collect();
+    json!({"thought": "a scripted plan", "steps": steps})
 }
 
 /// A user message whose plan calls get `plans` in turn and whose answer
@@ -166,7 +193,7 @@ async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
             );
             let thought: Vec<String> = serde_json::from_value(r["thought"].clone()).unwrap();
             assert!(
-                thought.iter().any(|t| t.starts_with("Plan: ")),
+                thought.iter().any(|t| t.starts_with("Plan (")),
                 "{thought:?}"
             );
             let o = outcomes(&r);
@@ -397,8 +424,6 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
             agent_step("g", "huge", &[], &[]),
             llm_step("f", &["a", "b"]),
         ]);
-        // The re-plan: every agent failed, the model answers alone.
-        let second = plan(vec![llm_step("alone", &[])]);
         let urls = [
             &rejecting, &refusing, &silent, &sse, &broken, &malformed, &huge,
         ]
@@ -407,7 +432,7 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         let reply = post(
             &stack,
             &session(),
-            &body("base", &scripted("Do it all.", &[first, second]), &urls),
+            &body("base", &scripted("Do it all.", &[first]), &urls),
         )
         .await;
         let took = began.elapsed();
@@ -423,7 +448,6 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
             ("sse", "silent"),
             ("broken", "http_error"),
             ("huge", "too_large"),
-            ("model", "completed"),
         ] {
             assert!(
                 o.contains(&(want.0.into(), want.1.into())),
@@ -441,6 +465,12 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         );
         let thought = r["thought"].to_string();
         assert!(thought.contains("Re-plan 1"), "{thought}");
+        // Every agent is excluded and there are no tools: no plan call,
+        // the synthesis answers from what was gathered.
+        assert!(
+            thought.contains("no agents or tools to plan with"),
+            "{thought}"
+        );
         // Silent agents are abandoned at their deadlines (1.5 s here).
         assert!(took < Duration::from_secs(5), "{took:?}");
         let details = r["tool_thought"].to_string();
@@ -946,7 +976,10 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
         let thought = r["thought"].to_string();
-        assert!(thought.contains("Plan: a scripted plan"), "{thought}");
+        assert!(
+            thought.contains("output tokens): a scripted plan"),
+            "{thought}"
+        );
         assert!(!thought.contains("Fallback"), "{thought}");
         assert!(outcomes(&r).contains(&("model".into(), "completed".into())));
         assert!(answer(&r).contains("good says: done"));
@@ -1013,6 +1046,126 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
         );
         assert!(!answer(&r).is_empty());
         assert_eq!(good.methods().len(), 1, "no agent was called");
+    })
+    .await
+}
+
+/// Without a scripted plan the simulator writes what the plan's grammar
+/// offers (one step per target), so the agents a request names are asked:
+/// each receives the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unscripted_plans_on_the_simulator_ask_the_named_agents() {
+    bounded(90, async {
+        let good = || Behavior::Good {
+            delay: Duration::ZERO,
+        };
+        let first = TestAgent::start("first", "Answers anything", good()).await;
+        let second = TestAgent::start("second", "Answers anything too", good()).await;
+        let stack = stack(&MODELS, PLANNER_TOML);
+        for model in MODELS {
+            let asked = (first.texts().len(), second.texts().len());
+            let reply = post(
+                &stack,
+                &session(),
+                &body(
+                    model,
+                    "Plan a trip to Lisbon.",
+                    &[first.url(), second.url()],
+                ),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{model}: {}", reply.text());
+            let r = reply.json();
+            let thought: Vec<String> = serde_json::from_value(r["thought"].clone()).unwrap();
+            assert!(
+                thought.iter().any(|t| t.starts_with("Plan (")),
+                "{model}: a valid plan at the first call: {thought:?}"
+            );
+            let o = outcomes(&r);
+            for agent in ["first", "second"] {
+                assert!(
+                    o.contains(&(agent.into(), "completed".into())),
+                    "{model}: {o:?}"
+                );
+            }
+            for (agent, before) in [(&first, asked.0), (&second, asked.1)] {
+                let texts = agent.texts();
+                assert!(texts.len() > before, "{model}: {} got nothing", agent.name);
+                assert!(
+                    texts[before..]
+                        .iter()
+                        .any(|t| t.contains("Plan a trip to Lisbon.")),
+                    "{model}: the request reaches {}: {texts:?}",
+                    agent.name
+                );
+            }
+            assert_eq!(r["choices"][0]["finish_reason"], "stop");
+        }
+    })
+    .await
+}
+
+fn two_tools() -> Value {
+    let tool = |name: &str| {
+        json!({"type": "function", "function": {"name": name, "description": "A caller's tool",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": false}}})
+    };
+    json!([tool("get_time"), tool("get_weather")])
+}
+
+/// `tool_choice` in planner mode: `required` makes the plan call one of the
+/// caller's tools (the reply pauses for it), a named function makes it
+/// call that one, `none` keeps the tools out; naming a function that is
+/// not among `tools` is the only 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_shapes_the_plan() {
+    bounded(90, async {
+        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let ask = |choice: Value| {
+            let mut b = body("base-mini", "What should I pack?", &[]);
+            b["tools"] = two_tools();
+            b["tool_choice"] = choice;
+            b
+        };
+        let called = |r: &Value| -> Vec<String> {
+            r["choices"][0]["message"]["tool_calls"]
+                .as_array()
+                .map(|calls| {
+                    calls
+                        .iter()
+                        .filter_map(|c| c["function"]["name"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let required = post(&stack, &session(), &ask(json!("required"))).await;
+        assert_eq!(required.status, 200, "{}", required.text());
+        let r = required.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+        assert!(!called(&r).is_empty(), "{r}");
+
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let named = post(&stack, &session(), &ask(named)).await;
+        assert_eq!(named.status, 200, "{}", named.text());
+        let r = named.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+        let names = called(&r);
+        assert!(
+            names.iter().all(|n| n == "get_weather") && !names.is_empty(),
+            "{r}"
+        );
+
+        let none = post(&stack, &session(), &ask(json!("none"))).await;
+        assert_eq!(none.status, 200, "{}", none.text());
+        let r = none.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert!(called(&r).is_empty());
+
+        let ghost = json!({"type": "function", "function": {"name": "get_ghost"}});
+        let refused = post(&stack, &session(), &ask(ghost)).await;
+        harness::assert_error(&refused, 400, "invalid_value");
+        assert_eq!(refused.json()["error"]["param"], "tool_choice");
     })
     .await
 }

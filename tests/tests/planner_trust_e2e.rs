@@ -52,20 +52,21 @@ fn stack(entries: &[String]) -> Stack {
         .expect("stack starts")
 }
 
-fn agent_step(id: &str, target: &str) -> Value {
-    json!({"id": id, "kind": "agent", "target": target, "instruction": format!("Do part {id}."),
+/// The first (and only) step of a scripted plan, asking `target`.
+fn agent_step(target: &str) -> Value {
+    json!({"id": 1, "kind": "agent", "target": target, "instruction": "Do part one.",
            "depends_on": [], "alternates": []})
 }
 
 fn llm_step() -> Value {
-    json!({"id": "m", "kind": "llm", "target": "model", "instruction": "Summarise.", "depends_on": []})
+    json!({"id": 1, "kind": "llm", "target": "model", "instruction": "Summarise.", "depends_on": []})
 }
 
 /// A user message whose plan call gets a plan of `steps` (a re-plan: one
 /// `llm` step) and whose answer echoes the synthesis prompt.
 fn scripted(ask: &str, steps: Vec<Value>) -> String {
-    let plan = json!({"summary": "a scripted plan", "steps": steps});
-    let replan = json!({"summary": "the model alone", "steps": [llm_step()]});
+    let plan = json!({"thought": "a scripted plan", "steps": steps});
+    let replan = json!({"thought": "the model alone", "steps": [llm_step()]});
     format!("{ask} synthetic:echo synthetic:json_replies={plan} {replan}")
 }
 
@@ -142,7 +143,7 @@ async fn a_directory_secret_goes_only_to_its_configured_origin_or_allowed_hosts(
             &stack,
             // Were `front` usable, this step would carry the secret to
             // `elsewhere`; unusable, the plan is repaired to the model.
-            &scripted("Help me.", vec![agent_step("s1", "front")]),
+            &scripted("Help me.", vec![agent_step("front")]),
             &["front".into()],
         )
         .await
@@ -169,7 +170,7 @@ async fn a_directory_secret_goes_only_to_its_configured_origin_or_allowed_hosts(
         // An allowed host is called, with the secret.
         let reply = ask(
             &stack,
-            &scripted("Help me.", vec![agent_step("s1", "listed")]),
+            &scripted("Help me.", vec![agent_step("listed")]),
             &["listed".into()],
         )
         .await
@@ -214,7 +215,7 @@ async fn a_request_naming_a_directory_url_neither_poisons_nor_reads_its_cached_c
         // ...and the directory entry is not disabled by it.
         let reply = ask(
             &stack,
-            &scripted("Open it.", vec![agent_step("s1", "vault")]),
+            &scripted("Open it.", vec![agent_step("vault")]),
             &["vault".into()],
         )
         .await
@@ -231,7 +232,7 @@ async fn a_request_naming_a_directory_url_neither_poisons_nor_reads_its_cached_c
         // secret); a tenant naming the URL is not served it.
         let reply = ask(
             &stack,
-            &scripted("Read it.", vec![agent_step("s1", "ledger")]),
+            &scripted("Read it.", vec![agent_step("ledger")]),
             &["ledger".into()],
         )
         .await
@@ -296,7 +297,7 @@ async fn an_unreachable_agent_says_only_agent_unreachable() {
 
         let reply = ask(
             &stack,
-            &scripted("Knock.", vec![agent_step("s1", "door")]),
+            &scripted("Knock.", vec![agent_step("door")]),
             &[closed_url.clone(), "door".into()],
         )
         .await
@@ -380,7 +381,7 @@ async fn allowed_hosts_are_managed_with_the_cli() {
 
         let reply = ask(
             &stack,
-            &scripted("Help me.", vec![agent_step("s1", "strict")]),
+            &scripted("Help me.", vec![agent_step("strict")]),
             &["strict".into()],
         )
         .await
@@ -394,7 +395,7 @@ async fn allowed_hosts_are_managed_with_the_cli() {
         assert!(backend.methods().is_empty());
         let reply = ask(
             &stack,
-            &scripted("Help me.", vec![agent_step("s1", "relay")]),
+            &scripted("Help me.", vec![agent_step("relay")]),
             &["relay".into()],
         )
         .await

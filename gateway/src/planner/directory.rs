@@ -171,6 +171,10 @@ pub struct ResolvedAgent {
     pub directory_id: Option<String>,
     pub address: String,
     pub card: AgentCard,
+    /// Named in the request's `agents` (not discovered): a plan consults
+    /// it unless it says why not.
+    #[serde(default)]
+    pub named: bool,
 }
 
 impl ResolvedAgent {
@@ -416,6 +420,7 @@ impl Directory {
                             directory_id: None,
                             address: address.to_owned(),
                             card,
+                            named: true,
                         });
                     }
                     Err(e) => unusable.push(Unusable {
@@ -434,6 +439,7 @@ impl Directory {
                                     directory_id: Some(e.id.clone()),
                                     address: e.url.clone(),
                                     card,
+                                    named: true,
                                 });
                             }
                         }
@@ -485,6 +491,7 @@ impl Directory {
                         directory_id: Some(e.id.clone()),
                         address: e.url.clone(),
                         card,
+                        named: false,
                     });
                 }
             }

@@ -45,6 +45,13 @@ pub struct Call {
     pub deadline: Instant,
 }
 
+/// What a call answered.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub text: String,
+    pub output_tokens: u32,
+}
+
 /// A message of text.
 pub fn message(role: &str, text: impl Into<String>) -> pb::Message {
     pb::Message {
@@ -97,6 +104,15 @@ impl<'a> ModelCalls<'a> {
         call: Call,
         deltas: Option<&UnboundedSender<String>>,
     ) -> Result<String, ApiError> {
+        self.call_counted(call, deltas).await.map(|r| r.text)
+    }
+
+    /// [`ModelCalls::call`], with the reply's output tokens.
+    pub async fn call_counted(
+        &self,
+        call: Call,
+        deltas: Option<&UnboundedSender<String>>,
+    ) -> Result<Reply, ApiError> {
         let messages = call.messages.clone();
         let schema = call.schema.clone();
         let deadline = call.deadline;
@@ -121,7 +137,7 @@ impl<'a> ModelCalls<'a> {
         &self,
         call: Call,
         deltas: Option<&UnboundedSender<String>>,
-    ) -> Result<String, ApiError> {
+    ) -> Result<Reply, ApiError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let request_id = format!("{}-m{n}", self.request_id);
         let input_bytes: usize = call
@@ -205,8 +221,16 @@ impl<'a> ModelCalls<'a> {
                 sum.reasoning_tokens += u.reasoning_tokens;
             }
         }
+        let output_tokens = collect
+            .finished
+            .as_ref()
+            .and_then(|f| f.usage)
+            .map_or(0, |u| u.completion_tokens);
         match end {
-            End::Finished(_) => Ok(collect.text),
+            End::Finished(_) => Ok(Reply {
+                text: collect.text,
+                output_tokens,
+            }),
             End::NotStarted(e) | End::Failed(e) => Err(e),
             End::Gone => Err(ApiError::internal("the model call was abandoned")),
         }

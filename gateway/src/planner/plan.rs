@@ -1,10 +1,10 @@
-//! Plans: the JSON Schema a plan call is constrained by (per request: the
-//! targets are an enum of the resolved agents and the caller's function
-//! tools, a function step's `arguments` follow that tool's own schema),
-//! and the validation of what the model wrote. Nothing a model writes is
-//! trusted: the plan is checked (size, unique ids, known targets, a kind
-//! that fits the target, arguments valid against the tool's schema,
-//! dependencies that exist and form no cycle) before anything runs.
+//! Plans: the steps a run executes, what a plan may target, and the guard
+//! that checks what the model wrote. The plan call's grammar (`grammar`)
+//! admits only valid plans; an upstream engine may enforce less of it, so
+//! nothing a model writes is trusted: the guard checks it (size, ids by
+//! position, known targets, a kind that fits the target, arguments valid
+//! against the tool's schema, dependencies on earlier steps only, what
+//! `tool_choice` asks) before anything runs, and counts its rejections.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -63,19 +63,11 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The fallback: one `llm` step answering the request directly.
-    pub fn single_llm(reason: &str) -> Plan {
+    /// No steps: the synthesis answers from the conversation alone.
+    pub fn direct(reason: &str) -> Plan {
         Plan {
             summary: format!("Answer directly ({reason})."),
-            steps: vec![Step {
-                id: "answer".into(),
-                kind: StepKind::Llm,
-                target: MODEL_TARGET.into(),
-                instruction: "Answer the request directly.".into(),
-                arguments: None,
-                depends_on: Vec::new(),
-                alternates: Vec::new(),
-            }],
+            steps: Vec::new(),
         }
     }
 
@@ -103,6 +95,9 @@ pub struct AgentTarget {
     pub id: String,
     /// Name, description and skills, for the planner's prompt.
     pub summary: String,
+    /// Named in the request's `agents` (else found in the directory): a
+    /// plan consults it unless it says why not.
+    pub named: bool,
 }
 
 /// A caller's function tool a plan may target.
@@ -114,78 +109,74 @@ pub struct ToolTarget {
     pub parameters: Value,
 }
 
+/// What the request's `tool_choice` asks of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolDemand {
+    /// The plan decides (`auto`, or no `tool_choice`).
+    #[default]
+    Auto,
+    /// At least one step calls one of the caller's tools.
+    Required,
+    /// That function is called, and no other.
+    Named(String),
+}
+
 /// Everything a plan may target.
 #[derive(Debug, Clone, Default)]
 pub struct Targets {
     pub agents: Vec<AgentTarget>,
     pub tools: Vec<ToolTarget>,
+    pub demand: ToolDemand,
 }
 
+/// A plan that passed the guard, with what the guard changed.
+#[derive(Debug, Clone)]
+pub struct Guarded {
+    pub plan: Plan,
+    /// Named agents the plan left out and said why: `(agent, why)`.
+    pub skipped: Vec<(String, String)>,
+    /// Named agents the plan left out without a reason, added as steps.
+    pub added: Vec<String>,
+}
+
+/// The instruction of a step the planner writes itself.
+pub const ASK_THE_REQUEST: &str = "Answer the user's request.";
+
 impl Targets {
-    /// The JSON Schema of a plan for these targets.
-    pub fn schema(&self) -> Value {
-        let id = json!({"type": "string", "minLength": 1, "maxLength": 64});
-        let ids = json!({"type": "array", "items": {"type": "string"}, "maxItems": MAX_PLAN_STEPS});
-        let mut branches = Vec::new();
-        if !self.agents.is_empty() {
-            let names: Vec<&str> = self.agents.iter().map(|a| a.id.as_str()).collect();
-            branches.push(json!({
-                "type": "object",
-                "properties": {
-                    "id": id, "kind": {"const": "agent"}, "target": {"enum": names},
-                    "instruction": {"type": "string"}, "depends_on": ids,
-                    "alternates": {"type": "array", "items": {"enum": names}, "maxItems": 3}
-                },
-                "required": ["id", "kind", "target", "instruction", "depends_on"],
-                "additionalProperties": false
-            }));
-        }
-        for t in &self.tools {
-            // A schema with references cannot be embedded (they would
-            // resolve against the plan's root): its arguments are then
-            // constrained to an object here and checked in `validate`.
-            let arguments = if has_refs(&t.parameters) {
-                json!({"type": "object"})
-            } else {
-                t.parameters.clone()
-            };
-            branches.push(json!({
-                "type": "object",
-                "properties": {
-                    "id": id, "kind": {"const": "function"}, "target": {"const": t.name},
-                    "instruction": {"type": "string"}, "arguments": arguments,
-                    "depends_on": ids
-                },
-                "required": ["id", "kind", "target", "instruction", "arguments", "depends_on"],
-                "additionalProperties": false
-            }));
-        }
-        branches.push(json!({
-            "type": "object",
-            "properties": {
-                "id": id, "kind": {"const": "llm"}, "target": {"const": MODEL_TARGET},
-                "instruction": {"type": "string"}, "depends_on": ids
-            },
-            "required": ["id", "kind", "target", "instruction", "depends_on"],
-            "additionalProperties": false
-        }));
-        json!({
-            "type": "object",
-            "properties": {
-                "summary": {"type": "string"},
-                "steps": {
-                    "type": "array", "minItems": 1, "maxItems": MAX_PLAN_STEPS,
-                    "items": {"anyOf": branches}
-                }
-            },
-            "required": ["summary", "steps"],
-            "additionalProperties": false
+    /// The tools a plan may call: all of them, or the one `tool_choice` names.
+    pub fn offered_tools(&self) -> impl Iterator<Item = &ToolTarget> {
+        self.tools.iter().filter(|t| match &self.demand {
+            ToolDemand::Named(n) => &t.name == n,
+            _ => true,
         })
     }
 
-    /// Validates a model's plan text. `Err` lists every problem found, for
-    /// the repair prompt.
-    pub fn validate(&self, text: &str) -> Result<Plan, Vec<String>> {
+    /// The plan when the model's fails: each named agent and up to
+    /// `discovered` directory matches get the user's request, in parallel
+    /// (with no agent, no step: the synthesis answers directly).
+    pub fn default_plan(&self, discovered: usize, reason: &str) -> Plan {
+        let named = self.agents.iter().filter(|a| a.named);
+        let found = self.agents.iter().filter(|a| !a.named).take(discovered);
+        let steps: Vec<Step> = named
+            .chain(found)
+            .enumerate()
+            .map(|(i, a)| agent_step(i + 1, &a.id, ASK_THE_REQUEST))
+            .collect();
+        let summary = if steps.is_empty() {
+            format!("Answer directly ({reason}).")
+        } else {
+            format!("Ask the agents the request ({reason}).")
+        };
+        Plan { summary, steps }
+    }
+
+    /// The guard: checks a model's plan text (the grammar makes a bad
+    /// plan impossible; an upstream engine may not enforce all of it).
+    /// `Err` lists every problem found, for the repair prompt. A named
+    /// agent the plan neither uses nor skips with a reason is added as a
+    /// step that asks it the request.
+    pub fn validate(&self, text: &str) -> Result<Guarded, Vec<String>> {
         let raw: RawPlan = serde_json::from_str(text.trim()).map_err(|e| {
             vec![format!(
                 "the plan is not valid JSON of the plan's shape: {e}"
@@ -203,16 +194,15 @@ impl Targets {
         }
         let agents: BTreeSet<&str> = self.agents.iter().map(|a| a.id.as_str()).collect();
         let tools: BTreeMap<&str, &ToolTarget> =
-            self.tools.iter().map(|t| (t.name.as_str(), t)).collect();
-        let mut ids = BTreeSet::new();
+            self.offered_tools().map(|t| (t.name.as_str(), t)).collect();
         let mut steps = Vec::new();
         for (i, s) in raw.steps.into_iter().enumerate() {
-            let at = format!("steps[{i}]");
-            let id = s.id.trim().to_owned();
-            if id.is_empty() || id.len() > 64 {
-                problems.push(format!("{at}: 'id' must be 1 to 64 characters"));
-            } else if !ids.insert(id.clone()) {
-                problems.push(format!("{at}: the id '{id}' is used twice"));
+            let position = i + 1;
+            let at = format!("step {position}");
+            if let Some(id) = &s.id {
+                if id.as_u64() != Some(position as u64) {
+                    problems.push(format!("{at}: its id must be {position}, not {id}"));
+                }
             }
             let kind = match s.kind.as_str() {
                 "agent" => StepKind::Agent,
@@ -241,21 +231,25 @@ impl Targets {
             if kind == StepKind::Function {
                 if let Some(tool) = tools.get(s.target.as_str()) {
                     let args = s.arguments.clone().unwrap_or_else(|| json!({}));
-                    match jsonschema::validator_for(&tool.parameters) {
-                        Ok(v) => {
-                            if let Some(e) = v.iter_errors(&args).next() {
-                                problems.push(format!(
-                                    "{at}: the arguments do not match the schema of '{}': {e}",
-                                    tool.name
-                                ));
-                            }
-                        }
-                        Err(e) => problems.push(format!(
-                            "{at}: the schema of '{}' cannot be used: {e}",
-                            tool.name
-                        )),
+                    if let Err(e) = check_arguments(tool, &args) {
+                        problems.push(format!("{at}: {e}"));
                     }
                     arguments = Some(args);
+                }
+            }
+            let mut depends_on = Vec::new();
+            for d in &s.depends_on {
+                match d.as_u64() {
+                    Some(d) if d >= 1 && (d as usize) < position => {
+                        let id = step_id(d as usize);
+                        if !depends_on.contains(&id) {
+                            depends_on.push(id);
+                        }
+                    }
+                    _ => problems.push(format!(
+                        "{at}: depends_on {d} does not name an earlier step (1 to {})",
+                        position - 1
+                    )),
                 }
             }
             let mut alternates = Vec::new();
@@ -271,69 +265,128 @@ impl Targets {
                 }
             }
             steps.push(Step {
-                id,
+                id: step_id(position),
                 kind,
                 target: if kind == StepKind::Llm {
                     MODEL_TARGET.into()
                 } else {
                     s.target
                 },
-                instruction: s.instruction,
+                instruction: clip_chars(&s.instruction, MAX_INSTRUCTION_CHARS),
                 arguments,
-                depends_on: s.depends_on,
+                depends_on,
                 alternates,
             });
         }
-        for s in &steps {
-            for d in &s.depends_on {
-                if d == &s.id {
-                    problems.push(format!("step '{}' depends on itself", s.id));
-                } else if !ids.contains(d) {
-                    problems.push(format!("step '{}' depends on an unknown step '{d}'", s.id));
+        match &self.demand {
+            ToolDemand::Auto => {}
+            ToolDemand::Required => {
+                if !steps.iter().any(|s| s.kind == StepKind::Function) {
+                    problems.push(
+                        "tool_choice is 'required': the plan must call one of the caller's tools"
+                            .into(),
+                    );
+                }
+            }
+            ToolDemand::Named(name) => {
+                if !steps
+                    .iter()
+                    .any(|s| &s.target == name && s.kind == StepKind::Function)
+                {
+                    problems.push(format!("tool_choice names '{name}': the plan must call it"));
                 }
             }
         }
-        if problems.is_empty() {
-            if let Some(cycle) = find_cycle(&steps) {
-                problems.push(format!(
-                    "the steps depend on each other in a cycle: {cycle}"
-                ));
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        // Named agents: consulted, unless skipped with a reason.
+        let mut skipped = Vec::new();
+        let mut added = Vec::new();
+        for a in self.agents.iter().filter(|a| a.named) {
+            if steps
+                .iter()
+                .any(|s| s.target == a.id || s.alternates.contains(&a.id))
+            {
+                continue;
+            }
+            let why = raw
+                .skip
+                .iter()
+                .find(|k| k.agent == a.id && !k.why.trim().is_empty())
+                .map(|k| clip_chars(k.why.trim(), MAX_INSTRUCTION_CHARS));
+            match why {
+                Some(why) => skipped.push((a.id.clone(), why)),
+                None => {
+                    steps.push(agent_step(steps.len() + 1, &a.id, ASK_THE_REQUEST));
+                    added.push(a.id.clone());
+                }
             }
         }
-        if problems.is_empty() {
-            Ok(Plan {
-                summary: raw.summary,
+        Ok(Guarded {
+            plan: Plan {
+                summary: clip_chars(&raw.thought, MAX_INSTRUCTION_CHARS),
                 steps,
-            })
-        } else {
-            Err(problems)
-        }
+            },
+            skipped,
+            added,
+        })
     }
 }
 
-/// Whether a schema uses `$ref` (or defines `$defs`/`definitions`).
-fn has_refs(schema: &Value) -> bool {
-    match schema {
-        Value::Object(o) => o
-            .iter()
-            .any(|(k, v)| k == "$ref" || k == "$defs" || k == "definitions" || has_refs(v)),
-        Value::Array(a) => a.iter().any(has_refs),
-        _ => false,
+/// Most characters kept of a model's text field (the grammar's limit;
+/// an engine that ignores it gets its text cut, not refused).
+const MAX_INSTRUCTION_CHARS: usize = 500;
+
+/// The id of the step at 1-based `position`.
+pub fn step_id(position: usize) -> String {
+    format!("s{position}")
+}
+
+fn agent_step(position: usize, agent: &str, instruction: &str) -> Step {
+    Step {
+        id: step_id(position),
+        kind: StepKind::Agent,
+        target: agent.to_owned(),
+        instruction: instruction.to_owned(),
+        arguments: None,
+        depends_on: Vec::new(),
+        alternates: Vec::new(),
     }
 }
 
-/// A plan as the model wrote it, before validation.
+/// Checks a function step's arguments against the tool's own schema.
+pub fn check_arguments(tool: &ToolTarget, args: &Value) -> Result<(), String> {
+    match jsonschema::validator_for(&tool.parameters) {
+        Ok(v) => match v.iter_errors(args).next() {
+            Some(e) => Err(format!(
+                "the arguments do not match the schema of '{}': {e}",
+                tool.name
+            )),
+            None => Ok(()),
+        },
+        Err(e) => Err(format!("the schema of '{}' cannot be used: {e}", tool.name)),
+    }
+}
+
+fn clip_chars(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// A plan as the model wrote it, before the guard.
 #[derive(Deserialize)]
 struct RawPlan {
-    #[serde(default)]
-    summary: String,
+    #[serde(default, alias = "summary")]
+    thought: String,
     steps: Vec<RawStep>,
+    #[serde(default)]
+    skip: Vec<RawSkip>,
 }
 
 #[derive(Deserialize)]
 struct RawStep {
     #[serde(default)]
-    id: String,
+    id: Option<Value>,
     #[serde(default)]
     kind: String,
     #[serde(default)]
@@ -343,143 +396,97 @@ struct RawStep {
     #[serde(default)]
     arguments: Option<Value>,
     #[serde(default)]
-    depends_on: Vec<String>,
+    depends_on: Vec<Value>,
     #[serde(default)]
     alternates: Vec<String>,
 }
 
-/// A dependency cycle (`a → b → a`), if the steps have one.
-fn find_cycle(steps: &[Step]) -> Option<String> {
-    let index: BTreeMap<&str, usize> = steps
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
-    // 0 = unvisited, 1 = on the path, 2 = done.
-    let mut mark = vec![0u8; steps.len()];
-    fn visit(
-        i: usize,
-        steps: &[Step],
-        index: &BTreeMap<&str, usize>,
-        mark: &mut [u8],
-        path: &mut Vec<usize>,
-    ) -> Option<Vec<usize>> {
-        mark[i] = 1;
-        path.push(i);
-        for d in &steps[i].depends_on {
-            let Some(&j) = index.get(d.as_str()) else {
-                continue;
-            };
-            if mark[j] == 1 {
-                let start = path.iter().position(|&p| p == j).unwrap_or(0);
-                let mut cycle = path[start..].to_vec();
-                cycle.push(j);
-                return Some(cycle);
-            }
-            if mark[j] == 0 {
-                if let Some(c) = visit(j, steps, index, mark, path) {
-                    return Some(c);
-                }
-            }
-        }
-        path.pop();
-        mark[i] = 2;
-        None
-    }
-    for i in 0..steps.len() {
-        if mark[i] == 0 {
-            let mut path = Vec::new();
-            if let Some(c) = visit(i, steps, &index, &mut mark, &mut path) {
-                let names: Vec<&str> = c.iter().map(|&k| steps[k].id.as_str()).collect();
-                return Some(names.join(" → "));
-            }
-        }
-    }
-    None
+#[derive(Deserialize)]
+struct RawSkip {
+    #[serde(default)]
+    agent: String,
+    #[serde(default)]
+    why: String,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn agent(id: &str, named: bool) -> AgentTarget {
+        AgentTarget {
+            id: id.into(),
+            summary: String::new(),
+            named,
+        }
+    }
+
     fn targets() -> Targets {
         Targets {
-            agents: vec![
-                AgentTarget {
-                    id: "weather".into(),
-                    summary: String::new(),
-                },
-                AgentTarget {
-                    id: "news".into(),
-                    summary: String::new(),
-                },
-            ],
+            agents: vec![agent("weather", false), agent("news", false)],
             tools: vec![ToolTarget {
                 name: "get_time".into(),
                 description: String::new(),
                 parameters: json!({"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"], "additionalProperties": false}),
             }],
+            demand: ToolDemand::Auto,
         }
     }
 
-    fn check(plan: Value) -> Result<Plan, Vec<String>> {
+    fn check(plan: Value) -> Result<Guarded, Vec<String>> {
         targets().validate(&plan.to_string())
     }
 
     #[test]
-    fn a_good_plan_validates() {
-        let p = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "agent", "target": "weather", "instruction": "x", "depends_on": [], "alternates": ["news", "weather"]},
-            {"id": "b", "kind": "function", "target": "get_time", "instruction": "y", "arguments": {"tz": "UTC"}, "depends_on": ["a"]},
-            {"id": "c", "kind": "llm", "target": "model", "instruction": "z", "depends_on": ["a", "b"]}
+    fn a_good_plan_passes_with_ids_by_position() {
+        let g = check(json!({"thought": "t", "steps": [
+            {"id": 1, "kind": "agent", "target": "weather", "instruction": "x", "depends_on": [], "alternates": ["news", "weather"]},
+            {"id": 2, "kind": "function", "target": "get_time", "instruction": "y", "arguments": {"tz": "UTC"}, "depends_on": [1]},
+            {"id": 3, "kind": "llm", "target": "model", "instruction": "z", "depends_on": [1, 2, 2]}
         ]}))
         .unwrap();
-        assert_eq!(p.steps.len(), 3);
-        // The target itself is not its own alternate.
+        let p = g.plan;
+        assert_eq!(p.summary, "t");
+        let ids: Vec<&str> = p.steps.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["s1", "s2", "s3"]);
+        // The target itself is not its own alternate; duplicates go.
         assert_eq!(p.steps[0].alternates, vec!["news"]);
         assert_eq!(p.steps[1].arguments, Some(json!({"tz": "UTC"})));
-        // The schema constrains what the model may write and accepts the plan.
-        let schema = targets().schema();
-        let plan = json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "agent", "target": "weather", "instruction": "x", "depends_on": []},
-            {"id": "b", "kind": "function", "target": "get_time", "instruction": "y", "arguments": {"tz": "UTC"}, "depends_on": ["a"]}
-        ]});
-        assert!(jsonschema::is_valid(&schema, &plan));
-        let bad = json!({"summary": "s", "steps": [{"id": "a", "kind": "agent", "target": "evil", "instruction": "x", "depends_on": []}]});
-        assert!(!jsonschema::is_valid(&schema, &bad));
+        assert_eq!(p.steps[2].depends_on, vec!["s1", "s2"]);
+        // Older plans (a `summary`, no ids) read the same.
+        let old = check(json!({"summary": "s", "steps": [
+            {"kind": "llm", "target": "model", "instruction": "", "depends_on": []}
+        ]}))
+        .unwrap();
+        assert_eq!(old.plan.summary, "s");
     }
 
     #[test]
-    fn cycles_are_refused() {
-        let e = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "llm", "target": "model", "instruction": "", "depends_on": ["c"]},
-            {"id": "b", "kind": "llm", "target": "model", "instruction": "", "depends_on": ["a"]},
-            {"id": "c", "kind": "llm", "target": "model", "instruction": "", "depends_on": ["b"]}
+    fn dependencies_must_name_earlier_steps() {
+        let e = check(json!({"thought": "", "steps": [
+            {"id": 1, "kind": "llm", "target": "model", "instruction": "", "depends_on": [1]},
+            {"id": 2, "kind": "llm", "target": "model", "instruction": "", "depends_on": [3]},
+            {"id": 3, "kind": "llm", "target": "model", "instruction": "", "depends_on": ["s1"]}
         ]}))
         .unwrap_err();
-        assert!(e.iter().any(|p| p.contains("cycle")), "{e:?}");
-        let e = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "llm", "target": "model", "instruction": "", "depends_on": ["a"]}
-        ]}))
-        .unwrap_err();
-        assert!(e.iter().any(|p| p.contains("itself")), "{e:?}");
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e.iter().all(|p| p.contains("earlier step")), "{e:?}");
     }
 
     #[test]
     fn unknown_targets_ids_and_kinds_are_refused() {
-        let e = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "agent", "target": "http://169.254.169.254/", "instruction": "", "depends_on": []},
-            {"id": "a", "kind": "function", "target": "rm_rf", "instruction": "", "depends_on": ["zz"]},
-            {"id": "c", "kind": "shell", "target": "x", "instruction": "", "depends_on": []},
-            {"id": "d", "kind": "agent", "target": "news", "instruction": "", "depends_on": [], "alternates": ["ghost"]}
+        let e = check(json!({"thought": "", "steps": [
+            {"id": 1, "kind": "agent", "target": "http://169.254.169.254/", "instruction": "", "depends_on": []},
+            {"id": 7, "kind": "function", "target": "rm_rf", "instruction": "", "depends_on": []},
+            {"id": 3, "kind": "shell", "target": "x", "instruction": "", "depends_on": []},
+            {"id": 4, "kind": "agent", "target": "news", "instruction": "", "depends_on": [], "alternates": ["ghost"]}
         ]}))
         .unwrap_err();
         let all = e.join("\n");
         for want in [
             "not a known agent target",
-            "used twice",
+            "id must be 2",
             "not a known function target",
-            "unknown step 'zz'",
             "unknown kind 'shell'",
             "alternate 'ghost'",
         ] {
@@ -489,13 +496,13 @@ mod tests {
 
     #[test]
     fn function_arguments_must_match_the_tool_schema() {
-        let e = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "function", "target": "get_time", "instruction": "", "arguments": {"tz": 5}, "depends_on": []}
+        let e = check(json!({"thought": "", "steps": [
+            {"id": 1, "kind": "function", "target": "get_time", "instruction": "", "arguments": {"tz": 5}, "depends_on": []}
         ]}))
         .unwrap_err();
         assert!(e[0].contains("do not match the schema"), "{e:?}");
-        let e = check(json!({"summary": "s", "steps": [
-            {"id": "a", "kind": "function", "target": "get_time", "instruction": "", "depends_on": []}
+        let e = check(json!({"thought": "", "steps": [
+            {"id": 1, "kind": "function", "target": "get_time", "instruction": "", "depends_on": []}
         ]}))
         .unwrap_err();
         assert!(e[0].contains("do not match the schema"), "{e:?}");
@@ -504,48 +511,89 @@ mod tests {
     #[test]
     fn size_and_shape_limits() {
         let steps: Vec<Value> = (0..9)
-            .map(|i| json!({"id": format!("s{i}"), "kind": "llm", "target": "model", "instruction": "", "depends_on": []}))
+            .map(|_| json!({"kind": "llm", "target": "model", "instruction": "", "depends_on": []}))
             .collect();
-        let e = check(json!({"summary": "s", "steps": steps})).unwrap_err();
+        let e = check(json!({"thought": "", "steps": steps})).unwrap_err();
         assert!(e[0].contains("at most 8"), "{e:?}");
-        assert!(check(json!({"summary": "s", "steps": []})).is_err());
+        assert!(check(json!({"thought": "", "steps": []})).is_err());
         assert!(targets().validate("not json").is_err());
         assert!(targets().validate("{\"steps\": 3}").is_err());
     }
 
     #[test]
-    fn tool_schemas_with_references_are_checked_but_not_embedded() {
-        let t = Targets {
-            agents: Vec::new(),
-            tools: vec![ToolTarget {
-                name: "f".into(),
-                description: String::new(),
-                parameters: json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
-                    "required": ["p"], "$defs": {"P": {"type": "integer"}}}),
-            }],
+    fn tool_choice_is_held_by_the_guard() {
+        let llm_only = json!({"thought": "", "steps": [
+            {"id": 1, "kind": "llm", "target": "model", "instruction": "", "depends_on": []}
+        ]})
+        .to_string();
+        let call = json!({"thought": "", "steps": [
+            {"id": 1, "kind": "function", "target": "get_time", "instruction": "", "arguments": {"tz": "UTC"}, "depends_on": []}
+        ]})
+        .to_string();
+        let required = Targets {
+            demand: ToolDemand::Required,
+            ..targets()
         };
-        let schema = t.schema();
-        assert_eq!(
-            schema["properties"]["steps"]["items"]["anyOf"][0]["properties"]["arguments"],
-            json!({"type": "object"})
-        );
-        let step = |args: Value| {
-            json!({"summary": "s", "steps": [{"id": "a", "kind": "function", "target": "f", "instruction": "", "arguments": args, "depends_on": []}]}).to_string()
+        assert!(required.validate(&llm_only).unwrap_err()[0].contains("required"));
+        assert!(required.validate(&call).is_ok());
+        let named = Targets {
+            demand: ToolDemand::Named("get_time".into()),
+            ..targets()
         };
-        assert!(t.validate(&step(json!({"p": 3}))).is_ok());
-        assert!(t.validate(&step(json!({"p": "x"}))).is_err());
+        assert!(named.validate(&llm_only).is_err());
+        assert!(named.validate(&call).is_ok());
+        let other = Targets {
+            demand: ToolDemand::Named("other".into()),
+            ..targets()
+        };
+        assert!(other.validate(&call).unwrap_err()[0].contains("not a known function"));
     }
 
     #[test]
-    fn schema_without_agents_or_tools_offers_llm_steps_only() {
-        let s = Targets::default().schema();
+    fn named_agents_are_consulted_unless_skipped_with_a_reason() {
+        let t = Targets {
+            agents: vec![
+                agent("weather", true),
+                agent("news", true),
+                agent("found", false),
+            ],
+            tools: Vec::new(),
+            demand: ToolDemand::Auto,
+        };
+        let plan = json!({"thought": "", "steps": [
+            {"id": 1, "kind": "llm", "target": "model", "instruction": "", "depends_on": []}
+        ], "skip": [{"agent": "news", "why": "not about news"}, {"agent": "weather", "why": " "}]});
+        let g = t.validate(&plan.to_string()).unwrap();
         assert_eq!(
-            s["properties"]["steps"]["items"]["anyOf"]
-                .as_array()
-                .unwrap()
-                .len(),
-            1
+            g.skipped,
+            vec![("news".to_owned(), "not about news".to_owned())]
         );
-        assert_eq!(Plan::single_llm("x").steps[0].kind, StepKind::Llm);
+        assert_eq!(g.added, vec!["weather"]);
+        let last = g.plan.steps.last().unwrap();
+        assert_eq!((last.id.as_str(), last.target.as_str()), ("s2", "weather"));
+        assert_eq!(last.instruction, ASK_THE_REQUEST);
+    }
+
+    #[test]
+    fn the_default_plan_asks_named_agents_and_the_best_matches() {
+        let t = Targets {
+            agents: vec![
+                agent("named", true),
+                agent("best", false),
+                agent("second", false),
+                agent("third", false),
+            ],
+            tools: Vec::new(),
+            demand: ToolDemand::Auto,
+        };
+        let p = t.default_plan(2, "the model could not plan");
+        let targets: Vec<&str> = p.steps.iter().map(|s| s.target.as_str()).collect();
+        assert_eq!(targets, ["named", "best", "second"]);
+        assert!(
+            p.steps.iter().all(|s| s.depends_on.is_empty()),
+            "in parallel"
+        );
+        assert!(Targets::default().default_plan(2, "x").steps.is_empty());
+        assert!(Plan::direct("x").steps.is_empty());
     }
 }

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::http::exchange::Exchange;
 use crate::limits::estimate_input_tokens;
 use crate::planner::model::ModelCalls;
-use crate::planner::plan::ToolTarget;
+use crate::planner::plan::{ToolDemand, ToolTarget};
 use crate::planner::reply::{self, StreamFrames};
 use crate::planner::{Ending, Event, RunInput};
 use crate::translate::new_id;
@@ -47,6 +47,7 @@ pub async fn create(
                     Vec::new()
                 },
                 agents: req.agents.clone().unwrap_or_default(),
+                demand: demand_of(req.tool_choice.as_ref()),
                 max_tokens: plan.max_tokens,
             }
         })
@@ -248,6 +249,20 @@ fn tools_of(req: &ChatCompletionRequest) -> Vec<ToolTarget> {
                 .unwrap_or_else(|| serde_json::json!({"type": "object"})),
         })
         .collect()
+}
+
+/// What `tool_choice` asks of the plan (validation has checked it: a
+/// named function is among `tools`; `none` leaves the tools out).
+fn demand_of(choice: Option<&Value>) -> ToolDemand {
+    match choice {
+        Some(Value::String(c)) if c == "required" => ToolDemand::Required,
+        Some(Value::Object(o)) => o
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map_or(ToolDemand::Auto, |n| ToolDemand::Named(n.to_owned())),
+        _ => ToolDemand::Auto,
+    }
 }
 
 /// Usage of every model call of the request.

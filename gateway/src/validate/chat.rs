@@ -21,7 +21,7 @@
 //! | `web_search_options` | 400 `unsupported_parameter` (no hosted tools) |
 //! | `verbosity` other than `medium` | 400 `unsupported_value` |
 //! | `functions`, `function_call` (deprecated) | 400 `unsupported_parameter`: use `tools`/`tool_choice` |
-//! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); routes to the planner. There a JSON `response_format`, `stop`, reasoning, and a `required` or named `tool_choice` are 400 `unsupported_parameter` (the planner's answer is text it composes itself); tool messages are checked against the session's paused plan, not the history |
+//! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); routes to the planner. There a JSON `response_format`, `stop` and reasoning are 400 `unsupported_parameter` (the planner's answer is text it composes itself); `tool_choice` `required` or a named function makes the plan call a tool; tool messages are checked against the session's paused plan, not the history |
 //! | `agents` | at most 16 addresses, each an `http(s)://` URL or a directory id (`[A-Za-z0-9._-]`, ≤ 64), else 400 `invalid_value` naming `agents.N`; only with `planner_mode: true` (400 naming `agents` otherwise) |
 //! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction` | checked, then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
 
@@ -265,8 +265,11 @@ fn check_agents(agents: &[String]) -> Result<(), ApiError> {
 }
 
 /// What planner mode cannot honour: its answer is text the planner
-/// composes, so output formats, stop sequences, reasoning and forced tool
-/// calls are refused rather than silently dropped.
+/// composes, so output formats, stop sequences and reasoning are refused
+/// rather than silently dropped. `tool_choice` is honoured by the plan
+/// (`required`: it calls one of the tools; a named function: it calls
+/// that one); one that cannot be satisfied was refused by
+/// `check_tool_choice`.
 fn check_planner_request(
     req: &ChatCompletionRequest,
     format: &FormatKind,
@@ -288,19 +291,6 @@ fn check_planner_request(
         return Err(unsupported_parameter(
             "reasoning_effort",
             "Reasoning output is not available in planner mode; its 'thought' field says how the plan went.",
-        ));
-    }
-    if let Some(Value::String(c)) = &req.tool_choice {
-        if c == "required" {
-            return Err(unsupported_parameter(
-                "tool_choice",
-                "In planner mode the plan decides which tools to call: 'tool_choice' may be 'auto' or 'none'.",
-            ));
-        }
-    } else if req.tool_choice.as_ref().is_some_and(Value::is_object) {
-        return Err(unsupported_parameter(
-            "tool_choice",
-            "In planner mode the plan decides which tools to call: 'tool_choice' may be 'auto' or 'none'.",
         ));
     }
     Ok(())
@@ -955,10 +945,6 @@ mod tests {
             ),
             (r#","stop":"x""#, "stop"),
             (r#","enable_thinking":true"#, "reasoning_effort"),
-            (
-                r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required""#,
-                "tool_choice",
-            ),
         ] {
             assert_eq!(
                 err(&with(&format!(r#","planner_mode":true{extra}"#))),
@@ -966,6 +952,24 @@ mod tests {
                 "{extra}"
             );
         }
+        // The plan honours `tool_choice`; only one it cannot satisfy is a 400.
+        let tools = r#","tools":[{"type":"function","function":{"name":"f"}}]"#;
+        for choice in [
+            r#""required""#,
+            r#"{"type":"function","function":{"name":"f"}}"#,
+            r#""none""#,
+        ] {
+            let body = with(&format!(
+                r#","planner_mode":true{tools},"tool_choice":{choice}"#
+            ));
+            assert!(check_with(&body, Some("s")).is_ok(), "{choice}");
+        }
+        assert_eq!(
+            err(&with(&format!(
+                r#","planner_mode":true{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}"#
+            ))),
+            ("invalid_value".into(), "tool_choice".into())
+        );
         // Tool results answer the session's paused plan: the planner checks them.
         let resume = r#"{"model":"base","planner_mode":true,"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"call_1","content":"r"}]}"#;
         assert!(check_with(resume, Some("s")).is_ok());

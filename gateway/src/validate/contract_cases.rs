@@ -738,6 +738,16 @@ pub fn chat_cases() -> Vec<Case> {
                 "response_format",
             )
         },
+        Case {
+            session_id: Some("sess-1"),
+            ..iv(
+                "planner mode naming a function that is not in tools",
+                chat(
+                    r#""planner_mode":true,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+                ),
+                "tool_choice",
+            )
+        },
         iv("empty agent address", chat(r#""agents":[""]"#), "agents.0"),
         // ---- context window --------------------------------------------------------
         bad(

@@ -51,9 +51,9 @@ fn plan(targets: &[String]) -> Value {
     let steps: Vec<Value> = targets
         .iter()
         .enumerate()
-        .map(|(i, t)| json!({"id": format!("s{i}"), "kind": "agent", "target": t, "instruction": "go", "depends_on": []}))
+        .map(|(i, t)| json!({"id": i + 1, "kind": "agent", "target": t, "instruction": "go", "depends_on": []}))
         .collect();
-    json!({"summary": "bench", "steps": steps})
+    json!({"thought": "bench", "steps": steps})
 }
 
 async fn run_plan(stack: &Stack, model: &str, agents: &[&TestAgent]) -> Result<Duration> {

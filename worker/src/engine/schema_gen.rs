@@ -8,9 +8,16 @@
 //! (`items`, `prefixItems`, `minItems`, `maxItems`, `uniqueItems`), strings
 //! (`minLength`, `maxLength`, common `format`s), numbers and integers
 //! (`minimum`, `maximum`, both kinds of exclusive bounds, `multipleOf`),
-//! booleans, null, `anyOf`/`oneOf` (first non-null branch), `allOf` (merged)
-//! and local `$ref`s (`#/$defs/...`, `#/definitions/...`), as Pydantic emits.
-//! `pattern` is not interpreted.
+//! booleans, null, `anyOf`/`oneOf`, `allOf` (merged) and local `$ref`s
+//! (`#/$defs/...`, `#/definitions/...`), as Pydantic emits. `pattern` is not
+//! interpreted.
+//!
+//! Alternatives are covered, deterministically: an `anyOf`/`oneOf` takes
+//! its first non-null branch, except in the i-th element of an array, which
+//! takes the i-th (modulo their number); and an array whose elements have
+//! such alternatives gets one element per branch (within its bounds). So a
+//! planner's plan schema (one branch per agent, tool and the model, per
+//! step) yields a plan that uses every target it offers.
 
 use super::rng::Rng;
 use serde_json::{Map, Number, Value};
@@ -24,7 +31,12 @@ const MAX_GENERATED: u64 = 100_000;
 
 /// Generates an instance of `schema` (whose `$ref`s resolve against itself).
 pub fn generate(schema: &Value, rng: &mut Rng) -> Value {
-    Generator { root: schema, rng }.value(schema, 0)
+    Generator {
+        root: schema,
+        rng,
+        element: None,
+    }
+    .value(schema, 0)
 }
 
 /// A JSON object for `json_object` output: a short answer and a few details.
@@ -43,6 +55,9 @@ pub fn generic_object(rng: &mut Rng) -> Value {
 struct Generator<'a, 'r> {
     root: &'a Value,
     rng: &'r mut Rng,
+    /// The index of the array element being generated, while its own
+    /// alternatives are chosen (not inside its properties).
+    element: Option<usize>,
 }
 
 impl Generator<'_, '_> {
@@ -80,10 +95,15 @@ impl Generator<'_, '_> {
         }
         for key in ["anyOf", "oneOf"] {
             if let Some(Value::Array(branches)) = obj.get(key) {
-                let pick = branches
+                let live: Vec<&Value> = branches
                     .iter()
-                    .find(|b| !is_null_schema(self.root, b))
-                    .or(branches.first());
+                    .filter(|b| !is_null_schema(self.root, b))
+                    .collect();
+                let pick = match self.element.take() {
+                    Some(i) if !live.is_empty() => Some(live[i % live.len()]),
+                    _ => live.first().copied(),
+                }
+                .or(branches.first());
                 if let Some(branch) = pick {
                     let mut merged = obj.clone();
                     merged.remove(key);
@@ -117,6 +137,7 @@ impl Generator<'_, '_> {
     }
 
     fn object(&mut self, obj: &Map<String, Value>, depth: usize) -> Value {
+        self.element = None;
         let empty = Map::new();
         let props = obj
             .get("properties")
@@ -195,6 +216,16 @@ impl Generator<'_, '_> {
         } else {
             self.rng.range(1, 3).max(min)
         };
+        // One element per alternative of the elements, so each is covered.
+        let alternatives = prefix
+            .iter()
+            .chain(items)
+            .map(|s| self.alternatives(s))
+            .max()
+            .unwrap_or(0);
+        if depth < 6 {
+            want = want.max(alternatives as u64);
+        }
         if let Some(max) = max {
             want = want.min(max);
         }
@@ -208,17 +239,32 @@ impl Generator<'_, '_> {
         while (out.len() as u64) < want && attempts < want * 8 + 8 {
             attempts += 1;
             let i = out.len();
+            self.element = Some(i);
             let v = match (prefix.get(i), items) {
                 (Some(s), _) => self.value(s, depth + 1),
                 (None, Some(s)) => self.value(s, depth + 1),
                 (None, None) => Value::String(self.rng.word().to_owned()),
             };
+            self.element = None;
             if unique && out.contains(&v) {
                 continue;
             }
             out.push(v);
         }
         Value::Array(out)
+    }
+}
+
+impl Generator<'_, '_> {
+    /// How many non-null `anyOf`/`oneOf` branches a schema offers.
+    fn alternatives(&self, schema: &Value) -> usize {
+        let schema = deref(self.root, schema);
+        ["anyOf", "oneOf"]
+            .iter()
+            .filter_map(|k| schema.get(*k).and_then(Value::as_array))
+            .map(|b| b.iter().filter(|s| !is_null_schema(self.root, s)).count())
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -591,6 +637,35 @@ mod tests {
             &json!({"type": "integer", "multipleOf": 7, "minimum": -20}),
             10,
         );
+    }
+
+    /// A plan schema (one branch per target, per position) yields a plan
+    /// that uses each target, whatever the seed.
+    #[test]
+    fn array_elements_cover_the_alternatives() {
+        let branch = |t: &str| {
+            json!({"type": "object", "properties": {"target": {"const": t}},
+                   "required": ["target"], "additionalProperties": false})
+        };
+        let position = json!({"anyOf": [branch("a"), branch("b"), branch("model")]});
+        let schema = json!({"type": "object", "properties": {"steps": {
+            "type": "array", "minItems": 1, "maxItems": 3,
+            "prefixItems": [position.clone(), position.clone(), position], "items": false
+        }}, "required": ["steps"]});
+        for seed in 0..10 {
+            let v = generate(&schema, &mut Rng::new(seed));
+            let targets: Vec<&str> = v["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|s| s["target"].as_str())
+                .collect();
+            assert_eq!(targets, ["a", "b", "model"], "seed {seed}");
+        }
+        assert_valid(&schema, 10);
+        // Outside an array: the first non-null branch.
+        let optional = json!({"anyOf": [{"type": "null"}, {"const": 1}]});
+        assert_eq!(generate(&optional, &mut Rng::new(1)), json!(1));
     }
 
     #[test]
