@@ -136,8 +136,13 @@ pub struct PlannerConfig {
     /// Tokens (input + output) of every model call of one run; past it no
     /// further step or re-plan starts.
     pub max_run_tokens: u64,
-    /// Output tokens of one plan, re-plan or `llm` step call.
+    /// Output tokens of one plan or re-plan call (its grammar is sized to
+    /// fit).
     pub max_plan_tokens: u32,
+    /// Output tokens of one `llm` step: an intermediate result quoted into
+    /// later prompts, so far shorter than an answer (a small model left
+    /// unbounded runs on to the cap).
+    pub max_step_tokens: u32,
     /// Largest agent response body (or event stream) read; beyond, the
     /// step fails.
     pub max_response_bytes: usize,
@@ -188,6 +193,7 @@ impl Default for PlannerConfig {
             max_replans: 2,
             max_run_tokens: 200_000,
             max_plan_tokens: 2_048,
+            max_step_tokens: 512,
             max_response_bytes: 1024 * 1024,
             max_card_bytes: 256 * 1024,
             max_step_output_bytes: 16 * 1024,

@@ -655,7 +655,7 @@ impl Planner {
             hedge_after: Duration::from_millis(self.config.hedge_after_ms),
             run_deadline,
             calls,
-            max_tokens: self.config.max_plan_tokens,
+            max_tokens: self.config.max_step_tokens,
             note: &note,
         };
         let mut running = FuturesUnordered::new();
