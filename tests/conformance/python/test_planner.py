@@ -90,14 +90,16 @@ def _scripted(ask, *plans):
     return f"{ask} synthetic:echo synthetic:json_replies=" + " ".join(json.dumps(p) for p in plans)
 
 
-AGENT_PLAN = {"summary": "ask the agent", "steps": [
-    {"id": "s1", "kind": "agent", "target": "pyagent", "instruction": "Say hello.", "depends_on": []},
+# Plans as the model writes them: steps identified by position (`id` 1,
+# 2, ...; `s1`, `s2` in tool_thought), `depends_on` naming earlier ones.
+AGENT_PLAN = {"thought": "ask the agent", "steps": [
+    {"id": 1, "kind": "agent", "target": "pyagent", "instruction": "Say hello.", "depends_on": []},
 ]}
 
-TOOL_PLAN = {"summary": "agent, then the caller's clock", "steps": [
-    {"id": "s1", "kind": "agent", "target": "pyagent", "instruction": "Say hello.", "depends_on": []},
-    {"id": "s2", "kind": "function", "target": "get_time", "instruction": "Time?",
-     "arguments": {"tz": "UTC"}, "depends_on": ["s1"]},
+TOOL_PLAN = {"thought": "agent, then the caller's clock", "steps": [
+    {"id": 1, "kind": "agent", "target": "pyagent", "instruction": "Say hello.", "depends_on": []},
+    {"id": 2, "kind": "function", "target": "get_time", "instruction": "Time?",
+     "arguments": {"tz": "UTC"}, "depends_on": [1]},
 ]}
 
 TOOLS = [{"type": "function", "function": {
@@ -119,7 +121,7 @@ def test_planner_reply_fields_through_extra_body(planner, agent_url):
     assert "pyagent says hello" in reply.choices[0].message.content
     extra = reply.model_extra
     assert extra["conversation_id"] == session
-    assert any(t.startswith("Plan: ") for t in extra["thought"])
+    assert any(t.startswith("Plan (") for t in extra["thought"])
     steps = [t for t in extra["tool_thought"] if t["step"] == "s1"]
     assert steps and steps[0]["target"] == "pyagent" and steps[0]["outcome"] == "completed"
     assert isinstance(steps[0]["latency_ms"], int)
