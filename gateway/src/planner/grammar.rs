@@ -385,15 +385,8 @@ fn object_len(map: &Map<String, Value>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::plan::{AgentTarget, ToolTarget};
-
-    fn agent(id: &str, named: bool) -> AgentTarget {
-        AgentTarget {
-            id: id.into(),
-            summary: String::new(),
-            named,
-        }
-    }
+    use crate::planner::plan::tests::agent;
+    use crate::planner::plan::ToolTarget;
 
     fn tool(name: &str) -> ToolTarget {
         ToolTarget {

@@ -410,10 +410,11 @@ struct RawSkip {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn agent(id: &str, named: bool) -> AgentTarget {
+    /// A target agent for planner tests (grammar.rs uses it too).
+    pub(in crate::planner) fn agent(id: &str, named: bool) -> AgentTarget {
         AgentTarget {
             id: id.into(),
             summary: String::new(),
