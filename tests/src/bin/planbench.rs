@@ -39,6 +39,10 @@ struct Args {
     /// Output cap of the answers (the planner's synthesis, the plain chat).
     #[arg(long, default_value_t = 32)]
     max_tokens: u32,
+    /// Print the first timed reply's `thought` and `tool_thought` (where
+    /// the time went: plan tokens, steps, repairs).
+    #[arg(long)]
+    show: bool,
     /// The GGUF `gateway up` serves (default: its own, SmolLM2).
     #[arg(long, env = "IGW_MODEL_FILE")]
     model_file: Option<String>,
@@ -261,6 +265,15 @@ async fn main() -> Result<()> {
         let t = Instant::now();
         let reply = post(&client, Some(&session), &body).await?;
         planner.push(t.elapsed());
+        if args.show && planner.len() == 1 {
+            println!(
+                "first timed reply ({} ms): thought {:#}\ntool_thought {:#}\nusage {}",
+                t.elapsed().as_millis(),
+                reply["thought"],
+                reply["tool_thought"],
+                reply["usage"]
+            );
+        }
         let asked = reply["tool_thought"].as_array().is_some_and(|a| {
             a.iter()
                 .any(|t| t["target"] == AGENTS[0].0 && t["outcome"] == "completed")
