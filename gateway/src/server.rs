@@ -3,9 +3,9 @@
 
 use crate::app::App;
 use crate::config::Config;
-use crate::http::admin::AdminApp;
-use crate::http::app::PublicApp;
 use crate::lifecycle::Shutdown;
+use crate::listener::admin::AdminApp;
+use crate::listener::public::PublicApp;
 use crate::tls::listener::ReloadingCert;
 use async_trait::async_trait;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};

@@ -577,15 +577,6 @@ pub struct EncodedEvent {
 }
 
 impl EncodedEvent {
-    /// `event: <name>\ndata: <json>\n\n`.
-    pub fn write_sse(&self, out: &mut bytes::BytesMut) {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(self.name.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        out.extend_from_slice(self.data.as_bytes());
-        out.extend_from_slice(b"\n\n");
-    }
-
     pub fn is_terminal(&self) -> bool {
         is_terminal_event(&self.name)
     }

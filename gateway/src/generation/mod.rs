@@ -7,14 +7,12 @@
 //! in batches (`relay.rs`), with a failure after the first token delivered
 //! in band; read a finished call to its trailers; settle the reservation on
 //! every ending. What differs between chat streams, chat bodies, Responses
-//! events and background runs is only where the events go: an
-//! [`Encoder`] (`client.rs` for HTTP replies, `runs::background` for the
-//! store).
+//! events, background runs and planner model calls is only where the
+//! events go: a [`Sink`] (`routes/sinks.rs` for HTTP replies,
+//! `runs::background` for the store, `planner::model` for a plan). This
+//! module knows nothing of HTTP.
 
-mod client;
 mod relay;
-
-pub use client::{ChatBody, ChatStream, ResponseEvents};
 
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
@@ -34,7 +32,7 @@ const MAX_BATCH: usize = 64;
 pub struct Gone;
 
 /// Where a generation's events go, in the consumer's wire format.
-pub trait Encoder {
+pub trait Sink {
     /// The call started on a worker: a stream's response head goes out
     /// here (its opening frames wait for the first delivery).
     fn started(&mut self) -> impl Future<Output = Result<(), Gone>> + Send {
@@ -70,7 +68,7 @@ pub enum End {
     Finished(pb::Finished),
     /// The consumer went away; the worker's generation was cancelled.
     Gone,
-    /// The worker failed after the first event; the encoder delivered the
+    /// The worker failed after the first event; the sink delivered the
     /// failure in band.
     Failed(ApiError),
 }
@@ -91,13 +89,13 @@ pub struct Generation<'a> {
 }
 
 impl Generation<'_> {
-    /// Drives the generation to its end through `encoder`, and settles
+    /// Drives the generation to its end through `sink`, and settles
     /// `reservation` however it ends.
-    pub async fn run<E: Encoder>(self, mut reservation: Reservation, encoder: &mut E) -> End {
+    pub async fn run<S: Sink>(self, mut reservation: Reservation, sink: &mut S) -> End {
         let request_id = self.work.request_id.clone();
         let started = tokio::select! {
             call = start(self.pools, self.model, self.work, &self.trace, self.deadline) => call,
-            _ = encoder.gone_while_starting() => {
+            _ = sink.gone_while_starting() => {
                 reservation.settle(Outcome::NotRun).await;
                 return End::Gone;
             }
@@ -117,7 +115,7 @@ impl Generation<'_> {
                     .observe(from.elapsed().as_secs_f64());
             }
         }
-        if encoder.started().await.is_err() {
+        if sink.started().await.is_err() {
             reservation.settle(Outcome::Abandoned).await;
             return End::Gone;
         }
@@ -127,7 +125,7 @@ impl Generation<'_> {
             self.deadline,
             self.model,
             &request_id,
-            encoder,
+            sink,
             &mut output_seen,
         )
         .await;

@@ -1,4 +1,4 @@
-//! Relays a started call's events to an [`Encoder`] until it ends.
+//! Relays a started call's events to a [`Sink`] until it ends.
 //!
 //! Events that are already buffered are encoded together and delivered in
 //! one write, so a fast worker costs one write per batch rather than per
@@ -6,7 +6,7 @@
 //! the worker's generation at once; a finished call is read to its
 //! trailers instead.
 
-use super::{Encoder, End};
+use super::{End, Sink};
 use crate::error::ApiError;
 use crate::pool::{classify, CallGuard, WorkerCall};
 use futures::FutureExt;
@@ -14,14 +14,14 @@ use inference_proto::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::{Status, Streaming};
 
-/// Relays `call` through `encoder`, counting output events (about one token
+/// Relays `call` through `sink`, counting output events (about one token
 /// each) in `output_seen`.
-pub(super) async fn relay<E: Encoder>(
+pub(super) async fn relay<S: Sink>(
     call: WorkerCall,
     deadline: tokio::time::Instant,
     model: &str,
     request_id: &str,
-    encoder: &mut E,
+    sink: &mut S,
     output_seen: &mut u64,
 ) -> End {
     // The guard holds the worker's in-flight slot until the relay returns.
@@ -32,7 +32,7 @@ pub(super) async fn relay<E: Encoder>(
     } = call;
     let series = crate::metrics::model_series(model);
     let mut decode = DecodeClock::default();
-    let mut take = |event: pb::GenerateEvent, encoder: &mut E| {
+    let mut take = |event: pb::GenerateEvent, sink: &mut S| {
         if is_output(&event) {
             *output_seen += 1;
             if let Some(gap) = decode.output(Instant::now()) {
@@ -42,30 +42,30 @@ pub(super) async fn relay<E: Encoder>(
             }
         }
         let finished = finished_of(&event);
-        encoder.event(event);
+        sink.event(event);
         finished
     };
-    let mut finished = take(first, encoder);
+    let mut finished = take(first, sink);
     let mut batched = 1;
     // One timer for the whole relay rather than one registered per event.
     let deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(deadline);
     loop {
         // Fold whatever else is ready into this batch.
-        while finished.is_none() && !encoder.batch_full(batched) {
+        while finished.is_none() && !sink.batch_full(batched) {
             match rest.message().now_or_never() {
                 None => break,
                 Some(Ok(Some(event))) => {
-                    finished = take(event, encoder);
+                    finished = take(event, sink);
                     batched += 1;
                 }
-                Some(Ok(None)) => return failed(&guard, None, model, request_id, encoder).await,
+                Some(Ok(None)) => return failed(&guard, None, model, request_id, sink).await,
                 Some(Err(status)) => {
-                    return failed(&guard, Some(status), model, request_id, encoder).await
+                    return failed(&guard, Some(status), model, request_id, sink).await
                 }
             }
         }
-        let delivered = encoder.deliver().await;
+        let delivered = sink.deliver().await;
         if let Some(f) = finished {
             close_cleanly(rest);
             if delivered.is_err() {
@@ -88,19 +88,19 @@ pub(super) async fn relay<E: Encoder>(
             _ = &mut deadline => {
                 let e = ApiError::timeout("The generation exceeded the request deadline.");
                 count_stream_failure(model, &e);
-                encoder.fail(&e).await;
+                sink.fail(&e).await;
                 return End::Failed(e);
             }
             next = rest.message() => next,
-            _ = encoder.gone() => return End::Gone,
+            _ = sink.gone() => return End::Gone,
         };
         match next {
             Ok(Some(event)) => {
-                finished = take(event, encoder);
+                finished = take(event, sink);
                 batched = 1;
             }
-            Ok(None) => return failed(&guard, None, model, request_id, encoder).await,
-            Err(status) => return failed(&guard, Some(status), model, request_id, encoder).await,
+            Ok(None) => return failed(&guard, None, model, request_id, sink).await,
+            Err(status) => return failed(&guard, Some(status), model, request_id, sink).await,
         }
     }
 }
@@ -138,12 +138,12 @@ fn count_stream_failure(model: &str, e: &ApiError) {
 
 /// The worker failed after the first event (`None`: it ended the stream
 /// unfinished): counted against its health, and delivered in band.
-async fn failed<E: Encoder>(
+async fn failed<S: Sink>(
     guard: &CallGuard,
     status: Option<Status>,
     model: &str,
     request_id: &str,
-    encoder: &mut E,
+    sink: &mut S,
 ) -> End {
     guard.record_stream_failure(status.as_ref());
     let e = match status {
@@ -154,7 +154,7 @@ async fn failed<E: Encoder>(
         }
     };
     count_stream_failure(model, &e);
-    encoder.fail(&e).await;
+    sink.fail(&e).await;
     End::Failed(e)
 }
 

@@ -1,6 +1,6 @@
 //! One request and its response on a Pingora session: reading the body
-//! under limits, writing JSON, errors and SSE streams, and noticing a client
-//! that went away.
+//! under limits, writing JSON and errors (streams go through
+//! [`super::SseReply`]), and noticing a client that went away.
 
 use crate::error::ApiError;
 use bytes::{Bytes, BytesMut};
@@ -8,6 +8,10 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_http::ResponseHeader;
 use serde::Serialize;
 use std::time::{Duration, Instant};
+
+/// The status recorded for a request whose client went away first; never
+/// sent (nobody is left to read it).
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 pub struct Exchange {
     pub session: ServerSession,
@@ -136,25 +140,35 @@ impl Exchange {
         }
     }
 
-    /// The response head. Takes the extra headers: only one head is sent,
-    /// and a stream holds its exchange for its whole life.
-    fn response_header(
+    /// Sends a response head: the content type, the request id, the extra
+    /// headers, then `headers`. Takes the extra headers: only one head is
+    /// sent, and a stream holds its exchange for its whole life. An error
+    /// means the client is gone (or the head could not be built).
+    pub(super) async fn write_head(
         &mut self,
         status: u16,
         content_type: &str,
-    ) -> Result<ResponseHeader, ApiError> {
-        let mut h = ResponseHeader::build(status, Some(6 + self.extra_headers.len()))
-            .map_err(|_| ApiError::internal("could not build the response header"))?;
+        headers: &[(&str, String)],
+    ) -> Result<(), ()> {
+        self.status = status;
+        self.response_started = true;
+        let mut h =
+            ResponseHeader::build(status, Some(6 + self.extra_headers.len())).map_err(|_| ())?;
         let set = |h: &mut ResponseHeader, k: &'static str, v: &str| {
-            h.insert_header(k, v)
-                .map_err(|_| ApiError::internal("invalid response header value"))
+            h.insert_header(k, v).map_err(|_| ())
         };
         set(&mut h, "content-type", content_type)?;
         set(&mut h, "x-request-id", &self.request_id)?;
         for (k, v) in std::mem::take(&mut self.extra_headers) {
             set(&mut h, k, &v)?;
         }
-        Ok(h)
+        for (k, v) in headers {
+            let _ = h.insert_header(k.to_string(), v.as_str());
+        }
+        self.session
+            .write_response_header(Box::new(h))
+            .await
+            .map_err(|_| ())
     }
 
     /// Sends a complete response. Write failures mean the client is gone;
@@ -166,21 +180,10 @@ impl Exchange {
         headers: &[(&str, String)],
         body: Bytes,
     ) {
-        self.status = status;
-        self.response_started = true;
-        let Ok(mut h) = self.response_header(status, content_type) else {
-            return;
-        };
-        let _ = h.insert_header("content-length", body.len().to_string());
-        for (k, v) in headers {
-            let _ = h.insert_header(k.to_string(), v.as_str());
-        }
-        if self
-            .session
-            .write_response_header(Box::new(h))
-            .await
-            .is_err()
-        {
+        let mut all = Vec::with_capacity(1 + headers.len());
+        all.push(("content-length", body.len().to_string()));
+        all.extend(headers.iter().cloned());
+        if self.write_head(status, content_type, &all).await.is_err() {
             return;
         }
         let _ = self.session.write_response_body(body, true).await;
@@ -213,25 +216,8 @@ impl Exchange {
             .await;
     }
 
-    /// Starts a chunked `text/event-stream` response.
-    pub async fn start_sse(&mut self) -> Result<(), ()> {
-        self.status = 200;
-        self.response_started = true;
-        let mut h = self
-            .response_header(200, "text/event-stream")
-            .map_err(|_| ())?;
-        // Without an explicit chunked encoding Pingora would delimit the body
-        // by closing the connection, losing keep-alive.
-        let _ = h.insert_header("transfer-encoding", "chunked");
-        let _ = h.insert_header("cache-control", "no-cache");
-        self.session
-            .write_response_header(Box::new(h))
-            .await
-            .map_err(|_| ())
-    }
-
     /// Writes (and flushes) one chunk of a started stream.
-    pub async fn write_chunk(&mut self, data: Bytes) -> Result<(), ()> {
+    pub(super) async fn write_chunk(&mut self, data: Bytes) -> Result<(), ()> {
         self.session
             .write_response_body(data, false)
             .await
@@ -239,8 +225,14 @@ impl Exchange {
     }
 
     /// Ends a started stream (the terminating chunk).
-    pub async fn end_stream(&mut self) {
+    pub(super) async fn end_stream(&mut self) {
         let _ = self.session.finish_body().await;
+    }
+
+    /// The client went away before its answer was complete: recorded as
+    /// 499 (nginx's "client closed request") in the access log and metrics.
+    pub fn client_left(&mut self) {
+        self.status = CLIENT_CLOSED_REQUEST;
     }
 
     /// Resolves when the client closes its connection. Only call once the

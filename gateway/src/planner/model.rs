@@ -7,7 +7,7 @@
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
-use crate::generation::{Encoder, End, Generation, Gone};
+use crate::generation::{End, Generation, Gone, Sink};
 use crate::limits::{estimate_input_tokens, Limiter, Reservation};
 use crate::pool::Pools;
 use inference_proto::v1 as pb;
@@ -244,7 +244,7 @@ struct Collect<'s> {
     finished: Option<pb::Finished>,
 }
 
-impl Encoder for Collect<'_> {
+impl Sink for Collect<'_> {
     fn event(&mut self, event: pb::GenerateEvent) {
         use pb::generate_event::Event;
         match event.event {

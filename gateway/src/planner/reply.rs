@@ -5,7 +5,7 @@
 //!
 //! Stream order: the role chunk; `thought`/`tool_thought`/
 //! `executable_data` chunks (empty delta) and `: keep-alive` comments
-//! while the plan runs; the answer as `delta.content`, or a pause as
+//! (written by the route's `SseReply`) while the plan runs; the answer as `delta.content`, or a pause as
 //! `delta.tool_calls` (id, type and name once per index, then the
 //! arguments); the finish chunk (`stop` or `tool_calls`); the usage chunk
 //! when asked; `[DONE]`.
@@ -15,7 +15,8 @@ use crate::api::chat::{
     AssistantMessage, ChatCompletion, ChatUsage, Choice, ChunkChoice, Delta, FunctionCall,
     FunctionChunk, PlannerChunk, ToolCall, ToolCallChunk, UsageField,
 };
-use crate::translate::{now_unix, sse_data};
+use crate::sse;
+use crate::translate::now_unix;
 use bytes::BytesMut;
 use serde_json::Value;
 
@@ -131,7 +132,7 @@ impl StreamFrames {
             tool_thought: extras.1,
             executable_data: extras.2,
         };
-        sse_data(out, &chunk);
+        sse::data(out, &chunk);
     }
 
     /// The first frame: `delta:{role:"assistant", content:""}`.
@@ -213,12 +214,7 @@ impl StreamFrames {
         if self.include_usage {
             self.chunk(out, None, None, (&[], &[], &[]), Some(usage));
         }
-        out.extend_from_slice(b"data: [DONE]\n\n");
-    }
-
-    /// A comment that keeps idle proxies from closing a slow stream.
-    pub fn keepalive(out: &mut BytesMut) {
-        out.extend_from_slice(b": keep-alive\n\n");
+        sse::done(out);
     }
 }
 
@@ -241,7 +237,7 @@ mod tests {
         let mut out = BytesMut::new();
         w.role(&mut out);
         w.entries(&mut out, &["Plan: x".into()], &[], &[]);
-        StreamFrames::keepalive(&mut out);
+        sse::keepalive(&mut out);
         let calls = vec![PendingCall {
             call_id: "call_1".into(),
             step_id: "s1".into(),

@@ -1,11 +1,12 @@
 //! `POST /v1/chat/completions`: the request path, top to bottom.
 
+use super::sinks::{ChatBody, ChatStream};
 use crate::accounts::{Account, Scope};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
 use crate::error::ApiError;
-use crate::generation::{self, ChatBody, ChatStream, End};
-use crate::http::exchange::Exchange;
+use crate::generation::{self, End};
+use crate::http::Exchange;
 use crate::limits::estimate_input_tokens;
 use crate::translate::chat::{output_format, to_worker, ChatStreamEncoder};
 use crate::translate::new_id;
@@ -68,20 +69,16 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         let encoder = ChatStreamEncoder::new(id, valid.model.id, valid.include_usage, format);
         let mut stream = ChatStream::new(ex, encoder);
         let end = generation.run(reservation, &mut stream).await;
-        let failure = stream.encoder.failure().map(|e| e.status);
+        let ChatStream { reply, encoder } = stream;
         match end {
             End::NotStarted(e) => return Err(e),
-            End::Finished(_) => {
-                if let Some(status) = failure {
-                    ex.status = status;
-                }
-                ex.end_stream().await;
-            }
-            End::Gone => ex.status = 499,
-            End::Failed(e) => {
-                ex.end_stream().await;
-                ex.status = e.status;
-            }
+            // A reply that failed its output check ended with an error frame.
+            End::Finished(_) => match encoder.failure() {
+                Some(e) => reply.end_failed(e.status).await,
+                None => reply.end().await,
+            },
+            End::Gone => reply.left(),
+            End::Failed(e) => reply.end_failed(e.status).await,
         }
     } else {
         let mut body = ChatBody::new(ex);
@@ -93,7 +90,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
                 let completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
                 ex.send_json(200, &completion, &[]).await;
             }
-            End::Gone => ex.status = 499,
+            End::Gone => ex.client_left(),
         }
     }
     Ok(())

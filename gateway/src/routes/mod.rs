@@ -8,13 +8,14 @@ pub mod models;
 pub mod openapi;
 pub mod planner;
 pub mod responses;
+mod sinks;
 
 use crate::accounts::{Account, Scope};
 use crate::app::App;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::Generation;
-use crate::http::exchange::Exchange;
+use crate::http::Exchange;
 use crate::limits::Reservation;
 use http::Method;
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use crate::api::models::{
 };
 use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
+use crate::http::Exchange;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 

@@ -4,7 +4,7 @@
 //! tests below keep it true to the wire types (`api/`, the error shapes).
 
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
+use crate::http::Exchange;
 use bytes::Bytes;
 
 /// The OpenAPI 3.1 document, version 1.0.0.

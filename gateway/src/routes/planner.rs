@@ -10,15 +10,15 @@ use crate::accounts::Account;
 use crate::api::chat::{ChatCompletionRequest, ChatUsage};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
+use crate::http::{Exchange, Quiet, SseReply};
 use crate::limits::estimate_input_tokens;
 use crate::planner::model::ModelCalls;
 use crate::planner::plan::{ToolDemand, ToolTarget};
 use crate::planner::reply::{self, StreamFrames};
 use crate::planner::{Ending, Event, RunInput};
+use crate::sse;
 use crate::translate::new_id;
 use crate::validate::chat::ValidChatRequest;
-use bytes::BytesMut;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,7 +90,7 @@ pub async fn create(
         let ending = tokio::select! {
             ending = &mut run => ending,
             _ = ex.client_gone() => {
-                ex.status = 499;
+                ex.client_left();
                 return Ok(());
             }
         };
@@ -99,16 +99,15 @@ pub async fn create(
         }
         let ending = ending?;
         let (mut thought, mut tool_thought, mut data) = (Vec::new(), Vec::new(), Vec::new());
-        let mut answer = String::new();
         while let Ok(e) = rx.try_recv() {
             match e {
                 Event::Thought(t) => thought.push(t),
                 Event::ToolThought(t) => tool_thought.push(t),
                 Event::Data(d) => data.push(d),
-                Event::Answer(a) => answer.push_str(&a),
+                // The ending carries the whole answer; these are its deltas.
+                Event::Answer(_) => {}
             }
         }
-        let _ = answer;
         let completion = reply::completion(
             id,
             plan.model.id,
@@ -126,10 +125,8 @@ pub async fn create(
     // Streaming: the head goes out with the first frame, so a run that
     // fails before doing anything still answers with its error status.
     let frames = StreamFrames::new(id, plan.model.id, &session, plan.include_usage);
-    let mut started = false;
-    let mut out = BytesMut::new();
     let keepalive = Duration::from_millis(app.planner.config.keepalive_ms.max(100));
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+    let mut reply = SseReply::new(ex, 0).with_keepalive(keepalive);
     enum Next {
         Event(Option<Event>),
         Ended(Result<Ending, ApiError>),
@@ -152,34 +149,40 @@ pub async fn create(
                 biased;
                 e = rx.recv() => Next::Event(e),
                 r = &mut run => { ended = Some(r); continue; }
-                _ = ticker.tick() => Next::Tick,
-                _ = ex.client_gone() => Next::Gone,
+                q = reply.quiet() => match q {
+                    Quiet::KeepAlive => Next::Tick,
+                    Quiet::Gone => Next::Gone,
+                },
             }
         };
+        // The role chunk opens the stream, whatever comes first.
+        let opening = !reply.started();
         match next {
             Next::Event(Some(e)) => {
-                if !started {
-                    frames.role(&mut out);
+                let out = reply.buf();
+                if opening {
+                    frames.role(out);
                 }
                 match e {
-                    Event::Thought(t) => frames.entries(&mut out, &[t], &[], &[]),
-                    Event::ToolThought(t) => frames.entries(&mut out, &[], &[t], &[]),
-                    Event::Data(d) => frames.entries(&mut out, &[], &[], &[d]),
-                    Event::Answer(a) => frames.content(&mut out, &a),
+                    Event::Thought(t) => frames.entries(out, &[t], &[], &[]),
+                    Event::ToolThought(t) => frames.entries(out, &[], &[t], &[]),
+                    Event::Data(d) => frames.entries(out, &[], &[], &[d]),
+                    Event::Answer(a) => frames.content(out, &a),
                 }
             }
             Next::Event(None) => {}
             Next::Tick => {
-                if !started {
-                    frames.role(&mut out);
+                let out = reply.buf();
+                if opening {
+                    frames.role(out);
                 }
-                StreamFrames::keepalive(&mut out);
+                sse::keepalive(out);
             }
             Next::Gone => {
-                ex.status = 499;
+                reply.left();
                 return Ok(());
             }
-            Next::Ended(Err(e)) if !started => {
+            Next::Ended(Err(e)) if opening => {
                 if let Some(l) = lock.take() {
                     l.release().await;
                 }
@@ -189,49 +192,41 @@ pub async fn create(
                 if let Some(l) = lock.take() {
                     l.release().await;
                 }
-                if !started {
-                    frames.role(&mut out);
+                let out = reply.buf();
+                if opening {
+                    frames.role(out);
                 }
-                match result {
+                let failed = match result {
                     Ok(Ending::Pause(calls_made)) => {
-                        frames.pause(&mut out, &calls_made);
-                        frames.finish(&mut out, "tool_calls", &usage_of(&calls));
+                        frames.pause(out, &calls_made);
+                        frames.finish(out, "tool_calls", &usage_of(&calls));
+                        None
                     }
-                    Ok(Ending::Answer(_)) => frames.finish(&mut out, "stop", &usage_of(&calls)),
+                    Ok(Ending::Answer(_)) => {
+                        frames.finish(out, "stop", &usage_of(&calls));
+                        None
+                    }
                     Err(e) => {
-                        crate::translate::sse_error(&mut out, &e);
-                        ex.status = e.status;
+                        sse::error(out, &e);
+                        Some(e.status)
                     }
-                }
-                if write(ex, &mut started, &mut out).await.is_err() {
-                    ex.status = 499;
+                };
+                if reply.write().await.is_err() {
+                    reply.left();
                     return Ok(());
                 }
-                ex.end_stream().await;
+                match failed {
+                    Some(status) => reply.end_failed(status).await,
+                    None => reply.end().await,
+                }
                 return Ok(());
             }
         }
-        if !out.is_empty() {
-            // Keep-alives only fill silences.
-            ticker.reset();
-        }
-        if write(ex, &mut started, &mut out).await.is_err() {
-            ex.status = 499;
+        if reply.write().await.is_err() {
+            reply.left();
             return Ok(());
         }
     }
-}
-
-/// Writes what is buffered, starting the stream first if needed.
-async fn write(ex: &mut Exchange, started: &mut bool, out: &mut BytesMut) -> Result<(), ()> {
-    if out.is_empty() {
-        return Ok(());
-    }
-    if !*started {
-        ex.start_sse().await?;
-        *started = true;
-    }
-    ex.write_chunk(out.split().freeze()).await
 }
 
 /// The caller's function tools, as plan targets.

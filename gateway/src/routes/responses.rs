@@ -2,8 +2,8 @@
 //! bottom), retrieve (with replay of a background run's events), delete,
 //! cancel, and input item listing.
 
+use super::sinks::ResponseEvents;
 use crate::accounts::Account;
-use crate::api::responses::EncodedEvent;
 use crate::api::responses::{
     is_terminal_status, ContentPart, CreateResponseRequest, DeletedResponse, InputItem,
     InputItemList, ItemContent, ResponseObject,
@@ -11,16 +11,15 @@ use crate::api::responses::{
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::generation::{self, End, ResponseEvents};
-use crate::http::exchange::Exchange;
+use crate::generation::{self, End};
+use crate::http::{Exchange, SseReply};
 use crate::limits::{estimate_input_tokens, Outcome};
-use crate::metrics::METRICS;
 use crate::runs::background::BackgroundRun;
+use crate::sse;
 use crate::store::{EndedBy, NewResponse, WriteOutcome};
 use crate::translate::new_id;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::{parse, validate};
-use bytes::BytesMut;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,49 +124,49 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream);
     let end = generation.run(reservation, &mut events).await;
-    let mut encoder = events.encoder;
+    let ResponseEvents {
+        reply, mut encoder, ..
+    } = events;
     let result = match end {
         End::NotStarted(e) => {
+            drop(reply);
             end_stored(app, &valid, &mut encoder, Some(&e), ownership).await;
             return Err(e);
         }
         End::Gone => {
-            ex.status = 499;
+            reply.left();
             cancel_stored(app, &valid, &mut encoder, ownership).await;
             return Ok(());
         }
         End::Finished(_) => {
             if valid.stream {
-                if let Some(e) = &encoder.object.error {
-                    ex.status = if e.code == "output_validation_failed" {
-                        500
-                    } else {
-                        502
-                    };
+                // A reply that failed its output check ended `response.failed`.
+                match encoder.failure() {
+                    Some(e) => reply.end_failed(e.status).await,
+                    None => reply.end().await,
                 }
-                ex.end_stream().await;
+            } else {
+                drop(reply);
             }
             Ok(())
         }
         End::Failed(e) if valid.stream => {
-            ex.end_stream().await;
-            ex.status = e.status;
+            reply.end_failed(e.status).await;
             Ok(())
         }
-        End::Failed(e) => Err(e),
+        End::Failed(e) => {
+            drop(reply);
+            Err(e)
+        }
     };
     end_stored(app, &valid, &mut encoder, None, ownership).await;
     match result {
         Err(e) => Err(e),
         Ok(()) if valid.stream => Ok(()),
-        Ok(()) => match &encoder.object.error {
-            // A reply that failed its output check is a server error, never a success.
-            Some(err) if err.code == "output_validation_failed" => Err(ApiError::new(
-                500,
-                "output_validation_failed",
-                err.message.clone(),
-            )),
-            _ => {
+        // A reply that failed its output check is a server error, never a success.
+        Ok(()) => match encoder.failure() {
+            Some(e) => Err(e.clone()),
+            None => {
                 ex.send_json(200, &encoder.object, &[]).await;
                 Ok(())
             }
@@ -366,11 +365,11 @@ async fn follow(
         .await
         .ok();
     let mut follower = app.store.follow(id, after).await?;
-    if ex.start_sse().await.is_err() {
-        ex.status = 499;
+    let mut reply = SseReply::new(ex, 0);
+    if reply.start().await.is_err() {
+        reply.left();
         return Ok(());
     }
-    METRICS.open_streams.inc();
     let mut status_was_terminal = false;
     // The sequence number an in-band error event takes: after the last
     // event this follower wrote.
@@ -378,9 +377,9 @@ async fn follow(
     loop {
         let batch = tokio::select! {
             batch = follower.next_batch(FOLLOW_WAIT) => batch,
-            _ = ex.client_gone() => {
-                ex.status = 499;
-                break;
+            _ = reply.client_gone() => {
+                reply.left();
+                return Ok(());
             }
         };
         match batch {
@@ -395,29 +394,28 @@ async fn follow(
                     Ok(None) => {
                         // Deleted (or expired) under the follower: it would
                         // never see a terminal event, so say why it ends.
-                        let mut out = BytesMut::new();
-                        error_event(&mut out, &not_found(id), next_seq);
-                        let _ = ex.write_chunk(out.freeze()).await;
-                        ex.status = 404;
-                        break;
+                        let e = not_found(id);
+                        error_event(reply.buf(), &e, next_seq);
+                        let _ = reply.write().await;
+                        reply.end_failed(e.status).await;
+                        return Ok(());
                     }
                     Err(_) => {}
                 }
             }
             Ok(frames) => {
-                let mut out = BytesMut::new();
                 let mut done = false;
                 for f in &frames {
-                    f.write_sse(&mut out);
+                    sse::event(reply.buf(), &f.name, &f.data);
                     next_seq = f.seq + 1;
                     if f.is_terminal() {
                         done = true;
                         break;
                     }
                 }
-                if ex.write_chunk(out.freeze()).await.is_err() {
-                    ex.status = 499;
-                    break;
+                if reply.write().await.is_err() {
+                    reply.left();
+                    return Ok(());
                 }
                 if done {
                     break;
@@ -425,16 +423,14 @@ async fn follow(
             }
             Err(e) => {
                 let e = ApiError::from(e);
-                let mut out = BytesMut::new();
-                error_event(&mut out, &e, next_seq);
-                let _ = ex.write_chunk(out.freeze()).await;
-                ex.status = e.status;
-                break;
+                error_event(reply.buf(), &e, next_seq);
+                let _ = reply.write().await;
+                reply.end_failed(e.status).await;
+                return Ok(());
             }
         }
     }
-    METRICS.open_streams.dec();
-    ex.end_stream().await;
+    reply.end().await;
     Ok(())
 }
 
@@ -442,7 +438,7 @@ async fn follow(
 /// sequence_number}`: the HTTP status travels in the body, as on every
 /// streamed failure (spec 6.1 rule 5), and the sequence number continues
 /// the stream's.
-fn error_event(out: &mut BytesMut, e: &ApiError, seq: u64) {
+fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
     let data = serde_json::json!({
         "type": "error",
         "code": e.code,
@@ -451,12 +447,7 @@ fn error_event(out: &mut BytesMut, e: &ApiError, seq: u64) {
         "status": e.status,
         "sequence_number": seq,
     });
-    EncodedEvent {
-        seq,
-        name: "error".into(),
-        data: data.to_string(),
-    }
-    .write_sse(out);
+    sse::event(out, "error", &data.to_string());
 }
 
 /// `DELETE /v1/responses/{id}`.

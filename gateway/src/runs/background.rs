@@ -2,7 +2,7 @@
 //! detached from the request that created it.
 //!
 //! The generation itself goes through the one driver (`generation`); this
-//! module is its encoder into the store. Every batch of worker events that
+//! module is its sink into the store. Every batch of worker events that
 //! is ready at once becomes one store write (one round trip), and the
 //! write's answer tells the owner whether the run was cancelled or deleted
 //! meanwhile; while the worker is quiet the owner polls the status every
@@ -13,7 +13,7 @@ use super::{Ownership, Runs};
 use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
-use crate::generation::{Encoder, End, Generation, Gone};
+use crate::generation::{End, Generation, Gone, Sink};
 use crate::lifecycle::InFlight;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::Pools;
@@ -103,7 +103,7 @@ impl BackgroundRun {
     }
 }
 
-/// The encoder of a background run: Responses events into the run's
+/// The sink of a background run: Responses events into the run's
 /// stored event log, one store write per delivered batch.
 struct RunWriter {
     id: String,
@@ -200,7 +200,7 @@ impl RunWriter {
     }
 }
 
-impl Encoder for RunWriter {
+impl Sink for RunWriter {
     fn event(&mut self, event: pb::GenerateEvent) {
         self.encoder.event(event, &mut self.frames);
     }

@@ -4,13 +4,14 @@
 //! events into one `chat.completion`; `ChatStreamEncoder` turns them into
 //! `chat.completion.chunk` SSE frames in the order clients rely on.
 
-use super::{finish_reason, now_unix, sse_data, sse_error};
+use super::{finish_reason, now_unix};
 use crate::api::chat::{
     AssistantMessage, ChatChunk, ChatCompletion, ChatCompletionRequest, ChatUsage, Choice,
     ChunkChoice, CompletionTokensDetails, ContentPart, Delta, FunctionCall, FunctionChunk,
     MessageContent, PromptTokensDetails, ToolCall, ToolCallChunk, UsageField,
 };
 use crate::output_check::{self, OutputFormat};
+use crate::sse;
 use crate::validate::chat::ValidChatRequest;
 use bytes::BytesMut;
 use inference_proto::v1 as pb;
@@ -409,7 +410,7 @@ impl ChatStreamEncoder {
                 UsageField::Absent
             },
         };
-        sse_data(out, &chunk);
+        sse::data(out, &chunk);
     }
 
     /// The first frame: `delta:{role:"assistant", content:""}`.
@@ -489,7 +490,7 @@ impl ChatStreamEncoder {
     fn finish(&mut self, f: &pb::Finished, out: &mut BytesMut) {
         if f.reason == pb::finished::Reason::Stop as i32 {
             if let Err(e) = output_check::check(&self.format, &self.text, &self.model) {
-                sse_error(out, &e);
+                sse::error(out, &e);
                 self.failure = Some(e);
                 return;
             }
@@ -506,9 +507,9 @@ impl ChatStreamEncoder {
                 choices: Vec::new(),
                 usage: UsageField::Totals(&usage),
             };
-            sse_data(out, &chunk);
+            sse::data(out, &chunk);
         }
-        out.extend_from_slice(b"data: [DONE]\n\n");
+        sse::done(out);
     }
 }
 

@@ -1,12 +1,11 @@
 //! Translation between the public wire types and the worker protocol, one
-//! module per API family, plus the small pieces both share.
+//! module per API family, plus the small pieces both share. Their SSE
+//! frames are framed by `crate::sse`.
 
 pub mod chat;
 pub mod responses;
 
-use bytes::{BufMut, BytesMut};
 use inference_proto::v1 as pb;
-use serde::Serialize;
 
 /// The public `finish_reason` for a worker's finish.
 pub fn finish_reason(reason: i32) -> &'static str {
@@ -15,37 +14,6 @@ pub fn finish_reason(reason: i32) -> &'static str {
         Ok(pb::finished::Reason::ToolCalls) => "tool_calls",
         _ => "stop",
     }
-}
-
-/// Appends one `data: {json}\n\n` frame.
-pub fn sse_data<T: Serialize>(out: &mut BytesMut, value: &T) {
-    out.extend_from_slice(b"data: ");
-    // Serializing our own wire structs into memory cannot fail.
-    let _ = serde_json::to_writer((&mut *out).writer(), value);
-    out.extend_from_slice(b"\n\n");
-}
-
-/// Appends the in-band failure of a chat stream that already started:
-/// `data: {"error":{message,type,param,code,status}}`.
-pub fn sse_error(out: &mut BytesMut, error: &crate::error::ApiError) {
-    #[derive(Serialize)]
-    struct ErrorFrame<'a> {
-        error: crate::error::WireError<'a>,
-    }
-    sse_data(
-        out,
-        &ErrorFrame {
-            error: error.wire(),
-        },
-    );
-}
-
-/// Appends one `event: <type>\ndata: {json}\n\n` frame (Responses streams).
-pub fn sse_event<T: Serialize>(out: &mut BytesMut, event: &str, value: &T) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(event.as_bytes());
-    out.extend_from_slice(b"\n");
-    sse_data(out, value);
 }
 
 pub fn now_unix() -> u64 {

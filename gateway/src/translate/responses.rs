@@ -307,6 +307,7 @@ pub struct ResponseEncoder {
     next_seq: u64,
     open: Option<Open>,
     format: OutputFormat,
+    failure: Option<ApiError>,
 }
 
 impl ResponseEncoder {
@@ -316,7 +317,14 @@ impl ResponseEncoder {
             next_seq: 0,
             open: None,
             format,
+            failure: None,
         }
+    }
+
+    /// Set when the finished reply failed its output check; the run then
+    /// ended with `response.failed` instead of `response.completed`.
+    pub fn failure(&self) -> Option<&ApiError> {
+        self.failure.as_ref()
     }
 
     /// The sequence number the next event gets.
@@ -672,6 +680,7 @@ impl ResponseEncoder {
         if !has_calls {
             if let Err(e) = output_check::check(&self.format, &self.text(), &self.object.model) {
                 self.fail(&e, out);
+                self.failure = Some(e);
                 return;
             }
         }
@@ -915,6 +924,7 @@ mod tests {
             enc.object.error.as_ref().unwrap().code,
             "output_validation_failed"
         );
+        assert_eq!(enc.failure().unwrap().status, 500);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The public listener: reads a request under limits, routes it, writes the
 //! answer, records metrics, and hands the connection back for keep-alive.
 
-use super::exchange::Exchange;
 use crate::app::App;
 use crate::error::ApiError;
+use crate::http::Exchange;
 use crate::metrics::METRICS;
 use crate::routes;
 use async_trait::async_trait;

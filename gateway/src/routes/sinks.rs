@@ -1,132 +1,82 @@
-//! Encoders of replies to an HTTP client: a chat stream, a chat body, and
-//! Responses events (streamed, or folded into the response object).
+//! The generation sinks of replies to an HTTP client: a chat stream, a chat
+//! body, and Responses events (streamed, or folded into the response
+//! object). Streams write through [`SseReply`].
 
-use super::{Encoder, Gone};
 use crate::api::responses::EncodedEvent;
 use crate::error::ApiError;
-use crate::http::exchange::Exchange;
-use crate::metrics::METRICS;
+use crate::generation::{Gone, Sink};
+use crate::http::{ClientGone, Exchange, SseReply};
+use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
 use crate::translate::responses::ResponseEncoder;
-use crate::translate::sse_error;
-use bytes::BytesMut;
 use inference_proto::v1 as pb;
 
-/// Counts an open stream (the `open_streams` gauge) while it lives.
-struct OpenStream;
-
-impl OpenStream {
-    fn new() -> Self {
-        METRICS.open_streams.inc();
-        OpenStream
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        METRICS.open_streams.dec();
-    }
-}
-
-/// A reply to a client: its exchange and the bytes encoded since the last
-/// write (nothing is written before `start`: a body reply only watches
-/// the client).
-struct Reply<'a> {
-    ex: &'a mut Exchange,
-    out: BytesMut,
-    open: Option<OpenStream>,
-}
-
-impl<'a> Reply<'a> {
-    fn new(ex: &'a mut Exchange, capacity: usize) -> Self {
-        Self {
-            ex,
-            out: BytesMut::with_capacity(capacity),
-            open: None,
-        }
-    }
-
-    /// Sends an SSE response head. The opening frames already in `out` go
-    /// out in the same write as the first event: one write fewer per
-    /// stream than sending them on their own.
-    async fn start_sse(&mut self) -> Result<(), Gone> {
-        self.ex.start_sse().await.map_err(|_| Gone)?;
-        self.open = Some(OpenStream::new());
-        Ok(())
-    }
-
-    /// Writes what is buffered. A failed write means the client is gone.
-    async fn write(&mut self) -> Result<(), Gone> {
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        let chunk = self.out.split().freeze();
-        self.ex.write_chunk(chunk).await.map_err(|_| Gone)
-    }
-
-    async fn gone(&mut self) {
-        self.ex.client_gone().await
+impl From<ClientGone> for Gone {
+    fn from(_: ClientGone) -> Self {
+        Gone
     }
 }
 
 /// `chat.completion.chunk` frames over SSE.
 pub struct ChatStream<'a> {
-    reply: Reply<'a>,
+    pub reply: SseReply<'a>,
     pub encoder: ChatStreamEncoder,
 }
 
 impl<'a> ChatStream<'a> {
     pub fn new(ex: &'a mut Exchange, encoder: ChatStreamEncoder) -> Self {
         Self {
-            reply: Reply::new(ex, 256),
+            reply: SseReply::new(ex, 256),
             encoder,
         }
     }
 }
 
-impl Encoder for ChatStream<'_> {
+impl Sink for ChatStream<'_> {
+    /// The head goes out now; the opening frame waits for the first event,
+    /// to go out in one write with it.
     async fn started(&mut self) -> Result<(), Gone> {
-        self.encoder.start(&mut self.reply.out);
-        self.reply.start_sse().await
+        self.encoder.start(self.reply.buf());
+        Ok(self.reply.start().await?)
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
-        self.encoder.event(&event, &mut self.reply.out);
+        self.encoder.event(&event, self.reply.buf());
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
-        self.reply.write().await
+        Ok(self.reply.write().await?)
     }
 
     async fn gone(&mut self) {
-        self.reply.gone().await
+        self.reply.client_gone().await
     }
 
     async fn fail(&mut self, e: &ApiError) {
         // What this batch already encoded precedes the failure; the status
         // line is long gone, so the failure travels in-band.
         let _ = self.reply.write().await;
-        sse_error(&mut self.reply.out, e);
+        sse::error(self.reply.buf(), e);
         let _ = self.reply.write().await;
     }
 }
 
 /// One `chat.completion` body, folded from the whole generation.
 pub struct ChatBody<'a> {
-    reply: Reply<'a>,
+    ex: &'a mut Exchange,
     pub aggregate: ChatAggregate,
 }
 
 impl<'a> ChatBody<'a> {
     pub fn new(ex: &'a mut Exchange) -> Self {
         Self {
-            reply: Reply::new(ex, 0),
+            ex,
             aggregate: ChatAggregate::default(),
         }
     }
 }
 
-impl Encoder for ChatBody<'_> {
+impl Sink for ChatBody<'_> {
     fn event(&mut self, event: pb::GenerateEvent) {
         self.aggregate.push(event);
     }
@@ -136,7 +86,7 @@ impl Encoder for ChatBody<'_> {
     }
 
     async fn gone(&mut self) {
-        self.reply.gone().await
+        self.ex.client_gone().await
     }
 
     /// Nothing was sent yet: the caller answers with the error's status.
@@ -144,9 +94,10 @@ impl Encoder for ChatBody<'_> {
 }
 
 /// Responses events: streamed over SSE, or (`stream: false`) only folded
-/// into the encoder's response object.
+/// into the encoder's response object (the reply then never starts: it
+/// only watches the client).
 pub struct ResponseEvents<'a> {
-    reply: Reply<'a>,
+    pub reply: SseReply<'a>,
     pub encoder: ResponseEncoder,
     stream: bool,
     frames: Vec<EncodedEvent>,
@@ -155,7 +106,7 @@ pub struct ResponseEvents<'a> {
 impl<'a> ResponseEvents<'a> {
     pub fn new(ex: &'a mut Exchange, encoder: ResponseEncoder, stream: bool) -> Self {
         Self {
-            reply: Reply::new(ex, if stream { 1024 } else { 0 }),
+            reply: SseReply::new(ex, if stream { 1024 } else { 0 }),
             encoder,
             stream,
             frames: Vec::new(),
@@ -167,7 +118,7 @@ impl<'a> ResponseEvents<'a> {
     fn take_frames(&mut self) {
         if self.stream {
             for f in self.frames.drain(..) {
-                f.write_sse(&mut self.reply.out);
+                sse::event(self.reply.buf(), &f.name, &f.data);
             }
         } else {
             self.frames.clear();
@@ -175,12 +126,12 @@ impl<'a> ResponseEvents<'a> {
     }
 }
 
-impl Encoder for ResponseEvents<'_> {
+impl Sink for ResponseEvents<'_> {
     async fn started(&mut self) -> Result<(), Gone> {
         self.encoder.start(&mut self.frames);
         self.take_frames();
         if self.stream {
-            self.reply.start_sse().await?;
+            self.reply.start().await?;
         }
         Ok(())
     }
@@ -191,11 +142,11 @@ impl Encoder for ResponseEvents<'_> {
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
-        self.reply.write().await
+        Ok(self.reply.write().await?)
     }
 
     async fn gone(&mut self) {
-        self.reply.gone().await
+        self.reply.client_gone().await
     }
 
     async fn fail(&mut self, e: &ApiError) {
