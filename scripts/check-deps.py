@@ -135,6 +135,9 @@ def use_tree(text, i):
         sub, j = use_tree(text, j + 2)
         head = [] if name == "self" else [name]
         return [head + p for p in sub], j
+    alias = re.compile(r"\s+as\s+[A-Za-z_][A-Za-z0-9_]*").match(text, j)
+    if alias:
+        j = alias.end()
     if name in ("self", "*"):
         return [[]], j
     return [[name]], j

@@ -2,6 +2,7 @@
 //! pools. See ARCHITECTURE.md for the request path and the code map.
 
 pub mod accounts;
+pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;

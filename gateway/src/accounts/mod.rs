@@ -13,7 +13,6 @@
 //! `limits.key_cache_ttl_ms`; a revocation is also broadcast over pub/sub so
 //! every replica drops the key at once (see [`cache`]).
 
-pub mod admin;
 pub mod cache;
 pub mod store;
 
