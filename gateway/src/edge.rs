@@ -3,8 +3,9 @@
 //! accounts, the pool) return their own error types and know nothing of
 //! statuses; their failures get one here and nowhere else. A store outage
 //! is one answer whichever layer noticed it: 503 `store_unavailable` with
-//! `retry-after: 1` ([`ApiError::store_unavailable`]; planner sessions use
-//! it too).
+//! `retry-after: 1` ([`ApiError::store_unavailable`]). Planner sessions
+//! answer it too; their own error type, once they have one, maps here
+//! beside the others (this module may import `planner/`).
 //!
 //! Nothing below the routes imports this module: the conversions are
 //! `From` impls, so a route's `?` applies them.
