@@ -2,11 +2,13 @@
 //! pools. See ARCHITECTURE.md for the request path and the code map.
 
 pub mod accounts;
+pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod catalog;
 pub mod config;
+pub mod edge;
 pub mod error;
 pub mod generation;
 pub mod http;
@@ -22,6 +24,7 @@ pub mod redis_cluster;
 pub mod redis_conn;
 pub mod routes;
 pub mod runs;
+pub mod schema_cache;
 pub mod server;
 pub mod sse;
 pub mod store;

@@ -37,13 +37,13 @@ enum Command {
     /// Print the sha256 digest that `keys[].sha256` in the config expects.
     HashKey { key: String },
     /// API keys in Redis: create (printed once), list, revoke.
-    Keys(gateway::accounts::admin::KeysArgs),
+    Keys(gateway::admin::KeysArgs),
     /// Organisations in Redis: block, unblock, budget, show.
-    Orgs(gateway::accounts::admin::OrgsArgs),
+    Orgs(gateway::admin::OrgsArgs),
     /// Plans in Redis: set, show.
-    Plans(gateway::accounts::admin::PlansArgs),
+    Plans(gateway::admin::PlansArgs),
     /// Token usage and cost of an organisation, per day, key and model.
-    Usage(gateway::accounts::admin::UsageArgs),
+    Usage(gateway::admin::UsageArgs),
     /// The planner's agent directory in Redis: add, list, remove, probe.
     Agents(gateway::planner::admin::AgentsArgs),
 }

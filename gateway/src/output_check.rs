@@ -31,7 +31,7 @@ pub fn check(format: &OutputFormat, text: &str, model: &str) -> Result<(), ApiEr
         },
         OutputFormat::JsonSchema(schema) => match serde_json::from_str::<Value>(text) {
             Err(e) => Some(format!("the reply is not valid JSON: {e}")),
-            Ok(instance) => match crate::validate::common::compiled_schema(schema) {
+            Ok(instance) => match crate::schema_cache::compiled_schema(schema) {
                 // Validation already compiled this schema; failing here is ours.
                 Err(e) => Some(format!("the schema could not be compiled: {e}")),
                 Ok(v) => v.validate(&instance).err().map(|e| {

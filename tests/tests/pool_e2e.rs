@@ -311,7 +311,7 @@ async fn load_loop(
         let r = post_chat(&client, &chat_body("base", "ping synthetic:reply_tokens=2")).await;
         if r.status != 200 {
             // The only failure the policies allow: 503 with retry-after.
-            assert_error(&r, 503, "service_unavailable");
+            assert_error(&r, 503, "store_unavailable");
         }
         seen.push((t, r.status));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -322,7 +322,7 @@ async fn load_loop(
 /// Redis (keys, limits) is killed and restarted while requests flow. The
 /// documented policies: `fail_open_local` (default) keeps serving config
 /// keys under local limits, so every request succeeds; `fail_closed`
-/// answers 503 `service_unavailable` with `retry-after` to every request
+/// answers 503 `store_unavailable` with `retry-after` to every request
 /// during the outage, and only then. Both go back to Redis once it returns.
 #[tokio::test]
 async fn redis_outage_while_requests_flow_follows_the_store_failure_policy() {

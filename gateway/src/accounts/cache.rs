@@ -9,10 +9,9 @@
 
 use super::store::{AccountStore, KeyRecord};
 use super::RatePlan;
-use super::{Account, OrgStatus, Scopes};
+use super::{Account, AccountError, OrgStatus, Scopes};
 use crate::auth::{bearer_token, hash_key, Principal};
 use crate::config::{Config, OnStoreFailure};
-use crate::error::ApiError;
 use crate::redis_conn::RedisHandle;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
@@ -58,7 +57,7 @@ impl Accounts {
         &self,
         authorization: Option<&[u8]>,
         scope: super::Scope,
-    ) -> Result<Arc<Account>, ApiError> {
+    ) -> Result<Arc<Account>, AccountError> {
         let account = self.authenticate(authorization).await?;
         account.check_org()?;
         account.check_scope(scope)?;
@@ -126,11 +125,11 @@ impl Accounts {
     pub async fn authenticate(
         &self,
         authorization: Option<&[u8]>,
-    ) -> Result<Arc<Account>, ApiError> {
-        let token = bearer_token(authorization).ok_or_else(ApiError::invalid_api_key)?;
+    ) -> Result<Arc<Account>, AccountError> {
+        let token = bearer_token(authorization).ok_or(AccountError::InvalidKey)?;
         let digest = hash_key(token);
         let stale = match self.cached(&digest) {
-            Cached::Fresh(account) => return account.ok_or_else(ApiError::invalid_api_key),
+            Cached::Fresh(account) => return account.ok_or(AccountError::InvalidKey),
             Cached::Stale(account) => Some(account),
             Cached::Missing => None,
         };
@@ -157,19 +156,19 @@ impl Accounts {
         match resolved {
             Ok(account) => {
                 self.insert(digest, account.clone());
-                account.ok_or_else(ApiError::invalid_api_key)
+                account.ok_or(AccountError::InvalidKey)
             }
             Err(_) => {
                 if let Some(account) = stale {
                     // Better a few seconds' stale grant than an outage.
-                    return account.ok_or_else(ApiError::invalid_api_key);
+                    return account.ok_or(AccountError::InvalidKey);
                 }
                 if let Some(record) = self.static_keys.get(&digest) {
                     if self.policy == OnStoreFailure::FailOpenLocal {
                         return Ok(Arc::new(self.account_from(record, None, None)));
                     }
                 }
-                Err(store_unavailable())
+                Err(AccountError::StoreUnavailable)
             }
         }
     }
@@ -326,16 +325,6 @@ enum Cached {
     Missing,
 }
 
-/// 503 when the key store (Redis) cannot be reached.
-pub fn store_unavailable() -> ApiError {
-    ApiError::new(
-        503,
-        "service_unavailable",
-        "The account store is temporarily unavailable. Retry shortly.",
-    )
-    .with_retry_after(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,8 +360,11 @@ mod tests {
         assert_eq!(acc.plan.rpm, 5);
         assert!(acc.scopes.contains(Scope::ChatWrite) && !acc.scopes.contains(Scope::ModelsRead));
         let e = a.authenticate(Some(b"Bearer sk-other")).await.unwrap_err();
-        assert_eq!((e.status, e.code.as_ref()), (401, "invalid_api_key"));
-        assert_eq!(a.authenticate(None).await.unwrap_err().status, 401);
+        assert_eq!(e, AccountError::InvalidKey);
+        assert_eq!(
+            a.authenticate(None).await.unwrap_err(),
+            AccountError::InvalidKey
+        );
     }
 
     #[tokio::test]
@@ -419,7 +411,7 @@ mod tests {
         loop {
             match accounts.authenticate(Some(header.as_bytes())).await {
                 Err(e) => {
-                    assert_eq!(e.status, 401);
+                    assert_eq!(e, AccountError::InvalidKey);
                     break;
                 }
                 Ok(_) => {
@@ -458,7 +450,10 @@ mod tests {
             .await
             .unwrap();
         assert!(acc.org.blocked);
-        assert_eq!(acc.check_org().unwrap_err().status, 402);
+        assert!(matches!(
+            acc.check_org(),
+            Err(AccountError::Blocked { .. })
+        ));
         cleanup(&redis).await;
     }
 }

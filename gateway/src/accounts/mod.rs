@@ -13,13 +13,11 @@
 //! `limits.key_cache_ttl_ms`; a revocation is also broadcast over pub/sub so
 //! every replica drops the key at once (see [`cache`]).
 
-pub mod admin;
 pub mod cache;
 pub mod store;
 
 use crate::auth::Principal;
 use crate::config::RatePlanConfig;
-use crate::error::ApiError;
 use std::sync::Arc;
 
 /// A plan's limits for one organisation and model; 0 means unlimited.
@@ -165,40 +163,56 @@ pub struct Account {
 
 impl Account {
     /// 403 unless the key may call this scope.
-    pub fn check_scope(&self, scope: Scope) -> Result<(), ApiError> {
+    pub fn check_scope(&self, scope: Scope) -> Result<(), AccountError> {
         if self.scopes.contains(scope) {
             Ok(())
         } else {
-            Err(ApiError::permission_denied(format!(
-                "This API key lacks the '{}' permission required for this request.",
-                scope.as_str()
-            )))
+            Err(AccountError::MissingScope(scope))
         }
     }
 
     /// 403 unless the key's model allow-list (if any) names `model`.
-    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+    pub fn check_model(&self, model: &str) -> Result<(), AccountError> {
         match &self.models {
-            Some(list) if !list.iter().any(|m| &**m == model) => Err(ApiError::permission_denied(
-                format!("This API key is not allowed to use the model '{model}'."),
-            )
-            .with_param("model")),
+            Some(list) if !list.iter().any(|m| &**m == model) => {
+                Err(AccountError::ModelNotAllowed {
+                    model: model.to_owned(),
+                })
+            }
             _ => Ok(()),
         }
     }
 
     /// 402 in the blocked-account shape for a blocked organisation.
-    pub fn check_org(&self) -> Result<(), ApiError> {
+    pub fn check_org(&self) -> Result<(), AccountError> {
         if self.org.blocked {
             let reason = if self.org.blocked_reason.is_empty() {
                 "account_blocked"
             } else {
                 &self.org.blocked_reason
             };
-            return Err(ApiError::blocked(reason, crate::error::BLOCKED_EV));
+            return Err(AccountError::Blocked {
+                reason: reason.to_owned(),
+            });
         }
         Ok(())
     }
+}
+
+/// Why the access check refused a request; `edge.rs` gives each its status
+/// (the one noted here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountError {
+    /// 401: a missing, malformed, unknown or revoked key.
+    InvalidKey,
+    /// 402: the organisation is blocked by the operator.
+    Blocked { reason: String },
+    /// 403: the key lacks the permission the route needs.
+    MissingScope(Scope),
+    /// 403: the key's model allow-list leaves the model out.
+    ModelNotAllowed { model: String },
+    /// 503: the key cannot be looked up (Redis down, nothing cached).
+    StoreUnavailable,
 }
 
 #[cfg(test)]
@@ -235,43 +249,53 @@ mod tests {
     }
 
     #[test]
-    fn missing_scope_or_model_is_403_permission_error() {
+    fn missing_scope_or_model_is_refused() {
         let a = account(
             Scopes::NONE.with(Scope::ChatWrite),
             Some(&["base-mini"]),
             OrgStatus::default(),
         );
         assert!(a.check_scope(Scope::ChatWrite).is_ok());
-        let e = a.check_scope(Scope::ResponsesWrite).unwrap_err();
         assert_eq!(
-            (e.status, e.code.as_ref(), e.error_type()),
-            (403, "permission_denied", "permission_error")
+            a.check_scope(Scope::ResponsesWrite),
+            Err(AccountError::MissingScope(Scope::ResponsesWrite))
         );
         assert!(a.check_model("base-mini").is_ok());
-        let e = a.check_model("base-ultra").unwrap_err();
-        assert_eq!((e.status, e.param.as_deref()), (403, Some("model")));
+        assert_eq!(
+            a.check_model("base-ultra"),
+            Err(AccountError::ModelNotAllowed {
+                model: "base-ultra".into()
+            })
+        );
         assert!(account(Scopes::ALL, None, OrgStatus::default())
             .check_model("base-ultra")
             .is_ok());
     }
 
     #[test]
-    fn blocked_org_is_402_unwrapped() {
-        let a = account(
-            Scopes::ALL,
-            None,
-            OrgStatus {
-                blocked: true,
-                blocked_reason: "payment_overdue".into(),
-                budget_nano: None,
-            },
+    fn blocked_org_is_refused_with_its_reason() {
+        let blocked = |reason: &str| {
+            account(
+                Scopes::ALL,
+                None,
+                OrgStatus {
+                    blocked: true,
+                    blocked_reason: reason.into(),
+                    budget_nano: None,
+                },
+            )
+        };
+        assert_eq!(
+            blocked("payment_overdue").check_org(),
+            Err(AccountError::Blocked {
+                reason: "payment_overdue".into()
+            })
         );
-        let e = a.check_org().unwrap_err();
-        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
-        assert_eq!(e.status, 402);
-        assert!(v.get("error").is_none());
-        assert_eq!(v["code"], 402);
-        assert_eq!(v["ev"], crate::error::BLOCKED_EV);
-        assert_eq!(v["data"]["reason"], "payment_overdue");
+        assert_eq!(
+            blocked("").check_org(),
+            Err(AccountError::Blocked {
+                reason: "account_blocked".into()
+            })
+        );
     }
 }

@@ -4,10 +4,10 @@
 //! Every failure a client can see is an [`ApiError`]. Its JSON envelope is
 //! `{error:{message,type,param,code,status}}`, with `type` derived from the
 //! status; the 402 blocked-account shape is the one exception and is
-//! deliberately not wrapped in `error`. The errors of the layers below
-//! (the store, the limiter) become `ApiError`s in `layers.rs`.
-
-mod layers;
+//! deliberately not wrapped in `error`. Every layer may build one, so this
+//! module imports nothing of the gateway; the layers that return their own
+//! error types (the store, the limiter, accounts, the pool) get theirs
+//! mapped in `edge.rs`.
 
 use serde::Serialize;
 use std::borrow::Cow;
@@ -215,6 +215,12 @@ impl ApiError {
 
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self::new(503, "server_overloaded", message).with_retry_after(1)
+    }
+
+    /// 503: Redis (keys, limits, stored responses, planner sessions) cannot
+    /// be reached. One code whichever layer noticed the outage.
+    pub fn store_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "store_unavailable", message).with_retry_after(1)
     }
 
     pub fn timeout(message: impl Into<String>) -> Self {

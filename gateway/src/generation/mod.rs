@@ -160,6 +160,7 @@ async fn start(
     tokio::time::timeout_at(deadline, pool.generate(work, trace))
         .await
         .map_err(|_| ApiError::timeout("No worker answered before the request deadline."))?
+        .map_err(ApiError::from)
 }
 
 /// Without an explicit `prompt_cache_key`, a session's turns (`x-session-id`)

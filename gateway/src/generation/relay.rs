@@ -163,7 +163,7 @@ async fn failed<S: Sink>(
 /// connection), it is a 502 upstream failure (or a 504 timeout), never a
 /// 503 that invites a blind retry.
 fn mid_stream_error(status: &Status) -> ApiError {
-    let classified = classify(status).error;
+    let classified = ApiError::from(classify(status).error);
     if classified.status == 502 || classified.status == 504 {
         classified
     } else {

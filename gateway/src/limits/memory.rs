@@ -1,6 +1,7 @@
 //! The in-process [`LimitStore`]: the same sliding windows, leased
-//! concurrency slots, spend and daily usage as the Redis scripts, for the
-//! embedded mode (no Redis) and as the fail-open fallback of one replica.
+//! concurrency slots and spend as the Redis scripts, for the embedded mode
+//! (no Redis) and as the fail-open fallback of one replica. The per-key
+//! daily usage log lives in Redis only (`gateway usage` reads it there).
 
 use super::slots::concurrency_retry_ms;
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
@@ -28,8 +29,6 @@ struct Inner {
     /// By "org\nmodel".
     windows: HashMap<String, Window>,
     spend_nano: HashMap<String, i64>,
-    /// By "org\nday": counter name ("<key id>|<model>|<counter>") -> value.
-    usage: HashMap<String, HashMap<String, i64>>,
 }
 
 #[derive(Default)]
@@ -139,19 +138,6 @@ impl MemoryLimits {
             retry_after_ms: retry,
         }
     }
-
-    /// A counter of the day's usage (for tests and the embedded mode).
-    pub fn usage_counter(&self, org: &str, day: &str, field: &str) -> i64 {
-        self.inner
-            .lock()
-            .ok()
-            .and_then(|i| {
-                i.usage
-                    .get(&format!("{org}\n{day}"))
-                    .and_then(|h| h.get(field).copied())
-            })
-            .unwrap_or(0)
-    }
 }
 
 fn admitted_without_state() -> Admission {
@@ -217,25 +203,6 @@ impl LimitStore for MemoryLimits {
                         w.token_sum += extra;
                     }
                     None => {}
-                }
-            }
-        }
-        if let Some(u) = s.usage {
-            let counters = inner
-                .usage
-                .entry(format!("{}\n{}", s.org, s.day))
-                .or_default();
-            let prefix = format!("{}|{}|", s.key_id, s.model);
-            for (name, n) in [
-                ("requests", 1),
-                ("input", u.input as i64),
-                ("cached_input", u.cached_input as i64),
-                ("output", u.output as i64),
-                ("reasoning", u.reasoning as i64),
-                ("cost_nano", s.cost_nano),
-            ] {
-                if n > 0 {
-                    *counters.entry(format!("{prefix}{name}")).or_default() += n;
                 }
             }
         }

@@ -535,7 +535,7 @@ fn count_decision(model: &ModelSpec, stage: LimitStage, verdict: Verdict) {
 }
 
 /// Why the limiter refused a request. The HTTP layer maps it to the
-/// spec's envelope (`error/layers.rs`): 429, 402 or 503.
+/// spec's envelope (`edge.rs`): 429, 402 or 503.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// A rate limit of the plan is reached.

@@ -3,7 +3,7 @@
 
 use super::directory::{valid_id, DirectoryStore, Entry};
 use super::net::{AddressPolicy, AgentHttp, NetLimits};
-use crate::accounts::admin::StoreArgs;
+use crate::admin::StoreArgs;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use std::time::Duration;

@@ -1092,8 +1092,7 @@ pub fn clip(s: &str, max: usize) -> String {
 
 fn store_error(e: anyhow::Error) -> ApiError {
     tracing::warn!("planner session store: {e:#}");
-    ApiError::overloaded("The planner's session store is unavailable; retry shortly.")
-        .with_retry_after(1)
+    ApiError::store_unavailable("The planner's session store is unavailable; retry shortly.")
 }
 
 #[cfg(test)]

@@ -12,9 +12,8 @@ mod kubernetes;
 pub mod select;
 
 pub use endpoint::WorkerEndpoint;
-pub use select::Policy;
 
-use crate::error::ApiError;
+use crate::config::PoolPolicy;
 use crate::metrics::METRICS;
 use discovery::Target;
 use inference_proto::v1 as pb;
@@ -40,7 +39,7 @@ const RESOLVE_INTERVAL: Duration = Duration::from_secs(5);
 pub struct PoolSpec {
     pub model: String,
     pub workers: Vec<String>,
-    pub policy: Policy,
+    pub policy: PoolPolicy,
 }
 
 /// The `authorization` metadata every call to a worker carries when the
@@ -148,7 +147,7 @@ impl Pools {
 /// The workers of one model.
 pub struct WorkerPool {
     model: String,
-    policy: Policy,
+    policy: PoolPolicy,
     /// Sent on every call to this pool's workers, health checks included.
     auth: WorkerAuth,
     /// TLS of the channels to this pool's workers (`[worker_tls]`).
@@ -277,7 +276,7 @@ impl WorkerPool {
         &'a self,
         request: pb::GenerateRequest,
         trace: &'a TraceParent,
-    ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, ApiError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, PoolError>> + Send + 'a>> {
         Box::pin(self.start_call(request, trace))
     }
 
@@ -285,12 +284,12 @@ impl WorkerPool {
         &self,
         request: pb::GenerateRequest,
         trace: &TraceParent,
-    ) -> Result<WorkerCall, ApiError> {
+    ) -> Result<WorkerCall, PoolError> {
         let metadata = call_metadata(&request, trace, &self.auth);
         let endpoints = self.snapshot();
         let key = select::affinity_key(&request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
-        let mut last_error: Option<ApiError> = None;
+        let mut last_error: Option<PoolError> = None;
         // The reason the previous attempt failed, counted once another starts.
         let mut retrying: Option<&'static str> = None;
         while tried.len() < MAX_ATTEMPTS {
@@ -355,11 +354,10 @@ impl WorkerPool {
             }
         }
         Err(match last_error {
-            Some(e) if e.status == 502 || e.status == 504 => e,
-            _ => ApiError::overloaded(format!(
-                "No worker of model '{}' is available right now; retry shortly.",
-                self.model
-            )),
+            Some(e @ (PoolError::WorkerTimeout | PoolError::WorkerFailed)) => e,
+            _ => PoolError::NoWorkerAvailable {
+                model: self.model.clone(),
+            },
         })
     }
 
@@ -400,9 +398,31 @@ fn call_metadata(
     metadata
 }
 
+/// Why the pool could not start a call, or why a worker call failed: the
+/// pool's own error; `edge.rs` gives each its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    /// The prompt is over the model's context window (the worker's message).
+    ContextLengthExceeded { message: String },
+    /// The worker refused the request as invalid (its message).
+    InvalidRequest { message: String },
+    /// The worker is at capacity.
+    AtCapacity,
+    /// The worker is draining for a restart.
+    Draining,
+    /// The worker could not be reached, or dropped the call.
+    Unreachable,
+    /// The worker did not answer within its deadline.
+    WorkerTimeout,
+    /// The worker failed for another reason.
+    WorkerFailed,
+    /// Every worker of the model was tried, busy, draining or unreachable.
+    NoWorkerAvailable { model: String },
+}
+
 /// What a failed worker call means for the client and for the worker.
 pub struct Failure {
-    pub error: ApiError,
+    pub error: PoolError,
     /// Another worker may succeed (overload, draining, connection failure).
     pub try_elsewhere: bool,
     /// Counts against the worker's health. Client errors never do.
@@ -433,44 +453,47 @@ pub fn classify(status: &Status) -> Failure {
         .and_then(pb::ErrorReason::from_str_name);
     match (reason, status.code()) {
         (Some(pb::ErrorReason::ContextLengthExceeded), _) => Failure {
-            error: ApiError::new(400, "context_length_exceeded", status.message().to_owned())
-                .with_param("messages"),
+            error: PoolError::ContextLengthExceeded {
+                message: status.message().to_owned(),
+            },
             try_elsewhere: false,
             worker_fault: false,
             reason: "context_length_exceeded",
         },
         (Some(pb::ErrorReason::InvalidRequest), _) | (None, Code::InvalidArgument) => Failure {
-            error: ApiError::invalid_value("messages", status.message().to_owned()),
+            error: PoolError::InvalidRequest {
+                message: status.message().to_owned(),
+            },
             try_elsewhere: false,
             worker_fault: false,
             reason: "invalid_request",
         },
         (Some(pb::ErrorReason::Overloaded), _) | (None, Code::ResourceExhausted) => Failure {
-            error: ApiError::overloaded("The model is at capacity; retry shortly."),
+            error: PoolError::AtCapacity,
             try_elsewhere: true,
             worker_fault: false,
             reason: "overloaded",
         },
         (Some(pb::ErrorReason::Draining), _) => Failure {
-            error: ApiError::overloaded("The worker is restarting; retry shortly."),
+            error: PoolError::Draining,
             try_elsewhere: true,
             worker_fault: false,
             reason: "draining",
         },
         (_, Code::Unavailable) | (_, Code::Cancelled) => Failure {
-            error: ApiError::overloaded("The model's workers are unreachable; retry shortly."),
+            error: PoolError::Unreachable,
             try_elsewhere: true,
             worker_fault: true,
             reason: "unavailable",
         },
         (_, Code::DeadlineExceeded) => Failure {
-            error: ApiError::timeout("The worker did not answer in time."),
+            error: PoolError::WorkerTimeout,
             try_elsewhere: true,
             worker_fault: true,
             reason: "deadline",
         },
         _ => Failure {
-            error: ApiError::upstream("The model worker failed; retry with backoff."),
+            error: PoolError::WorkerFailed,
             try_elsewhere: true,
             worker_fault: true,
             reason: "engine_failure",
@@ -499,8 +522,10 @@ mod tests {
             "CONTEXT_LENGTH_EXCEEDED",
         ));
         assert_eq!(
-            (f.error.status, f.error.code.as_ref()),
-            (400, "context_length_exceeded")
+            f.error,
+            PoolError::ContextLengthExceeded {
+                message: "x".into()
+            }
         );
         assert!(!f.try_elsewhere && !f.worker_fault);
         assert_eq!(f.class(), "client");
@@ -510,13 +535,13 @@ mod tests {
     fn overload_and_unreachable_try_elsewhere() {
         let f = classify(&with_reason(Code::ResourceExhausted, "OVERLOADED"));
         assert!(f.try_elsewhere && !f.worker_fault);
-        assert_eq!(f.error.status, 503);
+        assert_eq!(f.error, PoolError::AtCapacity);
         assert_eq!(f.class(), "capacity");
         let f = classify(&Status::unavailable("connection refused"));
         assert!(f.try_elsewhere && f.worker_fault);
         assert_eq!(f.class(), "fault");
         let f = classify(&Status::internal("boom"));
-        assert_eq!(f.error.status, 502);
+        assert_eq!(f.error, PoolError::WorkerFailed);
     }
 
     #[test]
@@ -555,7 +580,7 @@ mod tests {
             [PoolSpec {
                 model: "base".into(),
                 workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
-                policy: Policy::LeastLoaded,
+                policy: PoolPolicy::LeastLoaded,
             }],
             None,
             None,

@@ -9,17 +9,10 @@
 //!   the key's order takes it.
 
 use super::endpoint::WorkerEndpoint;
-use serde::Deserialize;
+use crate::config::PoolPolicy;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    LeastLoaded,
-    #[default]
-    PrefixAffinity,
-}
 
 /// A worker may carry this factor over the pool's average before a sticky
 /// key spills to its next-preferred worker.
@@ -27,7 +20,7 @@ const LOAD_FACTOR: f64 = 1.25;
 
 /// Picks among `candidates` (indices into `endpoints`).
 pub fn pick(
-    policy: Policy,
+    policy: PoolPolicy,
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
     affinity_key: u64,
@@ -36,8 +29,8 @@ pub fn pick(
         0 => None,
         1 => Some(candidates[0]),
         _ => match policy {
-            Policy::LeastLoaded => Some(two_choices(endpoints, candidates)),
-            Policy::PrefixAffinity => bounded_rendezvous(endpoints, candidates, affinity_key)
+            PoolPolicy::LeastLoaded => Some(two_choices(endpoints, candidates)),
+            PoolPolicy::PrefixAffinity => bounded_rendezvous(endpoints, candidates, affinity_key)
                 .or_else(|| Some(two_choices(endpoints, candidates))),
         },
     }
@@ -131,13 +124,13 @@ mod tests {
     fn same_key_sticks_to_one_worker_while_load_allows() {
         let eps = pool(4);
         let all: Vec<usize> = (0..4).collect();
-        let first = pick(Policy::PrefixAffinity, &eps, &all, 42).unwrap();
+        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, 42).unwrap();
         for _ in 0..20 {
-            assert_eq!(pick(Policy::PrefixAffinity, &eps, &all, 42), Some(first));
+            assert_eq!(pick(PoolPolicy::PrefixAffinity, &eps, &all, 42), Some(first));
         }
         // Different keys spread over the pool.
         let chosen: std::collections::HashSet<usize> = (0..64u64)
-            .filter_map(|k| pick(Policy::PrefixAffinity, &eps, &all, k))
+            .filter_map(|k| pick(PoolPolicy::PrefixAffinity, &eps, &all, k))
             .collect();
         assert!(chosen.len() >= 3, "{chosen:?}");
     }
@@ -146,9 +139,9 @@ mod tests {
     fn overloaded_preferred_worker_spills_to_the_next() {
         let eps = pool(3);
         let all: Vec<usize> = (0..3).collect();
-        let first = pick(Policy::PrefixAffinity, &eps, &all, 7).unwrap();
+        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, 7).unwrap();
         let _slots: Vec<_> = (0..10).map(|_| eps[first].acquire()).collect();
-        let next = pick(Policy::PrefixAffinity, &eps, &all, 7).unwrap();
+        let next = pick(PoolPolicy::PrefixAffinity, &eps, &all, 7).unwrap();
         assert_ne!(next, first);
     }
 
@@ -157,7 +150,7 @@ mod tests {
         let eps = pool(2);
         let _busy: Vec<_> = (0..5).map(|_| eps[0].acquire()).collect();
         for _ in 0..10 {
-            assert_eq!(pick(Policy::LeastLoaded, &eps, &[0, 1], 0), Some(1));
+            assert_eq!(pick(PoolPolicy::LeastLoaded, &eps, &[0, 1], 0), Some(1));
         }
     }
 }

@@ -148,7 +148,7 @@ async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account
     if values.next().is_some() {
         return Err(duplicate_header("Authorization"));
     }
-    app.accounts.authorize(first, scope).await
+    Ok(app.accounts.authorize(first, scope).await?)
 }
 
 /// 400 for a header that must appear at most once.

@@ -1,10 +1,11 @@
 //! Operator commands against Redis: `gateway keys|orgs|plans|usage ...`.
 //! Each connects with `--redis-url` / `GATEWAY_REDIS_URL` and the same
 //! `--key-prefix` / `GATEWAY_KEY_PREFIX` as the gateways it administers.
+//! Above accounts, limits and usage: `orgs show` reads what the limiter
+//! counted an organisation's spend to be, and `usage` reads the usage log.
 
-use super::store::AccountStore;
-use super::Scopes;
-use crate::accounts::RatePlan;
+use crate::accounts::store::AccountStore;
+use crate::accounts::{RatePlan, Scopes};
 use crate::redis_conn::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
