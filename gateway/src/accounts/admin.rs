@@ -5,7 +5,7 @@
 use super::store::AccountStore;
 use super::Scopes;
 use crate::accounts::RatePlan;
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use std::sync::Arc;
@@ -260,12 +260,7 @@ impl OrgsArgs {
                 }
                 OrgsCommand::Show { org } => {
                     let status = store.org(&org).await?.unwrap_or_default();
-                    let mut conn = redis.conn().await?;
-                    let spent: Option<i64> = redis::AsyncCommands::get(
-                        &mut conn,
-                        crate::limits::redis_lua::RedisLimits::spend_key(&redis, &org),
-                    )
-                    .await?;
+                    let spent = crate::limits::redis_lua::spent_nano(&redis, &org).await?;
                     println!("org:     {org}");
                     println!(
                         "status:  {}",
@@ -281,7 +276,7 @@ impl OrgsArgs {
                             .budget_nano
                             .map_or("none".into(), |b| format!("${:.9}", b as f64 / 1e9))
                     );
-                    println!("spent:   ${:.9}", spent.unwrap_or(0) as f64 / 1e9);
+                    println!("spent:   ${:.9}", spent as f64 / 1e9);
                 }
             }
             Ok(())

@@ -13,7 +13,7 @@ use super::{Account, OrgStatus, Scopes};
 use crate::auth::{bearer_token, hash_key, Principal};
 use crate::config::{Config, OnStoreFailure};
 use crate::error::ApiError;
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -339,7 +339,7 @@ pub fn store_unavailable() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounts::store::tests::{cleanup, test_redis};
+    use crate::redis::testing::{cleanup, test_redis};
     use crate::accounts::Scope;
     use crate::config::StaticKey;
 

@@ -183,7 +183,7 @@ pub trait EventFollower: Send {
 /// `redis_url` is set; it connects lazily, on first use), else the
 /// in-process store. Everything stored expires after `window`.
 pub fn open(
-    redis: Option<std::sync::Arc<crate::redis_conn::RedisHandle>>,
+    redis: Option<std::sync::Arc<crate::redis::RedisHandle>>,
     window: Duration,
 ) -> std::sync::Arc<dyn ResponseStore> {
     match redis {

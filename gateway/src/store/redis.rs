@@ -29,8 +29,7 @@ use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent};
 use crate::api::responses::{InputItem, ResponseObject};
 use crate::metrics::METRICS;
-use crate::redis_conn::RedisConn;
-use crate::redis_conn::RedisHandle;
+use crate::redis::{RedisConn, RedisHandle};
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use std::sync::{Arc, LazyLock};
@@ -634,7 +633,7 @@ mod tests {
     }
 
     async fn cleanup(handle: &RedisHandle) {
-        crate::redis_conn::delete_prefix(handle).await.unwrap();
+        crate::redis::testing::delete_prefix(handle).await.unwrap();
     }
 
     #[tokio::test]
@@ -698,6 +697,14 @@ mod tests {
         let (store, handle) = store(Duration::from_millis(300));
         super::super::suite::expires(&store, Duration::from_millis(500)).await;
         cleanup(&handle).await;
+    }
+
+    #[test]
+    fn a_responses_keys_share_one_slot() {
+        let handle = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap());
+        let store = RedisStore::new(handle, Duration::from_secs(60));
+        let slot = |k: String| crate::redis::cluster::key_slot(k.as_bytes());
+        assert_eq!(slot(store.hash("resp_1")), slot(store.events("resp_1")));
     }
 
     #[test]
