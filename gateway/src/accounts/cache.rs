@@ -339,9 +339,9 @@ pub fn store_unavailable() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis::testing::{cleanup, test_redis};
     use crate::accounts::Scope;
     use crate::config::StaticKey;
+    use crate::redis::testing::{cleanup, test_redis};
 
     fn config_with_static_key() -> Config {
         let mut c = Config::defaults();

@@ -771,7 +771,10 @@ mod tests {
         for status in ResponseStatus::ALL {
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(json, format!("\"{status}\""));
-            assert_eq!(serde_json::from_str::<ResponseStatus>(&json).unwrap(), status);
+            assert_eq!(
+                serde_json::from_str::<ResponseStatus>(&json).unwrap(),
+                status
+            );
             assert_eq!(ResponseStatus::parse(status.as_str()), Some(status));
         }
         assert!(serde_json::from_str::<ResponseStatus>("\"canceled\"").is_err());

@@ -1109,9 +1109,9 @@ mod tests {
 mod bench {
     use super::*;
     use crate::accounts::cache::Accounts;
-    use crate::redis::testing::{cleanup, test_redis};
     use crate::accounts::store::AccountStore;
     use crate::accounts::Scopes;
+    use crate::redis::testing::{cleanup, test_redis};
     use harness::procfs::{thread_cpu, thread_user_cpu};
 
     async fn evalsha_calls(redis: &RedisHandle) -> u64 {

@@ -120,7 +120,6 @@ impl RedisLimits {
     fn window_key(&self, org: &str, model: &str, what: &str) -> String {
         self.redis.key("rl", org, &format!(":{model}:{what}"))
     }
-
 }
 
 /// `<prefix>spend:{<org>}`: nano-dollars an organisation has spent.
@@ -286,9 +285,9 @@ impl Pipe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis::testing::{cleanup, test_redis};
     use crate::limits::memory::MemoryLimits;
     use crate::limits::tests_shared;
+    use crate::redis::testing::{cleanup, test_redis};
 
     #[tokio::test]
     async fn redis_store_passes_the_shared_suite() {

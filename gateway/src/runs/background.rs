@@ -60,7 +60,7 @@ impl BackgroundRun {
             in_flight,
         } = self;
         let mut writer = RunWriter {
-            run,
+            stored: run,
             encoder,
             frames: Vec::new(),
         };
@@ -74,10 +74,10 @@ impl BackgroundRun {
         )
         .await;
         if ran.is_err() {
-            writer.run.fail_overdue().await;
+            writer.stored.fail_overdue().await;
         }
         // Released if this owner ended the run, else left to lapse.
-        writer.run.release().await;
+        writer.stored.release().await;
         drop(in_flight);
     }
 }
@@ -85,7 +85,7 @@ impl BackgroundRun {
 /// The encoder of a background run: Responses events into the run's
 /// stored event log, one store write per delivered batch.
 struct RunWriter {
-    run: StoredRun,
+    stored: StoredRun,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
 }
@@ -132,7 +132,7 @@ impl RunWriter {
         &mut self,
         object: Option<&crate::api::responses::ResponseObject>,
     ) -> Result<(), Gone> {
-        self.run
+        self.stored
             .write(object, &self.frames)
             .await
             .map_err(|_| Gone)?;
@@ -158,11 +158,11 @@ impl Encoder for RunWriter {
     }
 
     async fn gone(&mut self) {
-        self.run.ended_elsewhere().await
+        self.stored.ended_elsewhere().await
     }
 
     async fn gone_while_starting(&mut self) {
-        self.run.ended_elsewhere().await
+        self.stored.ended_elsewhere().await
     }
 
     async fn fail(&mut self, e: &ApiError) {

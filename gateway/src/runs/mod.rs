@@ -526,10 +526,7 @@ mod tests {
         ) -> crate::store::StoreResult<Box<dyn crate::store::EventFollower>> {
             self.0.follow(id, after).await
         }
-        async fn status(
-            &self,
-            id: &str,
-        ) -> crate::store::StoreResult<Option<ResponseStatus>> {
+        async fn status(&self, id: &str) -> crate::store::StoreResult<Option<ResponseStatus>> {
             self.0.status(id).await
         }
         async fn renew_leases(

@@ -330,7 +330,10 @@ mod tests {
         assert_eq!(run.write(Some(&running), &[]).await, Err(RunOver));
         run.release().await;
         assert_eq!(
-            store.expired_leases(now_ms() + 3_600_000, 10).await.unwrap(),
+            store
+                .expired_leases(now_ms() + 3_600_000, 10)
+                .await
+                .unwrap(),
             vec!["resp_cancelled".to_string()],
             "the lease lapses into a sweep"
         );
