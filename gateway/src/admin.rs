@@ -6,7 +6,7 @@
 
 use crate::accounts::store::AccountStore;
 use crate::accounts::{RatePlan, Scopes};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use std::sync::Arc;
@@ -261,12 +261,7 @@ impl OrgsArgs {
                 }
                 OrgsCommand::Show { org } => {
                     let status = store.org(&org).await?.unwrap_or_default();
-                    let mut conn = redis.conn().await?;
-                    let spent: Option<i64> = redis::AsyncCommands::get(
-                        &mut conn,
-                        crate::limits::redis_lua::RedisLimits::spend_key(&redis, &org),
-                    )
-                    .await?;
+                    let spent = crate::limits::redis_lua::spent_nano(&redis, &org).await?;
                     println!("org:     {org}");
                     println!(
                         "status:  {}",
@@ -282,7 +277,7 @@ impl OrgsArgs {
                             .budget_nano
                             .map_or("none".into(), |b| format!("${:.9}", b as f64 / 1e9))
                     );
-                    println!("spent:   ${:.9}", spent.unwrap_or(0) as f64 / 1e9);
+                    println!("spent:   ${:.9}", spent as f64 / 1e9);
                 }
             }
             Ok(())

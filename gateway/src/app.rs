@@ -8,7 +8,7 @@ use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 use crate::planner::Planner;
 use crate::pool::{PoolSpec, Pools};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use crate::runs::Runs;
 use crate::store::ResponseStore;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 use crate::auth::Principal;
 use crate::catalog::ModelSpec;
 use crate::metrics::{model_series, AccountSeries, TokenKind};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use inference_proto::v1 as pb;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -180,7 +180,7 @@ pub async fn read_usage(
     for day in since..=today {
         let (y, m, d) = civil_from_days(day);
         let day = format!("{y:04}-{m:02}-{d:02}");
-        let key = redis.usage_key(org, &day);
+        let key = crate::limits::redis_lua::usage_key(redis, org, &day);
         let h: BTreeMap<String, i64> = redis::AsyncCommands::hgetall(&mut conn, key).await?;
         for (field, n) in h {
             let mut parts = field.rsplitn(3, '|');

@@ -12,7 +12,7 @@ use super::RatePlan;
 use super::{Account, AccountError, OrgStatus, Scopes};
 use crate::auth::{bearer_token, hash_key, Principal};
 use crate::config::{Config, OnStoreFailure};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -328,9 +328,9 @@ enum Cached {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounts::store::tests::{cleanup, test_redis};
     use crate::accounts::Scope;
     use crate::config::StaticKey;
+    use crate::redis::testing::{cleanup, test_redis};
 
     fn config_with_static_key() -> Config {
         let mut c = Config::defaults();

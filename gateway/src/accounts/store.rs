@@ -14,7 +14,7 @@
 
 use super::RatePlan;
 use super::{OrgStatus, Scopes};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use rand::distr::{Alphanumeric, SampleString};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -323,25 +323,10 @@ fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::accounts::Scope;
-
-    /// A handle on the test Redis with a random prefix; `cleanup` deletes
-    /// exactly the keys under it.
-    pub(crate) fn test_redis() -> Arc<RedisHandle> {
-        let url =
-            std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        let prefix = format!(
-            "igwtest:{}:",
-            Alphanumeric.sample_string(&mut rand::rng(), 10)
-        );
-        Arc::new(RedisHandle::new(&url, &prefix).unwrap())
-    }
-
-    pub(crate) async fn cleanup(redis: &RedisHandle) {
-        crate::redis_conn::delete_prefix(redis).await.unwrap();
-    }
+    use crate::redis::testing::{cleanup, test_redis};
 
     #[tokio::test]
     async fn create_lookup_list_revoke_against_redis() {

@@ -244,7 +244,7 @@ pub struct ResponseObject {
     pub id: String,
     pub object: String,
     pub created_at: u64,
-    pub status: String,
+    pub status: ResponseStatus,
     pub background: bool,
     pub error: Option<ResponseError>,
     pub incomplete_details: Option<IncompleteDetails>,
@@ -273,13 +273,95 @@ pub struct ResponseObject {
 impl ResponseObject {
     /// Whether `status` is one a run ends in.
     pub fn is_terminal(&self) -> bool {
-        is_terminal_status(&self.status)
+        self.status.is_terminal()
     }
 }
 
-/// `completed`, `failed`, `cancelled` and `incomplete` end a run.
-pub fn is_terminal_status(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
+/// A response's status. Code compares variants; the words exist only where
+/// the status leaves the process: the wire (serde) and the store's own
+/// fields ([`Self::as_str`], [`Self::parse`]).
+///
+/// Serialised by hand rather than derived: it is a string on the wire, as
+/// `docs/openapi.json` documents it (the drift guard reads derived types
+/// as objects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResponseStatus {
+    /// A background run not yet started.
+    Queued,
+    InProgress,
+    Completed,
+    Failed,
+    /// Ended by its client: a cancel, or a foreground client gone.
+    Cancelled,
+    /// Cut by a token limit, or stopped early.
+    Incomplete,
+}
+
+impl ResponseStatus {
+    const ALL: [ResponseStatus; 6] = [
+        ResponseStatus::Queued,
+        ResponseStatus::InProgress,
+        ResponseStatus::Completed,
+        ResponseStatus::Failed,
+        ResponseStatus::Cancelled,
+        ResponseStatus::Incomplete,
+    ];
+    const NAMES: [&'static str; 6] = [
+        "queued",
+        "in_progress",
+        "completed",
+        "failed",
+        "cancelled",
+        "incomplete",
+    ];
+
+    /// As the API (and the store) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseStatus::Queued => "queued",
+            ResponseStatus::InProgress => "in_progress",
+            ResponseStatus::Completed => "completed",
+            ResponseStatus::Failed => "failed",
+            ResponseStatus::Cancelled => "cancelled",
+            ResponseStatus::Incomplete => "incomplete",
+        }
+    }
+
+    /// The status a word names (`None` for any other word).
+    pub fn parse(word: &str) -> Option<ResponseStatus> {
+        Self::ALL.into_iter().find(|s| s.as_str() == word)
+    }
+
+    /// `completed`, `failed`, `cancelled` and `incomplete` end a run.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ResponseStatus::Completed
+                | ResponseStatus::Failed
+                | ResponseStatus::Cancelled
+                | ResponseStatus::Incomplete
+        )
+    }
+}
+
+impl std::fmt::Display for ResponseStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ResponseStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ResponseStatus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let word = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        ResponseStatus::parse(&word)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&word, &ResponseStatus::NAMES))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -577,6 +659,18 @@ pub struct EncodedEvent {
 }
 
 impl EncodedEvent {
+    /// `event` with its sequence number `seq`, encoded.
+    pub fn new(event: StreamEvent<'_>, seq: u64) -> Self {
+        let name = event.name().to_owned();
+        // Serializing our own wire structs into memory cannot fail.
+        let data = serde_json::to_string(&Sequenced {
+            event,
+            sequence_number: seq,
+        })
+        .unwrap_or_default();
+        EncodedEvent { seq, name, data }
+    }
+
     pub fn is_terminal(&self) -> bool {
         is_terminal_event(&self.name)
     }
@@ -584,21 +678,17 @@ impl EncodedEvent {
 
 /// The terminal event that a replica other than the run's owner writes
 /// (cancel, or the sweeper after a lost lease), for an object whose status
-/// it already set. Its sequence number is only known inside the store, so
-/// this returns the payload without its closing `}`; the store appends
-/// `,"sequence_number":N}`.
-pub fn external_terminal(object: &ResponseObject) -> (&'static str, String) {
-    let event = match object.status.as_str() {
-        "failed" => StreamEvent::Failed { response: object },
-        "completed" => StreamEvent::Completed { response: object },
+/// it already set, as event `seq` of the run's log: the store closes the log
+/// to the owner first, so the number after its last event is final.
+pub fn external_terminal(object: &ResponseObject, seq: u64) -> EncodedEvent {
+    let event = match object.status {
+        ResponseStatus::Failed => StreamEvent::Failed { response: object },
+        ResponseStatus::Completed => StreamEvent::Completed { response: object },
         // A cancelled run stopped early: `response.incomplete` is the
         // terminal event every client knows (there is no `response.cancelled`).
         _ => StreamEvent::Incomplete { response: object },
     };
-    let name = event.name();
-    let mut data = serde_json::to_string(&event).unwrap_or_default();
-    data.pop();
-    (name, data)
+    EncodedEvent::new(event, seq)
 }
 
 #[cfg(test)]
@@ -665,6 +755,27 @@ mod tests {
             serde_json::json!({"type":"output_text","text":"","annotations":[],"logprobs":[]})
         );
         assert_eq!(e.event.name(), "response.content_part.added");
+    }
+
+    #[test]
+    fn statuses_are_words_on_the_wire_and_variants_inside() {
+        for status in ResponseStatus::ALL {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{status}\""));
+            assert_eq!(
+                serde_json::from_str::<ResponseStatus>(&json).unwrap(),
+                status
+            );
+            assert_eq!(ResponseStatus::parse(status.as_str()), Some(status));
+        }
+        assert!(serde_json::from_str::<ResponseStatus>("\"canceled\"").is_err());
+        assert_eq!(ResponseStatus::parse("done"), None);
+        let ended: Vec<_> = ResponseStatus::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(ResponseStatus::as_str)
+            .collect();
+        assert_eq!(ended, ["completed", "failed", "cancelled", "incomplete"]);
     }
 
     #[test]

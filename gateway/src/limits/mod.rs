@@ -24,19 +24,17 @@
 //! `fail_open_local` (default) admits under this replica's in-process
 //! limits; `fail_closed` answers 503.
 
-pub mod cluster_pipe;
 pub mod headers;
 pub mod local;
 pub mod memory;
 pub mod redis_lua;
-pub mod redis_pipe;
 pub mod slots;
 
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
 use crate::config::{Config, OnStoreFailure};
 use crate::metrics::{LimitDecision, LimitStage};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use async_trait::async_trait;
 use inference_proto::v1 as pb;
 use local::{LocalEntry, LocalStage};
@@ -1111,9 +1109,9 @@ mod tests {
 mod bench {
     use super::*;
     use crate::accounts::cache::Accounts;
-    use crate::accounts::store::tests::{cleanup, test_redis};
     use crate::accounts::store::AccountStore;
     use crate::accounts::Scopes;
+    use crate::redis::testing::{cleanup, test_redis};
     use harness::procfs::{thread_cpu, thread_user_cpu};
 
     async fn evalsha_calls(redis: &RedisHandle) -> u64 {

@@ -1,12 +1,12 @@
 //! The global stage in Redis: one Lua script to admit (`admit.lua`) and one
 //! to settle (`settle.lua`), each a single round trip (EVALSHA) over the
-//! limiter's own pipelined connection ([`super::redis_pipe`]); and the
+//! limiter's own pipelined connection ([`crate::redis::pipe`]); and the
 //! slot heartbeat (`renew.lua`, one call per in-flight set per beat, see
 //! [`super::slots`]).
 //!
 //! Keys of one organisation share its hash tag, so both scripts touch one
 //! Redis Cluster slot (on a cluster, each call goes to the primary serving
-//! it: [`super::cluster_pipe`]):
+//! it: [`crate::redis::cluster_pipe`]):
 //!
 //! ```text
 //! <prefix>rl:{<org>}:<model>:req       zset  request log (sliding minute)
@@ -18,11 +18,11 @@
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
 
-use super::cluster_pipe::ClusterPipe;
-use super::redis_pipe::{Arg, PipeError, RedisPipe, Reply, RespCommand, Script};
 use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::metrics::redis_error;
-use crate::redis_conn::{RedisHandle, Target};
+use crate::redis::cluster_pipe::ClusterPipe;
+use crate::redis::pipe::{Arg, PipeError, RedisPipe, Reply, RespCommand, Script};
+use crate::redis::{RedisHandle, Target};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -57,7 +57,7 @@ pub struct RedisLimits {
     renew: Script,
     /// The scripts go over one lean pipelined connection (one per primary
     /// on a cluster): concurrent admissions and settlements share writes
-    /// and reads, each still one round trip (see [`super::redis_pipe`] for
+    /// and reads, each still one round trip (see [`crate::redis::pipe`] for
     /// why not the redis crate's).
     pipe: Pipe,
     keys: RwLock<KeyCache>,
@@ -97,8 +97,8 @@ impl RedisLimits {
             toksum: self.window_key(org, model, "toksum"),
             inflight: self.window_key(org, model, "inflight"),
             settled_stem: self.window_key(org, model, "settled:"),
-            spend: Self::spend_key(&self.redis, org),
-            usage_stem: Self::usage_stem(&self.redis, org),
+            spend: spend_key(&self.redis, org),
+            usage_stem: usage_key(&self.redis, org, ""),
         });
         if let Ok(mut cache) = self.keys.write() {
             if cache.len() >= MAX_CACHED_KEY_SETS {
@@ -120,16 +120,25 @@ impl RedisLimits {
     fn window_key(&self, org: &str, model: &str, what: &str) -> String {
         self.redis.key("rl", org, &format!(":{model}:{what}"))
     }
+}
 
-    pub fn spend_key(redis: &RedisHandle, org: &str) -> String {
-        redis.key("spend", org, "")
-    }
+/// `<prefix>spend:{<org>}`: nano-dollars an organisation has spent.
+fn spend_key(redis: &RedisHandle, org: &str) -> String {
+    redis.key("spend", org, "")
+}
 
-    /// `<prefix>usage:{<org>}:`: the day completes an organisation's
-    /// usage key (`RedisHandle::usage_key`).
-    fn usage_stem(redis: &RedisHandle, org: &str) -> String {
-        redis.usage_key(org, "")
-    }
+/// `<prefix>usage:{<org>}:<day>`: an organisation's usage of one UTC day
+/// (`YYYY-MM-DD`), which `settle.lua` writes and `crate::usage` reads.
+pub fn usage_key(redis: &RedisHandle, org: &str, day: &str) -> String {
+    redis.key("usage", org, ":") + day
+}
+
+/// What `org` has spent so far, in nano-dollars (0 before its first
+/// settlement): for the operator CLI, which must not know the limiter's keys.
+pub async fn spent_nano(redis: &RedisHandle, org: &str) -> redis::RedisResult<i64> {
+    let mut conn = redis.conn().await?;
+    let spent: Option<i64> = redis::AsyncCommands::get(&mut conn, spend_key(redis, org)).await?;
+    Ok(spent.unwrap_or(0))
 }
 
 #[async_trait]
@@ -276,9 +285,9 @@ impl Pipe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounts::store::tests::{cleanup, test_redis};
     use crate::limits::memory::MemoryLimits;
     use crate::limits::tests_shared;
+    use crate::redis::testing::{cleanup, test_redis};
 
     #[tokio::test]
     async fn redis_store_passes_the_shared_suite() {
@@ -306,7 +315,7 @@ mod tests {
         // Usage and spend landed in the org's keys.
         let mut conn = redis.conn().await.unwrap();
         let usage: std::collections::HashMap<String, i64> =
-            redis::AsyncCommands::hgetall(&mut conn, redis.usage_key("org-suite", "2026-11-23"))
+            redis::AsyncCommands::hgetall(&mut conn, usage_key(&redis, "org-suite", "2026-11-23"))
                 .await
                 .unwrap();
         assert_eq!(usage.get("k1|base|requests"), Some(&1));
@@ -336,7 +345,7 @@ mod tests {
 
     #[test]
     fn every_key_of_a_script_call_is_in_one_slot() {
-        use crate::redis_cluster::key_slot;
+        use crate::redis::cluster::key_slot;
         let redis = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap());
         let store = RedisLimits::new(redis.clone());
         for (org, model) in [
@@ -388,7 +397,7 @@ mod tests {
         store.flush().await;
         let mut conn = redis.conn().await.unwrap();
         let usage: std::collections::HashMap<String, i64> =
-            redis::AsyncCommands::hgetall(&mut conn, redis.usage_key("org-suite", "2026-11-23"))
+            redis::AsyncCommands::hgetall(&mut conn, usage_key(&redis, "org-suite", "2026-11-23"))
                 .await
                 .unwrap();
         assert!(
@@ -436,12 +445,8 @@ mod tests {
             Arc::new(RedisHandle::open(&cluster.urls(), "igwtest:", Some(&ca), true).unwrap());
         let store = RedisLimits::new(redis.clone());
         tests_shared::suite(&store).await;
-        let mut conn = redis.conn().await.unwrap();
-        let spent: Option<i64> =
-            redis::AsyncCommands::get(&mut conn, RedisLimits::spend_key(&redis, "org-suite"))
-                .await
-                .unwrap();
-        assert!(spent.is_some_and(|n| n > 0), "{spent:?}");
+        let spent = spent_nano(&redis, "org-suite").await.unwrap();
+        assert!(spent > 0, "{spent}");
     }
 
     #[tokio::test]

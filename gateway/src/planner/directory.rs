@@ -17,7 +17,7 @@
 
 use super::a2a::{self, AgentCard, CardError, Endpoint};
 use super::net::{AgentHttp, NetLimits};
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

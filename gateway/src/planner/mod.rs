@@ -34,7 +34,7 @@ use crate::api::chat::{ChatMessage, MessageContent};
 use crate::config::PlannerConfig;
 use crate::error::ApiError;
 use crate::metrics::METRICS;
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use directory::{Directory, ResolvedAgent};
 use execute::{AgentRoute, Attempt, StepEnv, StepResult};
 use model::{Call, ModelCalls};

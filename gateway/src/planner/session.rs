@@ -8,7 +8,7 @@
 //! sees the plan, so any replica resumes it, also after a restart) and
 //! in-process (the embedded mode).
 
-use crate::redis_conn::RedisHandle;
+use crate::redis::RedisHandle;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -242,6 +242,6 @@ mod tests {
             return;
         }
         suite(&RedisSessions::new(handle.clone()), "redis").await;
-        crate::redis_conn::delete_prefix(&handle).await.unwrap();
+        crate::redis::testing::delete_prefix(&handle).await.unwrap();
     }
 }

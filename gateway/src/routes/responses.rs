@@ -5,8 +5,8 @@
 use super::sinks::ResponseEvents;
 use crate::accounts::Account;
 use crate::api::responses::{
-    is_terminal_status, ContentPart, CreateResponseRequest, DeletedResponse, InputItem,
-    InputItemList, ItemContent, ResponseObject,
+    ContentPart, CreateResponseRequest, DeletedResponse, InputItem, InputItemList, ItemContent,
+    ResponseObject, ResponseStatus,
 };
 use crate::app::App;
 use crate::auth::Principal;
@@ -15,8 +15,8 @@ use crate::generation::{self, End};
 use crate::http::{Exchange, SseReply};
 use crate::limits::{estimate_input_tokens, Outcome};
 use crate::runs::background::BackgroundRun;
+use crate::runs::{Cancel, NewRun, StoredRun};
 use crate::sse;
-use crate::store::{EndedBy, NewResponse, WriteOutcome};
 use crate::translate::new_id;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::{parse, validate};
@@ -66,50 +66,61 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     )
     .await?;
 
-    // 4. Translate; store the new response (with its run lease).
+    // 4. Translate; store the new response, owned here (its run lease).
     let mut work = to_worker(&req, &valid, &context, &ex.request_id);
     generation::session_affinity(&mut work, ex.session_id());
     let id = new_id("resp_");
     let status = if valid.background {
-        "queued"
+        ResponseStatus::Queued
     } else {
-        "in_progress"
+        ResponseStatus::InProgress
     };
     let object = new_object(id.clone(), &req, &valid, status);
     drop(req);
-    if valid.store {
-        let created = app
-            .store
-            .create(NewResponse {
+    let run = if valid.store {
+        let created = StoredRun::create(
+            &app.runs,
+            NewRun {
                 org: &principal.org,
                 object: &object,
                 input_items: &input_items,
                 context: &context,
-                lease_until_ms: Some(app.runs.lease_until_ms()),
-            })
-            .await;
-        if let Err(e) = created {
-            reservation.settle(Outcome::NotRun).await;
-            return Err(e.into());
+                run_timeout: app.request_timeout(),
+            },
+        )
+        .await;
+        match created {
+            Ok(run) => Some(run),
+            Err(e) => {
+                reservation.settle(Outcome::NotRun).await;
+                return Err(e.into());
+            }
         }
-    }
+    } else {
+        None
+    };
     let encoder = ResponseEncoder::new(object.clone(), valid.format.clone());
 
-    // 5a. Background: the run goes on without this request.
+    // 5a. Background (always stored): the run goes on without this request.
     if valid.background {
-        let run = BackgroundRun {
+        let Some(run) = run else {
+            reservation.settle(Outcome::NotRun).await;
+            // Validation refuses `background` without `store`.
+            return Err(ApiError::internal("a background response is always stored"));
+        };
+        let background = BackgroundRun {
             runs: app.runs.clone(),
             pools: app.pools.clone(),
             model: valid.model,
             work,
             trace: ex.trace,
             encoder,
-            ownership: app.runs.own(&id, app.request_timeout()),
+            run,
             reservation,
             timeout: app.request_timeout(),
             in_flight: app.shutdown.begin(),
         };
-        tokio::spawn(run.drive());
+        tokio::spawn(background.drive());
         if valid.stream {
             return follow(app, ex, &id, None).await;
         }
@@ -118,9 +129,6 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 
     // 5b. In the foreground: relay to this client.
-    let ownership = valid
-        .store
-        .then(|| app.runs.own(&id, app.request_timeout()));
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream);
     let end = generation.run(reservation, &mut events).await;
@@ -130,12 +138,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let result = match end {
         End::NotStarted(e) => {
             drop(reply);
-            end_stored(app, &valid, &mut encoder, Some(&e), ownership).await;
+            encoder.fail(&e, &mut Vec::new());
+            end_stored(app, run, &encoder).await;
             return Err(e);
         }
         End::Gone => {
             reply.left();
-            cancel_stored(app, &valid, &mut encoder, ownership).await;
+            if let Some(run) = run {
+                run.cancel(encoder.object, app.shutdown.begin()).await;
+            }
             return Ok(());
         }
         End::Finished(_) => {
@@ -159,7 +170,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             Err(e)
         }
     };
-    end_stored(app, &valid, &mut encoder, None, ownership).await;
+    end_stored(app, run, &encoder).await;
     match result {
         Err(e) => Err(e),
         Ok(()) if valid.stream => Ok(()),
@@ -174,38 +185,14 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 }
 
-/// Records the final object of a foreground stored response (failing it
-/// first when `error` is given): what its client is told is what the
-/// store keeps, retried in the background if the store does not answer
-/// now (`runs/foreground.rs`).
-async fn end_stored(
-    app: &App,
-    valid: &validate::responses::ValidResponseRequest,
-    encoder: &mut ResponseEncoder,
-    error: Option<&ApiError>,
-    ownership: Option<crate::runs::Ownership>,
-) {
-    if let Some(e) = error {
-        encoder.fail(e, &mut Vec::new());
+/// Records the final object of a foreground stored response: what its
+/// client is told is what the store keeps, retried in the background if
+/// the store does not answer now ([`StoredRun::finish`]).
+async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &ResponseEncoder) {
+    if let Some(run) = run {
+        run.finish(encoder.object.clone(), app.shutdown.begin())
+            .await;
     }
-    if !valid.store {
-        return;
-    }
-    app.runs
-        .record_foreground_end(encoder.object.clone(), ownership, app.shutdown.begin())
-        .await;
-}
-
-/// A foreground client went away: its generation stopped, so the stored
-/// response ends `cancelled`.
-async fn cancel_stored(
-    app: &App,
-    valid: &validate::responses::ValidResponseRequest,
-    encoder: &mut ResponseEncoder,
-    ownership: Option<crate::runs::Ownership>,
-) {
-    encoder.object.status = "cancelled".into();
-    end_stored(app, valid, encoder, None, ownership).await;
 }
 
 /// The conversation a `previous_response_id` continues: its context and
@@ -389,7 +376,7 @@ async fn follow(
                     break;
                 }
                 match app.store.status(id).await {
-                    Ok(Some(s)) if !is_terminal_status(&s) => {}
+                    Ok(Some(s)) if !s.is_terminal() => {}
                     Ok(Some(_)) => status_was_terminal = true,
                     Ok(None) => {
                         // Deleted (or expired) under the follower: it would
@@ -457,10 +444,9 @@ pub async fn delete(
     principal: Principal,
     id: &str,
 ) -> Result<(), ApiError> {
-    if !app.store.delete(&principal.org, id).await? {
+    if !app.runs.delete(&principal.org, id).await? {
         return Err(not_found(id));
     }
-    let _ = app.store.release_lease(id).await;
     ex.send_json(
         200,
         &DeletedResponse {
@@ -483,11 +469,6 @@ pub async fn cancel(
     principal: Principal,
     id: &str,
 ) -> Result<(), ApiError> {
-    let object = app
-        .store
-        .get(&principal.org, id)
-        .await?
-        .ok_or_else(|| not_found(id))?;
     let not_cancellable = |o: &ResponseObject| {
         ApiError::new(
             400,
@@ -499,25 +480,13 @@ pub async fn cancel(
             },
         )
     };
-    if !object.background || object.is_terminal() {
-        return Err(not_cancellable(&object));
-    }
-    let mut cancelled = object;
-    cancelled.status = "cancelled".into();
-    match app
-        .store
-        .terminate(id, &mut cancelled, EndedBy::Cancel)
-        .await?
-    {
-        WriteOutcome::Written => {
+    match app.runs.cancel(&principal.org, id).await? {
+        Cancel::Cancelled(cancelled) => {
             ex.send_json(200, &cancelled, &[]).await;
             Ok(())
         }
-        WriteOutcome::AlreadyTerminal => {
-            let now = app.store.get(&principal.org, id).await?;
-            Err(not_cancellable(now.as_ref().unwrap_or(&cancelled)))
-        }
-        WriteOutcome::Gone => Err(not_found(id)),
+        Cancel::NotCancellable(object) => Err(not_cancellable(&object)),
+        Cancel::NotFound => Err(not_found(id)),
     }
 }
 

@@ -7,9 +7,10 @@
 //! write's answer tells the owner whether the run was cancelled or deleted
 //! meanwhile; while the worker is quiet the owner polls the status every
 //! `cancel_poll`. Either way the driver then drops the worker call, which
-//! cancels the generation on the worker.
+//! cancels the generation on the worker. Every store call goes through the
+//! run's [`StoredRun`] handle.
 
-use super::{Ownership, Runs};
+use super::{Runs, StoredRun};
 use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
@@ -17,7 +18,6 @@ use crate::generation::{End, Generation, Gone, Sink};
 use crate::lifecycle::InFlight;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::Pools;
-use crate::store::WriteOutcome;
 use crate::translate::responses::ResponseEncoder;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
@@ -25,10 +25,6 @@ use std::time::Duration;
 
 /// Most events folded into one store write.
 const MAX_BATCH: usize = 256;
-
-/// First and longest pause between retries of a failed store write.
-const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);
-const WRITE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 pub struct BackgroundRun {
     pub runs: Arc<Runs>,
@@ -38,7 +34,7 @@ pub struct BackgroundRun {
     /// The creating request's trace context, sent to the worker.
     pub trace: telemetry::TraceParent,
     pub encoder: ResponseEncoder,
-    pub ownership: Ownership,
+    pub run: StoredRun,
     /// The request's hold on its plan's limits, settled when the run ends.
     pub reservation: Reservation,
     /// Upper bound on the whole generation.
@@ -58,18 +54,15 @@ impl BackgroundRun {
             work,
             trace,
             encoder,
-            ownership,
+            run,
             reservation,
             timeout,
             in_flight,
         } = self;
         let mut writer = RunWriter {
-            id: encoder.object.id.clone(),
-            runs: runs.clone(),
+            stored: run,
             encoder,
             frames: Vec::new(),
-            store_lost: false,
-            ended_here: false,
         };
         // Every step below has its own bound, but the run as a whole gets
         // one too: past it the generation is dropped (cancelling it on the
@@ -81,24 +74,10 @@ impl BackgroundRun {
         )
         .await;
         if ran.is_err() {
-            match runs.fail_overdue(&writer.id).await {
-                Ok(ended) => writer.ended_here = ended,
-                // Left to the sweeper: the lease expires once we let go.
-                Err(_) => writer.store_lost = true,
-            }
+            writer.stored.fail_overdue().await;
         }
-        if writer.ended_here {
-            ownership.release().await;
-        } else {
-            if writer.store_lost {
-                tracing::warn!(response_id = %writer.id, "the store failed for a whole lease; the run is left to the sweeper");
-            }
-            // Not ended by this owner (cancelled, swept, deleted, or the
-            // store was lost): whoever ends it may not have yet, so the
-            // lease is dropped, not released. It lapses, and a sweeper
-            // either ends the run or finds it ended and removes the lease.
-            drop(ownership);
-        }
+        // Released if this owner ended the run, else left to lapse.
+        writer.stored.release().await;
         drop(in_flight);
     }
 }
@@ -106,15 +85,9 @@ impl BackgroundRun {
 /// The sink of a background run: Responses events into the run's
 /// stored event log, one store write per delivered batch.
 struct RunWriter {
-    id: String,
-    runs: Arc<Runs>,
+    stored: StoredRun,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
-    /// The store kept failing and the owner gave up: its lease is kept, not
-    /// released, so that once it expires a sweeper fails the run.
-    store_lost: bool,
-    /// This owner wrote the run's terminal status.
-    ended_here: bool,
 }
 
 impl RunWriter {
@@ -153,50 +126,18 @@ impl RunWriter {
         let _ = self.write(Some(&object)).await;
     }
 
-    /// Writes a batch. A store failure is retried (writes are idempotent,
-    /// so a retry of a write that landed is success) for up to one lease,
-    /// while the heartbeat keeps the lease alive; then the owner gives up
-    /// and leaves the run to the sweeper (`store_lost`).
+    /// Writes the pending events (and `object`); the run's handle retries
+    /// a failing store for up to one lease.
     async fn write(
         &mut self,
         object: Option<&crate::api::responses::ResponseObject>,
     ) -> Result<(), Gone> {
-        let id = self.id.as_str();
-        if self.frames.is_empty() && object.is_none() {
-            return Ok(());
-        }
-        let give_up = tokio::time::Instant::now() + self.runs.lease;
-        let frames = &self.frames;
-        let written = super::retry_store(id, give_up, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, || {
-            self.runs.store.write(id, object, frames)
-        })
-        .await;
-        match written {
-            Ok(WriteOutcome::Written) => {
-                self.frames.clear();
-                self.ended_here = object.is_some_and(|o| o.is_terminal());
-                Ok(())
-            }
-            // Cancelled, failed by a sweeper, or deleted: someone else ended it.
-            Ok(_) => Err(Gone),
-            Err(_) => {
-                self.store_lost = true;
-                Err(Gone)
-            }
-        }
-    }
-
-    /// Resolves once the run was ended elsewhere (cancel, sweeper, delete).
-    async fn preempted(&self) {
-        loop {
-            tokio::time::sleep(self.runs.cancel_poll).await;
-            match self.runs.store.status(&self.id).await {
-                Ok(Some(s)) if !crate::api::responses::is_terminal_status(&s) => {}
-                Ok(_) => return,
-                // A store blip is not a cancel.
-                Err(_) => {}
-            }
-        }
+        self.stored
+            .write(object, &self.frames)
+            .await
+            .map_err(|_| Gone)?;
+        self.frames.clear();
+        Ok(())
     }
 }
 
@@ -217,11 +158,11 @@ impl Sink for RunWriter {
     }
 
     async fn gone(&mut self) {
-        self.preempted().await
+        self.stored.ended_elsewhere().await
     }
 
     async fn gone_while_starting(&mut self) {
-        self.preempted().await
+        self.stored.ended_elsewhere().await
     }
 
     async fn fail(&mut self, e: &ApiError) {

@@ -13,13 +13,18 @@
 //! fails it with `timeout`, whatever its owner's task is waiting on: a run
 //! ends by its deadline even if its owner hangs.
 //!
-//! The background driver lives in [`background`]; the end of a foreground
-//! stored response (a final write that must land) in [`foreground`].
+//! A run's owner holds it as a [`StoredRun`] ([`stored`]: create with the
+//! lease, write, finish, cancel, fail, release), on the foreground and the
+//! background path alike; the background driver lives in [`background`].
+//! The ends from outside an owner are here: a client's cancel
+//! ([`Runs::cancel`]), the sweeper's `failed`, and a shutdown's.
 
 pub mod background;
-pub mod foreground;
+pub mod stored;
 
-use crate::api::responses::ResponseError;
+pub use stored::{NewRun, RunOver, StoredRun};
+
+use crate::api::responses::{ResponseError, ResponseObject, ResponseStatus};
 use crate::config::StoreConfig;
 use crate::store::{now_ms, EndedBy, ResponseStore, WriteOutcome};
 use futures::StreamExt;
@@ -81,22 +86,57 @@ impl Runs {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks a run as owned here until the guard is dropped; its lease is
+    /// Marks a run as owned here until the handle is dropped; its lease is
     /// then renewed by the heartbeat until `run_timeout` (the request
     /// deadline) plus one lease have passed. The store lease itself is
-    /// created with the response.
-    pub fn own(self: &Arc<Self>, id: &str, run_timeout: Duration) -> Ownership {
+    /// created with the response ([`StoredRun::create`]).
+    fn own(self: &Arc<Self>, id: &str, run_timeout: Duration) -> StoredRun {
         let deadline = Instant::now() + run_timeout + self.lease;
         self.local().insert(id.to_owned(), deadline);
         crate::metrics::METRICS.runs_owned.inc();
-        Ownership {
-            runs: self.clone(),
-            id: id.to_owned(),
+        StoredRun::owned(self.clone(), id.to_owned())
+    }
+
+    /// The heartbeat stops renewing a run (its [`StoredRun`] is gone).
+    fn disown(&self, id: &str) {
+        self.local().remove(id);
+        crate::metrics::METRICS.runs_owned.dec();
+    }
+
+    /// A client's cancel of a stored response: a running background
+    /// response ends `cancelled`, exactly once; its owner (on any replica)
+    /// finds its next write refused, or notices the status, and stops. The
+    /// lease stays: the owner lets it lapse and a sweeper removes it.
+    pub async fn cancel(&self, org: &str, id: &str) -> crate::store::StoreResult<Cancel> {
+        let Some(object) = self.store.get(org, id).await? else {
+            return Ok(Cancel::NotFound);
+        };
+        if !object.background || object.is_terminal() {
+            return Ok(Cancel::NotCancellable(object));
+        }
+        let mut cancelled = object;
+        cancelled.status = ResponseStatus::Cancelled;
+        match self
+            .store
+            .terminate(id, &mut cancelled, EndedBy::Cancel)
+            .await?
+        {
+            WriteOutcome::Written => Ok(Cancel::Cancelled(cancelled)),
+            WriteOutcome::AlreadyTerminal => {
+                let now = self.store.get(org, id).await?;
+                Ok(Cancel::NotCancellable(now.unwrap_or(cancelled)))
+            }
+            WriteOutcome::Gone => Ok(Cancel::NotFound),
         }
     }
 
-    pub fn owned_count(&self) -> usize {
-        self.local().len()
+    /// Deletes a stored response and its lease. False if there was nothing.
+    pub async fn delete(&self, org: &str, id: &str) -> crate::store::StoreResult<bool> {
+        if !self.store.delete(org, id).await? {
+            return Ok(false);
+        }
+        let _ = self.store.release_lease(id).await;
+        Ok(true)
     }
 
     /// Heartbeat and sweeper, until the process ends. Two loops side by
@@ -273,7 +313,7 @@ impl Runs {
         if object.is_terminal() {
             return Ok(false);
         }
-        object.status = "failed".into();
+        object.status = ResponseStatus::Failed;
         let message = if object.background {
             message
         } else {
@@ -319,30 +359,21 @@ where
     }
 }
 
-/// A run owned by this replica; dropping it stops the lease heartbeat.
-pub struct Ownership {
-    runs: Arc<Runs>,
-    id: String,
-}
-
-impl Ownership {
-    /// Ends ownership: the run reached a terminal state, so its lease goes.
-    pub async fn release(self) {
-        let _ = self.runs.store.release_lease(&self.id).await;
-    }
-}
-
-impl Drop for Ownership {
-    fn drop(&mut self) {
-        self.runs.local().remove(&self.id);
-        crate::metrics::METRICS.runs_owned.dec();
-    }
+/// How a client's cancel went ([`Runs::cancel`]).
+#[derive(Debug)]
+pub enum Cancel {
+    /// The run was going and is now `cancelled`: the object as stored.
+    Cancelled(ResponseObject),
+    /// Not a background response, or it had already ended: the object as
+    /// it is.
+    NotCancellable(ResponseObject),
+    /// No such response for this organisation.
+    NotFound,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::responses::ResponseObject;
     use crate::store::memory::MemoryStore;
     use crate::store::suite::object;
     use crate::store::NewResponse;
@@ -372,12 +403,15 @@ mod tests {
         let _owned = runs.own(mine, Duration::from_secs(60));
         assert_eq!(runs.sweep().await, 1);
         let failed = store.get("o", lost).await.unwrap().unwrap();
-        assert_eq!(failed.status, "failed");
+        assert_eq!(failed.status, ResponseStatus::Failed);
         assert_eq!(failed.error.unwrap().code, RUN_LOST);
         let events = store.read_events(lost, None, 10).await.unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].name, "response.failed");
-        assert_eq!(store.status(mine).await.unwrap().as_deref(), Some("queued"));
+        assert_eq!(
+            store.status(mine).await.unwrap(),
+            Some(ResponseStatus::Queued)
+        );
         // Nothing left to end on a second sweep.
         assert_eq!(runs.sweep().await, 0);
     }
@@ -405,7 +439,7 @@ mod tests {
         );
         assert_eq!(runs.sweep().await, 1);
         let failed = store.get("o", stuck).await.unwrap().unwrap();
-        assert_eq!(failed.status, "failed");
+        assert_eq!(failed.status, ResponseStatus::Failed);
         assert_eq!(failed.error.unwrap().code, OVERDUE);
         let events = store.read_events(stuck, None, 10).await.unwrap();
         assert_eq!(
@@ -413,8 +447,8 @@ mod tests {
             Some("response.failed")
         );
         assert_eq!(
-            store.status(fresh).await.unwrap().as_deref(),
-            Some("queued")
+            store.status(fresh).await.unwrap(),
+            Some(ResponseStatus::Queued)
         );
     }
 
@@ -492,7 +526,7 @@ mod tests {
         ) -> crate::store::StoreResult<Box<dyn crate::store::EventFollower>> {
             self.0.follow(id, after).await
         }
-        async fn status(&self, id: &str) -> crate::store::StoreResult<Option<String>> {
+        async fn status(&self, id: &str) -> crate::store::StoreResult<Option<ResponseStatus>> {
             self.0.status(id).await
         }
         async fn renew_leases(

@@ -8,7 +8,7 @@ use super::{
     WriteOutcome,
 };
 use crate::api::event_log::fold_output;
-use crate::api::responses::{external_terminal, EncodedEvent};
+use crate::api::responses::{external_terminal, EncodedEvent, ResponseStatus};
 use crate::api::responses::{InputItem, ResponseObject};
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -208,13 +208,7 @@ impl ResponseStore for MemoryStore {
         entry.swept = by == EndedBy::Sweeper;
         if object.background {
             let seq = entry.events.last().map_or(0, |f| f.seq + 1);
-            let (name, prefix) = external_terminal(object);
-            let frame = EncodedEvent {
-                seq,
-                name: name.to_owned(),
-                data: format!("{prefix},\"sequence_number\":{seq}}}"),
-            };
-            append(entry, &[frame]);
+            append(entry, &[external_terminal(object, seq)]);
         }
         Ok(WriteOutcome::Written)
     }
@@ -243,8 +237,8 @@ impl ResponseStore for MemoryStore {
         }))
     }
 
-    async fn status(&self, id: &str) -> StoreResult<Option<String>> {
-        Ok(lock(&self.state).live(id).map(|e| e.object.status.clone()))
+    async fn status(&self, id: &str) -> StoreResult<Option<ResponseStatus>> {
+        Ok(lock(&self.state).live(id).map(|e| e.object.status))
     }
 
     async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()> {

@@ -20,7 +20,7 @@ pub mod memory;
 pub mod redis;
 
 use crate::api::responses::EncodedEvent;
-use crate::api::responses::{InputItem, ResponseObject};
+use crate::api::responses::{InputItem, ResponseObject, ResponseStatus};
 use async_trait::async_trait;
 use std::time::Duration;
 
@@ -160,7 +160,7 @@ pub trait ResponseStore: Send + Sync {
 
     /// The run's current status (`None` when gone). Owners poll this while
     /// the worker is quiet to notice a cancel from another replica.
-    async fn status(&self, id: &str) -> StoreResult<Option<String>>;
+    async fn status(&self, id: &str) -> StoreResult<Option<ResponseStatus>>;
 
     /// Sets (or extends) the leases of runs this replica owns.
     async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()>;
@@ -183,7 +183,7 @@ pub trait EventFollower: Send {
 /// `redis_url` is set; it connects lazily, on first use), else the
 /// in-process store. Everything stored expires after `window`.
 pub fn open(
-    redis: Option<std::sync::Arc<crate::redis_conn::RedisHandle>>,
+    redis: Option<std::sync::Arc<crate::redis::RedisHandle>>,
     window: Duration,
 ) -> std::sync::Arc<dyn ResponseStore> {
     match redis {
@@ -206,7 +206,7 @@ pub mod suite {
     use super::*;
     use crate::api::event_log::fold_output;
     use crate::api::responses::external_terminal;
-    use crate::api::responses::{is_terminal_status, ItemContent};
+    use crate::api::responses::ItemContent;
     use std::collections::BTreeMap;
 
     pub fn object(id: &str, background: bool) -> ResponseObject {
@@ -214,7 +214,11 @@ pub mod suite {
             id: id.into(),
             object: "response".into(),
             created_at: 1,
-            status: if background { "queued" } else { "in_progress" }.into(),
+            status: if background {
+                ResponseStatus::Queued
+            } else {
+                ResponseStatus::InProgress
+            },
             background,
             error: None,
             incomplete_details: None,
@@ -309,15 +313,15 @@ pub mod suite {
         let id = new_id();
         let mut obj = object(&id, true);
         create(store, "org-a", &obj).await;
-        obj.status = "in_progress".into();
+        obj.status = ResponseStatus::InProgress;
         let first = [ev(0, "response.created"), ev(1, "response.in_progress")];
         assert_eq!(
             store.write(&id, Some(&obj), &first).await.unwrap(),
             WriteOutcome::Written
         );
         assert_eq!(
-            store.status(&id).await.unwrap().as_deref(),
-            Some("in_progress")
+            store.status(&id).await.unwrap(),
+            Some(ResponseStatus::InProgress)
         );
         let more = [
             ev(2, "response.output_text.delta"),
@@ -340,7 +344,7 @@ pub mod suite {
         assert_eq!(after.iter().map(|f| f.seq).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(store.read_events(&id, Some(0), 1).await.unwrap().len(), 1);
 
-        obj.status = "completed".into();
+        obj.status = ResponseStatus::Completed;
         assert_eq!(
             store
                 .write(&id, Some(&obj), &[ev(4, "response.completed")])
@@ -358,7 +362,7 @@ pub mod suite {
         );
         // Terminal once: neither the owner nor anyone else writes again.
         let mut late = obj.clone();
-        late.status = "failed".into();
+        late.status = ResponseStatus::Failed;
         assert_eq!(
             store
                 .write(&id, Some(&late), &[ev(5, "response.failed")])
@@ -376,7 +380,7 @@ pub mod suite {
         assert_eq!(store.read_events(&id, None, 100).await.unwrap().len(), 5);
         assert_eq!(
             store.get("org-a", &id).await.unwrap().unwrap().status,
-            "completed"
+            ResponseStatus::Completed
         );
         assert!(store.delete("org-a", &id).await.unwrap());
         assert!(store.read_events(&id, None, 100).await.unwrap().is_empty());
@@ -390,7 +394,7 @@ pub mod suite {
         let id = new_id();
         let mut obj = object(&id, true);
         create(store, "org-a", &obj).await;
-        obj.status = "in_progress".into();
+        obj.status = ResponseStatus::InProgress;
         store
             .write(
                 &id,
@@ -412,7 +416,7 @@ pub mod suite {
             .await
             .unwrap();
         let mut cancelled = obj.clone();
-        cancelled.status = "cancelled".into();
+        cancelled.status = ResponseStatus::Cancelled;
         assert_eq!(
             store
                 .terminate(&id, &mut cancelled, EndedBy::Cancel)
@@ -441,7 +445,7 @@ pub mod suite {
         assert_eq!(events.len(), 5);
         let last = &events[4];
         assert_eq!(last.seq, 4);
-        assert_eq!(last.name, external_terminal(&cancelled).0);
+        assert_eq!(last, &external_terminal(&cancelled, 4));
         let v: serde_json::Value = serde_json::from_str(&last.data).unwrap();
         assert_eq!(v["sequence_number"], 4);
         assert_eq!(v["response"]["status"], "cancelled");
@@ -449,9 +453,7 @@ pub mod suite {
             v["response"]["output"][0]["content"][0]["text"], "Once upon",
             "the terminal event carries the folded output"
         );
-        assert!(is_terminal_status(
-            store.status(&id).await.unwrap().as_deref().unwrap()
-        ));
+        assert!(store.status(&id).await.unwrap().unwrap().is_terminal());
         store.delete("org-a", &id).await.unwrap();
     }
 
@@ -463,7 +465,7 @@ pub mod suite {
         let obj = object(&id, false);
         create(store, "org-a", &obj).await;
         let mut swept = obj.clone();
-        swept.status = "failed".into();
+        swept.status = ResponseStatus::Failed;
         assert_eq!(
             store
                 .terminate(&id, &mut swept, EndedBy::Sweeper)
@@ -472,7 +474,7 @@ pub mod suite {
             WriteOutcome::Written
         );
         let mut completed = obj.clone();
-        completed.status = "completed".into();
+        completed.status = ResponseStatus::Completed;
         completed.output = fold_output(&[
             message_added(0, "msg_done"),
             text_delta(1, "msg_done", "all of it"),
@@ -492,7 +494,7 @@ pub mod suite {
             WriteOutcome::Written
         );
         let mut other = completed.clone();
-        other.status = "failed".into();
+        other.status = ResponseStatus::Failed;
         assert_eq!(
             store.finish(&id, &other).await.unwrap(),
             WriteOutcome::AlreadyTerminal
@@ -505,14 +507,14 @@ pub mod suite {
             WriteOutcome::AlreadyTerminal
         );
         assert_eq!(
-            store.status(&id).await.unwrap().as_deref(),
-            Some("completed")
+            store.status(&id).await.unwrap(),
+            Some(ResponseStatus::Completed)
         );
         // A run its owner has not finished takes the write as usual.
         let fresh = new_id();
         create(store, "org-a", &object(&fresh, false)).await;
         let mut done = object(&fresh, false);
-        done.status = "completed".into();
+        done.status = ResponseStatus::Completed;
         assert_eq!(
             store.finish(&fresh, &done).await.unwrap(),
             WriteOutcome::Written

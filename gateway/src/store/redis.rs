@@ -27,10 +27,9 @@ use super::{
 };
 use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent};
-use crate::api::responses::{InputItem, ResponseObject};
+use crate::api::responses::{InputItem, ResponseObject, ResponseStatus};
 use crate::metrics::METRICS;
-use crate::redis_conn::RedisConn;
-use crate::redis_conn::RedisHandle;
+use crate::redis::{RedisConn, RedisHandle};
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use std::sync::{Arc, LazyLock};
@@ -107,23 +106,29 @@ return 0
 });
 
 /// An outside terminal write (cancel, sweeper). KEYS: hash, events.
-/// ARGV: obj JSON, status, event name ("" for none), event payload prefix,
-/// "1" when a sweeper writes. The event gets the sequence number after the
-/// log's last entry.
+/// ARGV: obj JSON, status, "1" when a sweeper writes, then for a background
+/// run its terminal event: sequence number, name, payload. The log was
+/// closed to its owner before it was read, so the event's number is the
+/// one after the log's last entry; the script checks that before it writes
+/// anything (-2 if not), rather than append out of order.
 static TERMINATE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return -1 end
 if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
-redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
-redis.call('HDEL', KEYS[1], 'closing')
-if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'swept', '1') end
-if ARGV[3] ~= '' then
+local event = #ARGV >= 6
+if event then
   local seq = 0
   local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if #last > 0 then seq = tonumber(string.match(last[1][1], '-(%d+)$')) end
-  redis.call('XADD', KEYS[2], '0-' .. (seq + 1), 't', ARGV[3], 'd', ARGV[4] .. ',"sequence_number":' .. seq .. '}')
+  if seq ~= tonumber(ARGV[4]) then return -2 end
+end
+redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
+redis.call('HDEL', KEYS[1], 'closing')
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'swept', '1') end
+if event then
+  redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[4]) + 1), 't', ARGV[5], 'd', ARGV[6])
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
@@ -131,6 +136,9 @@ return 0
 "#,
     )
 });
+
+/// TERMINATE's answer when its event would not follow the log's last one.
+const OUT_OF_SEQUENCE: i64 = -2;
 
 /// Deletes a response if it belongs to the org. KEYS: hash, events. ARGV: org.
 static DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
@@ -309,7 +317,7 @@ impl ResponseStore for RedisStore {
             .arg("org")
             .arg(new.org)
             .arg("status")
-            .arg(&new.object.status)
+            .arg(new.object.status.as_str())
             .arg("obj")
             .arg(to_json(new.object)?)
             .arg("items")
@@ -394,7 +402,7 @@ impl ResponseStore for RedisStore {
         let mut inv = WRITE.key(self.hash(id));
         inv.key(self.events(id));
         match object {
-            Some(o) => inv.arg(to_json(o)?).arg(&o.status),
+            Some(o) => inv.arg(to_json(o)?).arg(o.status.as_str()),
             None => inv.arg("").arg(""),
         };
         for f in events {
@@ -413,7 +421,7 @@ impl ResponseStore for RedisStore {
         let code: i64 = FINISH
             .key(self.hash(id))
             .arg(to_json(object)?)
-            .arg(&object.status)
+            .arg(object.status.as_str())
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("write"))?;
@@ -426,7 +434,7 @@ impl ResponseStore for RedisStore {
         object: &mut ResponseObject,
         by: EndedBy,
     ) -> StoreResult<WriteOutcome> {
-        let (name, prefix) = if object.background {
+        let terminal = if object.background {
             // Close the log to the owner, then read all of it: the object
             // then tells what the replay shows. If this replica dies between
             // the two writes, the run stays closed but running, its owner
@@ -445,23 +453,29 @@ impl ResponseStore for RedisStore {
             }
             let events = self.read_events(id, None, WHOLE_LOG).await?;
             object.output = fold_output(&events);
-            external_terminal(object)
+            let seq = events.last().map_or(0, |e| e.seq + 1);
+            Some(external_terminal(object, seq))
         } else {
-            ("", String::new())
+            None
         };
         let _rt = RoundTrip::start("terminate");
         let mut conn = self.conn().await?;
-        let code: i64 = TERMINATE
-            .key(self.hash(id))
-            .key(self.events(id))
+        let mut inv = TERMINATE.key(self.hash(id));
+        inv.key(self.events(id))
             .arg(to_json(object)?)
-            .arg(&object.status)
-            .arg(name)
-            .arg(prefix)
-            .arg(if by == EndedBy::Sweeper { "1" } else { "" })
+            .arg(object.status.as_str())
+            .arg(if by == EndedBy::Sweeper { "1" } else { "" });
+        if let Some(event) = &terminal {
+            inv.arg(event.seq).arg(&event.name).arg(&event.data);
+        }
+        let code: i64 = inv
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("terminate"))?;
+        if code == OUT_OF_SEQUENCE {
+            tracing::error!(response_id = %id, "a closed event log grew before its terminal event");
+            return Err(corrupt("event log"));
+        }
         Ok(outcome(code))
     }
 
@@ -494,15 +508,18 @@ impl ResponseStore for RedisStore {
         }))
     }
 
-    async fn status(&self, id: &str) -> StoreResult<Option<String>> {
+    async fn status(&self, id: &str) -> StoreResult<Option<ResponseStatus>> {
         let _rt = RoundTrip::start("status");
         let mut conn = self.conn().await?;
-        redis::cmd("HGET")
+        let status: Option<String> = redis::cmd("HGET")
             .arg(self.hash(id))
             .arg("status")
             .query_async(&mut conn)
             .await
-            .map_err(unavailable("status"))
+            .map_err(unavailable("status"))?;
+        status
+            .map(|s| ResponseStatus::parse(&s).ok_or_else(|| corrupt("status")))
+            .transpose()
     }
 
     async fn renew_leases(&self, ids: &[String], until_ms: u64) -> StoreResult<()> {
@@ -634,7 +651,7 @@ mod tests {
     }
 
     async fn cleanup(handle: &RedisHandle) {
-        crate::redis_conn::delete_prefix(handle).await.unwrap();
+        crate::redis::testing::delete_prefix(handle).await.unwrap();
     }
 
     #[tokio::test]
@@ -698,6 +715,14 @@ mod tests {
         let (store, handle) = store(Duration::from_millis(300));
         super::super::suite::expires(&store, Duration::from_millis(500)).await;
         cleanup(&handle).await;
+    }
+
+    #[test]
+    fn a_responses_keys_share_one_slot() {
+        let handle = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap());
+        let store = RedisStore::new(handle, Duration::from_secs(60));
+        let slot = |k: String| crate::redis::cluster::key_slot(k.as_bytes());
+        assert_eq!(slot(store.hash("resp_1")), slot(store.events("resp_1")));
     }
 
     #[test]

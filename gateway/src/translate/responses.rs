@@ -12,7 +12,7 @@ use super::{new_id, now_unix};
 use crate::api::responses::{
     ContentPart, CreateResponseRequest, EncodedEvent, IncompleteDetails, InputItem,
     InputTokensDetails, ItemContent, OutputItem, OutputText, OutputTokensDetails, Reasoning,
-    ResponseError, ResponseObject, ResponseUsage, Sequenced, StreamEvent, SummaryPart,
+    ResponseError, ResponseObject, ResponseStatus, ResponseUsage, StreamEvent, SummaryPart,
 };
 use crate::error::ApiError;
 use crate::output_check::{self, OutputFormat};
@@ -22,14 +22,7 @@ use serde_json::Value;
 
 /// Encodes one event with its sequence number.
 pub fn frame(event: StreamEvent<'_>, seq: u64) -> EncodedEvent {
-    let name = event.name().to_owned();
-    // Serializing our own wire structs into memory cannot fail.
-    let data = serde_json::to_string(&Sequenced {
-        event,
-        sequence_number: seq,
-    })
-    .unwrap_or_default();
-    EncodedEvent { seq, name, data }
+    EncodedEvent::new(event, seq)
 }
 
 /// The response object at creation, before any output.
@@ -37,13 +30,13 @@ pub fn new_object(
     id: String,
     req: &CreateResponseRequest,
     valid: &ValidResponseRequest,
-    status: &str,
+    status: ResponseStatus,
 ) -> ResponseObject {
     ResponseObject {
         id,
         object: "response".into(),
         created_at: now_unix(),
-        status: status.into(),
+        status,
         background: valid.background,
         error: None,
         incomplete_details: None,
@@ -342,7 +335,7 @@ impl ResponseEncoder {
     pub fn start(&mut self, out: &mut Vec<EncodedEvent>) {
         let created = self.object.clone();
         self.emit(out, StreamEvent::Created { response: &created });
-        self.object.status = "in_progress".into();
+        self.object.status = ResponseStatus::InProgress;
         let snapshot = self.object.clone();
         self.emit(
             out,
@@ -659,7 +652,7 @@ impl ResponseEncoder {
         self.close_open(if length { "incomplete" } else { "completed" }, out);
         self.object.usage = Some(usage(&f.usage.unwrap_or_default()));
         if length {
-            self.object.status = "incomplete".into();
+            self.object.status = ResponseStatus::Incomplete;
             self.object.incomplete_details = Some(IncompleteDetails {
                 reason: "max_output_tokens".into(),
             });
@@ -684,7 +677,7 @@ impl ResponseEncoder {
                 return;
             }
         }
-        self.object.status = "completed".into();
+        self.object.status = ResponseStatus::Completed;
         let snapshot = self.object.clone();
         self.emit(
             out,
@@ -697,7 +690,7 @@ impl ResponseEncoder {
     /// Ends the run with `response.failed` carrying `response.error`.
     pub fn fail(&mut self, e: &ApiError, out: &mut Vec<EncodedEvent>) {
         self.close_open("incomplete", out);
-        self.object.status = "failed".into();
+        self.object.status = ResponseStatus::Failed;
         self.object.error = Some(ResponseError {
             code: e.code.to_string(),
             message: e.message.clone(),
@@ -750,7 +743,7 @@ mod tests {
 
     fn run(body: &str, events: Vec<pb::GenerateEvent>) -> (ResponseEncoder, Vec<EncodedEvent>) {
         let (req, valid) = setup(body);
-        let obj = new_object("resp_1".into(), &req, &valid, "in_progress");
+        let obj = new_object("resp_1".into(), &req, &valid, ResponseStatus::InProgress);
         let mut enc = ResponseEncoder::new(obj, valid.format.clone());
         let mut out = Vec::new();
         enc.start(&mut out);
@@ -804,7 +797,7 @@ mod tests {
         assert_eq!(r["usage"]["total_tokens"], 16);
         let delta: Value = serde_json::from_str(&out[4].data).unwrap();
         assert_eq!(delta["item_id"], r["output"][0]["id"]);
-        assert_eq!(enc.object.status, "completed");
+        assert_eq!(enc.object.status, ResponseStatus::Completed);
     }
 
     #[test]
@@ -875,7 +868,7 @@ mod tests {
         let done: Value = serde_json::from_str(&out[5].data).unwrap();
         assert_eq!(done["arguments"], "{\"city\":\"Paris\"}");
         assert_eq!(done["name"], "get_weather");
-        assert_eq!(enc.object.status, "completed");
+        assert_eq!(enc.object.status, ResponseStatus::Completed);
     }
 
     #[test]
@@ -888,7 +881,7 @@ mod tests {
             ],
         );
         assert_eq!(out.last().unwrap().name, "response.incomplete");
-        assert_eq!(enc.object.status, "incomplete");
+        assert_eq!(enc.object.status, ResponseStatus::Incomplete);
         assert_eq!(
             enc.object.incomplete_details.as_ref().unwrap().reason,
             "max_output_tokens"
@@ -945,14 +938,13 @@ mod tests {
     }
 
     #[test]
-    fn external_terminal_payload_completes_with_a_sequence_number() {
+    fn an_external_terminal_event_carries_its_sequence_number() {
         let (req, valid) = setup(r#"{"model":"base","input":"hi","background":true}"#);
-        let mut obj = new_object("resp_1".into(), &req, &valid, "cancelled");
-        obj.status = "cancelled".into();
-        let (name, prefix) = crate::api::responses::external_terminal(&obj);
-        assert_eq!(name, "response.incomplete");
-        let full = format!("{prefix},\"sequence_number\":7}}");
-        let v: Value = serde_json::from_str(&full).unwrap();
+        let obj = new_object("resp_1".into(), &req, &valid, ResponseStatus::Cancelled);
+        let event = crate::api::responses::external_terminal(&obj, 7);
+        assert_eq!((event.name.as_str(), event.seq), ("response.incomplete", 7));
+        let v: Value = serde_json::from_str(&event.data).unwrap();
+        assert_eq!(v["type"], "response.incomplete");
         assert_eq!(v["sequence_number"], 7);
         assert_eq!(v["response"]["status"], "cancelled");
     }

@@ -1,5 +1,6 @@
 //! Redis Cluster for the connections the redis crate's cluster client does
-//! not make: the limiter's own pipelined connections (one per primary), and
+//! not make: the pipelined connections of [`super::cluster_pipe`] (one per
+//! primary), and
 //! the dedicated connections of blocking reads (`XREAD BLOCK`) and pub/sub.
 //!
 //! - [`key_slot`]: the hash slot of a key (CRC16 of its `{hash tag}`, or of
@@ -734,24 +735,6 @@ mod tests {
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"bar"), 5061);
         assert_eq!(key_slot(b""), 0);
-    }
-
-    #[test]
-    fn the_gateway_keys_of_one_entity_share_a_slot() {
-        let h = crate::redis_conn::RedisHandle::new("redis://127.0.0.1:6379", "igw:").unwrap();
-        let slot = |k: String| key_slot(k.as_bytes());
-        assert_eq!(
-            slot(h.key("resp", "resp_1", "")),
-            slot(h.key("resp", "resp_1", ":events"))
-        );
-        assert_eq!(
-            slot(h.key("rl", "org-a", ":base:req")),
-            slot(h.key("spend", "org-a", ""))
-        );
-        assert_eq!(
-            slot(h.key("rl", "org-a", ":base:req")),
-            slot(h.usage_key("org-a", "2026-01-01"))
-        );
     }
 
     #[test]

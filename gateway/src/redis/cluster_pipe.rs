@@ -1,6 +1,6 @@
-//! The limiter's connections to a Redis Cluster: one lean pipe
+//! Pipelined connections to a Redis Cluster (the limiter's): one lean pipe
 //! ([`RedisPipe`]) per primary, each command sent to the primary serving
-//! the slot of its keys (all of one organisation's hash tag, so one slot).
+//! the slot of its keys (a command's keys share one hash tag, so one slot).
 //!
 //! The slot map comes from the handle's [`Topology`] (`CLUSTER SLOTS`).
 //! A `MOVED` reply sends the command on to the node it names at once and
@@ -9,15 +9,15 @@
 //! as is; `TRYAGAIN` (a multi-key command during a migration) and
 //! `CLUSTERDOWN` are retried after a short pause. A node that cannot be
 //! reached (refused, reset, timed out: a killed primary sends no `MOVED`)
-//! fails the call (the limiter's failure policy decides: no wait for a
-//! refresh on the admission path) and refreshes the map in the background,
+//! fails the call (the caller's failure policy decides: no wait for a
+//! refresh on the limiter's admission path) and refreshes the map in the background,
 //! asking the other nodes first, so the next calls go to its replacement
 //! once one is promoted. The map is also fetched every 30 s. Pipes to nodes
 //! a new map no longer names (a failed primary, a removed node) are
 //! dropped.
 
-use super::redis_pipe::{PipeError, RedisPipe, Reply, RespCommand};
-use crate::redis_cluster::{key_slot, Node, Redirect, RefreshReason, SlotMap, Topology};
+use super::cluster::{key_slot, Node, Redirect, RefreshReason, SlotMap, Topology};
+use super::pipe::{PipeError, RedisPipe, Reply, RespCommand};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -195,8 +195,7 @@ fn map_failed(e: redis::RedisError) -> PipeError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis_cluster::SlotMap;
-    use crate::redis_conn::{RedisHandle, Target};
+    use crate::redis::{RedisHandle, Target};
     use harness::redis_server::RedisCluster;
 
     fn topology(handle: &RedisHandle) -> Arc<Topology> {
@@ -238,7 +237,7 @@ mod tests {
         let cluster = RedisCluster::start(3).expect("a 3-node Redis Cluster");
         let handle = RedisHandle::open(&cluster.urls(), "t:", None, true).unwrap();
         let topology = topology(&handle);
-        let script = super::super::redis_pipe::Script::new(
+        let script = crate::redis::pipe::Script::new(
             "redis.call('INCR', KEYS[1]) return redis.call('GET', KEYS[1])",
         );
         let pipe = ClusterPipe::new(topology.clone(), None, vec![script.source]);
@@ -265,7 +264,7 @@ mod tests {
         // each command to its owner, and the map is fetched again.
         let first = node_of(&cluster, cluster.ports()[0]);
         // (A refresh is asked for no sooner than this after the last.)
-        tokio::time::sleep(crate::redis_cluster::MIN_REFRESH_INTERVAL).await;
+        tokio::time::sleep(crate::redis::cluster::MIN_REFRESH_INTERVAL).await;
         topology.set(SlotMap::single(first.clone()));
         for k in &keys {
             let r = pipe.call(k, incr(k)).await.unwrap();

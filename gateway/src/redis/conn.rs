@@ -14,15 +14,15 @@
 //! the primary serving its key's slot, follows `MOVED`/`ASK` and
 //! reconnects). [`RedisConn`] wraps both kinds, so the store, accounts and
 //! the operator CLI run their commands the same way on either. Connections
-//! of our own (the limiter's pipes, blocking reads, pub/sub) find their
-//! node through [`crate::redis_cluster::Topology`], whose slot map is
+//! of our own (the pipes of [`super::pipe`], blocking reads, pub/sub) find their
+//! node through [`super::cluster::Topology`], whose slot map is
 //! fetched again after a redirect, after a node fails to answer (a
 //! failover) and periodically ([`RedisHandle::refresh_after`]).
 //!
 //! Every key goes through [`RedisHandle::key`]: the configured prefix plus a
 //! `{hash tag}` so that all keys of one entity land in one Redis Cluster slot.
 
-use crate::redis_cluster::Topology;
+use super::cluster::Topology;
 use anyhow::{bail, Context};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -336,12 +336,6 @@ impl RedisHandle {
         format!("{}{kind}:{{{marker}{id}}}{suffix}", self.prefix)
     }
 
-    /// `<prefix>usage:{<org>}:<day>`: an organisation's usage of one UTC
-    /// day (the limiter's settle script writes it; `usage` reads it).
-    pub fn usage_key(&self, org: &str, day: &str) -> String {
-        self.key("usage", org, ":") + day
-    }
-
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -351,36 +345,6 @@ impl RedisHandle {
 pub enum Target<'a> {
     Single(&'a redis::ConnectionInfo),
     Cluster(&'a Arc<Topology>),
-}
-
-/// Test support: deletes every key under `handle`'s prefix with SCAN, so
-/// it stays quick on a server that holds many keys of other tests (KEYS
-/// would walk them all in one command and time out).
-#[cfg(test)]
-pub(crate) async fn delete_prefix(handle: &RedisHandle) -> redis::RedisResult<()> {
-    let mut conn = handle.conn().await?;
-    let pattern = format!("{}*", handle.prefix());
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            redis::cmd("DEL")
-                .arg(keys)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! A lean pipelined Redis connection for the limiter's two scripts.
+//! A lean pipelined Redis connection for scripts on the hot path (the
+//! limiter's admission and settlement).
 //!
 //! Every admitted request costs one admission and one settlement round
 //! trip, so their CPU is the gateway's per-request cost of limits. Through
@@ -9,7 +10,7 @@
 //! task owns the socket, writes whatever callers have queued in one write
 //! and answers them in order from a minimal RESP2 reader ([`Reply`]).
 //! Everything else (keys, the Responses store, the admin CLI) keeps using
-//! the redis crate; its URL parsing decides where this connection goes.
+//! the redis crate's connection ([`super::RedisConn`]); its URL parsing decides where this connection goes.
 //!
 //! Failure model: a connection that fails (connect, write, read, or a reply
 //! that takes longer than [`RESPONSE_TIMEOUT`]) fails every call waiting on
@@ -17,7 +18,7 @@
 //! new connection, and a `NOSCRIPT` reply (Redis flushed its scripts) loads
 //! them again and retries once.
 
-use crate::redis_conn::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::conn::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use bytes::{Buf, BytesMut};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -679,9 +680,9 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_calls_share_the_connection_and_come_back_in_order() {
-        let redis = crate::accounts::store::tests::test_redis();
+        let redis = super::super::testing::test_redis();
         let script = Script::new("return {tonumber(ARGV[1]), 2, 3}");
-        let crate::redis_conn::Target::Single(info) = redis.target() else {
+        let super::super::Target::Single(info) = redis.target() else {
             panic!("the test Redis is one server")
         };
         let pipe = RedisPipe::to(info.clone(), None, vec![script.source]);
