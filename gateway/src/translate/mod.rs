@@ -2,6 +2,7 @@
 //! module per API family, plus the small pieces both share.
 
 pub mod chat;
+pub mod planner;
 pub mod responses;
 
 use bytes::{BufMut, BytesMut};
