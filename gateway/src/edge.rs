@@ -13,6 +13,7 @@
 use crate::accounts::AccountError;
 use crate::error::{ApiError, BLOCKED_EV, OVER_BUDGET_EV};
 use crate::limits::Refusal;
+use crate::planner::session::SessionError;
 use crate::pool::PoolError;
 use crate::store::StoreError;
 
@@ -83,6 +84,33 @@ impl From<PoolError> for ApiError {
             PoolError::NoWorkerAvailable { model } => ApiError::overloaded(format!(
                 "No worker of model '{model}' is available right now; retry shortly."
             )),
+        }
+    }
+}
+
+/// The planner's session store: busy, a tool result nothing waits for, or
+/// the store down (503 `store_unavailable`, like every store outage).
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        match e {
+            SessionError::Redis(_) | SessionError::Poisoned => {
+                tracing::warn!("planner session store: {e}");
+                ApiError::store_unavailable(
+                    "The planner's session store is unavailable; retry shortly.",
+                )
+            }
+            SessionError::Busy => ApiError::conflict(
+                "session_busy",
+                "Another request is using this session ('x-session-id'); retry when it has finished.",
+            ),
+            SessionError::NotPending { index, call_id } => ApiError::invalid_value(
+                format!("messages.{index}.tool_call_id"),
+                format!(
+                    "No paused plan of this session waits for a tool call with id '{call_id}'."
+                ),
+            ),
+            SessionError::Vanished => ApiError::internal("the paused plan disappeared"),
+            SessionError::Encode(e) => ApiError::internal(format!("plan state: {e}")),
         }
     }
 }

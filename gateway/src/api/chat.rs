@@ -373,6 +373,25 @@ pub struct FunctionChunk<'a> {
     pub arguments: &'a str,
 }
 
+/// One entry of a planner reply's `tool_thought`: one attempt of a plan's
+/// step (or an agent of the request that could not be used). The fields
+/// are in their wire order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolThought {
+    /// The plan's step id; null for an agent that failed before planning.
+    pub step: Option<String>,
+    /// `agent`, `function` or `llm`.
+    pub kind: &'static str,
+    /// The agent id or address, the tool's name, or `model`.
+    pub target: String,
+    /// A bounded label (docs/request-contract.md lists them).
+    pub outcome: &'static str,
+    pub latency_ms: u64,
+    /// What happened, for a person; never a network detail of an agent
+    /// ("agent unreachable").
+    pub detail: String,
+}
+
 /// A chunk of a planner-mode stream: a chat chunk plus the planner's
 /// fields, each carrying only the entries new since the previous chunk
 /// (omitted when empty), and the session as `conversation_id`.

@@ -62,7 +62,38 @@ pub fn card_urls(address: &str) -> Vec<String> {
 pub enum CardError {
     Net { url: String, error: NetError },
     Http { url: String, status: u16 },
-    Invalid { url: String, why: String },
+    Invalid { url: String, why: InvalidCard },
+}
+
+/// Why a fetched card cannot be used.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InvalidCard {
+    /// The address gave no card URL to try.
+    NoCardUrl,
+    /// Not an agent card's JSON (the parser's message).
+    NotACard(String),
+    NoName,
+    NoJsonRpcInterface,
+    BadCardUrl,
+    /// The interface URL is neither http(s) nor relative to the card.
+    NotHttpUrl(String),
+}
+
+impl std::fmt::Display for InvalidCard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InvalidCard::NoCardUrl => f.write_str("no card URL"),
+            InvalidCard::NotACard(e) => write!(f, "not an agent card: {e}"),
+            InvalidCard::NoName => f.write_str("the card has no name"),
+            InvalidCard::NoJsonRpcInterface => {
+                f.write_str("the card declares no JSON-RPC interface of A2A 1.0 or 0.3")
+            }
+            InvalidCard::BadCardUrl => f.write_str("bad card URL"),
+            InvalidCard::NotHttpUrl(url) => {
+                write!(f, "the card's interface URL '{url}' is not an http(s) URL")
+            }
+        }
+    }
 }
 
 impl CardError {
@@ -112,7 +143,7 @@ pub async fn fetch_card(
 ) -> Result<AgentCard, CardError> {
     let mut last = CardError::Invalid {
         url: address.to_owned(),
-        why: "no card URL".into(),
+        why: InvalidCard::NoCardUrl,
     };
     for url in card_urls(address) {
         let net = |error: NetError| CardError::Net {
@@ -143,12 +174,12 @@ pub async fn fetch_card(
 }
 
 /// Parses a card (v1.0 `supportedInterfaces`, or v0.3 top-level `url`).
-pub fn parse_card(body: &[u8], card_url: &str) -> Result<AgentCard, String> {
+pub fn parse_card(body: &[u8], card_url: &str) -> Result<AgentCard, InvalidCard> {
     let card: wire::Card =
-        serde_json::from_slice(body).map_err(|e| format!("not an agent card: {e}"))?;
+        serde_json::from_slice(body).map_err(|e| InvalidCard::NotACard(e.to_string()))?;
     let name = card.name.trim().to_owned();
     if name.is_empty() {
-        return Err("the card has no name".into());
+        return Err(InvalidCard::NoName);
     }
     let jsonrpc = |binding: &Option<String>| {
         binding
@@ -203,8 +234,7 @@ pub fn parse_card(body: &[u8], card_url: &str) -> Result<AgentCard, String> {
             }
         }
     }
-    let (url, protocol) =
-        endpoint.ok_or("the card declares no JSON-RPC interface of A2A 1.0 or 0.3")?;
+    let (url, protocol) = endpoint.ok_or(InvalidCard::NoJsonRpcInterface)?;
     let endpoint = resolve_url(card_url, &url)?;
     Ok(AgentCard {
         name,
@@ -225,20 +255,18 @@ pub fn parse_card(body: &[u8], card_url: &str) -> Result<AgentCard, String> {
 }
 
 /// An endpoint URL, absolute or relative to the card's URL.
-fn resolve_url(card_url: &str, url: &str) -> Result<String, String> {
+fn resolve_url(card_url: &str, url: &str) -> Result<String, InvalidCard> {
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(url.to_owned());
     }
-    let uri: http::Uri = card_url.parse().map_err(|_| "bad card URL".to_owned())?;
+    let uri: http::Uri = card_url.parse().map_err(|_| InvalidCard::BadCardUrl)?;
     let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
-        return Err("bad card URL".into());
+        return Err(InvalidCard::BadCardUrl);
     };
     if url.starts_with('/') {
         Ok(format!("{scheme}://{authority}{url}"))
     } else {
-        Err(format!(
-            "the card's interface URL '{url}' is not an http(s) URL"
-        ))
+        Err(InvalidCard::NotHttpUrl(url.to_owned()))
     }
 }
 
@@ -325,8 +353,6 @@ pub enum AgentFailure {
     },
     Denied(String),
     TooLarge(usize),
-    /// No card: the agent could not be resolved.
-    NoCard(String),
 }
 
 impl AgentFailure {
@@ -347,7 +373,6 @@ impl AgentFailure {
             AgentFailure::Unreachable { .. } => "unreachable",
             AgentFailure::Denied(_) => "denied",
             AgentFailure::TooLarge(_) => "too_large",
-            AgentFailure::NoCard(_) => "no_card",
         }
     }
 
@@ -373,7 +398,6 @@ impl AgentFailure {
             AgentFailure::Unreachable { .. } => "agent unreachable".into(),
             AgentFailure::Denied(m) => format!("not allowed: {}", cut(m)),
             AgentFailure::TooLarge(n) => format!("the reply exceeds {n} bytes"),
-            AgentFailure::NoCard(m) => format!("no usable agent card: {}", cut(m)),
         }
     }
 }

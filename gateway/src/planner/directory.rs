@@ -200,8 +200,58 @@ impl ResolvedAgent {
 #[derive(Debug, Clone)]
 pub struct Unusable {
     pub address: String,
-    pub outcome: &'static str,
-    pub reason: String,
+    pub why: UnusableReason,
+}
+
+/// Why an agent cannot be used for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UnusableReason {
+    /// A URL in `agents` where the deployment takes only directory ids.
+    RequestUrlsOff,
+    /// A request URL's card sends the planner to another origin.
+    OtherOrigin {
+        endpoint: String,
+    },
+    /// A directory card names an endpoint outside its entry's origins.
+    OutsideOrigins,
+    /// No usable card.
+    NoCard(CardError),
+    Disabled,
+    /// Not in the directory.
+    Unknown,
+}
+
+impl UnusableReason {
+    /// The outcome label of `tool_thought` and the metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            UnusableReason::RequestUrlsOff
+            | UnusableReason::OtherOrigin { .. }
+            | UnusableReason::OutsideOrigins => "denied",
+            UnusableReason::NoCard(_) => "no_card",
+            UnusableReason::Disabled => "disabled",
+            UnusableReason::Unknown => "unknown",
+        }
+    }
+
+    /// What the caller may see (a card's network failure is only "agent
+    /// unreachable": see [`CardError::public`]).
+    pub fn public(&self) -> String {
+        match self {
+            UnusableReason::RequestUrlsOff => {
+                "this deployment takes only directory ids in 'agents'".into()
+            }
+            UnusableReason::OtherOrigin { endpoint } => {
+                format!("the card's endpoint {endpoint} is on another origin than the address")
+            }
+            UnusableReason::OutsideOrigins => {
+                "the agent's card names an endpoint outside the origins configured for it".into()
+            }
+            UnusableReason::NoCard(e) => e.public(),
+            UnusableReason::Disabled => "the directory entry is disabled".into(),
+            UnusableReason::Unknown => "not in the agent directory".into(),
+        }
+    }
 }
 
 struct CachedCard {
@@ -353,12 +403,9 @@ impl Directory {
     }
 
     /// An entry's card, when its endpoint stays within the entry's
-    /// origins; `Err` is the outcome and what the caller may see.
-    async fn usable_entry_card(&self, e: &Entry) -> Result<AgentCard, (&'static str, String)> {
-        let card = self
-            .entry_card(e)
-            .await
-            .map_err(|err| ("no_card", err.public()))?;
+    /// origins.
+    async fn usable_entry_card(&self, e: &Entry) -> Result<AgentCard, UnusableReason> {
+        let card = self.entry_card(e).await.map_err(UnusableReason::NoCard)?;
         if !e.endpoint_allowed(&card.endpoint) {
             tracing::warn!(
                 agent = %e.id,
@@ -367,10 +414,7 @@ impl Directory {
                 e.url,
                 e.allowed_hosts
             );
-            return Err((
-                "denied",
-                "the agent's card names an endpoint outside the origins configured for it".into(),
-            ));
+            return Err(UnusableReason::OutsideOrigins);
         }
         Ok(card)
     }
@@ -395,8 +439,7 @@ impl Directory {
                 if !self.allow_request_urls {
                     unusable.push(Unusable {
                         address: address.to_owned(),
-                        outcome: "denied",
-                        reason: "this deployment takes only directory ids in 'agents'".into(),
+                        why: UnusableReason::RequestUrlsOff,
                     });
                     continue;
                 }
@@ -406,11 +449,9 @@ impl Directory {
                         if a2a::origin(&card.endpoint) != a2a::origin(address) {
                             unusable.push(Unusable {
                                 address: address.to_owned(),
-                                outcome: "denied",
-                                reason: format!(
-                                    "the card's endpoint {} is on another origin than the address",
-                                    card.endpoint
-                                ),
+                                why: UnusableReason::OtherOrigin {
+                                    endpoint: card.endpoint,
+                                },
                             });
                             continue;
                         }
@@ -425,8 +466,7 @@ impl Directory {
                     }
                     Err(e) => unusable.push(Unusable {
                         address: address.to_owned(),
-                        outcome: "no_card",
-                        reason: e.public(),
+                        why: UnusableReason::NoCard(e),
                     }),
                 }
             } else {
@@ -443,21 +483,18 @@ impl Directory {
                                 });
                             }
                         }
-                        Err((outcome, reason)) => unusable.push(Unusable {
+                        Err(why) => unusable.push(Unusable {
                             address: address.to_owned(),
-                            outcome,
-                            reason,
+                            why,
                         }),
                     },
                     Some(_) => unusable.push(Unusable {
                         address: address.to_owned(),
-                        outcome: "disabled",
-                        reason: "the directory entry is disabled".into(),
+                        why: UnusableReason::Disabled,
                     }),
                     None => unusable.push(Unusable {
                         address: address.to_owned(),
-                        outcome: "unknown",
-                        reason: "not in the agent directory".into(),
+                        why: UnusableReason::Unknown,
                     }),
                 }
             }

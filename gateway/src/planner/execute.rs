@@ -1,307 +1,380 @@
-//! Running one step: an agent (with its alternates: tried in turn when it
-//! refuses or fails, started beside it when it is slow — a hedge — the
-//! loser being cancelled with `CancelTask`), or a model call. A step never
-//! fails the run: it ends done or failed, with one entry per attempt for
-//! `tool_thought`.
+//! The execute phase: one pass over the current plan. Ready steps start
+//! in parallel (`step`), steps after a failed or skipped one are skipped,
+//! function steps are collected for a pause, and the run's budgets (steps,
+//! tokens, wall clock) stop what has not started. Each attempt of a step
+//! becomes a `tool_thought` entry.
 
-use super::a2a::{self, AgentAnswer, AgentFailure, CancelOnDrop, Endpoint, Part, TaskSlot};
-use super::model::{self, Call, ModelCalls};
-use super::net::{AgentHttp, NetLimits};
-use super::plan::Step;
+use super::a2a;
+use super::model::ModelCalls;
+use super::plan::{Step, StepKind};
+use super::state::{Gathered, Record, RunState};
+use super::step::{self, AgentRoute, Attempt, StepEnv, StepResult};
+use super::text::clip;
+use super::{Event, PendingCall, Planner};
+use crate::api::chat::ToolThought;
 use crate::metrics::METRICS;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::sync::Arc;
+use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// One attempt of a step, for `tool_thought`.
-#[derive(Debug, Clone)]
-pub struct Attempt {
-    pub target: String,
-    pub outcome: &'static str,
-    pub latency_ms: u64,
-    pub detail: String,
+/// How an execution pass ended.
+pub(super) enum Executed {
+    /// Function steps wait for the caller.
+    Paused,
+    /// A budget ended execution early.
+    Budget(String),
+    /// Nothing more can run.
+    Finished { failed: Vec<FailedStep> },
 }
 
-/// How a step ended.
-#[derive(Debug)]
-pub enum StepResult {
-    Done {
-        /// Who answered (an agent id, or the model).
-        by: String,
-        text: String,
-        /// Structured parts (data, files) of an agent's answer.
-        parts: Vec<Part>,
-        /// The agent's A2A context, to continue it in later steps.
-        context_id: Option<String>,
-        attempts: Vec<Attempt>,
-    },
-    Failed {
-        reason: String,
-        attempts: Vec<Attempt>,
-        /// Agents that refused or failed (excluded from re-plans).
-        failed_agents: Vec<String>,
-    },
+/// A step that failed in a pass, for the re-plan.
+pub(super) struct FailedStep {
+    pub step: String,
+    pub reason: String,
+    /// Agents that refused or failed (excluded from re-plans).
+    pub agents: Vec<String>,
 }
 
-/// An agent a step may call.
-#[derive(Debug, Clone)]
-pub struct AgentRoute {
-    pub id: String,
-    pub endpoint: Endpoint,
-    pub context_id: Option<String>,
+/// The `tool_thought` entry of a step that got no attempt.
+fn unattempted(step: &Step, outcome: &'static str, latency_ms: u64, detail: String) -> Event {
+    Event::tool_thought(ToolThought {
+        step: Some(step.id.clone()),
+        kind: step.kind.as_str(),
+        target: step.target.clone(),
+        outcome,
+        latency_ms,
+        detail,
+    })
 }
 
-/// What a step needs from its run.
-pub struct StepEnv<'a> {
-    pub http: Arc<AgentHttp>,
-    pub limits: NetLimits,
-    pub step_timeout: Duration,
-    pub hedge_after: Duration,
-    /// The run's deadline: no step outlives it.
-    pub run_deadline: Instant,
-    pub calls: &'a ModelCalls<'a>,
-    pub max_tokens: u32,
-    /// Says when a hedge starts (a `thought`).
-    pub note: &'a (dyn Fn(String) + Send + Sync),
-}
-
-/// Runs an agent step: `routes[0]` is the target, the rest its alternates.
-pub async fn agent_step(
-    env: &StepEnv<'_>,
-    step: &Step,
-    text: String,
-    routes: Vec<AgentRoute>,
-) -> StepResult {
-    let began = Instant::now();
-    let step_deadline = began + env.step_timeout;
-    let deadline = step_deadline.min(env.run_deadline);
-    let which = if env.run_deadline < step_deadline {
-        "the run's deadline"
-    } else {
-        "the step's deadline"
-    };
-    let mut attempts = Vec::new();
-    let mut failed_agents = Vec::new();
-    if routes.is_empty() {
-        return StepResult::Failed {
-            reason: format!("no usable agent for '{}'", step.target),
-            attempts,
-            failed_agents,
+impl Planner {
+    /// Runs the current plan's steps until nothing more can start: ready
+    /// steps in parallel, function steps collected for a pause.
+    pub(super) async fn execute(
+        &self,
+        calls: &ModelCalls<'_>,
+        state: &mut RunState,
+        run_deadline: Instant,
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) -> Executed {
+        let note = |text: String| emit(Event::Thought(text));
+        let env = StepEnv {
+            http: self.http.clone(),
+            limits: self.limits(),
+            step_timeout: Duration::from_millis(self.config.step_timeout_ms),
+            hedge_after: Duration::from_millis(self.config.hedge_after_ms),
+            run_deadline,
+            calls,
+            max_tokens: self.config.max_step_tokens,
+            note: &note,
         };
-    }
-    let mut running = FuturesUnordered::new();
-    let start = |route: AgentRoute| {
-        let http = env.http.clone();
-        let limits = env.limits;
-        let request = a2a::Request {
-            text: text.clone(),
-            data: None,
-            context_id: route.context_id.clone(),
-        };
-        async move {
-            let began = Instant::now();
-            let slot = TaskSlot::default();
-            let mut guard = CancelOnDrop {
-                http: http.clone(),
-                endpoint: route.endpoint.clone(),
-                slot: slot.clone(),
-                limits,
-                armed: true,
-            };
-            let result = a2a::send(&http, &route.endpoint, &request, &slot, limits).await;
-            // A task that reached a state of its own needs no cancel; one
-            // that went silent may still run.
-            guard.armed = matches!(
-                result,
-                Err(AgentFailure::Silent(_) | AgentFailure::TooLarge(_))
-            );
-            (route.id, result, began.elapsed())
-        }
-    };
-    let mut queue = routes.into_iter();
-    if let Some(first) = queue.next() {
-        running.push(start(first));
-    }
-    let hedge = tokio::time::sleep(env.hedge_after);
-    tokio::pin!(hedge);
-    let mut hedged = false;
-    let end = tokio::time::sleep_until(deadline);
-    tokio::pin!(end);
-    loop {
-        tokio::select! {
-            Some((agent, result, took)) = running.next() => {
-                let latency_ms = took.as_millis() as u64;
-                match result {
-                    Ok(answer) => {
-                        observe_latency("completed", "none", took);
-                        attempts.push(Attempt {
-                            target: agent.clone(),
-                            outcome: "completed",
-                            latency_ms,
-                            detail: super::clip(&answer.text(), 200),
-                        });
-                        // The others lost: dropping them sends CancelTask.
-                        let lost = running.len();
-                        drop(running);
-                        if lost > 0 {
-                            attempts.push(Attempt {
-                                target: step.target.clone(),
-                                outcome: "canceled",
-                                latency_ms: 0,
-                                detail: format!("{lost} slower attempt(s) canceled: {agent} answered first"),
-                            });
-                        }
-                        return done(agent, answer, attempts);
-                    }
-                    Err(f) => {
-                        observe_latency(f.outcome(), f.reason(), took);
-                        if matches!(f, AgentFailure::Unreachable { .. } | AgentFailure::Denied(_)) {
-                            // The caller sees "agent unreachable"; the
-                            // operator sees why.
-                            tracing::warn!(
-                                agent = %agent,
-                                step = %step.id,
-                                reason = f.reason(),
-                                "agent call failed: {}",
-                                f.log_detail()
-                            );
-                        }
-                        attempts.push(Attempt {
-                            target: agent.clone(),
-                            outcome: f.outcome(),
-                            latency_ms,
-                            detail: f.detail(),
-                        });
-                        failed_agents.push(agent);
-                        if let Some(next) = queue.next() {
-                            running.push(start(next));
-                        } else if running.is_empty() {
-                            return StepResult::Failed {
-                                reason: failure_reason(&attempts),
-                                attempts,
-                                failed_agents,
-                            };
-                        }
-                    }
+        let mut running = FuturesUnordered::new();
+        let mut started: Vec<String> = Vec::new();
+        let mut budget_note: Option<String> = None;
+        let mut failed: Vec<FailedStep> = Vec::new();
+        loop {
+            skip_blocked(state, &started, emit);
+            // Start what is ready.
+            let ready: Vec<Step> = state
+                .plan
+                .steps
+                .iter()
+                .filter(|s| !state.records.contains_key(&s.id) && !started.contains(&s.id))
+                .filter(|s| {
+                    s.depends_on
+                        .iter()
+                        .all(|d| matches!(state.record(d), Some(Record::Done { .. })))
+                })
+                .cloned()
+                .collect();
+            for s in ready {
+                if let Some(what) = self.spent_budget(calls, state, run_deadline) {
+                    let reason = format!("not started: {what} is spent");
+                    budget_note.get_or_insert_with(|| {
+                        format!("Budget: {what} is spent; remaining steps are not run.")
+                    });
+                    emit(unattempted(&s, "skipped", 0, reason.clone()));
+                    state
+                        .records
+                        .insert(s.id.clone(), Record::Skipped { reason });
+                    continue;
                 }
-            }
-            _ = &mut hedge, if !hedged && !queue.as_slice().is_empty() => {
-                hedged = true;
-                if let Some(next) = queue.next() {
-                    METRICS.planner_hedges.inc();
-                    (env.note)(format!(
-                        "Hedge: step '{}' ({}) still running after {} ms; starting '{}' beside it.",
-                        step.id, step.target, env.hedge_after.as_millis(), next.id
-                    ));
-                    running.push(start(next));
+                state.steps_run += 1;
+                if s.kind == StepKind::Function {
+                    await_caller(state, &s, emit);
+                    continue;
                 }
-            }
-            _ = &mut end => {
-                let n = running.len();
-                drop(running);
-                for _ in 0..n {
-                    observe_latency("timeout", "none", began.elapsed());
-                }
-                attempts.push(Attempt {
-                    target: step.target.clone(),
-                    outcome: "timeout",
-                    latency_ms: began.elapsed().as_millis() as u64,
-                    detail: format!("{n} attempt(s) still running at {which}; abandoned and canceled"),
-                });
-                failed_agents.push(step.target.clone());
-                return StepResult::Failed {
-                    reason: failure_reason(&attempts),
-                    attempts,
-                    failed_agents,
+                let text = state.step_input(&s, self.config.max_step_output_bytes);
+                let routes = if s.kind == StepKind::Agent {
+                    self.routes(state, &s).await
+                } else {
+                    Vec::new()
                 };
+                started.push(s.id.clone());
+                let env = &env;
+                running.push(async move {
+                    let result = match s.kind {
+                        StepKind::Agent => step::agent_step(env, &s, text, routes).await,
+                        _ => step::llm_step(env, &s, text).await,
+                    };
+                    (s, result)
+                });
+            }
+            if running.is_empty() {
+                break;
+            }
+            let next = tokio::select! {
+                next = running.next() => next,
+                _ = tokio::time::sleep_until(run_deadline) => None,
+            };
+            let Some((step, result)) = next else {
+                // The run's deadline: abandon (and cancel) what still runs.
+                drop(running);
+                self.abandon(state, &started, emit);
+                return Executed::Budget(format!(
+                    "Budget: the run's wall clock ({} ms) ended; answering from what was gathered.",
+                    self.config.run_timeout_ms
+                ));
+            };
+            if let Some(f) = self.record_result(state, &step, result, emit) {
+                failed.push(f);
             }
         }
+        if !state.pending.is_empty() {
+            return Executed::Paused;
+        }
+        match budget_note {
+            Some(n) => Executed::Budget(n),
+            None => Executed::Finished { failed },
+        }
     }
-}
 
-/// `reason`: a bounded label (`AgentFailure::reason`), the network's
-/// detail of a failure that `tool_thought` does not show.
-fn observe_latency(outcome: &str, reason: &str, took: Duration) {
-    METRICS
-        .planner_agent_latency
-        .with_label_values(&[outcome, reason])
-        .observe(took.as_secs_f64());
-}
-
-fn done(agent: String, answer: AgentAnswer, attempts: Vec<Attempt>) -> StepResult {
-    StepResult::Done {
-        text: answer.text(),
-        context_id: answer.context_id.clone(),
-        parts: answer
-            .parts
-            .into_iter()
-            .filter(|p| !matches!(p, Part::Text { .. }))
-            .collect(),
-        by: agent,
-        attempts,
+    /// Which of the run's budgets is spent, if any: steps, tokens, or the
+    /// wall clock.
+    fn spent_budget(
+        &self,
+        calls: &ModelCalls<'_>,
+        state: &RunState,
+        run_deadline: Instant,
+    ) -> Option<String> {
+        if state.steps_run >= self.config.max_steps {
+            Some(format!("the run's step budget ({})", self.config.max_steps))
+        } else if calls.tokens_used() >= self.config.max_run_tokens {
+            Some(format!(
+                "the run's token budget ({})",
+                self.config.max_run_tokens
+            ))
+        } else if Instant::now() >= run_deadline {
+            Some("the run's wall clock".to_owned())
+        } else {
+            None
+        }
     }
-}
 
-fn failure_reason(attempts: &[Attempt]) -> String {
-    let parts: Vec<String> = attempts
-        .iter()
-        .filter(|a| a.outcome != "completed")
-        .map(|a| format!("{}: {}", a.target, a.detail))
-        .collect();
-    parts.join("; ")
-}
+    /// The steps still running at the run's deadline: failed, each said
+    /// in `tool_thought`.
+    fn abandon(
+        &self,
+        state: &mut RunState,
+        started: &[String],
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) {
+        for id in started {
+            if state.records.contains_key(id) {
+                continue;
+            }
+            if let Some(s) = state.plan.steps.iter().find(|s| &s.id == id) {
+                emit(unattempted(
+                    s,
+                    "timeout",
+                    self.config.run_timeout_ms,
+                    "abandoned at the run's deadline".into(),
+                ));
+                METRICS
+                    .planner_steps
+                    .with_label_values(&[s.kind.as_str(), "timeout"])
+                    .inc();
+            }
+            state.records.insert(
+                id.clone(),
+                Record::Failed {
+                    reason: "abandoned at the run's deadline".into(),
+                },
+            );
+        }
+    }
 
-/// Runs an `llm` step: one model call.
-pub async fn llm_step(env: &StepEnv<'_>, step: &Step, text: String) -> StepResult {
-    let began = Instant::now();
-    let deadline = (Instant::now() + env.step_timeout).min(env.run_deadline);
-    let call = Call {
-        messages: vec![
-            model::message("system", super::STEP_PROMPT),
-            model::message("user", text),
-        ],
-        schema: None,
-        max_tokens: env.max_tokens,
-        deadline,
-    };
-    let result = tokio::time::timeout_at(deadline, env.calls.call(call, None)).await;
-    let latency_ms = began.elapsed().as_millis() as u64;
-    match result {
-        Ok(Ok(text)) => StepResult::Done {
-            by: step.target.clone(),
-            attempts: vec![Attempt {
-                target: step.target.clone(),
-                outcome: "completed",
-                latency_ms,
-                detail: super::clip(&text, 200),
-            }],
-            text,
-            parts: Vec::new(),
-            context_id: None,
-        },
-        Ok(Err(e)) => {
-            let attempts = vec![Attempt {
-                target: step.target.clone(),
-                outcome: "error",
-                latency_ms,
-                detail: e.message.clone(),
-            }];
-            StepResult::Failed {
-                reason: e.message,
+    /// The agents a step may use: its target, then its alternates, less
+    /// those excluded by earlier failures.
+    async fn routes(&self, state: &RunState, step: &Step) -> Vec<AgentRoute> {
+        let mut routes = Vec::new();
+        for id in std::iter::once(&step.target).chain(step.alternates.iter()) {
+            if state.excluded.contains(id) {
+                continue;
+            }
+            if let Some(agent) = state.agents.iter().find(|a| &a.id == id) {
+                routes.push(AgentRoute {
+                    id: id.clone(),
+                    endpoint: self.directory.endpoint(agent).await,
+                    context_id: state.contexts.get(id).cloned(),
+                });
+            }
+        }
+        routes
+    }
+
+    /// Records a finished step: its attempts in `tool_thought`, an agent's
+    /// structured parts in `executable_data`, its output for the steps
+    /// after it and the synthesis. Returns the failure, if it failed.
+    fn record_result(
+        &self,
+        state: &mut RunState,
+        step: &Step,
+        result: StepResult,
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) -> Option<FailedStep> {
+        let thought = |a: &Attempt| {
+            Event::tool_thought(ToolThought {
+                step: Some(step.id.clone()),
+                kind: step.kind.as_str(),
+                target: a.target.clone(),
+                outcome: a.outcome,
+                latency_ms: a.latency_ms,
+                detail: a.detail.clone(),
+            })
+        };
+        match result {
+            StepResult::Done {
+                by,
+                text,
+                parts,
+                context_id,
                 attempts,
-                failed_agents: Vec::new(),
+            } => {
+                for a in &attempts {
+                    emit(thought(a));
+                }
+                METRICS
+                    .planner_steps
+                    .with_label_values(&[step.kind.as_str(), "completed"])
+                    .inc();
+                if let Some(c) = context_id {
+                    state.contexts.insert(by.clone(), c);
+                }
+                for p in &parts {
+                    let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+                    if let Value::Object(o) = &mut v {
+                        o.insert("step".into(), json!(step.id));
+                        o.insert("agent".into(), json!(by));
+                    }
+                    emit(Event::Data(v));
+                }
+                let mut output = text;
+                for p in &parts {
+                    if let a2a::Part::Data { data, .. } = p {
+                        output.push_str(&format!("\n{data}"));
+                    }
+                }
+                let output = clip(&output, self.config.max_step_output_bytes);
+                state.gathered.push(Gathered {
+                    step: step.id.clone(),
+                    source: by,
+                    text: output.clone(),
+                });
+                state
+                    .records
+                    .insert(step.id.clone(), Record::Done { output });
+                None
+            }
+            StepResult::Failed {
+                reason,
+                attempts,
+                failed_agents,
+            } => {
+                for a in &attempts {
+                    emit(thought(a));
+                }
+                let outcome = attempts.last().map_or("failed", |a| a.outcome);
+                METRICS
+                    .planner_steps
+                    .with_label_values(&[step.kind.as_str(), outcome])
+                    .inc();
+                state.records.insert(
+                    step.id.clone(),
+                    Record::Failed {
+                        reason: reason.clone(),
+                    },
+                );
+                Some(FailedStep {
+                    step: step.id.clone(),
+                    reason,
+                    agents: failed_agents,
+                })
             }
         }
-        Err(_) => StepResult::Failed {
-            reason: "the model did not answer before the deadline".into(),
-            attempts: vec![Attempt {
-                target: step.target.clone(),
-                outcome: "timeout",
-                latency_ms,
-                detail: "the model did not answer before the deadline".into(),
-            }],
-            failed_agents: Vec::new(),
-        },
     }
+}
+
+/// Skips the steps that depend on a failed or skipped step (and, in turn,
+/// those that depend on them).
+fn skip_blocked(state: &mut RunState, started: &[String], emit: &(dyn Fn(Event) + Send + Sync)) {
+    loop {
+        let mut changed = false;
+        for s in &state.plan.steps {
+            if state.records.contains_key(&s.id) || started.contains(&s.id) {
+                continue;
+            }
+            let blocked = s.depends_on.iter().find(|d| {
+                matches!(
+                    state.record(d),
+                    Some(Record::Failed { .. } | Record::Skipped { .. })
+                )
+            });
+            if let Some(d) = blocked {
+                let reason = format!("depends on '{d}', which did not complete");
+                emit(unattempted(s, "skipped", 0, reason.clone()));
+                METRICS
+                    .planner_steps
+                    .with_label_values(&[s.kind.as_str(), "skipped"])
+                    .inc();
+                state
+                    .records
+                    .insert(s.id.clone(), Record::Skipped { reason });
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+}
+
+/// A function step: a call of the caller's tool, which the run pauses for.
+fn await_caller(state: &mut RunState, step: &Step, emit: &(dyn Fn(Event) + Send + Sync)) {
+    let call_id = crate::translate::new_id("call_");
+    let arguments = step
+        .arguments
+        .as_ref()
+        .map(Value::to_string)
+        .unwrap_or_else(|| "{}".into());
+    emit(unattempted(
+        step,
+        "awaiting_caller",
+        0,
+        format!("call {call_id}"),
+    ));
+    METRICS
+        .planner_steps
+        .with_label_values(&["function", "paused"])
+        .inc();
+    state.pending.push(PendingCall {
+        call_id: call_id.clone(),
+        step_id: step.id.clone(),
+        name: step.target.clone(),
+        arguments,
+    });
+    state
+        .records
+        .insert(step.id.clone(), Record::Awaiting { call_id });
 }

@@ -2,14 +2,18 @@
 //! synthesis), each one a generation of the request's own model through
 //! the one driver: the same pool and routing, limits (each call is
 //! admitted and settled like any generation), billing, deadline and
-//! cancellation (dropping a call cancels the worker's generation).
+//! cancellation (dropping a call cancels the worker's generation). The
+//! worker request comes from the translate layer
+//! (`translate::planner::to_worker`), like chat's and the Responses'.
 
+use super::input::Turn;
 use crate::accounts::Account;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::{End, Generation, Gone, Sink};
 use crate::limits::{estimate_input_tokens, Limiter, Reservation};
 use crate::pool::Pools;
+use crate::translate::planner::{to_worker, PlannerCall};
 use inference_proto::v1 as pb;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -37,7 +41,7 @@ pub struct ModelCalls<'a> {
 
 /// One call.
 pub struct Call {
-    pub messages: Vec<pb::Message>,
+    pub messages: Vec<Turn>,
     /// A JSON Schema the reply must follow.
     pub schema: Option<Value>,
     /// 0 = up to the window.
@@ -50,17 +54,6 @@ pub struct Call {
 pub struct Reply {
     pub text: String,
     pub output_tokens: u32,
-}
-
-/// A message of text.
-pub fn message(role: &str, text: impl Into<String>) -> pb::Message {
-    pb::Message {
-        role: role.to_owned(),
-        content: vec![pb::ContentPart {
-            part: Some(pb::content_part::Part::Text(text.into())),
-        }],
-        ..Default::default()
-    }
 }
 
 impl<'a> ModelCalls<'a> {
@@ -140,15 +133,7 @@ impl<'a> ModelCalls<'a> {
     ) -> Result<Reply, ApiError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let request_id = format!("{}-m{n}", self.request_id);
-        let input_bytes: usize = call
-            .messages
-            .iter()
-            .flat_map(|m| &m.content)
-            .map(|p| match &p.part {
-                Some(pb::content_part::Part::Text(t)) => t.len(),
-                _ => 0,
-            })
-            .sum::<usize>()
+        let input_bytes: usize = call.messages.iter().map(|t| t.text.len()).sum::<usize>()
             + call.schema.as_ref().map_or(0, |s| s.to_string().len());
         let first = self.first.lock().ok().and_then(|mut f| f.take());
         let reservation = match first {
@@ -168,37 +153,19 @@ impl<'a> ModelCalls<'a> {
             }
         };
         let streamed = deltas.is_some();
-        let work = pb::GenerateRequest {
-            request_id: request_id.clone(),
-            model: self.model.id.to_owned(),
-            messages: call.messages,
-            tools: Vec::new(),
-            tool_choice: Some(pb::ToolChoice {
-                mode: pb::tool_choice::Mode::None as i32,
-                function_name: String::new(),
-            }),
-            parallel_tool_calls: false,
-            sampling: Some(pb::Sampling {
-                temperature: call.schema.as_ref().map(|_| 0.0),
-                max_tokens: call.max_tokens,
-                ..Default::default()
-            }),
-            response_format: call.schema.as_ref().map(|s| pb::ResponseFormat {
-                kind: pb::response_format::Kind::JsonSchema as i32,
-                schema_name: "plan".into(),
-                schema_json: s.to_string(),
-                // Not strict: plan schemas have optional fields, which an
-                // upstream engine's strict mode refuses.
-                strict: false,
-            }),
-            reasoning: Some(pb::Reasoning {
-                enabled: false,
-                budget_tokens: 0,
-                effort: String::new(),
-            }),
-            cache_key: format!("session:{}", self.session_id),
-            batch_events: !streamed,
-        };
+        let work = to_worker(&PlannerCall {
+            request_id: &request_id,
+            model: self.model.id,
+            messages: call
+                .messages
+                .iter()
+                .map(|t| (t.role.as_str(), t.text.as_str()))
+                .collect(),
+            schema: call.schema.as_ref(),
+            max_tokens: call.max_tokens,
+            session_id: &self.session_id,
+            streamed,
+        });
         let generation = Generation {
             pools: self.pools,
             model: self.model.id,

@@ -3,14 +3,19 @@
 //! (`plan`), one repair is asked for if it fails; when the model cannot
 //! plan, the default plan asks the agents instead of answering without
 //! them. With nothing to plan with (no agents, no tools) there is no plan
-//! call: the synthesis answers directly.
+//! call: the synthesis answers directly. After a pass whose agents
+//! failed, a re-plan routes around them while budgets last.
 
+use super::execute::FailedStep;
 use super::grammar::{self, PlanGrammar};
-use super::model::{self, Call, ModelCalls};
+use super::input::Turn;
+use super::model::{Call, ModelCalls};
 use super::plan::{
     check_arguments, step_id, AgentTarget, Plan, Step, StepKind, Targets, ToolDemand, ToolTarget,
 };
-use super::{clip, quote_inline, Event, Planner, RunState, Turn};
+use super::state::RunState;
+use super::text::{clip, quote_inline};
+use super::{Event, Planner};
 use crate::error::ApiError;
 use crate::metrics::METRICS;
 use serde_json::Value;
@@ -65,10 +70,9 @@ impl Planner {
         let grammar = PlanGrammar::new(&targets, self.config.max_plan_tokens);
         let system = plan_system_prompt(&targets, grammar.steps);
         for attempt in 0..2 {
-            let mut messages = vec![model::message("system", system.clone())];
-            for t in state.conversation.iter().chain(state.transcript.iter()) {
-                messages.push(model::message(&t.role, t.text.clone()));
-            }
+            let mut messages = vec![Turn::new("system", system.clone())];
+            messages.extend(state.conversation.iter().cloned());
+            messages.extend(state.transcript.iter().cloned());
             let call = Call {
                 messages,
                 schema: Some(grammar.schema.clone()),
@@ -94,10 +98,9 @@ impl Planner {
             METRICS
                 .planner_plan_tokens
                 .observe(f64::from(reply.output_tokens));
-            state.transcript.push(Turn {
-                role: "assistant".into(),
-                text: reply.text.clone(),
-            });
+            state
+                .transcript
+                .push(Turn::new("assistant", reply.text.clone()));
             let problems = match targets.validate(&reply.text) {
                 Ok(guarded) => {
                     METRICS
@@ -135,12 +138,12 @@ impl Planner {
                     clip(&listed, 500),
                     reply.output_tokens
                 )));
-                state.transcript.push(Turn {
-                    role: "user".into(),
-                    text: format!(
+                state.transcript.push(Turn::new(
+                    "user",
+                    format!(
                         "The plan is invalid: {listed}. Write a corrected plan that follows the schema."
                     ),
-                });
+                ));
             } else {
                 let reason = format!(
                     "the repaired plan was still invalid ({}; {} output tokens)",
@@ -156,6 +159,89 @@ impl Planner {
         Ok(self
             .fallback(calls, state, &targets, run_deadline, "no valid plan", emit)
             .await)
+    }
+
+    /// After a pass whose steps failed: a new plan for what remains,
+    /// without the agents that failed. False when the run should answer
+    /// instead: only model steps failed (a new plan would fail the same
+    /// way), or no re-plan, wall clock or token budget is left.
+    pub(super) async fn replan(
+        &self,
+        calls: &ModelCalls<'_>,
+        state: &mut RunState,
+        run_deadline: Instant,
+        failed: &[FailedStep],
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) -> bool {
+        if !failed.iter().any(|f| !f.agents.is_empty()) {
+            return false;
+        }
+        if state.replans >= self.config.max_replans {
+            emit(Event::Thought(format!(
+                "Budget: no re-plan left ({} used); answering from what was gathered.",
+                state.replans
+            )));
+            return false;
+        }
+        if Instant::now() >= run_deadline {
+            emit(Event::Thought(format!(
+                "Budget: the run's wall clock ({} ms) is spent; no re-plan.",
+                self.config.run_timeout_ms
+            )));
+            return false;
+        }
+        if calls.tokens_used() >= self.config.max_run_tokens {
+            emit(Event::Thought(format!(
+                "Budget: the run's token budget ({}) is spent; no re-plan.",
+                self.config.max_run_tokens
+            )));
+            return false;
+        }
+        state.note_undone();
+        state.replans += 1;
+        METRICS.planner_replans.inc();
+        let mut reasons = Vec::new();
+        for f in failed {
+            reasons.push(format!(
+                "step '{}' failed ({})",
+                f.step,
+                clip(&f.reason, 300)
+            ));
+            for a in &f.agents {
+                if !state.excluded.contains(a) {
+                    state.excluded.push(a.clone());
+                }
+            }
+        }
+        let note = format!(
+            "Re-plan {}: {}. Excluded agents: {}.",
+            state.replans,
+            reasons.join("; "),
+            if state.excluded.is_empty() {
+                "none".to_owned()
+            } else {
+                state.excluded.join(", ")
+            }
+        );
+        emit(Event::Thought(note.clone()));
+        state.transcript.push(Turn::new(
+            "user",
+            format!(
+                "{note}\nResults so far:\n{}\nWrite a new plan for what remains, without the excluded agents.",
+                state.gathered_text()
+            ),
+        ));
+        match self
+            .make_plan(calls, state, run_deadline, false, emit)
+            .await
+        {
+            Ok(plan) => {
+                state.plan = plan;
+                state.records.clear();
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The default plan: the agents get the request (see
@@ -223,10 +309,8 @@ impl Planner {
             tool.name,
             quote_inline(&tool.description)
         );
-        let mut messages = vec![model::message("system", system)];
-        for t in &state.conversation {
-            messages.push(model::message(&t.role, t.text.clone()));
-        }
+        let mut messages = vec![Turn::new("system", system)];
+        messages.extend(state.conversation.iter().cloned());
         let call = Call {
             messages,
             max_tokens: grammar::output_cap(&schema),

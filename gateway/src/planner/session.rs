@@ -24,16 +24,62 @@ pub fn session_key(org: &str, session: &str) -> String {
     hex::encode(h.finalize())
 }
 
+/// Why a request could not take or use its session.
+#[derive(Debug)]
+pub enum SessionError {
+    /// Redis failed or could not be reached.
+    Redis(redis::RedisError),
+    /// The in-process store's mutex was poisoned by a panic.
+    Poisoned,
+    /// Another request holds the session's lock.
+    Busy,
+    /// The trailing `tool` message at `index` answers no pending call of
+    /// the session's paused plan.
+    NotPending { index: usize, call_id: String },
+    /// The paused plan went away while its results were being checked
+    /// (not reached: a result answers a pending call of a stored plan).
+    Vanished,
+    /// A paused plan's state could not be encoded for the store.
+    Encode(serde_json::Error),
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionError::Redis(e) => write!(f, "redis: {e}"),
+            SessionError::Poisoned => f.write_str("the in-process session store is poisoned"),
+            SessionError::Busy => f.write_str("the session is busy"),
+            SessionError::NotPending { index, call_id } => write!(
+                f,
+                "messages.{index}: no pending tool call with id '{call_id}'"
+            ),
+            SessionError::Vanished => f.write_str("the paused plan disappeared"),
+            SessionError::Encode(e) => write!(f, "plan state: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SessionError {}
+
+impl From<redis::RedisError> for SessionError {
+    fn from(e: redis::RedisError) -> Self {
+        SessionError::Redis(e)
+    }
+}
+
+/// A session store's answer.
+pub type SessionResult<T> = Result<T, SessionError>;
+
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// Takes the session's lock for `ttl` unless someone holds it.
-    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool>;
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool>;
     /// Drops the lock if `token` still holds it.
-    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()>;
+    async fn unlock(&self, key: &str, token: &str) -> SessionResult<()>;
     /// The paused plan's state (JSON), if any.
-    async fn load(&self, key: &str) -> anyhow::Result<Option<String>>;
-    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()>;
-    async fn clear(&self, key: &str) -> anyhow::Result<()>;
+    async fn load(&self, key: &str) -> SessionResult<Option<String>>;
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> SessionResult<()>;
+    async fn clear(&self, key: &str) -> SessionResult<()>;
 }
 
 /// Sessions in Redis: `<prefix>plan:{<key>}` and its `:lock`, one slot.
@@ -65,7 +111,7 @@ return 0
 
 #[async_trait]
 impl SessionStore for RedisSessions {
-    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool> {
         let mut conn = self.redis.conn().await?;
         let set: Option<String> = redis::cmd("SET")
             .arg(self.lock_key(key))
@@ -78,7 +124,7 @@ impl SessionStore for RedisSessions {
         Ok(set.is_some())
     }
 
-    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()> {
+    async fn unlock(&self, key: &str, token: &str) -> SessionResult<()> {
         let mut conn = self.redis.conn().await?;
         let _: i64 = redis::Script::new(UNLOCK)
             .key(self.lock_key(key))
@@ -88,12 +134,12 @@ impl SessionStore for RedisSessions {
         Ok(())
     }
 
-    async fn load(&self, key: &str) -> anyhow::Result<Option<String>> {
+    async fn load(&self, key: &str) -> SessionResult<Option<String>> {
         let mut conn = self.redis.conn().await?;
         Ok(redis::AsyncCommands::get(&mut conn, self.state_key(key)).await?)
     }
 
-    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()> {
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> SessionResult<()> {
         let mut conn = self.redis.conn().await?;
         let _: () = redis::AsyncCommands::set_ex(
             &mut conn,
@@ -105,7 +151,7 @@ impl SessionStore for RedisSessions {
         Ok(())
     }
 
-    async fn clear(&self, key: &str) -> anyhow::Result<()> {
+    async fn clear(&self, key: &str) -> SessionResult<()> {
         let mut conn = self.redis.conn().await?;
         let _: () = redis::AsyncCommands::del(&mut conn, self.state_key(key)).await?;
         Ok(())
@@ -133,9 +179,9 @@ impl MemoryInner {
 
 #[async_trait]
 impl SessionStore for MemorySessions {
-    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+    async fn lock(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool> {
         let now = Instant::now();
-        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         inner.sweep(now);
         if inner.locks.contains_key(key) {
             return Ok(false);
@@ -146,30 +192,30 @@ impl SessionStore for MemorySessions {
         Ok(true)
     }
 
-    async fn unlock(&self, key: &str, token: &str) -> anyhow::Result<()> {
-        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    async fn unlock(&self, key: &str, token: &str) -> SessionResult<()> {
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         if inner.locks.get(key).is_some_and(|(t, _)| t == token) {
             inner.locks.remove(key);
         }
         Ok(())
     }
 
-    async fn load(&self, key: &str) -> anyhow::Result<Option<String>> {
-        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    async fn load(&self, key: &str) -> SessionResult<Option<String>> {
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         inner.sweep(Instant::now());
         Ok(inner.states.get(key).map(|(s, _)| s.clone()))
     }
 
-    async fn save(&self, key: &str, state: &str, ttl: Duration) -> anyhow::Result<()> {
-        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    async fn save(&self, key: &str, state: &str, ttl: Duration) -> SessionResult<()> {
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         inner
             .states
             .insert(key.to_owned(), (state.to_owned(), Instant::now() + ttl));
         Ok(())
     }
 
-    async fn clear(&self, key: &str) -> anyhow::Result<()> {
-        let mut inner = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    async fn clear(&self, key: &str) -> SessionResult<()> {
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         inner.states.remove(key);
         Ok(())
     }

@@ -57,7 +57,6 @@ const DOC_ONLY: &[(&str, &str)] = &[
         "Metadata",
         "a serde_json::Value / map checked by validate::common",
     ),
-    ("ToolThought", "JSON the planner builds (planner/)"),
     ("ExecutableData", "JSON the planner builds (planner/)"),
     (
         "StreamErrorEvent",

@@ -1,0 +1,247 @@
+//! Pausing for the caller's tools and resuming by session: a request
+//! takes its session's lock ([`Planner::begin`]: 409 when another request
+//! holds it); trailing `tool` messages resume the session's paused plan,
+//! each answering one of its pending calls (400 otherwise); a run that
+//! waits for the caller's function tools stores its state
+//! ([`Planner::pause`]) and the next request resumes it
+//! ([`Planner::resume`]).
+
+use super::input::{content_text, RunInput};
+use super::session::{self, SessionError, SessionStore};
+use super::state::{Gathered, Record, RunState};
+use super::text::clip;
+use super::{Event, PendingCall, Planner};
+use crate::api::chat::{ChatMessage, ToolThought};
+use crate::metrics::METRICS;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a request starts: a new plan, or a paused one resumed.
+pub enum Start {
+    New(RunInput),
+    Resume {
+        state: Box<RunStateBox>,
+        /// `(call id, result text)` of the caller's tool messages.
+        results: Vec<(String, String)>,
+    },
+}
+
+/// A stored run, opaque outside the planner.
+pub struct RunStateBox(pub(super) RunState);
+
+/// The session's lock, held for the request; released when dropped.
+pub struct SessionLock {
+    sessions: Arc<dyn SessionStore>,
+    key: String,
+    token: String,
+}
+
+impl SessionLock {
+    /// The session's store key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Releases the session now (before the reply's last byte, so the
+    /// caller's next request finds it free).
+    pub async fn release(mut self) {
+        let token = std::mem::take(&mut self.token);
+        if let Err(e) = self.sessions.unlock(&self.key, &token).await {
+            tracing::warn!("planner session unlock failed: {e}");
+        }
+    }
+}
+
+impl Drop for SessionLock {
+    fn drop(&mut self) {
+        if self.token.is_empty() {
+            return;
+        }
+        let sessions = self.sessions.clone();
+        let key = std::mem::take(&mut self.key);
+        let token = std::mem::take(&mut self.token);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = sessions.unlock(&key, &token).await {
+                    tracing::warn!("planner session unlock failed: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// A request's hold on its session, and how it starts.
+pub struct Begun {
+    pub lock: SessionLock,
+    pub start: Start,
+}
+
+impl Planner {
+    /// How long a request may hold its session.
+    fn lock_ttl(&self) -> Duration {
+        Duration::from_millis(
+            self.config.run_timeout_ms + self.config.synthesis_timeout_ms + 30_000,
+        )
+    }
+
+    /// Takes the session and decides how the request starts: trailing
+    /// `tool` messages resume the session's paused plan (each must answer
+    /// a pending call: 400 naming `messages.N.tool_call_id` otherwise);
+    /// anything else starts a new plan. A session busy with another
+    /// request is a 409.
+    pub async fn begin(
+        &self,
+        org: &str,
+        session_id: &str,
+        messages: &[ChatMessage],
+        input: impl FnOnce() -> RunInput,
+    ) -> Result<Begun, SessionError> {
+        let key = session::session_key(org, session_id);
+        let token = crate::translate::new_id("lock_");
+        if !self.sessions.lock(&key, &token, self.lock_ttl()).await? {
+            return Err(SessionError::Busy);
+        }
+        let lock = SessionLock {
+            sessions: self.sessions.clone(),
+            key: key.clone(),
+            token,
+        };
+        let trailing: Vec<(usize, &ChatMessage)> = messages
+            .iter()
+            .enumerate()
+            .rev()
+            .take_while(|(_, m)| m.role.as_deref() == Some("tool"))
+            .collect();
+        if trailing.is_empty() {
+            return Ok(Begun {
+                lock,
+                start: Start::New(input()),
+            });
+        }
+        let stored = match self.sessions.load(&key).await {
+            Ok(s) => s,
+            Err(e) => {
+                lock.release().await;
+                return Err(e);
+            }
+        };
+        let state: Option<RunState> = stored.and_then(|s| serde_json::from_str(&s).ok());
+        let pending: Vec<&str> = state
+            .as_ref()
+            .map(|s| s.pending.iter().map(|p| p.call_id.as_str()).collect())
+            .unwrap_or_default();
+        let mut results = Vec::new();
+        for (index, m) in trailing.into_iter().rev() {
+            let call_id = m.tool_call_id.as_deref().unwrap_or("");
+            if !pending.contains(&call_id) {
+                lock.release().await;
+                return Err(SessionError::NotPending {
+                    index,
+                    call_id: call_id.to_owned(),
+                });
+            }
+            results.push((call_id.to_owned(), content_text(m.content.as_ref())));
+        }
+        // Every result answered a pending call, so there is a state.
+        let Some(state) = state else {
+            lock.release().await;
+            return Err(SessionError::Vanished);
+        };
+        Ok(Begun {
+            lock,
+            start: Start::Resume {
+                state: Box::new(RunStateBox(state)),
+                results,
+            },
+        })
+    }
+
+    /// The paused run, with the caller's tool results recorded: each
+    /// answered call is a completed step, each unanswered one a failed
+    /// step that could not be done.
+    pub(super) fn resume(
+        &self,
+        state: RunStateBox,
+        results: Vec<(String, String)>,
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) -> RunState {
+        METRICS.planner_resumes.inc();
+        let mut state = state.0;
+        let answered: BTreeMap<String, String> = results.into_iter().collect();
+        let pending = std::mem::take(&mut state.pending);
+        for p in pending {
+            match answered.get(&p.call_id) {
+                Some(text) => {
+                    state.records.insert(
+                        p.step_id.clone(),
+                        Record::Done {
+                            output: text.clone(),
+                        },
+                    );
+                    state.gathered.push(Gathered {
+                        step: p.step_id.clone(),
+                        source: p.name.clone(),
+                        text: clip(text, self.config.max_step_output_bytes),
+                    });
+                    emit(Event::tool_thought(ToolThought {
+                        step: Some(p.step_id),
+                        kind: "function",
+                        target: p.name,
+                        outcome: "completed",
+                        latency_ms: 0,
+                        detail: clip(text, 200),
+                    }));
+                }
+                None => {
+                    let reason = "the caller sent no result".to_owned();
+                    state.records.insert(
+                        p.step_id.clone(),
+                        Record::Failed {
+                            reason: reason.clone(),
+                        },
+                    );
+                    state
+                        .not_done
+                        .push(format!("{} ({}): {reason}", p.step_id, p.name));
+                }
+            }
+        }
+        emit(Event::Thought(format!(
+            "Resumed the paused plan with {} tool result(s).",
+            answered.len()
+        )));
+        state
+    }
+
+    /// Stores the run until the caller sends its tools' results; returns
+    /// the calls it waits for.
+    pub(super) async fn pause(
+        &self,
+        session_key: &str,
+        state: &RunState,
+        emit: &(dyn Fn(Event) + Send + Sync),
+    ) -> Result<Vec<PendingCall>, SessionError> {
+        METRICS.planner_pauses.inc();
+        let text = serde_json::to_string(state).map_err(SessionError::Encode)?;
+        self.sessions
+            .save(
+                session_key,
+                &text,
+                Duration::from_secs(self.config.session_ttl_seconds),
+            )
+            .await?;
+        emit(Event::Thought(format!(
+            "Paused for {} call(s) of the caller's tools; send their results on this session to resume.",
+            state.pending.len()
+        )));
+        Ok(state.pending.clone())
+    }
+
+    /// Forgets the session's paused plan (a new user message starts a new
+    /// plan; an answered run needs none). Best effort: a stale state only
+    /// answers tool results nobody sends.
+    pub(super) async fn forget_pause(&self, session_key: &str) {
+        let _ = self.sessions.clear(session_key).await;
+    }
+}
