@@ -1,4 +1,4 @@
-//! The engine seams. Three kinds:
+//! The engines and the seams they implement:
 //!
 //! - [`sequence::SequenceEngine`] (real models, e.g. [`llama`]): tokens in,
 //!   tokens out; the shared [`crate::pipeline`] does the rest. A new engine
@@ -6,15 +6,13 @@
 //! - [`chat::ChatEngine`] (an engine server in front of its own model, e.g.
 //!   [`upstream`]): messages in, events out; the engine templates,
 //!   tokenizes and parses.
-//! - [`Engine`] below, the whole-reply seam kept by the SIMULATED
-//!   [`synthetic`] engine (its plans and test controls are whole replies).
+//! - the SIMULATED [`synthetic`] engine, which plans whole replies (its
+//!   test controls are whole replies) on o200k tokens.
 //!
-//! The whole-reply seam: a prepared request in, a stream of `GenerateEvent`s out.
-//!
-//! The service does everything engine-independent (tokenizing, the context
-//! check, admission, the prefix cache, counters); an engine only decides what
-//! to say and when. `prepare` runs before the stream opens, so a request the
-//! engine cannot serve fails with a plain status; `run` then streams.
+//! Whatever the seam, a started generation is a [`Started`]: it streams
+//! `GenerateEvent`s into an [`EventSink`] and ends with an [`Outcome`]. The
+//! service (`crate::service`) does everything engine-independent
+//! (draining, admission, counters) on one path for every engine.
 
 pub mod chat;
 #[cfg(feature = "llama")]
@@ -28,24 +26,10 @@ pub mod sequence;
 pub mod synthetic;
 pub mod upstream;
 
-use crate::model::ModelProfile;
-use crate::tokenizer::Prompt;
 use inference_proto::v1 as pb;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Status;
-
-/// Everything an engine needs for one generation.
-#[derive(Debug)]
-pub struct Job {
-    pub request: pb::GenerateRequest,
-    pub prompt: Prompt,
-    pub cached_prompt_tokens: u32,
-    /// Completion tokens allowed (reasoning included): `max_tokens`, or the
-    /// rest of the context window when it is 0.
-    pub completion_limit: u32,
-    pub model: ModelProfile,
-}
 
 /// How a generation ended, for the worker's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,15 +46,10 @@ pub enum Outcome {
     },
 }
 
-/// A model engine.
-pub trait Engine: Send + Sync + 'static {
-    /// Plans a generation, or refuses the request before the stream opens.
-    fn prepare(&self, job: Job) -> Result<Box<dyn Generation>, Status>;
-}
-
-/// One planned generation, ready to stream.
+/// A started generation, whatever its engine: streams its events into the
+/// sink until it ends, and says how it ended (for the worker's counters).
 #[async_trait::async_trait]
-pub trait Generation: Send {
+pub trait Started: Send {
     async fn run(self: Box<Self>, out: EventSink) -> Outcome;
 }
 

@@ -26,7 +26,8 @@ pub mod utf8;
 use crate::engine::sequence::{
     SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
 };
-use crate::engine::{Cancelled, EventSink, Outcome};
+use crate::engine::chat::OnCached;
+use crate::engine::{Cancelled, EventSink, Outcome, Started};
 use crate::status;
 use coalesce::Coalescer;
 use inference_proto::v1 as pb;
@@ -127,8 +128,9 @@ impl Prepared {
     }
 
     /// Starts the first sequence (a bad schema fails here, before the
-    /// stream opens).
-    pub async fn start(self) -> Result<Running, Status> {
+    /// stream opens). `on_cached` hears the count of reused prompt tokens
+    /// after prefill.
+    pub async fn start(self, on_cached: OnCached) -> Result<Running, Status> {
         let (max_tokens, constraint) = match self.plan.reasoning_budget {
             Some(budget) => (budget.min(self.completion_limit), None),
             None => (self.completion_limit, self.plan.constraint.clone()),
@@ -147,6 +149,7 @@ impl Prepared {
             prepared: self,
             stream,
             phase_max: max_tokens,
+            on_cached,
         })
     }
 }
@@ -156,6 +159,7 @@ pub struct Running {
     prepared: Prepared,
     stream: SequenceStream,
     phase_max: u32,
+    on_cached: OnCached,
 }
 
 /// What a phase's output turns into.
@@ -182,7 +186,7 @@ struct Emitter<'a> {
     completion_tokens: u32,
     cached: Option<u32>,
     /// Told the reused prompt tokens once, at the first prefill.
-    on_cached: Box<dyn FnMut(u32) + Send + 'a>,
+    on_cached: OnCached,
     reasoning_text: String,
 }
 
@@ -306,22 +310,23 @@ fn mode_is_reasoning(mode: &Mode) -> bool {
     matches!(mode, Mode::Reasoning(_))
 }
 
-impl Running {
+#[async_trait::async_trait]
+impl Started for Running {
     /// Streams the generation; the `Outcome` is for the worker's counters.
-    /// `on_cached` hears the count of reused prompt tokens after prefill.
-    pub async fn run(self, out: EventSink, on_cached: impl FnMut(u32) + Send + 'static) -> Outcome {
+    async fn run(self: Box<Self>, out: EventSink) -> Outcome {
         let Running {
             prepared: p,
             mut stream,
             phase_max,
-        } = self;
+            on_cached,
+        } = *self;
         let mut em = Emitter {
             out: &out,
             coalescer: Coalescer::default(),
             batch: p.batch,
             completion_tokens: 0,
             cached: None,
-            on_cached: Box::new(on_cached),
+            on_cached,
             reasoning_text: String::new(),
         };
         let mut reasoning_tokens = 0;

@@ -31,7 +31,7 @@ pub mod request;
 pub mod wire;
 
 use super::chat::{ChatEngine, EngineLoad, OnCached};
-use super::{Cancelled, EventSink, Generation, Outcome};
+use super::{Cancelled, EventSink, Started, Outcome};
 use crate::pipeline::coalesce::Coalescer;
 use crate::status;
 use bytes::Bytes;
@@ -361,7 +361,7 @@ impl ChatEngine for UpstreamEngine {
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
         on_cached: OnCached,
-    ) -> Result<Box<dyn Generation>, Status> {
+    ) -> Result<Box<dyn Started>, Status> {
         let built = request::build(
             self.kind,
             &self.model,
@@ -599,7 +599,7 @@ async fn flush(out: &EventSink, coalescer: &mut Coalescer) -> Result<(), Cancell
 }
 
 #[async_trait::async_trait]
-impl Generation for UpstreamGeneration {
+impl Started for UpstreamGeneration {
     async fn run(mut self: Box<Self>, out: EventSink) -> Outcome {
         let end = self.stream(&out).await;
         let tokens = self.relay.completion_tokens();
