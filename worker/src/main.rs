@@ -70,7 +70,7 @@ Engines:
              Field mapping: docs/upstream-engines.md.
   synthetic  SIMULATED output (below).
 
-Adding an engine: implement worker::engine::sequence::SequenceEngine in one file under
+Adding an engine: implement worker::seam::sequence::SequenceEngine in one file under
 worker/src/engine/ (render + tokenize with the model's own template, context window,
 start a sequence -> stream of prefill / token / finished events; dropping the stream
 aborts it) and add it here. Stop strings, the length cut, UTF-8, tool-call parsing,
@@ -427,7 +427,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 prefix_cache_blocks: args.prefix_cache_blocks,
             }, model.clone());
             // Load the BPE before taking traffic, so the first request is not slow.
-            let _ = worker::tokenizer::count("warm up");
+            let _ = worker::engine::synthetic::tokenizer::count("warm up");
             Ok(Loaded {
                 engine: Engines::Simulated(Arc::new(engine)),
                 name: "synthetic",
@@ -443,7 +443,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
 }
 
 async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    use worker::engine::chat::ChatEngine;
+    use worker::seam::chat::ChatEngine;
     use worker::engine::upstream::kind::Kind;
     use worker::engine::upstream::{UpstreamConfig, UpstreamEngine};
     let Some(url) = args.upstream_url.clone() else {
@@ -481,7 +481,7 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
 #[cfg(feature = "llama")]
 fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
     use worker::engine::llama::{LlamaConfig, LlamaEngine};
-    use worker::engine::sequence::SequenceEngine;
+    use worker::seam::sequence::SequenceEngine;
     let Some(file) = args.model_file.clone() else {
         anyhow::bail!("--engine llama needs --model-file PATH (a GGUF file)");
     };

@@ -251,7 +251,7 @@ mod tests {
     use crate::admission::Admission;
     use crate::counters::Counters;
     use crate::drain::DrainFlag;
-    use crate::engine::Outcome;
+    use crate::seam::Outcome;
     use crate::model::ModelProfile;
     use crate::service::Engines;
 

@@ -13,7 +13,7 @@ pub use engines::Engines;
 use crate::admission::{Admission, Slot};
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
-use crate::engine::{EventSink, Started};
+use crate::seam::{EventSink, Started};
 use crate::model::ModelProfile;
 use crate::status;
 use inference_proto::v1 as pb;
@@ -119,25 +119,7 @@ impl WorkerState {
             capacity: admission.capacity(),
             kv_cache_usage: None,
         };
-        match &self.engine {
-            Engines::Simulated(engine) => pb::Load {
-                kv_cache_usage: Some(engine.kv_cache_usage()),
-                ..own
-            },
-            Engines::Sequence(engine) => pb::Load {
-                kv_cache_usage: engine.kv_cache_usage(),
-                ..own
-            },
-            Engines::Chat(engine) => match engine.load() {
-                Some(l) => pb::Load {
-                    running: l.running,
-                    queued: l.waiting.saturating_add(own.queued),
-                    capacity: l.capacity.unwrap_or(own.capacity),
-                    kv_cache_usage: l.kv_cache_usage,
-                },
-                None => own,
-            },
-        }
+        self.engine.load(own)
     }
 }
 

@@ -23,11 +23,12 @@ pub mod stop;
 pub mod tool_calls;
 pub mod utf8;
 
-use crate::engine::sequence::{
+use crate::seam::chat::OnCached;
+use crate::seam::sequence::{
     SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
 };
-use crate::engine::chat::OnCached;
-use crate::engine::{Cancelled, EventSink, Outcome, Started};
+use crate::seam::tokens::saturate;
+use crate::seam::{Cancelled, EventSink, Outcome, Started};
 use crate::status;
 use coalesce::Coalescer;
 use inference_proto::v1 as pb;
@@ -103,10 +104,6 @@ pub fn fit_window(window: u32, prompt: u32, max_tokens: u32) -> Result<u32, Stat
     } else {
         window - prompt
     })
-}
-
-fn saturate(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl Prepared {
@@ -341,7 +338,7 @@ impl Started for Running {
                         tokens: em.completion_tokens,
                     }
                 }
-                PhaseEnd::Failed(s) => return fail(&out, s, em.completion_tokens).await,
+                PhaseEnd::Failed(s) => return out.finish_failed(s, em.completion_tokens).await,
                 PhaseEnd::Length if reasoning_tokens >= p.completion_limit => {
                     return finish(&mut em, Reason::Length, 0, &p).await;
                 }
@@ -356,10 +353,10 @@ impl Started for Running {
             let engine = Arc::clone(&p.engine);
             let tokens = match tokio::task::spawn_blocking(move || engine.tokenize(&text)).await {
                 Ok(Ok(t)) => t,
-                Ok(Err(s)) => return fail(&out, s, em.completion_tokens).await,
+                Ok(Err(s)) => return out.finish_failed(s, em.completion_tokens).await,
                 Err(e) => {
                     let s = status::engine_failure(format!("tokenizer task failed: {e}"));
-                    return fail(&out, s, em.completion_tokens).await;
+                    return out.finish_failed(s, em.completion_tokens).await;
                 }
             };
             let window = p.engine.context_window();
@@ -380,7 +377,7 @@ impl Started for Running {
                 .await;
             stream = match started {
                 Ok(s) => s,
-                Err(s) => return fail(&out, s, em.completion_tokens).await,
+                Err(s) => return out.finish_failed(s, em.completion_tokens).await,
             };
             return answer(&mut em, stream, max, reasoning_tokens, &p).await;
         }
@@ -407,7 +404,7 @@ async fn answer(
                 tokens: em.completion_tokens,
             }
         }
-        PhaseEnd::Failed(s) => return fail(em.out, s, em.completion_tokens).await,
+        PhaseEnd::Failed(s) => return em.out.finish_failed(s, em.completion_tokens).await,
         PhaseEnd::Length => Reason::Length,
         PhaseEnd::Stop => match &mode {
             Mode::Tools(parser) if parser.calls() > 0 => Reason::ToolCalls,
@@ -437,16 +434,7 @@ async fn finish(
             image_tokens: 0,
         }),
     };
-    match em.out.send(Event::Finished(finished)).await {
-        Ok(()) => Outcome::Completed { tokens },
-        Err(Cancelled) => Outcome::Cancelled { tokens },
-    }
-}
-
-async fn fail(out: &EventSink, s: Status, tokens: u32) -> Outcome {
-    tracing::warn!(error = %s.message(), "generation failed");
-    let _ = out.fail(s).await;
-    Outcome::Failed { tokens }
+    em.out.finish(finished, tokens).await
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The pipeline over a scripted token source (no model).
 
 use super::*;
-use crate::engine::sequence::ChatMessage;
+use crate::seam::sequence::ChatMessage;
 use std::sync::Mutex;
 use tokio::sync::mpsc;
 

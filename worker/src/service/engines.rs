@@ -3,11 +3,11 @@
 //! the engine's own tokenizer, fit it in the engine's window, then (once
 //! admitted) start the generation.
 
-use crate::engine::chat::{ChatEngine, OnCached};
-use crate::engine::sequence::SequenceEngine;
 use crate::engine::synthetic::{self, SyntheticEngine};
-use crate::engine::Started;
 use crate::pipeline;
+use crate::seam::chat::{ChatEngine, OnCached};
+use crate::seam::sequence::SequenceEngine;
+use crate::seam::Started;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
 use tonic::Status;
@@ -41,6 +41,33 @@ pub enum Counted {
 }
 
 impl Engines {
+    /// The load to report, given the admission's own counts. An engine
+    /// that reports its own load (running and waiting inside the engine,
+    /// its slots) is the truth, since it may serve other clients too and
+    /// queue beyond the worker's admission; requests still in the worker's
+    /// own queue come on top.
+    pub fn load(&self, own: pb::Load) -> pb::Load {
+        match self {
+            Engines::Simulated(engine) => pb::Load {
+                kv_cache_usage: Some(engine.kv_cache_usage()),
+                ..own
+            },
+            Engines::Sequence(engine) => pb::Load {
+                kv_cache_usage: engine.kv_cache_usage(),
+                ..own
+            },
+            Engines::Chat(engine) => match engine.load() {
+                Some(l) => pb::Load {
+                    running: l.running,
+                    queued: l.waiting.saturating_add(own.queued),
+                    capacity: l.capacity.unwrap_or(own.capacity),
+                    kv_cache_usage: l.kv_cache_usage,
+                },
+                None => own,
+            },
+        }
+    }
+
     /// Tokens one request may hold (prompt plus completion).
     pub fn context_window(&self) -> u32 {
         match self {

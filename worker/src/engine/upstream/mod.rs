@@ -30,8 +30,8 @@ pub mod relay;
 pub mod request;
 pub mod wire;
 
-use super::chat::{ChatEngine, EngineLoad, OnCached};
-use super::{Cancelled, EventSink, Started, Outcome};
+use crate::seam::chat::{ChatEngine, EngineLoad, OnCached};
+use crate::seam::{Cancelled, EventSink, Outcome, Started};
 use crate::pipeline::coalesce::Coalescer;
 use crate::status;
 use bytes::Bytes;
@@ -606,11 +606,7 @@ impl Started for UpstreamGeneration {
         match end {
             // Dropping `self` closes the connection (and aborts on SGLang).
             End::Cancelled => Outcome::Cancelled { tokens },
-            End::Failed(s) => {
-                tracing::warn!(error = %s.message(), "upstream generation failed");
-                let _ = out.fail(s).await;
-                Outcome::Failed { tokens }
-            }
+            End::Failed(s) => out.finish_failed(s, tokens).await,
             End::Done => {
                 // A reply cut at the limit leaves the engine generating:
                 // SGLang still needs its abort.
@@ -622,13 +618,7 @@ impl Started for UpstreamGeneration {
                     (self.on_cached)(cached);
                 }
                 let finished = self.relay.finish(self.prompt_tokens);
-                match out
-                    .send(pb::generate_event::Event::Finished(finished))
-                    .await
-                {
-                    Ok(()) => Outcome::Completed { tokens },
-                    Err(Cancelled) => Outcome::Cancelled { tokens },
-                }
+                out.finish(finished, tokens).await
             }
         }
     }

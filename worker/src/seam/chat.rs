@@ -1,6 +1,6 @@
 //! The message-level engine seam: for engines that take chat messages, not
 //! tokens (an OpenAI-compatible server in front of its own model, see
-//! [`super::upstream`]).
+//! [`crate::engine::upstream`]).
 //!
 //! Such an engine applies its own chat template, tokenizer, stop strings,
 //! reasoning parser and tool parser, so the token pipeline of

@@ -20,7 +20,7 @@
 //! - Structured output: `JSON_OBJECT` gives a small object; `JSON_SCHEMA` an
 //!   instance of the schema.
 //! - Otherwise text: 16..=48 words (or `synthetic:reply_tokens=N`), or the
-//!   test controls in [`super::controls`].
+//!   test controls in [`controls`].
 //!
 //! Paced generations decode in lockstep, as the sequences of a continuously
 //! batched GPU engine do: one decode step gives every running sequence its
@@ -34,16 +34,22 @@
 //! included) cuts the script and finishes `LENGTH`; a stop string ends the text
 //! just before it and finishes `STOP`.
 
-use super::chat::OnCached;
-use super::controls::Controls;
-use super::rng::{Rng, WORDS};
-use super::schema_gen;
-use super::{Cancelled, EventSink, Outcome, Started};
+pub mod controls;
+pub mod prefix_cache;
+pub mod rng;
+pub mod schema_gen;
+pub mod tokenizer;
+
 use crate::model::ModelProfile;
 use crate::pipeline;
-use crate::prefix_cache::PrefixCache;
+use crate::seam::chat::OnCached;
+use crate::seam::tokens::fnv1a;
+use crate::seam::{EventSink, Outcome, Started};
 use crate::status;
-use crate::tokenizer::{self, fnv1a, Piece, Prompt};
+use controls::Controls;
+use prefix_cache::PrefixCache;
+use rng::{Rng, WORDS};
+use tokenizer::{Piece, Prompt};
 use inference_proto::v1 as pb;
 use pb::finished::Reason;
 use pb::generate_event::Event;
@@ -309,17 +315,13 @@ impl Started for SyntheticGeneration {
         if controls.fail_after.is_some() {
             return fail(&out, emitted, controls.fail_unavailable).await;
         }
-        match out.send(Event::Finished(finished)).await {
-            Ok(()) => {
-                if let Some(ms) = controls.trailers_ms {
-                    // Late trailers: the stream ends only after this pause
-                    // (or when the gateway drops it).
-                    let _ = out.sleep(Duration::from_millis(ms)).await;
-                }
-                Outcome::Completed { tokens: emitted }
-            }
-            Err(Cancelled) => Outcome::Cancelled { tokens: emitted },
+        let outcome = out.finish(finished, emitted).await;
+        if let (Outcome::Completed { .. }, Some(ms)) = (outcome, controls.trailers_ms) {
+            // Late trailers: the stream ends only after this pause (or when
+            // the gateway drops it).
+            let _ = out.sleep(Duration::from_millis(ms)).await;
         }
+        outcome
     }
 }
 
@@ -330,10 +332,7 @@ async fn fail(out: &EventSink, emitted: u32, unavailable: bool) -> Outcome {
     } else {
         status::engine_failure(message)
     };
-    match out.fail(status).await {
-        Ok(()) => Outcome::Failed { tokens: emitted },
-        Err(Cancelled) => Outcome::Cancelled { tokens: emitted },
-    }
+    out.finish_failed(status, emitted).await
 }
 
 /// Merges runs of same-kind steps (text, reasoning, or argument fragments
