@@ -1,7 +1,7 @@
 //! Totals since start, reported in `Info.counters`. Tests assert on them
 //! from the worker's side (for example that a dropped stream was cancelled).
 
-use crate::engine::Outcome;
+use crate::seam::Outcome;
 use inference_proto::v1 as pb;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;

@@ -13,7 +13,6 @@ use worker::counters::Counters;
 use worker::drain::{self, DrainFlag};
 use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
 use worker::model::ModelProfile;
-use worker::prefix_cache::PrefixCache;
 use worker::service::{Engines, WorkerService, WorkerState};
 
 const SYNTHETIC_DESCRIPTION: &str = "SIMULATED output from the synthetic engine: deterministic \
@@ -71,7 +70,7 @@ Engines:
              Field mapping: docs/upstream-engines.md.
   synthetic  SIMULATED output (below).
 
-Adding an engine: implement worker::engine::sequence::SequenceEngine in one file under
+Adding an engine: implement worker::seam::sequence::SequenceEngine in one file under
 worker/src/engine/ (render + tokenize with the model's own template, context window,
 start a sequence -> stream of prefill / token / finished events; dropping the stream
 aborts it) and add it here. Stop strings, the length cut, UTF-8, tool-call parsing,
@@ -303,7 +302,8 @@ struct ServeArgs {
     /// token per event.
     #[arg(long, default_value_t = 1)]
     coalesce_tokens: u32,
-    /// Prefix-cache capacity in 64-token blocks.
+    /// The synthetic engine's simulated prefix cache: its capacity in
+    /// 64-token blocks.
     #[arg(long, default_value_t = 65_536)]
     prefix_cache_blocks: usize,
     /// Chaos testing: every generation fails (INTERNAL, ENGINE_FAILURE)
@@ -418,19 +418,21 @@ struct Loaded {
 async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
     match args.engine {
         EngineKind::Synthetic => {
+            let model = ModelProfile::for_serving(&args.model, args.context_window)?;
             let engine = SyntheticEngine::new(SyntheticConfig {
                 ttft: Duration::from_millis(args.ttft_ms),
                 tokens_per_second: args.tokens_per_second.max(0.0),
                 coalesce_tokens: args.coalesce_tokens,
                 fail_after_tokens: args.fail_after_tokens,
-            });
+                prefix_cache_blocks: args.prefix_cache_blocks,
+            }, model.clone());
             // Load the BPE before taking traffic, so the first request is not slow.
-            let _ = worker::tokenizer::count("warm up");
+            let _ = worker::engine::synthetic::tokenizer::count("warm up");
             Ok(Loaded {
-                engine: Engines::Reply(Arc::new(engine)),
+                engine: Engines::Simulated(Arc::new(engine)),
                 name: "synthetic",
                 description: SYNTHETIC_DESCRIPTION.to_owned(),
-                model: ModelProfile::for_serving(&args.model, args.context_window)?,
+                model,
                 capacity: args.max_concurrency,
                 ready: None,
             })
@@ -441,7 +443,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
 }
 
 async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    use worker::engine::chat::ChatEngine;
+    use worker::seam::chat::ChatEngine;
     use worker::engine::upstream::kind::Kind;
     use worker::engine::upstream::{UpstreamConfig, UpstreamEngine};
     let Some(url) = args.upstream_url.clone() else {
@@ -479,7 +481,7 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
 #[cfg(feature = "llama")]
 fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
     use worker::engine::llama::{LlamaConfig, LlamaEngine};
-    use worker::engine::sequence::SequenceEngine;
+    use worker::seam::sequence::SequenceEngine;
     let Some(file) = args.model_file.clone() else {
         anyhow::bail!("--engine llama needs --model-file PATH (a GGUF file)");
     };
@@ -526,7 +528,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         description: loaded.description,
         engine: loaded.engine,
         admission: Admission::new(loaded.capacity, args.max_queue),
-        cache: PrefixCache::new(args.prefix_cache_blocks),
         counters: Counters::default(),
         drain: DrainFlag::default(),
     });

@@ -251,20 +251,25 @@ mod tests {
     use crate::admission::Admission;
     use crate::counters::Counters;
     use crate::drain::DrainFlag;
-    use crate::engine::Outcome;
+    use crate::seam::Outcome;
     use crate::model::ModelProfile;
-    use crate::prefix_cache::PrefixCache;
     use crate::service::Engines;
 
     fn state() -> Arc<WorkerState> {
-        let engine = crate::engine::synthetic::SyntheticEngine::new(Default::default());
+        use crate::engine::synthetic::{SyntheticConfig, SyntheticEngine};
+        let engine = SyntheticEngine::new(
+            SyntheticConfig {
+                prefix_cache_blocks: 16,
+                ..SyntheticConfig::default()
+            },
+            ModelProfile::new("base", None),
+        );
         Arc::new(WorkerState {
             model: ModelProfile::new("base", None),
             engine_name: "synthetic",
             description: String::new(),
-            engine: Engines::Reply(Arc::new(engine)),
+            engine: Engines::Simulated(Arc::new(engine)),
             admission: Admission::new(3, 5),
-            cache: PrefixCache::new(16),
             counters: Counters::default(),
             drain: DrainFlag::default(),
         })

@@ -1,25 +1,21 @@
 //! The tonic `inference.v1.Worker` service: the engine-independent half of
-//! a request (draining, admission, counters), then the engine streams.
+//! a request, on one path for every engine ([`start_generation`]):
+//! draining, the prompt counted by the engine and fitted to its window
+//! ([`engines`]), admission, counters, then the engine streams on a task of
+//! its own.
 //!
-//! Three kinds of engine (see [`Engines`]): a whole-reply engine (`synthetic`)
-//! gets a prompt the service tokenized with o200k, checked against the
-//! public model's window and ran through the simulated prefix cache; a
-//! sequence-level engine (`llama`) goes through the shared [`pipeline`],
-//! where the engine's own tokenizer, template and window govern; a
-//! message-level engine (`upstream`) counts the prompt with the engine's
-//! tokenizer, is checked against its window the same way, and streams.
+//! [`start_generation`]: WorkerService::start_generation
+
+mod engines;
+
+pub use engines::Engines;
 
 use crate::admission::{Admission, Slot};
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
-use crate::engine::chat::ChatEngine;
-use crate::engine::sequence::SequenceEngine;
-use crate::engine::{Engine, EventSink, Job, Outcome};
+use crate::seam::{EventSink, Started};
 use crate::model::ModelProfile;
-use crate::pipeline;
-use crate::prefix_cache::PrefixCache;
 use crate::status;
-use crate::tokenizer::{self, Prompt};
 use inference_proto::v1 as pb;
 use std::sync::Arc;
 use telemetry::TraceParent;
@@ -27,9 +23,6 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
-
-/// Prompts with more text than this are tokenized off the async threads.
-const BLOCKING_TOKENIZE_BYTES: usize = 64 * 1024;
 
 /// Events buffered between the engine and the gRPC stream.
 const STREAM_BUFFER: usize = 64;
@@ -102,20 +95,8 @@ pub struct WorkerState {
     pub description: String,
     pub engine: Engines,
     pub admission: Admission,
-    pub cache: PrefixCache,
     pub counters: Counters,
     pub drain: DrainFlag,
-}
-
-/// The engine behind the service, by the seam it implements.
-#[derive(Clone)]
-pub enum Engines {
-    /// Whole-reply (the SIMULATED `synthetic` engine and its test controls).
-    Reply(Arc<dyn Engine>),
-    /// Sequence-level: tokens in, tokens out, through the shared pipeline.
-    Sequence(Arc<dyn SequenceEngine>),
-    /// Message-level: an engine server with its own template and parsers.
-    Chat(Arc<dyn ChatEngine>),
 }
 
 /// The gRPC service; cheap to clone.
@@ -138,25 +119,7 @@ impl WorkerState {
             capacity: admission.capacity(),
             kv_cache_usage: None,
         };
-        match &self.engine {
-            Engines::Reply(_) => pb::Load {
-                kv_cache_usage: Some(self.cache.usage()),
-                ..own
-            },
-            Engines::Sequence(engine) => pb::Load {
-                kv_cache_usage: engine.kv_cache_usage(),
-                ..own
-            },
-            Engines::Chat(engine) => match engine.load() {
-                Some(l) => pb::Load {
-                    running: l.running,
-                    queued: l.waiting.saturating_add(own.queued),
-                    capacity: l.capacity.unwrap_or(own.capacity),
-                    kv_cache_usage: l.kv_cache_usage,
-                },
-                None => own,
-            },
-        }
+        self.engine.load(own)
     }
 }
 
@@ -170,193 +133,63 @@ impl WorkerService {
         status
     }
 
-    /// Tokenizes the prompt, off the runtime threads when it is large.
-    async fn render(req: pb::GenerateRequest) -> Result<(pb::GenerateRequest, Prompt), Status> {
-        let text_bytes: usize = req
-            .messages
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .map(|p| match &p.part {
-                Some(pb::content_part::Part::Text(t)) => t.len(),
-                _ => 0,
-            })
-            .sum();
-        if text_bytes < BLOCKING_TOKENIZE_BYTES {
-            let prompt = tokenizer::render(&req);
-            return Ok((req, prompt));
-        }
-        tokio::task::spawn_blocking(move || {
-            let prompt = tokenizer::render(&req);
-            (req, prompt)
-        })
-        .await
-        .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))
-    }
-
-    /// Checks the prompt against the model; returns the completion limit.
-    fn check(&self, req: &pb::GenerateRequest, prompt: &Prompt) -> Result<u32, Status> {
-        let model = &self.state.model;
-        if prompt.image_parts > 0 && !model.image_input {
-            return Err(status::invalid_request(format!(
-                "model `{}` does not accept image input",
-                model.id
-            )));
-        }
-        let max_tokens = req.sampling.as_ref().map_or(0, |s| s.max_tokens);
-        pipeline::fit_window(model.context_window, prompt.len(), max_tokens)
-    }
-
-    /// Draining, tokenizing, the context check, admission, then the engine
-    /// on a task of its own (under `span` until the generation ends).
+    /// Draining, the prompt counted by the engine and fitted to its
+    /// window, admission, then the engine on a task of its own (under
+    /// `span` until the generation ends). Every refusal is counted.
     async fn start_generation(
         &self,
         request: pb::GenerateRequest,
         span: tracing::Span,
     ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
-        span.record("request_id", tracing::field::display(&request.request_id));
+        let request_id = request.request_id.clone();
+        span.record("request_id", tracing::field::display(&request_id));
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
         }
-        let engine = match &state.engine {
-            Engines::Reply(engine) => Arc::clone(engine),
-            Engines::Sequence(engine) => {
-                return self.start_sequence(Arc::clone(engine), request, span).await
-            }
-            Engines::Chat(engine) => {
-                return self.start_chat(Arc::clone(engine), request, span).await
-            }
-        };
-        let (req, prompt) = Self::render(request).await?;
-        let completion_limit = self.check(&req, &prompt).map_err(|s| self.reject(s))?;
-        let slot = state.admission.admit().await.map_err(|o| {
-            tracing::debug!(request_id = %req.request_id, "overloaded");
-            self.reject(status::overloaded(o.running, o.queued))
-        })?;
-        let cached_prompt_tokens = state.cache.lookup_and_insert(&prompt.tokens);
-        let prompt_tokens = prompt.len();
-        let request_id = req.request_id.clone();
-        let job = Job {
-            request: req,
-            prompt,
-            cached_prompt_tokens,
-            completion_limit,
-            model: state.model.clone(),
-        };
-        let generation = engine.prepare(job).map_err(|s| self.reject(s))?;
-        state.counters.started(prompt_tokens, cached_prompt_tokens);
-        // At info, under the span that carries `trace_id` (RUST_LOG=info).
-        tracing::info!(prompt_tokens, cached_prompt_tokens, "generate");
-
-        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
-    }
-
-    /// A sequence-level engine: the engine renders and tokenizes, its real
-    /// window is checked, then admission, then the shared pipeline streams.
-    async fn start_sequence(
-        &self,
-        engine: Arc<dyn SequenceEngine>,
-        request: pb::GenerateRequest,
-        span: tracing::Span,
-    ) -> Result<Response<EventStream>, Status> {
-        let state = &self.state;
-        let request_id = request.request_id.clone();
-        let mut prepared = pipeline::prepare(engine, request)
+        let mut counted = state
+            .engine
+            .count(request)
             .await
             .map_err(|s| self.reject(s))?;
-        prepared.check_window().map_err(|s| self.reject(s))?;
+        counted.fit().map_err(|s| self.reject(s))?;
         let slot = state.admission.admit().await.map_err(|o| {
             tracing::debug!(%request_id, "overloaded");
             self.reject(status::overloaded(o.running, o.queued))
         })?;
-        let prompt_tokens = prepared.prompt_tokens();
-        let running = prepared.start().await.map_err(|s| self.reject(s))?;
+        let prompt_tokens = counted.prompt_tokens().unwrap_or(0);
+        let st = Arc::clone(&self.state);
+        let started = counted
+            .start(Box::new(move |cached| st.counters.cached(cached)))
+            .await
+            .map_err(|s| self.reject(s))?;
         state.counters.started(prompt_tokens, 0);
+        // At info, under the span that carries `trace_id` (RUST_LOG=info).
         tracing::info!(prompt_tokens, "generate");
-
-        let st = Arc::clone(&self.state);
-        Ok(self.spawn(slot, request_id, span, move |out| {
-            running.run(out, move |cached| st.counters.cached(cached))
-        }))
-    }
-
-    /// A message-level engine: its own count against its own window (the
-    /// same check and status as the others), admission, then the request
-    /// goes to the engine; a refusal before the first token is a plain
-    /// status, so the gateway may retry elsewhere.
-    async fn start_chat(
-        &self,
-        engine: Arc<dyn ChatEngine>,
-        request: pb::GenerateRequest,
-        span: tracing::Span,
-    ) -> Result<Response<EventStream>, Status> {
-        let state = &self.state;
-        let request_id = request.request_id.clone();
-        let prompt_tokens = engine
-            .count_prompt(&request)
-            .await
-            .map_err(|s| self.reject(s))?;
-        let max_tokens = request.sampling.as_ref().map_or(0, |s| s.max_tokens);
-        let completion_limit = match prompt_tokens {
-            Some(prompt) => Some(
-                pipeline::fit_window(engine.context_window(), prompt, max_tokens)
-                    .map_err(|s| self.reject(s))?,
-            ),
-            None => (max_tokens > 0).then_some(max_tokens),
-        };
-        let slot = state.admission.admit().await.map_err(|o| {
-            tracing::debug!(%request_id, "overloaded");
-            self.reject(status::overloaded(o.running, o.queued))
-        })?;
-        let st = Arc::clone(&self.state);
-        let generation = engine
-            .start(
-                request,
-                completion_limit,
-                prompt_tokens,
-                Box::new(move |cached| st.counters.cached(cached)),
-            )
-            .await
-            .map_err(|s| self.reject(s))?;
-        state.counters.started(prompt_tokens.unwrap_or(0), 0);
-        tracing::info!(prompt_tokens, "generate");
-
-        Ok(self.spawn(slot, request_id, span, |out| generation.run(out)))
+        Ok(self.spawn(slot, request_id, span, started))
     }
 
     /// Runs a started generation on a task of its own, under `span`; the
     /// admission slot is held until it ends, however it ends.
-    fn spawn<F>(
+    fn spawn(
         &self,
         slot: Slot,
         request_id: String,
         span: tracing::Span,
-        run: impl FnOnce(EventSink) -> F,
-    ) -> Response<EventStream>
-    where
-        F: std::future::Future<Output = Outcome> + Send + 'static,
-    {
+        started: Box<dyn Started>,
+    ) -> Response<EventStream> {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let generation = run(EventSink::new(tx));
         let state = Arc::clone(&self.state);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                let outcome = generation.await;
+                let outcome = started.run(EventSink::new(tx)).await;
                 tracing::debug!(%request_id, ?outcome, "generation ended");
                 state.counters.finished(outcome);
             }
             .instrument(span),
         );
         Response::new(EventStream::new(rx, Arc::clone(&self.state)))
-    }
-
-    fn context_window(&self) -> u32 {
-        match &self.state.engine {
-            Engines::Reply(_) => self.state.model.context_window,
-            Engines::Sequence(engine) => engine.context_window(),
-            Engines::Chat(engine) => engine.context_window(),
-        }
     }
 }
 
@@ -402,7 +235,7 @@ impl pb::worker_server::Worker for WorkerService {
             model: s.model.id.clone(),
             engine: s.engine_name.to_owned(),
             description: s.description.clone(),
-            context_window: self.context_window(),
+            context_window: s.engine.context_window(),
             capabilities: Some(s.model.capabilities()),
             load: Some(s.load()),
             draining: s.drain.is_draining(),
@@ -416,18 +249,13 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
-        let prompt_tokens = match &self.state.engine {
-            Engines::Reply(_) => Self::render(request.into_inner()).await?.1.len(),
-            Engines::Sequence(engine) => {
-                pipeline::prepare(Arc::clone(engine), request.into_inner())
-                    .await?
-                    .prompt_tokens()
-            }
-            Engines::Chat(engine) => engine
-                .count_prompt(&request.into_inner())
-                .await?
-                .ok_or_else(|| Status::unimplemented("this worker's engine cannot count tokens"))?,
-        };
+        let prompt_tokens = self
+            .state
+            .engine
+            .count(request.into_inner())
+            .await?
+            .prompt_tokens()
+            .ok_or_else(|| Status::unimplemented("this worker's engine cannot count tokens"))?;
         Ok(Response::new(pb::CountTokensResponse { prompt_tokens }))
     }
 }
@@ -444,9 +272,14 @@ mod tests {
             model: ModelProfile::new(model, window),
             engine_name: "synthetic",
             description: "SIMULATED".into(),
-            engine: Engines::Reply(Arc::new(SyntheticEngine::new(SyntheticConfig::default()))),
+            engine: Engines::Simulated(Arc::new(SyntheticEngine::new(
+                SyntheticConfig {
+                    prefix_cache_blocks: 4096,
+                    ..SyntheticConfig::default()
+                },
+                ModelProfile::new(model, window),
+            ))),
             admission: Admission::new(concurrency, queue),
-            cache: PrefixCache::new(4096),
             counters: Counters::default(),
             drain: DrainFlag::default(),
         }))

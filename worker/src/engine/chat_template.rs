@@ -5,7 +5,7 @@
 //! only recognises template families and drops what a template adds on its
 //! own (SmolLM2's default system message, for one).
 
-use super::sequence::ChatMessage;
+use crate::seam::sequence::ChatMessage;
 use minijinja::{Environment, ErrorKind, Value};
 
 const NAME: &str = "chat_template";

@@ -22,7 +22,7 @@
 //! - A dropped stream is seen at the next step: the slot is freed.
 
 use super::chat_template::ChatTemplate;
-use super::sequence::{
+use crate::seam::sequence::{
     ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
     SequenceStream, TokenId,
 };

@@ -23,10 +23,12 @@ pub mod stop;
 pub mod tool_calls;
 pub mod utf8;
 
-use crate::engine::sequence::{
+use crate::seam::chat::OnCached;
+use crate::seam::sequence::{
     SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
 };
-use crate::engine::{Cancelled, EventSink, Outcome};
+use crate::seam::tokens::saturate;
+use crate::seam::{Cancelled, EventSink, Outcome, Started};
 use crate::status;
 use coalesce::Coalescer;
 use inference_proto::v1 as pb;
@@ -104,10 +106,6 @@ pub fn fit_window(window: u32, prompt: u32, max_tokens: u32) -> Result<u32, Stat
     })
 }
 
-fn saturate(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
 impl Prepared {
     /// `prompt_tokens`: the model's own count.
     pub fn prompt_tokens(&self) -> u32 {
@@ -127,8 +125,9 @@ impl Prepared {
     }
 
     /// Starts the first sequence (a bad schema fails here, before the
-    /// stream opens).
-    pub async fn start(self) -> Result<Running, Status> {
+    /// stream opens). `on_cached` hears the count of reused prompt tokens
+    /// after prefill.
+    pub async fn start(self, on_cached: OnCached) -> Result<Running, Status> {
         let (max_tokens, constraint) = match self.plan.reasoning_budget {
             Some(budget) => (budget.min(self.completion_limit), None),
             None => (self.completion_limit, self.plan.constraint.clone()),
@@ -147,6 +146,7 @@ impl Prepared {
             prepared: self,
             stream,
             phase_max: max_tokens,
+            on_cached,
         })
     }
 }
@@ -156,6 +156,7 @@ pub struct Running {
     prepared: Prepared,
     stream: SequenceStream,
     phase_max: u32,
+    on_cached: OnCached,
 }
 
 /// What a phase's output turns into.
@@ -182,7 +183,7 @@ struct Emitter<'a> {
     completion_tokens: u32,
     cached: Option<u32>,
     /// Told the reused prompt tokens once, at the first prefill.
-    on_cached: Box<dyn FnMut(u32) + Send + 'a>,
+    on_cached: OnCached,
     reasoning_text: String,
 }
 
@@ -306,22 +307,23 @@ fn mode_is_reasoning(mode: &Mode) -> bool {
     matches!(mode, Mode::Reasoning(_))
 }
 
-impl Running {
+#[async_trait::async_trait]
+impl Started for Running {
     /// Streams the generation; the `Outcome` is for the worker's counters.
-    /// `on_cached` hears the count of reused prompt tokens after prefill.
-    pub async fn run(self, out: EventSink, on_cached: impl FnMut(u32) + Send + 'static) -> Outcome {
+    async fn run(self: Box<Self>, out: EventSink) -> Outcome {
         let Running {
             prepared: p,
             mut stream,
             phase_max,
-        } = self;
+            on_cached,
+        } = *self;
         let mut em = Emitter {
             out: &out,
             coalescer: Coalescer::default(),
             batch: p.batch,
             completion_tokens: 0,
             cached: None,
-            on_cached: Box::new(on_cached),
+            on_cached,
             reasoning_text: String::new(),
         };
         let mut reasoning_tokens = 0;
@@ -336,7 +338,7 @@ impl Running {
                         tokens: em.completion_tokens,
                     }
                 }
-                PhaseEnd::Failed(s) => return fail(&out, s, em.completion_tokens).await,
+                PhaseEnd::Failed(s) => return out.finish_failed(s, em.completion_tokens).await,
                 PhaseEnd::Length if reasoning_tokens >= p.completion_limit => {
                     return finish(&mut em, Reason::Length, 0, &p).await;
                 }
@@ -351,10 +353,10 @@ impl Running {
             let engine = Arc::clone(&p.engine);
             let tokens = match tokio::task::spawn_blocking(move || engine.tokenize(&text)).await {
                 Ok(Ok(t)) => t,
-                Ok(Err(s)) => return fail(&out, s, em.completion_tokens).await,
+                Ok(Err(s)) => return out.finish_failed(s, em.completion_tokens).await,
                 Err(e) => {
                     let s = status::engine_failure(format!("tokenizer task failed: {e}"));
-                    return fail(&out, s, em.completion_tokens).await;
+                    return out.finish_failed(s, em.completion_tokens).await;
                 }
             };
             let window = p.engine.context_window();
@@ -375,7 +377,7 @@ impl Running {
                 .await;
             stream = match started {
                 Ok(s) => s,
-                Err(s) => return fail(&out, s, em.completion_tokens).await,
+                Err(s) => return out.finish_failed(s, em.completion_tokens).await,
             };
             return answer(&mut em, stream, max, reasoning_tokens, &p).await;
         }
@@ -402,7 +404,7 @@ async fn answer(
                 tokens: em.completion_tokens,
             }
         }
-        PhaseEnd::Failed(s) => return fail(em.out, s, em.completion_tokens).await,
+        PhaseEnd::Failed(s) => return em.out.finish_failed(s, em.completion_tokens).await,
         PhaseEnd::Length => Reason::Length,
         PhaseEnd::Stop => match &mode {
             Mode::Tools(parser) if parser.calls() > 0 => Reason::ToolCalls,
@@ -432,16 +434,7 @@ async fn finish(
             image_tokens: 0,
         }),
     };
-    match em.out.send(Event::Finished(finished)).await {
-        Ok(()) => Outcome::Completed { tokens },
-        Err(Cancelled) => Outcome::Cancelled { tokens },
-    }
-}
-
-async fn fail(out: &EventSink, s: Status, tokens: u32) -> Outcome {
-    tracing::warn!(error = %s.message(), "generation failed");
-    let _ = out.fail(s).await;
-    Outcome::Failed { tokens }
+    em.out.finish(finished, tokens).await
 }
 
 #[cfg(test)]

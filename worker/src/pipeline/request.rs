@@ -14,7 +14,7 @@
 //! that do not mention `additionalProperties` are closed (see
 //! [`close_objects`]).
 
-use crate::engine::sequence::{ChatMessage, Constraint, SamplingParams};
+use crate::seam::sequence::{ChatMessage, Constraint, SamplingParams};
 use crate::status;
 use inference_proto::v1 as pb;
 use serde_json::{json, Value};

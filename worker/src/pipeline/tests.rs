@@ -1,7 +1,7 @@
 //! The pipeline over a scripted token source (no model).
 
 use super::*;
-use crate::engine::sequence::ChatMessage;
+use crate::seam::sequence::ChatMessage;
 use std::sync::Mutex;
 use tokio::sync::mpsc;
 
@@ -91,9 +91,9 @@ fn request(text: &str, max_tokens: u32, stop: &[&str]) -> pb::GenerateRequest {
 async fn run(engine: Arc<Scripted>, req: pb::GenerateRequest) -> (Vec<Event>, Outcome) {
     let mut p = prepare(engine, req).await.expect("prepare");
     p.check_window().expect("fits");
-    let running = p.start().await.expect("start");
+    let running = p.start(Box::new(|_| {})).await.expect("start");
     let (tx, mut rx) = mpsc::channel(1024);
-    let outcome = running.run(EventSink::new(tx), |_| {}).await;
+    let outcome = Box::new(running).run(EventSink::new(tx)).await;
     let mut events = Vec::new();
     while let Ok(Ok(ev)) = rx.try_recv() {
         events.extend(ev.event);
@@ -163,7 +163,7 @@ async fn the_window_governs_and_is_the_ceiling_without_max_tokens() {
         .await
         .expect("prepare");
     p.check_window().expect("fits");
-    let _ = p.start().await.expect("start");
+    let _ = p.start(Box::new(|_| {})).await.expect("start");
     assert_eq!(engine.started.lock().unwrap()[0].max_tokens, 6);
 }
 

@@ -6,7 +6,7 @@
 //! `ToolCallDelta`s: the first carries `id` and `name` (once), later ones
 //! only fragments of the arguments' JSON text, as the tokens arrive.
 
-use crate::tokenizer::fnv1a;
+use crate::seam::tokens::fnv1a;
 use inference_proto::v1 as pb;
 
 /// Incremental parser of the tool-call JSON.

@@ -6,7 +6,7 @@
 use super::client::Http;
 use super::kind::{Kind, MetricNames};
 use super::liveness::Liveness;
-use crate::engine::chat::EngineLoad;
+use crate::seam::chat::EngineLoad;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

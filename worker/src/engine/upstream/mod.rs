@@ -30,8 +30,8 @@ pub mod relay;
 pub mod request;
 pub mod wire;
 
-use super::chat::{ChatEngine, EngineLoad, OnCached};
-use super::{Cancelled, EventSink, Generation, Outcome};
+use crate::seam::chat::{ChatEngine, EngineLoad, OnCached};
+use crate::seam::{Cancelled, EventSink, Outcome, Started};
 use crate::pipeline::coalesce::Coalescer;
 use crate::status;
 use bytes::Bytes;
@@ -361,7 +361,7 @@ impl ChatEngine for UpstreamEngine {
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
         on_cached: OnCached,
-    ) -> Result<Box<dyn Generation>, Status> {
+    ) -> Result<Box<dyn Started>, Status> {
         let built = request::build(
             self.kind,
             &self.model,
@@ -599,18 +599,14 @@ async fn flush(out: &EventSink, coalescer: &mut Coalescer) -> Result<(), Cancell
 }
 
 #[async_trait::async_trait]
-impl Generation for UpstreamGeneration {
+impl Started for UpstreamGeneration {
     async fn run(mut self: Box<Self>, out: EventSink) -> Outcome {
         let end = self.stream(&out).await;
         let tokens = self.relay.completion_tokens();
         match end {
             // Dropping `self` closes the connection (and aborts on SGLang).
             End::Cancelled => Outcome::Cancelled { tokens },
-            End::Failed(s) => {
-                tracing::warn!(error = %s.message(), "upstream generation failed");
-                let _ = out.fail(s).await;
-                Outcome::Failed { tokens }
-            }
+            End::Failed(s) => out.finish_failed(s, tokens).await,
             End::Done => {
                 // A reply cut at the limit leaves the engine generating:
                 // SGLang still needs its abort.
@@ -622,13 +618,7 @@ impl Generation for UpstreamGeneration {
                     (self.on_cached)(cached);
                 }
                 let finished = self.relay.finish(self.prompt_tokens);
-                match out
-                    .send(pb::generate_event::Event::Finished(finished))
-                    .await
-                {
-                    Ok(()) => Outcome::Completed { tokens },
-                    Err(Cancelled) => Outcome::Cancelled { tokens },
-                }
+                out.finish(finished, tokens).await
             }
         }
     }

@@ -12,7 +12,7 @@
 
 use super::kind::{Kind, MaxTokensField, ReasoningField};
 use super::wire::{self, ChatRequest, StreamOptions};
-use crate::engine::sequence::Constraint;
+use crate::seam::sequence::Constraint;
 use crate::pipeline::request::{self as plan, ToolMode};
 use crate::status;
 use inference_proto::v1 as pb;

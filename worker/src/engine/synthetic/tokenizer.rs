@@ -19,6 +19,7 @@
 //! a token derived from the image URL, so two different images never share a
 //! cached prefix and `prompt_tokens` is simply the sequence length.
 
+use crate::seam::tokens::{fnv1a, saturate};
 use inference_proto::v1 as pb;
 use tiktoken_rs::{o200k_base_singleton, CoreBPE, Rank};
 
@@ -162,20 +163,6 @@ pub fn pieces(text: &str) -> Vec<Piece> {
     out
 }
 
-/// FNV-1a, 64 bit: a stable hash (unlike `DefaultHasher`, it is fixed across
-/// Rust releases), used for determinism and cache keys.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn saturate(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
 
 #[cfg(test)]
 mod tests {

@@ -185,7 +185,7 @@ mod tests {
     #[test]
     fn every_word_is_one_token_with_its_leading_space() {
         for w in WORDS {
-            assert_eq!(crate::tokenizer::count(w), 1, "{w:?}");
+            assert_eq!(super::super::tokenizer::count(w), 1, "{w:?}");
         }
     }
 

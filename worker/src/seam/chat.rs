@@ -1,6 +1,6 @@
 //! The message-level engine seam: for engines that take chat messages, not
 //! tokens (an OpenAI-compatible server in front of its own model, see
-//! [`super::upstream`]).
+//! [`crate::engine::upstream`]).
 //!
 //! Such an engine applies its own chat template, tokenizer, stop strings,
 //! reasoning parser and tool parser, so the token pipeline of
@@ -9,7 +9,7 @@
 //! engine's own count and window, with the same `context_length_exceeded`
 //! status), admission and counters.
 
-use super::Generation;
+use super::Started;
 use inference_proto::v1 as pb;
 use tonic::Status;
 
@@ -57,5 +57,5 @@ pub trait ChatEngine: Send + Sync + 'static {
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
         on_cached: OnCached,
-    ) -> Result<Box<dyn Generation>, Status>;
+    ) -> Result<Box<dyn Started>, Status>;
 }

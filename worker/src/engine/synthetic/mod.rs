@@ -20,7 +20,7 @@
 //! - Structured output: `JSON_OBJECT` gives a small object; `JSON_SCHEMA` an
 //!   instance of the schema.
 //! - Otherwise text: 16..=48 words (or `synthetic:reply_tokens=N`), or the
-//!   test controls in [`super::controls`].
+//!   test controls in [`controls`].
 //!
 //! Paced generations decode in lockstep, as the sequences of a continuously
 //! batched GPU engine do: one decode step gives every running sequence its
@@ -34,17 +34,30 @@
 //! included) cuts the script and finishes `LENGTH`; a stop string ends the text
 //! just before it and finishes `STOP`.
 
-use super::controls::Controls;
-use super::rng::{Rng, WORDS};
-use super::schema_gen;
-use super::{Cancelled, Engine, EventSink, Generation, Job, Outcome};
+pub mod controls;
+pub mod prefix_cache;
+pub mod rng;
+pub mod schema_gen;
+pub mod tokenizer;
+
+use crate::model::ModelProfile;
+use crate::pipeline;
+use crate::seam::chat::OnCached;
+use crate::seam::tokens::fnv1a;
+use crate::seam::{EventSink, Outcome, Started};
 use crate::status;
-use crate::tokenizer::{self, fnv1a, Piece};
+use controls::Controls;
+use prefix_cache::PrefixCache;
+use rng::{Rng, WORDS};
+use tokenizer::{Piece, Prompt};
 use inference_proto::v1 as pb;
 use pb::finished::Reason;
 use pb::generate_event::Event;
 use std::time::Duration;
 use tonic::Status;
+
+/// Prompts with more text than this are tokenized off the async threads.
+const BLOCKING_TOKENIZE_BYTES: usize = 64 * 1024;
 
 /// Pacing of the synthetic engine.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,22 +72,126 @@ pub struct SyntheticConfig {
     /// Chaos: every generation fails after this many completion tokens,
     /// as `synthetic:fail_after=N` would (a worker with a broken device).
     pub fail_after_tokens: Option<u32>,
+    /// Capacity of the simulated prefix cache, in 64-token blocks.
+    pub prefix_cache_blocks: usize,
 }
 
 /// The SIMULATED engine.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SyntheticEngine {
     config: SyntheticConfig,
+    /// The public model it plays: its window and whether it takes images.
+    model: ModelProfile,
+    cache: PrefixCache,
     /// Origin of the decode-step grid.
     epoch: tokio::time::Instant,
 }
 
+/// Everything the simulator plans a reply from.
+#[derive(Debug)]
+pub struct Job {
+    pub request: pb::GenerateRequest,
+    pub prompt: Prompt,
+    /// Prompt tokens found in the simulated prefix cache.
+    pub cached_prompt_tokens: u32,
+    /// Completion tokens allowed (reasoning included): `max_tokens`, or the
+    /// rest of the context window when it is 0.
+    pub completion_limit: u32,
+}
+
+/// A request tokenized by the simulator, not yet started.
+#[derive(Debug)]
+pub struct Tokenized {
+    request: pb::GenerateRequest,
+    prompt: Prompt,
+}
+
+impl Tokenized {
+    /// `prompt_tokens` as reported in usage (images included).
+    pub fn prompt_tokens(&self) -> u32 {
+        self.prompt.len()
+    }
+}
+
 impl SyntheticEngine {
-    pub fn new(config: SyntheticConfig) -> Self {
+    pub fn new(config: SyntheticConfig, model: ModelProfile) -> Self {
         Self {
+            cache: PrefixCache::new(config.prefix_cache_blocks),
             config,
+            model,
             epoch: tokio::time::Instant::now(),
         }
+    }
+
+    /// The public model's window.
+    pub fn context_window(&self) -> u32 {
+        self.model.context_window
+    }
+
+    /// Share of the simulated prefix cache in use, 0..=1.
+    pub fn kv_cache_usage(&self) -> f64 {
+        self.cache.usage()
+    }
+
+    /// Renders the prompt and tokenizes it with o200k (images by their
+    /// token rule), off the runtime threads when it is large.
+    pub async fn tokenize(&self, request: pb::GenerateRequest) -> Result<Tokenized, Status> {
+        let text_bytes: usize = request
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .map(|p| match &p.part {
+                Some(pb::content_part::Part::Text(t)) => t.len(),
+                _ => 0,
+            })
+            .sum();
+        if text_bytes < BLOCKING_TOKENIZE_BYTES {
+            let prompt = tokenizer::render(&request);
+            return Ok(Tokenized { request, prompt });
+        }
+        tokio::task::spawn_blocking(move || {
+            let prompt = tokenizer::render(&request);
+            Tokenized { request, prompt }
+        })
+        .await
+        .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))
+    }
+
+    /// Refuses images on a model without image input, then the window
+    /// check every engine shares; returns the completion limit.
+    pub fn fit(&self, tokenized: &Tokenized) -> Result<u32, Status> {
+        if tokenized.prompt.image_parts > 0 && !self.model.image_input {
+            return Err(status::invalid_request(format!(
+                "model `{}` does not accept image input",
+                self.model.id
+            )));
+        }
+        let max_tokens = tokenized
+            .request
+            .sampling
+            .as_ref()
+            .map_or(0, |s| s.max_tokens);
+        pipeline::fit_window(self.model.context_window, tokenized.prompt.len(), max_tokens)
+    }
+
+    /// Looks the prompt up in the simulated prefix cache and plans the
+    /// whole reply; a request it cannot serve fails here.
+    pub fn start(
+        &self,
+        tokenized: Tokenized,
+        completion_limit: u32,
+        mut on_cached: OnCached,
+    ) -> Result<Box<dyn Started>, Status> {
+        let cached_prompt_tokens = self.cache.lookup_and_insert(&tokenized.prompt.tokens);
+        let job = Job {
+            request: tokenized.request,
+            prompt: tokenized.prompt,
+            cached_prompt_tokens,
+            completion_limit,
+        };
+        let started = self.prepare(job)?;
+        on_cached(cached_prompt_tokens);
+        Ok(started)
     }
 }
 
@@ -92,8 +209,8 @@ fn on_step_grid(
     epoch + Duration::from_nanos(offset)
 }
 
-impl Engine for SyntheticEngine {
-    fn prepare(&self, job: Job) -> Result<Box<dyn Generation>, Status> {
+impl SyntheticEngine {
+    fn prepare(&self, job: Job) -> Result<Box<dyn Started>, Status> {
         let mut script = script(&job)?;
         if script.controls.fail_after.is_none() {
             script.controls.fail_after = self.config.fail_after_tokens;
@@ -151,7 +268,7 @@ struct SyntheticGeneration {
 }
 
 #[async_trait::async_trait]
-impl Generation for SyntheticGeneration {
+impl Started for SyntheticGeneration {
     async fn run(self: Box<Self>, out: EventSink) -> Outcome {
         let Script {
             steps,
@@ -198,17 +315,13 @@ impl Generation for SyntheticGeneration {
         if controls.fail_after.is_some() {
             return fail(&out, emitted, controls.fail_unavailable).await;
         }
-        match out.send(Event::Finished(finished)).await {
-            Ok(()) => {
-                if let Some(ms) = controls.trailers_ms {
-                    // Late trailers: the stream ends only after this pause
-                    // (or when the gateway drops it).
-                    let _ = out.sleep(Duration::from_millis(ms)).await;
-                }
-                Outcome::Completed { tokens: emitted }
-            }
-            Err(Cancelled) => Outcome::Cancelled { tokens: emitted },
+        let outcome = out.finish(finished, emitted).await;
+        if let (Outcome::Completed { .. }, Some(ms)) = (outcome, controls.trailers_ms) {
+            // Late trailers: the stream ends only after this pause (or when
+            // the gateway drops it).
+            let _ = out.sleep(Duration::from_millis(ms)).await;
         }
+        outcome
     }
 }
 
@@ -219,10 +332,7 @@ async fn fail(out: &EventSink, emitted: u32, unavailable: bool) -> Outcome {
     } else {
         status::engine_failure(message)
     };
-    match out.fail(status).await {
-        Ok(()) => Outcome::Failed { tokens: emitted },
-        Err(Cancelled) => Outcome::Cancelled { tokens: emitted },
-    }
+    out.finish_failed(status, emitted).await
 }
 
 /// Merges runs of same-kind steps (text, reasoning, or argument fragments
@@ -735,7 +845,6 @@ fn tool_arguments(tool: &pb::FunctionTool, rng: &mut Rng) -> Result<String, Stat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelProfile;
     use serde_json::{json, Value};
 
     #[test]
@@ -785,7 +894,6 @@ mod tests {
             prompt,
             cached_prompt_tokens: 0,
             completion_limit: limit,
-            model: ModelProfile::new("base", None),
         }
     }
 

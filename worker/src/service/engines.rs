@@ -1,0 +1,172 @@
+//! The engine behind the service, whatever seam it implements, seen through
+//! the three steps of the service's one start path: count the prompt with
+//! the engine's own tokenizer, fit it in the engine's window, then (once
+//! admitted) start the generation.
+
+use crate::engine::synthetic::{self, SyntheticEngine};
+use crate::pipeline;
+use crate::seam::chat::{ChatEngine, OnCached};
+use crate::seam::sequence::SequenceEngine;
+use crate::seam::Started;
+use inference_proto::v1 as pb;
+use std::sync::Arc;
+use tonic::Status;
+
+/// The engine behind the service, by the seam it implements.
+#[derive(Clone)]
+pub enum Engines {
+    /// The SIMULATED `synthetic` engine: whole replies and test controls.
+    Simulated(Arc<SyntheticEngine>),
+    /// Sequence-level: tokens in, tokens out, through the shared pipeline.
+    Sequence(Arc<dyn SequenceEngine>),
+    /// Message-level: an engine server with its own template and parsers.
+    Chat(Arc<dyn ChatEngine>),
+}
+
+/// A request whose prompt its engine has counted, not yet admitted.
+pub enum Counted {
+    Simulated {
+        engine: Arc<SyntheticEngine>,
+        tokenized: synthetic::Tokenized,
+        completion_limit: u32,
+    },
+    Sequence(pipeline::Prepared),
+    Chat {
+        engine: Arc<dyn ChatEngine>,
+        request: pb::GenerateRequest,
+        /// `None` when the engine cannot count.
+        prompt_tokens: Option<u32>,
+        completion_limit: Option<u32>,
+    },
+}
+
+impl Engines {
+    /// The load to report, given the admission's own counts. An engine
+    /// that reports its own load (running and waiting inside the engine,
+    /// its slots) is the truth, since it may serve other clients too and
+    /// queue beyond the worker's admission; requests still in the worker's
+    /// own queue come on top.
+    pub fn load(&self, own: pb::Load) -> pb::Load {
+        match self {
+            Engines::Simulated(engine) => pb::Load {
+                kv_cache_usage: Some(engine.kv_cache_usage()),
+                ..own
+            },
+            Engines::Sequence(engine) => pb::Load {
+                kv_cache_usage: engine.kv_cache_usage(),
+                ..own
+            },
+            Engines::Chat(engine) => match engine.load() {
+                Some(l) => pb::Load {
+                    running: l.running,
+                    queued: l.waiting.saturating_add(own.queued),
+                    capacity: l.capacity.unwrap_or(own.capacity),
+                    kv_cache_usage: l.kv_cache_usage,
+                },
+                None => own,
+            },
+        }
+    }
+
+    /// Tokens one request may hold (prompt plus completion).
+    pub fn context_window(&self) -> u32 {
+        match self {
+            Engines::Simulated(engine) => engine.context_window(),
+            Engines::Sequence(engine) => engine.context_window(),
+            Engines::Chat(engine) => engine.context_window(),
+        }
+    }
+
+    /// Counts the request's prompt with the engine's own tokenizer (and
+    /// template); a request the engine cannot take at all fails here.
+    pub async fn count(&self, request: pb::GenerateRequest) -> Result<Counted, Status> {
+        Ok(match self {
+            Engines::Simulated(engine) => Counted::Simulated {
+                tokenized: engine.tokenize(request).await?,
+                engine: Arc::clone(engine),
+                completion_limit: 0,
+            },
+            Engines::Sequence(engine) => {
+                Counted::Sequence(pipeline::prepare(Arc::clone(engine), request).await?)
+            }
+            Engines::Chat(engine) => Counted::Chat {
+                prompt_tokens: engine.count_prompt(&request).await?,
+                engine: Arc::clone(engine),
+                request,
+                completion_limit: None,
+            },
+        })
+    }
+}
+
+impl Counted {
+    /// The prompt's token count; `None` when the engine cannot count.
+    pub fn prompt_tokens(&self) -> Option<u32> {
+        match self {
+            Counted::Simulated { tokenized, .. } => Some(tokenized.prompt_tokens()),
+            Counted::Sequence(prepared) => Some(prepared.prompt_tokens()),
+            Counted::Chat { prompt_tokens, .. } => *prompt_tokens,
+        }
+    }
+
+    /// The context-window check every engine shares
+    /// ([`pipeline::fit_window`], on the engine's own count and window);
+    /// sets the completion limit.
+    pub fn fit(&mut self) -> Result<(), Status> {
+        match self {
+            Counted::Simulated {
+                engine,
+                tokenized,
+                completion_limit,
+            } => *completion_limit = engine.fit(tokenized)?,
+            Counted::Sequence(prepared) => prepared.check_window()?,
+            Counted::Chat {
+                engine,
+                request,
+                prompt_tokens,
+                completion_limit,
+            } => {
+                let max_tokens = max_tokens(request);
+                *completion_limit = match prompt_tokens {
+                    Some(prompt) => Some(pipeline::fit_window(
+                        engine.context_window(),
+                        *prompt,
+                        max_tokens,
+                    )?),
+                    // The engine's own 400 then catches an overflow.
+                    None => (max_tokens > 0).then_some(max_tokens),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the generation (after admission). A refusal here is still a
+    /// plain status, before the stream opens, so the gateway may retry
+    /// elsewhere. `on_cached` hears the count of prompt tokens the engine
+    /// reused from its cache, once it is known.
+    pub async fn start(self, on_cached: OnCached) -> Result<Box<dyn Started>, Status> {
+        match self {
+            Counted::Simulated {
+                engine,
+                tokenized,
+                completion_limit,
+            } => engine.start(tokenized, completion_limit, on_cached),
+            Counted::Sequence(prepared) => Ok(Box::new(prepared.start(on_cached).await?)),
+            Counted::Chat {
+                engine,
+                request,
+                prompt_tokens,
+                completion_limit,
+            } => {
+                engine
+                    .start(request, completion_limit, prompt_tokens, on_cached)
+                    .await
+            }
+        }
+    }
+}
+
+fn max_tokens(request: &pb::GenerateRequest) -> u32 {
+    request.sampling.as_ref().map_or(0, |s| s.max_tokens)
+}
