@@ -40,6 +40,15 @@ pub enum Behavior {
     Huge { bytes: usize },
 }
 
+impl Behavior {
+    /// A good agent that answers at once.
+    pub fn good() -> Self {
+        Behavior::Good {
+            delay: Duration::ZERO,
+        }
+    }
+}
+
 /// What an agent saw.
 #[derive(Debug, Default)]
 pub struct Seen {

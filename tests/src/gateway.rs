@@ -316,19 +316,10 @@ impl Gateway {
     /// Kills the gateway if it runs and starts it again on the same ports
     /// with the same config (a replica restart).
     pub fn restart(&mut self) -> Result<()> {
-        self.kill();
-        let mut last_err = None;
-        for _ in 0..20 {
-            match Self::start_with(&self.opts, &self.addr, &self.admin_addr, &self.config_path) {
-                Ok(p) => {
-                    self.process = Some(p);
-                    return Ok(());
-                }
-                Err(e) => last_err = Some(e),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("gateway did not restart")))
+        let (opts, addr, admin, config) = (&self.opts, &self.addr, &self.admin_addr, &self.config_path);
+        crate::process::restart_in_place(&mut self.process, "gateway", || {
+            Self::start_with(opts, addr, admin, config)
+        })
     }
 
     /// The tail of the gateway's log, for assertion messages.

@@ -17,7 +17,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - [`Stack`] / [`StackBuilder`]: workers per model, gateway options, Redis.
+//! - [`Stack`] / [`StackBuilder`]: workers per model, gateway options, Redis;
+//!   [`Stack::single`] (one `base` worker) and [`Stack::gateway_only`] for
+//!   the common shapes.
 //! - [`Worker`] / [`WorkerOpts`]: one `worker serve` process (latency flags, kill,
 //!   SIGTERM, restart on the same port, gRPC `Info`).
 //! - [`Gateway`] / [`GatewayOpts`]: one `gateway serve` process with a generated
@@ -25,6 +27,12 @@
 //!   without changing the harness.
 //! - [`Client`]: reqwest with the key set; [`Reply`] for plain answers,
 //!   [`SseStream`] for event streams, [`raw`] for byte-level HTTP/1.1.
+//! - [`chat`], [`responses`]: the two generation APIs as a client uses them
+//!   (a reply that must be a 200, a stream's chunks with its framing
+//!   checked, waiting for a stored run's status, replaying it);
+//!   [`openai`]: the `async-openai` crate's typed client on a stack.
+//! - [`planner`]: planner-mode requests in a session, scripted plans, and
+//!   what a reply's `tool_thought` says of each agent.
 //! - [`model::model_file`]: the real model (SmolLM2 GGUF) for `llama` workers.
 //! - [`llama_server::LlamaServer`]: llama.cpp's own server on that model, the
 //!   real engine behind `upstream` workers.
@@ -55,6 +63,7 @@
 pub mod a2a_agents;
 pub mod bins;
 pub mod certs;
+pub mod chat;
 pub mod client;
 pub mod fake_engine;
 pub mod fault_proxy;
@@ -63,13 +72,15 @@ pub mod gateway;
 pub mod llama_server;
 pub mod model;
 pub mod netlab;
+pub mod openai;
+pub mod planner;
 pub mod process;
 pub mod procfs;
 pub mod raw;
 pub mod redis_scope;
 pub mod redis_server;
 pub mod replicas;
-pub mod replies;
+pub mod responses;
 pub mod stack;
 pub mod worker;
 
@@ -91,6 +102,23 @@ pub async fn bounded<T>(secs: u64, test: impl std::future::Future<Output = T>) -
     match tokio::time::timeout(std::time::Duration::from_secs(secs), test).await {
         Ok(v) => v,
         Err(_) => panic!("test exceeded its {secs} s bound"),
+    }
+}
+
+/// Polls `check` every 20 ms until it holds; fails the test naming `what`
+/// if it does not within `within`.
+pub async fn wait_until<F, Fut>(what: &str, within: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + within;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

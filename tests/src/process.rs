@@ -243,6 +243,32 @@ pub fn keep_logs() -> bool {
     std::env::var_os("IGW_KEEP_LOGS").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// Kills the process in `slot` if it runs and starts it again on the
+/// address it had (a restarted pod behind the same address). The old socket
+/// may linger a moment, so `start` is retried for about two seconds; on
+/// failure the old handle stays, its log readable.
+pub fn restart_in_place(
+    slot: &mut Option<ChildProcess>,
+    what: &str,
+    mut start: impl FnMut() -> Result<ChildProcess>,
+) -> Result<()> {
+    if let Some(p) = slot.as_mut() {
+        p.kill();
+    }
+    let mut last_err = None;
+    for _ in 0..20 {
+        match start() {
+            Ok(process) => {
+                *slot = Some(process);
+                return Ok(());
+            }
+            Err(e) => last_err = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(last_err.unwrap_or_else(|| anyhow::anyhow!("{what} did not restart")))
+}
+
 /// A free loopback address (`127.0.0.1:PORT`). Another process may take the
 /// port before the child binds it; starters retry on a fresh port then.
 ///

@@ -172,6 +172,27 @@ impl Stack {
         StackBuilder::default()
     }
 
+    /// One model, `base`, served by one worker with `opts`: the smallest
+    /// stack that answers (it starts fastest). Panics if it does not start.
+    #[track_caller]
+    pub fn single(opts: WorkerOpts) -> Stack {
+        StackBuilder::default()
+            .models(&["base"])
+            .worker_opts(opts)
+            .start()
+            .expect("stack starts")
+    }
+
+    /// A gateway with no worker at all, for routes that need none (the
+    /// model list, the OpenAPI document). Panics if it does not start.
+    #[track_caller]
+    pub fn gateway_only() -> Stack {
+        StackBuilder::default()
+            .models(&[])
+            .start()
+            .expect("stack starts")
+    }
+
     /// A client of the public API with the gateway's first key.
     pub fn client(&self) -> Client {
         self.gateway.client()

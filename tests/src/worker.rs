@@ -2,7 +2,7 @@
 //! and its gRPC `Info` (the worker's own counters, for asserting from the
 //! worker's side).
 
-use crate::process::{free_addr, ChildProcess, Spec};
+use crate::process::{free_addr, restart_in_place, ChildProcess, Spec};
 use anyhow::{Context, Result};
 use inference_proto::v1 as pb;
 use std::time::Duration;
@@ -236,20 +236,8 @@ impl Worker {
     /// Kills the worker if it runs, then starts it again on the same port
     /// with the same flags (a restarted pod behind the same address).
     pub fn restart(&mut self) -> Result<()> {
-        self.kill();
-        let mut last_err = None;
-        // The old socket may linger a moment; retry briefly on the same port.
-        for _ in 0..20 {
-            match Self::start_on(&self.model, &self.addr, &self.opts) {
-                Ok(p) => {
-                    self.process = Some(p);
-                    return Ok(());
-                }
-                Err(e) => last_err = Some(e),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("worker did not restart")))
+        let (model, addr, opts) = (&self.model, &self.addr, &self.opts);
+        restart_in_place(&mut self.process, "worker", || Self::start_on(model, addr, opts))
     }
 
     /// The tail of the worker's log, for assertion messages.
@@ -275,6 +263,11 @@ impl Worker {
     pub async fn info(&self) -> Result<pb::InfoResponse> {
         let mut client = self.grpc().await?;
         Ok(client.info(pb::InfoRequest {}).await?.into_inner())
+    }
+
+    /// The worker's load report (running, queued, capacity, cache use).
+    pub async fn load(&self) -> Result<pb::Load> {
+        Ok(self.info().await?.load.unwrap_or_default())
     }
 
     /// The worker's counters (started, completed, cancelled, ...).

@@ -1,25 +1,15 @@
 //! Conformance with the Rust `async-openai` crate: its typed requests and
 //! strict response types must work against the live gateway unchanged.
 
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
 use async_openai::types::chat::{
     ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
     ChatCompletionRequestUserMessage, ChatCompletionStreamOptions, CreateChatCompletionRequest,
     CreateChatCompletionRequestArgs, FinishReason, Role,
 };
-use async_openai::Client;
 use futures::StreamExt;
+use harness::openai;
 use harness::Stack;
 use std::collections::BTreeSet;
-
-fn client(stack: &Stack, key: &str) -> Client<OpenAIConfig> {
-    Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(stack.gateway.base_url())
-            .with_api_key(key),
-    )
-}
 
 fn request(model: &str, text: &str) -> CreateChatCompletionRequest {
     let messages: Vec<ChatCompletionRequestMessage> = vec![
@@ -33,20 +23,10 @@ fn request(model: &str, text: &str) -> CreateChatCompletionRequest {
         .unwrap()
 }
 
-/// The status and error body of an API error, or a panic naming what came instead.
-fn api_error(
-    result: Result<impl std::fmt::Debug, OpenAIError>,
-) -> (u16, async_openai::error::ApiError) {
-    match result {
-        Err(OpenAIError::ApiError(e)) => (e.status_code.as_u16(), e.api_error),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn chat_create_and_stream_parse_into_the_typed_responses() {
     let stack = Stack::builder().models(&["base-mini"]).start().unwrap();
-    let openai = client(&stack, stack.gateway.api_key());
+    let openai = openai::client(&stack);
 
     let reply = openai
         .chat()
@@ -97,7 +77,7 @@ async fn chat_create_and_stream_parse_into_the_typed_responses() {
 #[tokio::test]
 async fn models_list_and_retrieve() {
     let stack = Stack::builder().models(&[]).start().unwrap();
-    let openai = client(&stack, stack.gateway.api_key());
+    let openai = openai::client(&stack);
     let list = openai.models().list().await.unwrap();
     assert_eq!(list.object, "list");
     let ids: BTreeSet<String> = list.data.iter().map(|m| m.id.clone()).collect();
@@ -114,7 +94,7 @@ async fn models_list_and_retrieve() {
         ("base-ultra", 0, "base")
     );
 
-    let (status, e) = api_error(openai.models().retrieve("gpt-4o").await);
+    let (status, e) = openai::api_error(openai.models().retrieve("gpt-4o").await);
     assert_eq!(status, 404);
     assert_eq!(e.code.as_deref(), Some("model_not_found"));
 }
@@ -123,8 +103,8 @@ async fn models_list_and_retrieve() {
 async fn errors_parse_with_status_code_and_param() {
     let stack = Stack::builder().models(&["base-mini"]).start().unwrap();
 
-    let (status, e) = api_error(
-        client(&stack, "sk-wrong")
+    let (status, e) = openai::api_error(
+        openai::client_with_key(&stack, "sk-wrong")
             .chat()
             .create(request("base-mini", "hi"))
             .await,
@@ -133,14 +113,14 @@ async fn errors_parse_with_status_code_and_param() {
     assert_eq!(e.code.as_deref(), Some("invalid_api_key"));
     assert_eq!(e.r#type.as_deref(), Some("authentication_error"));
 
-    let openai = client(&stack, stack.gateway.api_key());
-    let (status, e) = api_error(openai.chat().create(request("no-such-model", "hi")).await);
+    let openai = openai::client(&stack);
+    let (status, e) = openai::api_error(openai.chat().create(request("no-such-model", "hi")).await);
     assert_eq!(status, 404);
     assert_eq!(e.code.as_deref(), Some("model_not_found"));
 
     let mut req = request("base-mini", "hi");
     req.temperature = Some(3.0);
-    let (status, e) = api_error(openai.chat().create(req).await);
+    let (status, e) = openai::api_error(openai.chat().create(req).await);
     assert_eq!(status, 400);
     assert_eq!(e.param.as_deref(), Some("temperature"));
     assert_eq!(e.r#type.as_deref(), Some("invalid_request_error"));

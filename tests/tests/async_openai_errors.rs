@@ -4,11 +4,10 @@
 //! shape is what the spec says it is (unwrapped, so a client that reads
 //! `error` first fails to parse it: spec 7, rule 2).
 
-use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::types::chat::CreateChatCompletionRequest;
 use async_openai::types::responses::CreateResponse;
-use async_openai::Client;
+use harness::openai;
 use harness::{hash_key, json, random_hex, Stack, Value, WorkerOpts};
 
 struct Keys {
@@ -68,14 +67,6 @@ workers = ["127.0.0.1:1"]
     (stack, keys)
 }
 
-fn client(stack: &Stack, key: &str) -> Client<OpenAIConfig> {
-    Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(stack.gateway.base_url())
-            .with_api_key(key),
-    )
-}
-
 /// A typed request built from the JSON a user would write.
 fn chat(v: Value) -> CreateChatCompletionRequest {
     serde_json::from_value(v).expect("a valid async-openai chat request")
@@ -93,20 +84,10 @@ fn response(v: Value) -> CreateResponse {
     serde_json::from_value(v).expect("a valid async-openai responses request")
 }
 
-#[track_caller]
-fn api_error<T: std::fmt::Debug>(
-    result: Result<T, OpenAIError>,
-) -> (u16, async_openai::error::ApiError) {
-    match result {
-        Err(OpenAIError::ApiError(e)) => (e.status_code.as_u16(), e.api_error),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn every_error_status_parses() {
     let (stack, keys) = stack();
-    let ok = client(&stack, stack.gateway.api_key());
+    let ok = openai::client(&stack);
 
     // 400: code and param of the validation rules, on both APIs.
     for (extra, code, param) in [
@@ -145,14 +126,14 @@ async fn every_error_status_parses() {
             "max_tokens",
         ),
     ] {
-        let (status, e) = api_error(ok.chat().create(chat_on("base-mini", extra.clone())).await);
+        let (status, e) = openai::api_error(ok.chat().create(chat_on("base-mini", extra.clone())).await);
         assert_eq!(status, 400, "{extra}");
         assert_eq!(e.code.as_deref(), Some(code), "{extra}");
         assert_eq!(e.param.as_deref(), Some(param), "{extra}");
         assert_eq!(e.r#type.as_deref(), Some("invalid_request_error"));
         assert!(!e.message.is_empty());
     }
-    let (status, e) = api_error(
+    let (status, e) = openai::api_error(
         ok.responses()
             .create(response(
                 json!({"model": "base", "input": "hi", "background": true, "store": false}),
@@ -160,7 +141,7 @@ async fn every_error_status_parses() {
             .await,
     );
     assert_eq!((status, e.param.as_deref()), (400, Some("background")));
-    let (status, e) = api_error(
+    let (status, e) = openai::api_error(
         ok.responses()
             .create(response(json!({"model": "base", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objekt"}}}})))
             .await,
@@ -171,8 +152,8 @@ async fn every_error_status_parses() {
     );
 
     // 401
-    let (status, e) = api_error(
-        client(&stack, "sk-wrong")
+    let (status, e) = openai::api_error(
+        openai::client_with_key(&stack, "sk-wrong")
             .chat()
             .create(chat_on("base", json!({})))
             .await,
@@ -181,24 +162,24 @@ async fn every_error_status_parses() {
     assert_eq!(e.r#type.as_deref(), Some("authentication_error"));
 
     // 403: a key that may only list models.
-    let models_only = client(&stack, &keys.models_only);
+    let models_only = openai::client_with_key(&stack, &keys.models_only);
     assert!(models_only.models().list().await.is_ok());
-    let (status, e) = api_error(models_only.chat().create(chat_on("base", json!({}))).await);
+    let (status, e) = openai::api_error(models_only.chat().create(chat_on("base", json!({}))).await);
     assert_eq!(status, 403);
     assert_eq!(e.r#type.as_deref(), Some("permission_error"));
     assert!(e.code.is_some_and(|c| !c.is_empty()));
 
     // 404 on both generation endpoints and on a response id.
-    let (status, e) = api_error(ok.chat().create(chat_on("gpt-4o", json!({}))).await);
+    let (status, e) = openai::api_error(ok.chat().create(chat_on("gpt-4o", json!({}))).await);
     assert_eq!((status, e.code.as_deref()), (404, Some("model_not_found")));
     assert_eq!(e.param.as_deref(), Some("model"));
-    let (status, e) = api_error(
+    let (status, e) = openai::api_error(
         ok.responses()
             .create(response(json!({"model": "base-large", "input": "hi"})))
             .await,
     );
     assert_eq!((status, e.code.as_deref()), (404, Some("model_not_found")));
-    let (status, _) = api_error(ok.responses().retrieve("resp_missing").await);
+    let (status, _) = openai::api_error(ok.responses().retrieve("resp_missing").await);
     assert_eq!(status, 404);
 
     // 409: chaining on a background run that is still going.
@@ -207,7 +188,7 @@ async fn every_error_status_parses() {
         .create(response(json!({"model": "base", "input": "long synthetic:reply_tokens=4000", "background": true})))
         .await
         .expect("background create parses");
-    let (status, e) = api_error(
+    let (status, e) = openai::api_error(
         ok.responses()
             .create(response(
                 json!({"model": "base", "input": "next", "previous_response_id": running.id}),
@@ -226,7 +207,7 @@ async fn every_error_status_parses() {
     // 429: a plan of one request at a time, while a long stream holds the
     // slot. (The crate retries a 429 three times, honouring `retry-after`;
     // the concurrency refusal asks for 1 s, so this takes about 3 s.)
-    let limited = client(&stack, &keys.limited);
+    let limited = openai::client_with_key(&stack, &keys.limited);
     let held = limited
         .chat()
         .create_stream(chat_on(
@@ -235,7 +216,7 @@ async fn every_error_status_parses() {
         ))
         .await
         .expect("the first request is admitted");
-    let (status, e) = api_error(limited.chat().create(chat_on("base-mini", json!({}))).await);
+    let (status, e) = openai::api_error(limited.chat().create(chat_on("base-mini", json!({}))).await);
     assert_eq!(
         (status, e.code.as_deref()),
         (429, Some("rate_limit_exceeded"))
@@ -245,7 +226,7 @@ async fn every_error_status_parses() {
 
     // 402: the unwrapped blocked shape does not fit `{error:…}`; the crate
     // says so and hands over the body, which is the spec's shape.
-    match client(&stack, &keys.blocked)
+    match openai::client_with_key(&stack, &keys.blocked)
         .chat()
         .create(chat_on("base", json!({})))
         .await
@@ -260,7 +241,7 @@ async fn every_error_status_parses() {
     }
 
     // 5xx: the crate keeps the body as the message; it is still our envelope.
-    let (status, e) = api_error(ok.chat().create(chat_on("base-ultra", json!({}))).await);
+    let (status, e) = openai::api_error(ok.chat().create(chat_on("base-ultra", json!({}))).await);
     assert!((500..600).contains(&status), "{status}");
     let v: Value = serde_json::from_str(&e.message).expect("5xx body is JSON");
     assert_eq!(v["error"]["status"], status);

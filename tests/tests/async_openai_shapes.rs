@@ -8,7 +8,6 @@
 //! gateway sent (what the client does internally), so that every frame of a
 //! stream is checked, not only those the client's loop happens to look at.
 
-use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{
     ChatCompletionMessageToolCalls, CreateChatCompletionRequest, CreateChatCompletionResponse,
     CreateChatCompletionStreamResponse, FinishReason,
@@ -16,17 +15,9 @@ use async_openai::types::chat::{
 use async_openai::types::responses::{
     CreateResponse, OutputItem, Response, ResponseStreamEvent, Status, SummaryPart,
 };
-use async_openai::Client;
 use futures::StreamExt;
+use harness::chat;
 use harness::{json, SseFrame, Stack, Value};
-
-fn openai(stack: &Stack) -> Client<OpenAIConfig> {
-    Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(stack.gateway.base_url())
-            .with_api_key(stack.gateway.api_key()),
-    )
-}
 
 fn tools_chat() -> Value {
     json!([
@@ -60,7 +51,7 @@ fn parse<T: serde::de::DeserializeOwned>(v: &Value) -> T {
 #[tokio::test]
 async fn chat_tool_calls_parse_with_the_typed_client() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = openai(&stack);
+    let openai = harness::openai::client(&stack);
     let req: CreateChatCompletionRequest = parse(&json!({
         "model": "base",
         "messages": [{"role": "user", "content": "Use get_time and get_weather, please."}],
@@ -164,13 +155,7 @@ async fn every_chat_shape_parses() {
         let mut body = body.clone();
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
-        let frames = client
-            .stream("/chat/completions", &body)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let frames = chat::stream(&client, &body).await;
         assert!(frames.last().unwrap().is_done());
         let chunks: Vec<CreateChatCompletionStreamResponse> = frames[..frames.len() - 1]
             .iter()
@@ -183,7 +168,7 @@ async fn every_chat_shape_parses() {
 #[tokio::test]
 async fn responses_with_function_calls_and_reasoning_parse() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = openai(&stack);
+    let openai = harness::openai::client(&stack);
     let client = stack.client();
 
     // The typed client, non-streaming and streaming.

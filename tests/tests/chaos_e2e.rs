@@ -6,8 +6,9 @@
 //! Every test is bounded in time ([`bounded`]); the whole file runs in well
 //! under 90 s on 2 cores.
 
+use harness::chat;
 use harness::{
-    assert_error, bounded, chat_body, gateway_over, json, start_workers, stream_body, Client,
+    assert_error, bounded, chat_body, gateway_over, json, start_workers, stream_body,
     SseFrame, Stack, Value, Worker, WorkerOpts,
 };
 use std::time::{Duration, Instant};
@@ -48,13 +49,6 @@ fn stream_end(frames: &[SseFrame]) -> StreamEnd {
 
 async fn started(w: &Worker) -> u64 {
     w.counters().await.expect("worker Info").started
-}
-
-async fn post_chat(client: &Client, body: &Value) -> harness::Reply {
-    client
-        .post_json("/chat/completions", body)
-        .await
-        .expect("HTTP exchange")
 }
 
 // ---- SIGKILL mid-stream ----------------------------------------------------
@@ -118,7 +112,7 @@ async fn sigkill_mid_stream_ends_that_stream_with_502_and_the_survivor_serves() 
 
         // Every new request succeeds, streaming or not, on the survivor.
         for i in 0..12 {
-            let reply = post_chat(&client, &chat_body("base", &format!("next {i}"))).await;
+            let reply = chat::post(&client, &chat_body("base", &format!("next {i}"))).await;
             assert_eq!(reply.status, 200, "request {i} after the kill: {reply}");
         }
         for i in 0..4 {
@@ -168,7 +162,7 @@ async fn sigkill_under_load_fails_only_the_requests_running_on_the_victim() {
                             &format!("loop {i} #{n} synthetic:reply_tokens=20 synthetic:slow_ms=5"),
                         );
                         let sent = Instant::now();
-                        let r = post_chat(&client, &body).await;
+                        let r = chat::post(&client, &body).await;
                         if r.status != 200 {
                             assert_error(&r, 502, "upstream_error");
                         }
@@ -284,7 +278,7 @@ async fn a_hanging_generation_ends_at_the_request_deadline_with_504() {
             let mut body = chat_body("base", "wait synthetic:hang");
             body["stream"] = json!(stream);
             let t = Instant::now();
-            let reply = post_chat(&client, &body).await;
+            let reply = chat::post(&client, &body).await;
             let took = t.elapsed();
             assert_error(&reply, 504, "timeout");
             assert!(
@@ -316,7 +310,7 @@ async fn a_hanging_generation_ends_at_the_request_deadline_with_504() {
             .await
             .unwrap();
         assert_eq!(c.cancelled, 3, "{c:?}");
-        let reply = post_chat(&client, &chat_body("base", "hi")).await;
+        let reply = chat::post(&client, &chat_body("base", "hi")).await;
         assert_eq!(reply.status, 200, "{reply}");
     })
     .await;
@@ -338,7 +332,7 @@ async fn a_frozen_worker_leaves_selection_and_the_other_serves() {
         // Warm both channels.
         for i in 0..6 {
             assert_eq!(
-                post_chat(&client, &chat_body("base", &format!("w{i}")))
+                chat::post(&client, &chat_body("base", &format!("w{i}")))
                     .await
                     .status,
                 200
@@ -354,7 +348,7 @@ async fn a_frozen_worker_leaves_selection_and_the_other_serves() {
             let client = client.clone();
             early.push(tokio::spawn(async move {
                 let t = Instant::now();
-                let r = post_chat(&client, &chat_body("base", &format!("early {i}"))).await;
+                let r = chat::post(&client, &chat_body("base", &format!("early {i}"))).await;
                 (r, t.elapsed())
             }));
         }
@@ -369,7 +363,7 @@ async fn a_frozen_worker_leaves_selection_and_the_other_serves() {
         let mut ok_since: Option<Instant> = None;
         while frozen_at.elapsed() < Duration::from_secs(8) {
             let t = Instant::now();
-            let r = post_chat(&client, &chat_body("base", "probe")).await;
+            let r = chat::post(&client, &chat_body("base", "probe")).await;
             if r.status == 200 && t.elapsed() < Duration::from_millis(500) {
                 ok_since.get_or_insert(Instant::now());
             } else {
@@ -399,7 +393,7 @@ async fn a_frozen_worker_leaves_selection_and_the_other_serves() {
             let client = client.clone();
             async move {
                 let t = Instant::now();
-                let r = post_chat(&client, &chat_body("base", &format!("after {i}"))).await;
+                let r = chat::post(&client, &chat_body("base", &format!("after {i}"))).await;
                 (r.status, t.elapsed())
             }
         }))
@@ -416,7 +410,7 @@ async fn a_frozen_worker_leaves_selection_and_the_other_serves() {
         let before = started(&workers[0]).await;
         let deadline = Instant::now() + Duration::from_secs(8);
         while started(&workers[0]).await == before && Instant::now() < deadline {
-            let r = post_chat(&client, &chat_body("base", "back?")).await;
+            let r = chat::post(&client, &chat_body("base", "back?")).await;
             assert_eq!(r.status, 200, "{r}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -493,7 +487,7 @@ async fn least_loaded_prefers_the_fast_worker_over_a_slow_one() {
             async move {
                 let mut statuses = Vec::new();
                 while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
-                    let r = post_chat(&client, &chat_body("base", "go synthetic:reply_tokens=20"))
+                    let r = chat::post(&client, &chat_body("base", "go synthetic:reply_tokens=20"))
                         .await;
                     statuses.push(r.status);
                 }
@@ -532,20 +526,20 @@ async fn a_restarted_worker_rejoins_without_a_gateway_restart() {
         let gateway = gateway_over(&[&workers[0]], "");
         let client = gateway.client();
         assert_eq!(
-            post_chat(&client, &chat_body("base", "hi")).await.status,
+            chat::post(&client, &chat_body("base", "hi")).await.status,
             200
         );
         workers[0].kill();
         // Traffic during the outage (enough to open the circuit).
         for i in 0..8 {
-            let r = post_chat(&client, &chat_body("base", &format!("down {i}"))).await;
+            let r = chat::post(&client, &chat_body("base", &format!("down {i}"))).await;
             assert_error(&r, 503, "server_overloaded");
         }
         workers[0].restart().expect("worker restarts on its port");
         let back_at = Instant::now();
         let mut recovered = None;
         while back_at.elapsed() < Duration::from_secs(15) {
-            let r = post_chat(&client, &chat_body("base", "up?")).await;
+            let r = chat::post(&client, &chat_body("base", "up?")).await;
             if r.status == 200 {
                 recovered = Some(back_at.elapsed());
                 break;
@@ -560,7 +554,7 @@ async fn a_restarted_worker_rejoins_without_a_gateway_restart() {
             "recovered quickly: {recovered:?}"
         );
         for i in 0..10 {
-            let r = post_chat(&client, &chat_body("base", &format!("again {i}"))).await;
+            let r = chat::post(&client, &chat_body("base", &format!("again {i}"))).await;
             assert_eq!(r.status, 200, "{r}");
         }
     })
@@ -588,21 +582,21 @@ async fn a_model_without_workers_is_503_and_other_models_are_unaffected() {
             let mut body = chat_body("base", &format!("x{i}"));
             body["stream"] = json!(i % 2 == 1);
             let t = Instant::now();
-            let r = post_chat(&client, &body).await;
+            let r = chat::post(&client, &body).await;
             assert_error(&r, 503, "server_overloaded");
             assert!(
                 t.elapsed() < Duration::from_secs(3),
                 "fails fast: {:?}",
                 t.elapsed()
             );
-            let mini = post_chat(&client, &chat_body("base-mini", &format!("y{i}"))).await;
+            let mini = chat::post(&client, &chat_body("base-mini", &format!("y{i}"))).await;
             assert_eq!(mini.status, 200, "{mini}");
         }
         // Still so once health checks have marked them down.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let r = post_chat(&client, &chat_body("base", "later")).await;
+        let r = chat::post(&client, &chat_body("base", "later")).await;
         assert_error(&r, 503, "server_overloaded");
-        let mini = post_chat(&client, &chat_body("base-mini", "later")).await;
+        let mini = chat::post(&client, &chat_body("base-mini", "later")).await;
         assert_eq!(mini.status, 200, "{mini}");
     })
     .await;
@@ -720,7 +714,7 @@ async fn sigterm_on_a_worker_drains_it_out_of_selection() {
 
         let before1 = started(&workers[1]).await;
         for i in 0..20 {
-            let r = post_chat(&client, &chat_body("base", &format!("during drain {i}"))).await;
+            let r = chat::post(&client, &chat_body("base", &format!("during drain {i}"))).await;
             assert_eq!(r.status, 200, "request {i} during the drain: {r}");
         }
         assert_eq!(

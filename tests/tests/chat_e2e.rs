@@ -4,49 +4,12 @@
 //! client cannot see the effect (cancellation).
 
 use harness::raw::{self, RawConn};
-use harness::{assert_envelope, assert_error, chat_body, json, Stack, Value, WorkerOpts};
+use harness::{assert_envelope, assert_error, chat, chat_body, json, Stack, Value, WorkerOpts};
 use std::time::Duration;
-
-/// A stack with only `base` (starts fastest).
-fn base_stack(opts: WorkerOpts) -> Stack {
-    Stack::builder()
-        .models(&["base"])
-        .worker_opts(opts)
-        .start()
-        .expect("stack starts")
-}
-
-/// The chunks of a chat stream (every frame but `[DONE]`), asserting the
-/// stream ends with exactly one `data: [DONE]` and nothing after it.
-fn chunks_until_done(frames: &[harness::SseFrame]) -> Vec<Value> {
-    let last = frames.last().expect("at least one frame");
-    assert!(last.is_done(), "stream must end with [DONE], got {last:?}");
-    assert_eq!(last.raw, "data: [DONE]\n\n");
-    assert_eq!(
-        frames.iter().filter(|f| f.is_done()).count(),
-        1,
-        "one [DONE]"
-    );
-    for f in frames {
-        assert!(f.event.is_none(), "chat frames carry no event: line: {f:?}");
-        assert!(f.raw.starts_with("data: "), "frame is a data line: {f:?}");
-    }
-    frames[..frames.len() - 1]
-        .iter()
-        .map(|f| f.json())
-        .collect()
-}
-
-fn stream_text(chunks: &[Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect()
-}
 
 #[tokio::test]
 async fn non_streaming_reply_has_the_chat_completion_shape() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let reply = stack
         .client()
         .post_json("/chat/completions", &chat_body("base", "Say hello."))
@@ -111,7 +74,7 @@ async fn non_streaming_reply_has_the_chat_completion_shape() {
 
 #[tokio::test]
 async fn reply_length_follows_the_test_control_and_max_tokens() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let reply = client
         .post_json(
@@ -137,7 +100,7 @@ async fn reply_length_follows_the_test_control_and_max_tokens() {
 
 #[tokio::test]
 async fn stream_chunks_come_in_the_documented_order() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let mut body = chat_body("base", "Tell a story. synthetic:reply_tokens=20");
     body["seed"] = json!(7);
@@ -155,7 +118,7 @@ async fn stream_chunks_come_in_the_documented_order() {
         .is_some_and(|c| c.starts_with("text/event-stream")));
     assert!(stream.header("x-request-id").is_some_and(|v| !v.is_empty()));
     let frames = stream.collect().await.unwrap();
-    let chunks = chunks_until_done(&frames);
+    let chunks = chat::chunks(&frames);
     assert!(chunks.len() >= 3, "role, content, finish: {chunks:?}");
 
     let id = chunks[0]["id"].as_str().unwrap();
@@ -191,7 +154,7 @@ async fn stream_chunks_come_in_the_documented_order() {
     assert_eq!(chunks[last]["choices"][0]["finish_reason"], "stop");
     // The same request and seed give the same text either way.
     assert_eq!(
-        stream_text(&chunks),
+        chat::streamed_text(&chunks),
         expected["choices"][0]["message"]["content"]
             .as_str()
             .unwrap()
@@ -200,19 +163,12 @@ async fn stream_chunks_come_in_the_documented_order() {
 
 #[tokio::test]
 async fn stream_with_include_usage_ends_with_a_usage_chunk() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let mut body = chat_body("base", "Hi. synthetic:reply_tokens=5");
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
-    let frames = stack
-        .client()
-        .stream("/chat/completions", &body)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let chunks = chunks_until_done(&frames);
+    let frames = chat::stream(&stack.client(), &body).await;
+    let chunks = chat::chunks(&frames);
     let (usage_chunk, rest) = chunks.split_last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]), "{usage_chunk}");
     let u = &usage_chunk["usage"];
@@ -231,12 +187,12 @@ async fn stream_with_include_usage_ends_with_a_usage_chunk() {
     }
     let finish = rest.last().unwrap();
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
-    assert!(!stream_text(rest).is_empty());
+    assert!(!chat::streamed_text(rest).is_empty());
 }
 
 #[tokio::test]
 async fn a_repeated_prompt_reports_cached_tokens() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let long: String = (0..300)
         .map(|i| format!("fact number {i} is true. "))
@@ -271,7 +227,7 @@ async fn a_repeated_prompt_reports_cached_tokens() {
 
 #[tokio::test]
 async fn a_missing_or_wrong_key_is_401_invalid_api_key() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let body = chat_body("base", "hi");
     for key in [None, Some("sk-wrong"), Some("")] {
         let reply = stack
@@ -307,7 +263,7 @@ async fn a_missing_or_wrong_key_is_401_invalid_api_key() {
 
 #[tokio::test]
 async fn an_unknown_model_is_404_model_not_found() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     for stream in [false, true] {
         let mut body = chat_body("gpt-nonexistent", "hi");
         body["stream"] = json!(stream);
@@ -323,7 +279,7 @@ async fn an_unknown_model_is_404_model_not_found() {
 
 #[tokio::test]
 async fn an_unknown_parameter_is_400_with_its_name() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let mut body = chat_body("base", "hi");
     body["max_token"] = json!(5);
     let reply = stack
@@ -339,7 +295,7 @@ async fn an_unknown_parameter_is_400_with_its_name() {
 #[tokio::test]
 async fn a_client_that_disconnects_mid_stream_cancels_the_generation() {
     // 100 tokens/s: a 2000-token reply would run for 20 s.
-    let stack = base_stack(WorkerOpts::paced(0, 100));
+    let stack = Stack::single(WorkerOpts::paced(0, 100));
     let worker = stack.worker("base");
     let mut body = chat_body("base", "Go on. synthetic:reply_tokens=2000");
     body["stream"] = json!(true);
@@ -372,7 +328,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_generation() {
 
 #[tokio::test]
 async fn a_dead_worker_gives_a_clean_5xx_envelope() {
-    let mut stack = base_stack(WorkerOpts::default());
+    let mut stack = Stack::single(WorkerOpts::default());
     stack.worker_mut("base").kill();
     for stream in [false, true] {
         let mut body = chat_body("base", "hi");
@@ -397,7 +353,7 @@ async fn a_dead_worker_gives_a_clean_5xx_envelope() {
 
 #[tokio::test]
 async fn a_worker_killed_mid_stream_ends_the_stream_with_an_error_frame() {
-    let mut stack = base_stack(WorkerOpts::paced(0, 100));
+    let mut stack = Stack::single(WorkerOpts::paced(0, 100));
     let mut body = chat_body("base", "Go on. synthetic:reply_tokens=2000");
     body["stream"] = json!(true);
     let mut stream = stack
@@ -431,7 +387,7 @@ async fn a_worker_killed_mid_stream_ends_the_stream_with_an_error_frame() {
 
 #[tokio::test]
 async fn every_response_carries_a_distinct_request_id() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let mut ids = Vec::new();
     let replies = [
@@ -474,7 +430,7 @@ async fn every_response_carries_a_distinct_request_id() {
 
 #[tokio::test]
 async fn one_connection_serves_many_requests() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let key = stack.gateway.api_key().to_string();
     let mut conn = RawConn::connect(stack.gateway.addr()).await.unwrap();
     let chat = chat_body("base", "hi synthetic:reply_tokens=3").to_string();
@@ -530,7 +486,7 @@ async fn one_connection_serves_many_requests() {
 /// read differently, is never answered on that connection.
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_answered_then_closed() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let key = stack.gateway.api_key().to_string();
     let mut conn = RawConn::connect(stack.gateway.addr()).await.unwrap();
     let body = chat_body("base", "hi synthetic:reply_tokens=3").to_string();
@@ -573,7 +529,7 @@ async fn content_length_with_transfer_encoding_is_answered_then_closed() {
 
 #[tokio::test]
 async fn an_engine_failure_after_the_first_token_is_an_in_band_error_frame() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let mut body = chat_body(
         "base",
         "Go. synthetic:reply_tokens=40 synthetic:fail_after=5",
@@ -616,7 +572,7 @@ async fn an_engine_failure_after_the_first_token_is_an_in_band_error_frame() {
 
 #[tokio::test]
 async fn an_engine_failure_before_the_first_token_is_a_502_envelope() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     for stream in [false, true] {
         let mut body = chat_body("base", "Go. synthetic:fail_after=0");
         body["stream"] = json!(stream);
@@ -634,7 +590,7 @@ async fn an_engine_failure_before_the_first_token_is_a_502_envelope() {
 /// this exercises the relay's batching).
 #[tokio::test]
 async fn long_replies_arrive_complete_streaming_and_not() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let text: String = (0..600)
         .map(|i| format!("word{i} "))
@@ -657,20 +613,14 @@ async fn long_replies_arrive_complete_streaming_and_not() {
 
         let mut body = chat_body("base", &prompt);
         body["stream"] = json!(true);
-        let frames = client
-            .stream("/chat/completions", &body)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let chunks = chunks_until_done(&frames);
+        let frames = chat::stream(&client, &body).await;
+        let chunks = chat::chunks(&frames);
         assert!(
             chunks.iter().all(|c| c.get("error").is_none()),
             "round {round}: no error frame"
         );
         assert_eq!(
-            stream_text(&chunks),
+            chat::streamed_text(&chunks),
             prompt,
             "round {round}: every token streamed"
         );

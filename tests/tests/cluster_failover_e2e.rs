@@ -9,6 +9,7 @@
 //! follower's dedicated connection must fetch the slot map again on that
 //! error, not only on a redirect, or it keeps asking the dead node.
 
+use harness::responses;
 use harness::{bounded, json, start_workers, Gateway, GatewayOpts, RedisCluster, WorkerOpts};
 use std::time::{Duration, Instant};
 
@@ -46,26 +47,10 @@ async fn a_killed_primary_s_replica_serves_replay_without_the_dead_node() {
 
         // A background run, completed and replayed once: the gateway's
         // connections know the cluster's slot map as it was.
-        let r = client
-            .post_json(
-                "/responses",
-                &json!({"model": "base", "input": "synthetic:reply_tokens=20 go", "background": true}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{r}");
-        let id = r.json()["id"].as_str().unwrap().to_owned();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let done = loop {
-            let r = client.get(&format!("/responses/{id}")).await.unwrap();
-            assert_eq!(r.status, 200, "{r}");
-            let o = r.json();
-            if o["status"] == "completed" {
-                break o;
-            }
-            assert!(Instant::now() < deadline, "not completed: {o}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let id = responses::id(&responses::create(&client, &json!({"model": "base", "input": "synthetic:reply_tokens=20 go", "background": true})).await);
+        let done =
+            responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(20)).await;
+        assert_eq!(done["status"], "completed", "not completed: {done}");
         let replay = |client: harness::Client, id: String| async move {
             let live = client
                 .open_stream(client.request(

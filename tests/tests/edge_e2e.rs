@@ -4,18 +4,11 @@
 //! cursor past the end of a run's log, floods of messages, HTTP/1.1
 //! pipelining, and a client that stops reading its stream.
 
+use harness::responses;
 use harness::raw::{self, RawConn, RawResponse};
 use harness::{assert_error, json, Stack, WorkerOpts};
 use serde_json::Value;
 use std::time::{Duration, Instant};
-
-fn base_stack(opts: WorkerOpts) -> Stack {
-    Stack::builder()
-        .models(&["base"])
-        .worker_opts(opts)
-        .start()
-        .expect("stack starts")
-}
 
 /// A raw request's head with `extra` header lines inserted before the blank line.
 fn with_headers(mut request: Vec<u8>, extra: &str) -> Vec<u8> {
@@ -41,7 +34,7 @@ fn closes(resp: &RawResponse) -> bool {
 
 #[tokio::test]
 async fn duplicate_authorization_headers_are_refused_before_authentication() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let key = stack.gateway.api_key().to_string();
     for (path, extra) in [
         // Both valid, the same key twice.
@@ -84,7 +77,7 @@ async fn duplicate_authorization_headers_are_refused_before_authentication() {
 
 #[tokio::test]
 async fn too_many_header_fields_is_431() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let key = stack.gateway.api_key().to_string();
     let small: String = (0..300).map(|i| format!("X-Pad-{i}: v\r\n")).collect();
     let mut conn = RawConn::connect(stack.gateway.addr()).await.unwrap();
@@ -112,7 +105,7 @@ async fn too_many_header_fields_is_431() {
 /// is `null`.
 #[tokio::test]
 async fn encrypted_reasoning_is_answered_with_null_and_clear_summaries() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let r = client
         .post_json(
@@ -148,28 +141,11 @@ async fn encrypted_reasoning_is_answered_with_null_and_clear_summaries() {
 
 #[tokio::test]
 async fn a_replay_cursor_past_the_end_of_an_ended_run_is_400() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
-    let r = client
-        .post_json(
-            "/responses",
-            &json!({"model":"base","input":"bg synthetic:reply_tokens=5","background":true}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{r}");
-    let id = r.json()["id"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client
-        .get(&format!("/responses/{id}"))
-        .await
-        .unwrap()
-        .json()["status"]
-        != "completed"
-    {
-        assert!(Instant::now() < deadline, "the run completes");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = responses::id(&responses::create(&client, &json!({"model":"base","input":"bg synthetic:reply_tokens=5","background":true})).await);
+    let done = responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(20)).await;
+    assert_eq!(done["status"], "completed", "the run completes: {done}");
     let replay = |after: u64| {
         let client = client.clone();
         let id = id.clone();
@@ -216,7 +192,7 @@ async fn a_replay_cursor_past_the_end_of_an_ended_run_is_400() {
 /// seconds before its 400. Parsing now stops at the 4,097th message.
 #[tokio::test]
 async fn floods_of_messages_items_and_parts_are_refused_while_parsing() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let message = r#"{"role":"user","content":""}"#;
     let flood = format!(
@@ -280,7 +256,7 @@ async fn floods_of_messages_items_and_parts_are_refused_while_parsing() {
 /// answered, in order, on the same connection, which stays open.
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let key = stack.gateway.api_key().to_string();
     let chat = json!({"model":"base","messages":[{"role":"user","content":"hi synthetic:echo"}]})
         .to_string();

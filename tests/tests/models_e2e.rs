@@ -3,14 +3,9 @@
 use harness::{assert_error, Stack};
 use std::collections::BTreeSet;
 
-/// The model routes need no worker: a gateway with one model's worker is enough.
-fn stack() -> Stack {
-    Stack::builder().models(&[]).start().expect("stack starts")
-}
-
 #[tokio::test]
 async fn list_has_the_three_models() {
-    let stack = stack();
+    let stack = Stack::gateway_only();
     let reply = stack.client().get("/models").await.unwrap();
     assert_eq!(reply.status, 200, "{reply}");
     assert!(reply
@@ -31,7 +26,7 @@ async fn list_has_the_three_models() {
 
 #[tokio::test]
 async fn retrieve_returns_one_model_and_404s_an_unknown_id() {
-    let stack = stack();
+    let stack = Stack::gateway_only();
     let client = stack.client();
     for id in ["base", "base-mini", "base-ultra"] {
         let reply = client.get(&format!("/models/{id}")).await.unwrap();
@@ -53,7 +48,7 @@ async fn retrieve_returns_one_model_and_404s_an_unknown_id() {
 
 #[tokio::test]
 async fn model_routes_need_a_key() {
-    let stack = stack();
+    let stack = Stack::gateway_only();
     for path in ["/models", "/models/base"] {
         for key in [None, Some("sk-wrong")] {
             let reply = stack.client().with_key(key).get(path).await.unwrap();
@@ -85,7 +80,7 @@ const CODEX_FIELDS: [&str; 17] = [
 
 #[tokio::test]
 async fn codex_gets_its_catalogue_with_a_stable_etag() {
-    let mut stack = stack();
+    let mut stack = Stack::gateway_only();
     let client = stack.client();
     let codex = |c: &harness::Client| {
         c.request(reqwest::Method::GET, "/models?client_version=0.63.0")

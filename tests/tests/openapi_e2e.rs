@@ -6,15 +6,11 @@
 use harness::{assert_error, Stack};
 use reqwest::Method;
 
-fn stack() -> Stack {
-    Stack::builder().models(&[]).start().expect("stack starts")
-}
-
 const IN_TREE: &str = include_str!("../../docs/openapi.json");
 
 #[tokio::test]
 async fn the_document_is_served_without_a_key() {
-    let stack = stack();
+    let stack = Stack::gateway_only();
     for key in [None, Some("sk-wrong")] {
         let reply = stack
             .client()
@@ -36,7 +32,7 @@ async fn the_document_is_served_without_a_key() {
 /// schemathesis's `unsupported_method` check).
 #[tokio::test]
 async fn a_405_carries_allow() {
-    let stack = stack();
+    let stack = Stack::gateway_only();
     let client = stack.client();
     for (method, path, allowed) in [
         (Method::POST, "/openapi.json", "GET"),

@@ -6,22 +6,14 @@
 //! the synthesis prompt itself, so a test can see what was gathered.
 
 use harness::a2a_agents::{Behavior, TestAgent};
-use harness::{bounded, hash_key, json, GatewayOpts, Reply, Stack, TestKey, Value, MODELS};
+use harness::planner::{self, body, outcomes, post, session};
+use harness::{bounded, chat, hash_key, json, GatewayOpts, Stack, TestKey, Value, MODELS};
 use std::time::{Duration, Instant};
 
 /// Deadlines small enough for tests; loopback agents allowed.
-const PLANNER_TOML: &str = r#"
-[planner]
-allow_private_addresses = true
-connect_timeout_ms = 500
-first_byte_timeout_ms = 1500
-idle_timeout_ms = 1500
-step_timeout_ms = 4000
-hedge_after_ms = 400
-run_timeout_ms = 6000
-synthesis_timeout_ms = 10000
-keepalive_ms = 150
-"#;
+fn planner_toml() -> String {
+    planner::config("allow_private_addresses = true\nhedge_after_ms = 400\n")
+}
 
 fn stack(models: &[&str], toml: &str) -> Stack {
     Stack::builder()
@@ -81,59 +73,6 @@ fn scripted(ask: &str, plans: &[Value]) -> String {
     )
 }
 
-fn body(model: &str, text: &str, agents: &[String]) -> Value {
-    let mut b = json!({
-        "model": model,
-        "planner_mode": true,
-        "messages": [{"role": "user", "content": text}],
-    });
-    if !agents.is_empty() {
-        b["agents"] = json!(agents);
-    }
-    b
-}
-
-async fn post(stack: &Stack, session: &str, body: &Value) -> Reply {
-    post_with(&stack.client(), session, body).await
-}
-
-async fn post_with(client: &harness::Client, session: &str, body: &Value) -> Reply {
-    client
-        .send(
-            client
-                .request(reqwest::Method::POST, "/chat/completions")
-                .header("x-session-id", session)
-                .json(body),
-        )
-        .await
-        .expect("request")
-}
-
-fn outcomes(reply: &Value) -> Vec<(String, String)> {
-    reply["tool_thought"]
-        .as_array()
-        .expect("tool_thought is an array")
-        .iter()
-        .map(|t| {
-            (
-                t["target"].as_str().unwrap_or("").to_owned(),
-                t["outcome"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn answer(reply: &Value) -> String {
-    reply["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
-}
-
-fn session() -> String {
-    format!("sess-{}", harness::random_hex(12))
-}
-
 /// Warms the gateway's worker channels so timings measure the planner.
 async fn warm(stack: &Stack, model: &str) {
     let r = stack
@@ -150,13 +89,11 @@ async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
         let good = TestAgent::start(
             "good",
             "Answers anything",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         let old = TestAgent::start("old", "Speaks A2A 0.3", Behavior::V03Only).await;
-        let stack = stack(&MODELS, PLANNER_TOML);
+        let stack = stack(&MODELS, &planner_toml());
         for model in MODELS {
             let s = session();
             let p = plan(vec![
@@ -165,7 +102,7 @@ async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
                 llm_step("s3", &["s1", "s2"]),
             ]);
             let reply = post(
-                &stack,
+                &stack.client(),
                 &s,
                 &body(
                     model,
@@ -185,7 +122,7 @@ async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
             assert_eq!(r["model"], model);
             assert_eq!(r["conversation_id"], s.as_str());
             assert_eq!(r["choices"][0]["finish_reason"], "stop");
-            let text = answer(&r);
+            let text = chat::content(&r);
             assert!(text.contains("good says: done"), "{model}: {text}");
             assert!(
                 text.contains("old says: done"),
@@ -257,7 +194,7 @@ async fn independent_steps_run_in_parallel() {
             );
         }
         // Agents slower than the suite's first-byte deadline.
-        let toml = PLANNER_TOML.replace(
+        let toml = planner_toml().replace(
             "first_byte_timeout_ms = 1500",
             "first_byte_timeout_ms = 5000",
         );
@@ -270,7 +207,7 @@ async fn independent_steps_run_in_parallel() {
         let urls: Vec<String> = agents.iter().map(TestAgent::url).collect();
         let began = Instant::now();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body(
                 "base-mini",
@@ -314,17 +251,15 @@ async fn a_slow_agent_is_hedged_and_the_loser_receives_cancel_task() {
         let quick = TestAgent::start(
             "quick",
             "Quick",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
-        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let stack = stack(&["base-mini"], &planner_toml());
         warm(&stack, "base-mini").await;
         let p = plan(vec![agent_step("s1", "slow", &[], &["quick"])]);
         let began = Instant::now();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body(
                 "base-mini",
@@ -345,7 +280,7 @@ async fn a_slow_agent_is_hedged_and_the_loser_receives_cancel_task() {
         let o = outcomes(&r);
         assert!(o.contains(&("quick".into(), "completed".into())), "{o:?}");
         assert!(o.iter().any(|(_, out)| out == "canceled"), "{o:?}");
-        assert!(answer(&r).contains("quick says: done"));
+        assert!(chat::content(&r).contains("quick says: done"));
         // The loser gets CancelTask for the task it announced.
         let deadline = Instant::now() + Duration::from_secs(3);
         while slow.cancels().is_empty() && Instant::now() < deadline {
@@ -412,7 +347,7 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         .await;
         let stack = stack(
             &["base"],
-            &format!("{PLANNER_TOML}max_response_bytes = 65536\n"),
+            &format!("{}max_response_bytes = 65536\n", planner_toml()),
         );
         warm(&stack, "base").await;
         let first = plan(vec![
@@ -430,7 +365,7 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         .map(|a| a.url());
         let began = Instant::now();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body("base", &scripted("Do it all.", &[first]), &urls),
         )
@@ -438,8 +373,8 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         let took = began.elapsed();
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
-        assert!(!answer(&r).is_empty());
-        assert!(answer(&r).contains("Could not be done"), "{}", answer(&r));
+        assert!(!chat::content(&r).is_empty());
+        assert!(chat::content(&r).contains("Could not be done"), "{}", chat::content(&r));
         let o = outcomes(&r);
         for want in [
             ("rejecter", "rejected"),
@@ -506,7 +441,7 @@ run_timeout_ms = 1200
         ]);
         let began = Instant::now();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body(
                 "base-mini",
@@ -530,7 +465,7 @@ run_timeout_ms = 1200
             "{}",
             r["thought"]
         );
-        assert!(!answer(&r).is_empty());
+        assert!(!chat::content(&r).is_empty());
     })
     .await
 }
@@ -566,9 +501,7 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
         let good = TestAgent::start(
             "good",
             "Answers anything",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         let other = TestKey::random("org-other");
@@ -579,7 +512,7 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
                 keys: vec![TestKey::random("org-test"), other.clone()],
                 ..GatewayOpts::default()
             })
-            .extra_toml(PLANNER_TOML)
+            .extra_toml(&planner_toml())
             .start()
             .expect("stack");
         let mut b_gateway =
@@ -591,7 +524,7 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
         let text = scripted("What time is it where the agent is?", &[tool_plan()]);
         let mut first = body("base-mini", &text, &[good.url()]);
         first["tools"] = time_tool();
-        let paused = post_with(&a, &s, &first).await;
+        let paused = post(&a, &s, &first).await;
         assert_eq!(paused.status, 200, "{}", paused.text());
         let p = paused.json();
         assert_eq!(p["choices"][0]["finish_reason"], "tool_calls");
@@ -614,28 +547,28 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
             r
         };
         // A result for a call nobody waits for is a 400 naming it.
-        let wrong = post_with(&b, &s, &resume("call_unknown")).await;
+        let wrong = post(&b, &s, &resume("call_unknown")).await;
         harness::assert_error(&wrong, 400, "invalid_value");
         assert_eq!(wrong.json()["error"]["param"], "messages.2.tool_call_id");
         // Another organisation sees nothing of the session.
-        let foreign = post_with(&b_other, &s, &resume(&call_id)).await;
+        let foreign = post(&b_other, &s, &resume(&call_id)).await;
         harness::assert_error(&foreign, 400, "invalid_value");
         assert_eq!(foreign.json()["error"]["param"], "messages.2.tool_call_id");
         // The other replica resumes it.
-        let done = post_with(&b, &s, &resume(&call_id)).await;
+        let done = post(&b, &s, &resume(&call_id)).await;
         assert_eq!(done.status, 200, "{}", done.text());
         let d = done.json();
         assert_eq!(d["choices"][0]["finish_reason"], "stop");
-        assert!(answer(&d).contains("12:00 UTC"), "{}", answer(&d));
-        assert!(answer(&d).contains("good says: done"), "{}", answer(&d));
+        assert!(chat::content(&d).contains("12:00 UTC"), "{}", chat::content(&d));
+        assert!(chat::content(&d).contains("good says: done"), "{}", chat::content(&d));
         assert!(outcomes(&d).contains(&("model".into(), "completed".into())));
         // Finished: the same result again answers nothing.
-        let again = post_with(&b, &s, &resume(&call_id)).await;
+        let again = post(&b, &s, &resume(&call_id)).await;
         harness::assert_error(&again, 400, "invalid_value");
 
         // A new user message starts a new plan in the same session; it
         // pauses on B, and A resumes it after a restart.
-        let paused = post_with(&b, &s, &first).await;
+        let paused = post(&b, &s, &first).await;
         assert_eq!(paused.status, 200, "{}", paused.text());
         let p2 = paused.json();
         let call_id = p2["choices"][0]["message"]["tool_calls"][0]["id"]
@@ -646,9 +579,9 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
         let mut r = body("base-mini", &text, &[]);
         r["messages"] = resume_messages(&text, &p2, &call_id, "13:00 UTC");
         r["tools"] = time_tool();
-        let done = post_with(&stack.client(), &s, &r).await;
+        let done = post(&stack.client(), &s, &r).await;
         assert_eq!(done.status, 200, "{}\n{}", done.text(), stack.logs());
-        assert!(answer(&done.json()).contains("13:00 UTC"));
+        assert!(chat::content(&done.json()).contains("13:00 UTC"));
         b_gateway.kill();
     })
     .await
@@ -665,7 +598,7 @@ async fn a_second_request_on_a_busy_session_gets_409() {
             },
         )
         .await;
-        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let stack = stack(&["base-mini"], &planner_toml());
         let s = session();
         let b = body(
             "base-mini",
@@ -678,15 +611,15 @@ async fn a_second_request_on_a_busy_session_gets_409() {
         let client = stack.client();
         let first = {
             let (client, s, b) = (client.clone(), s.clone(), b.clone());
-            tokio::spawn(async move { post_with(&client, &s, &b).await })
+            tokio::spawn(async move { post(&client, &s, &b).await })
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let second = post_with(&client, &s, &b).await;
+        let second = post(&client, &s, &b).await;
         harness::assert_error(&second, 409, "session_busy");
         let first = first.await.unwrap();
         assert_eq!(first.status, 200, "{}", first.text());
         // Free again once the first request ended.
-        let third = post_with(&client, &s, &b).await;
+        let third = post(&client, &s, &b).await;
         assert_eq!(third.status, 200, "{}", third.text());
     })
     .await
@@ -717,7 +650,7 @@ async fn streaming_keeps_its_event_order_for_answers_and_pauses() {
             },
         )
         .await;
-        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let stack = stack(&["base-mini"], &planner_toml());
         let mut b = body(
             "base-mini",
             &scripted(
@@ -729,7 +662,7 @@ async fn streaming_keeps_its_event_order_for_answers_and_pauses() {
         b["stream"] = json!(true);
         b["stream_options"] = json!({"include_usage": true});
         let s = session();
-        let reply = post(&stack, &s, &b).await;
+        let reply = post(&stack.client(), &s, &b).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert!(reply
             .header("content-type")
@@ -796,7 +729,7 @@ async fn streaming_keeps_its_event_order_for_answers_and_pauses() {
         );
         b["stream"] = json!(true);
         b["tools"] = time_tool();
-        let reply = post(&stack, &session(), &b).await;
+        let reply = post(&stack.client(), &session(), &b).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let frames = raw_frames(&reply.text());
         let json_frames: Vec<Value> = frames.iter().filter_map(|f| frame_json(f)).collect();
@@ -831,15 +764,13 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
         let weather = TestAgent::start(
             "weather",
             "Daily weather forecast for any city",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         let stack = Stack::builder()
             .models(&["base-mini"])
             .redis()
-            .extra_toml(PLANNER_TOML)
+            .extra_toml(&planner_toml())
             .gateway_env((
                 "IGW_TEST_WEATHER_TOKEN".into(),
                 "Bearer s3cret-token".into(),
@@ -870,7 +801,7 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
         // No `agents`: the planner finds the agent by its card.
         let p = plan(vec![agent_step("s1", "weather-eu", &[], &[])]);
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body(
                 "base-mini",
@@ -891,7 +822,7 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
         );
         // Named by directory id.
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body(
                 "base-mini",
@@ -914,7 +845,7 @@ async fn the_directory_is_managed_with_the_cli_and_agents_are_discovered_from_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_planner() {
     bounded(60, async {
-        let good = TestAgent::start("good", "Answers anything", Behavior::Good { delay: Duration::ZERO }).await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
         let no_planner = "sk-test-no-planner-scope";
         let toml = format!(
             "[[keys]]\nsha256 = \"{}\"\norg = \"org-test\"\nscopes = [\"chat.write\", \"models.read\"]\n",
@@ -922,7 +853,7 @@ async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_p
         );
         let stack = stack(&["base-mini"], &toml);
         let p = plan(vec![llm_step("s1", &[])]);
-        let reply = post(&stack, &session(), &body("base-mini", &scripted("Call it.", &[p]), &[good.url()])).await;
+        let reply = post(&stack.client(), &session(), &body("base-mini", &scripted("Call it.", &[p]), &[good.url()])).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
         let denied = r["tool_thought"]
@@ -935,7 +866,7 @@ async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_p
         assert_eq!(denied["outcome"], "no_card", "{}", r["tool_thought"]);
         assert!(denied["detail"].as_str().unwrap().contains("not allowed"), "{denied}");
         assert!(good.methods().is_empty());
-        let forbidden = post_with(&stack.client().with_key(Some(no_planner)), &session(), &body("base-mini", "x", &[])).await;
+        let forbidden = post(&stack.client().with_key(Some(no_planner)), &session(), &body("base-mini", "x", &[])).await;
         assert_eq!(forbidden.status, 403, "{}", forbidden.text());
     })
     .await
@@ -947,9 +878,7 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
         let good = TestAgent::start(
             "good",
             "Answers anything",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         // A real engine's small context: the planner's 8192-token output cap
@@ -960,7 +889,7 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
                 context_window: Some(8192),
                 ..Default::default()
             })
-            .extra_toml(&format!("{PLANNER_TOML}max_plan_tokens = 8192\n"))
+            .extra_toml(&format!("{}max_plan_tokens = 8192\n", planner_toml()))
             .start()
             .expect("stack");
         let p = plan(vec![
@@ -968,7 +897,7 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
             llm_step("s2", &["s1"]),
         ]);
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body("base-mini", &scripted("Small window.", &[p]), &[good.url()]),
         )
@@ -982,7 +911,7 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
         );
         assert!(!thought.contains("Fallback"), "{thought}");
         assert!(outcomes(&r).contains(&("model".into(), "completed".into())));
-        assert!(answer(&r).contains("good says: done"));
+        assert!(chat::content(&r).contains("good says: done"));
     })
     .await
 }
@@ -993,9 +922,7 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
         let good = TestAgent::start(
             "good",
             "Answers anything",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         let p = plan(vec![
@@ -1003,9 +930,9 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
             agent_step("s2", "good", &["s1"], &[]),
         ]);
         // One step allowed: the second is skipped, and said so.
-        let stack_steps = stack(&["base-mini"], &format!("{PLANNER_TOML}max_steps = 1\n"));
+        let stack_steps = stack(&["base-mini"], &format!("{}max_steps = 1\n", planner_toml()));
         let reply = post(
-            &stack_steps,
+            &stack_steps.client(),
             &session(),
             &body(
                 "base-mini",
@@ -1029,10 +956,10 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
         // The plan call alone spends the token budget: no step runs.
         let stack_tokens = stack(
             &["base-mini"],
-            &format!("{PLANNER_TOML}max_run_tokens = 1\n"),
+            &format!("{}max_run_tokens = 1\n", planner_toml()),
         );
         let reply = post(
-            &stack_tokens,
+            &stack_tokens.client(),
             &session(),
             &body("base-mini", &scripted("No tokens.", &[p]), &[good.url()]),
         )
@@ -1044,7 +971,7 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
             "{}",
             r["thought"]
         );
-        assert!(!answer(&r).is_empty());
+        assert!(!chat::content(&r).is_empty());
         assert_eq!(good.methods().len(), 1, "no agent was called");
     })
     .await
@@ -1056,16 +983,14 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unscripted_plans_on_the_simulator_ask_the_named_agents() {
     bounded(90, async {
-        let good = || Behavior::Good {
-            delay: Duration::ZERO,
-        };
+        let good = || Behavior::good();
         let first = TestAgent::start("first", "Answers anything", good()).await;
         let second = TestAgent::start("second", "Answers anything too", good()).await;
-        let stack = stack(&MODELS, PLANNER_TOML);
+        let stack = stack(&MODELS, &planner_toml());
         for model in MODELS {
             let asked = (first.texts().len(), second.texts().len());
             let reply = post(
-                &stack,
+                &stack.client(),
                 &session(),
                 &body(
                     model,
@@ -1121,7 +1046,7 @@ fn two_tools() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_choice_shapes_the_plan() {
     bounded(90, async {
-        let stack = stack(&["base-mini"], PLANNER_TOML);
+        let stack = stack(&["base-mini"], &planner_toml());
         let ask = |choice: Value| {
             let mut b = body("base-mini", "What should I pack?", &[]);
             b["tools"] = two_tools();
@@ -1139,14 +1064,14 @@ async fn tool_choice_shapes_the_plan() {
                 })
                 .unwrap_or_default()
         };
-        let required = post(&stack, &session(), &ask(json!("required"))).await;
+        let required = post(&stack.client(), &session(), &ask(json!("required"))).await;
         assert_eq!(required.status, 200, "{}", required.text());
         let r = required.json();
         assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
         assert!(!called(&r).is_empty(), "{r}");
 
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        let named = post(&stack, &session(), &ask(named)).await;
+        let named = post(&stack.client(), &session(), &ask(named)).await;
         assert_eq!(named.status, 200, "{}", named.text());
         let r = named.json();
         assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
@@ -1156,14 +1081,14 @@ async fn tool_choice_shapes_the_plan() {
             "{r}"
         );
 
-        let none = post(&stack, &session(), &ask(json!("none"))).await;
+        let none = post(&stack.client(), &session(), &ask(json!("none"))).await;
         assert_eq!(none.status, 200, "{}", none.text());
         let r = none.json();
         assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
         assert!(called(&r).is_empty());
 
         let ghost = json!({"type": "function", "function": {"name": "get_ghost"}});
-        let refused = post(&stack, &session(), &ask(ghost)).await;
+        let refused = post(&stack.client(), &session(), &ask(ghost)).await;
         harness::assert_error(&refused, 400, "invalid_value");
         assert_eq!(refused.json()["error"]["param"], "tool_choice");
     })

@@ -8,7 +8,8 @@
 
 use harness::a2a_agents::{Behavior, TestAgent};
 use harness::model::model_file;
-use harness::{bounded, json, Reply, Stack, Value, WorkerOpts};
+use harness::planner::{self, outcomes, post, session, thoughts};
+use harness::{bounded, chat, json, Stack, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
 /// Room for the plan prompt and the longest plan the grammar admits.
@@ -36,56 +37,13 @@ fn llama_stack() -> Stack {
         .expect("stack starts")
 }
 
-fn session() -> String {
-    format!("sess-{}", harness::random_hex(12))
-}
-
+/// A planner request on `base` with short answers; `agents` is always
+/// sent, empty or not.
 fn body(text: &str, agents: &[String]) -> Value {
-    json!({
-        "model": "base",
-        "planner_mode": true,
-        "max_tokens": 48,
-        "messages": [{"role": "user", "content": text}],
-        "agents": agents,
-    })
-}
-
-async fn post(stack: &Stack, session: &str, body: &Value) -> Reply {
-    let client = stack.client();
-    client
-        .send(
-            client
-                .request(reqwest::Method::POST, "/chat/completions")
-                .header("x-session-id", session)
-                .json(body),
-        )
-        .await
-        .expect("request")
-}
-
-fn outcomes(reply: &Value) -> Vec<(String, String)> {
-    reply["tool_thought"]
-        .as_array()
-        .expect("tool_thought is an array")
-        .iter()
-        .map(|t| {
-            (
-                t["target"].as_str().unwrap_or("").to_owned(),
-                t["outcome"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn thoughts(reply: &Value) -> Vec<String> {
-    serde_json::from_value(reply["thought"].clone()).expect("thought is an array of strings")
-}
-
-fn answer(reply: &Value) -> String {
-    reply["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
+    let mut b = planner::body("base", text, agents);
+    b["max_tokens"] = json!(48);
+    b["agents"] = json!(agents);
+    b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,15 +52,13 @@ async fn one_good_agent_is_asked_and_the_model_answers() {
         let weather = TestAgent::start(
             "weather",
             "Weather forecasts for any city",
-            Behavior::Good {
-                delay: Duration::ZERO,
-            },
+            Behavior::good(),
         )
         .await;
         let stack = llama_stack();
         let began = Instant::now();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body("What is the weather in Paris?", &[weather.url()]),
         )
@@ -132,7 +88,7 @@ async fn one_good_agent_is_asked_and_the_model_answers() {
             "the agent got the request: {:?}",
             weather.texts()
         );
-        assert!(!answer(&r).trim().is_empty(), "{r}");
+        assert!(!chat::content(&r).trim().is_empty(), "{r}");
         assert_eq!(r["choices"][0]["finish_reason"], "stop");
     })
     .await
@@ -145,7 +101,7 @@ async fn with_only_bad_agents_it_answers_and_says_what_went_wrong() {
         let broken = TestAgent::start("broken", "Books hotels", Behavior::ServerError).await;
         let stack = llama_stack();
         let reply = post(
-            &stack,
+            &stack.client(),
             &session(),
             &body("Book me a trip to Rome.", &[rejecting.url(), broken.url()]),
         )
@@ -157,7 +113,7 @@ async fn with_only_bad_agents_it_answers_and_says_what_went_wrong() {
         assert!(o.contains(&("broken".into(), "http_error".into())), "{o:?}");
         let details = r["tool_thought"].to_string();
         assert!(details.contains("does not take such tasks"), "{details}");
-        assert!(!answer(&r).trim().is_empty(), "{r}");
+        assert!(!chat::content(&r).trim().is_empty(), "{r}");
         assert_eq!(r["choices"][0]["finish_reason"], "stop");
     })
     .await
@@ -176,7 +132,7 @@ async fn tool_choice_required_pauses_for_the_tool_and_the_session_resumes() {
         first["tools"] = tools.clone();
         first["tool_choice"] = json!("required");
         let s = session();
-        let paused = post(&stack, &s, &first).await;
+        let paused = post(&stack.client(), &s, &first).await;
         assert_eq!(paused.status, 200, "{}\n{}", paused.text(), stack.logs());
         let p = paused.json();
         assert_eq!(p["choices"][0]["finish_reason"], "tool_calls", "{p}");
@@ -197,7 +153,7 @@ async fn tool_choice_required_pauses_for_the_tool_and_the_session_resumes() {
             {"role": "assistant", "content": null, "tool_calls": p["choices"][0]["message"]["tool_calls"]},
             {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 24 C"}
         ]);
-        let done = post(&stack, &s, &resume).await;
+        let done = post(&stack.client(), &s, &resume).await;
         assert_eq!(done.status, 200, "{}\n{}", done.text(), stack.logs());
         let d = done.json();
         assert_eq!(d["choices"][0]["finish_reason"], "stop", "{d}");
@@ -206,7 +162,7 @@ async fn tool_choice_required_pauses_for_the_tool_and_the_session_resumes() {
             "{}",
             d["tool_thought"]
         );
-        assert!(!answer(&d).trim().is_empty(), "{d}");
+        assert!(!chat::content(&d).trim().is_empty(), "{d}");
     })
     .await
 }

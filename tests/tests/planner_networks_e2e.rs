@@ -5,28 +5,20 @@
 //! range. Plans are scripted as in `planner_trust_e2e.rs`.
 
 use harness::a2a_agents::{AgentOptions, Behavior, TestAgent};
-use harness::{bounded, json, Reply, Stack, Value};
-use std::time::Duration;
+use harness::planner;
+use harness::{bounded, json, Stack, Value};
 
 /// No `allow_private_addresses`: private agents need `allowed_networks`.
-const PLANNER_TOML: &str = r#"
-[planner]
-connect_timeout_ms = 500
-first_byte_timeout_ms = 1500
-idle_timeout_ms = 1500
-step_timeout_ms = 4000
-hedge_after_ms = 2000
-run_timeout_ms = 6000
-synthesis_timeout_ms = 10000
-keepalive_ms = 150
-max_discovered = 0
-"#;
+fn planner_toml() -> String {
+    planner::config("hedge_after_ms = 2000\nmax_discovered = 0\n")
+}
 
 fn stack(allowed_networks: &[&str]) -> Stack {
     Stack::builder()
         .models(&["base-mini"])
         .extra_toml(&format!(
-            "{PLANNER_TOML}allowed_networks = {}\n",
+            "{}allowed_networks = {}\n",
+            planner_toml(),
             json!(allowed_networks)
         ))
         .start()
@@ -45,44 +37,20 @@ fn scripted(target: &str) -> String {
 }
 
 async fn ask(stack: &Stack, target: &str, agent_url: &str) -> Value {
-    let body = json!({
-        "model": "base-mini",
-        "planner_mode": true,
-        "messages": [{"role": "user", "content": scripted(target)}],
-        "agents": [agent_url],
-    });
-    let client = stack.client();
-    let reply: Reply = client
-        .send(
-            client
-                .request(reqwest::Method::POST, "/chat/completions")
-                .header("x-session-id", format!("sess-{}", harness::random_hex(12)))
-                .json(&body),
-        )
-        .await
-        .expect("request");
-    assert_eq!(reply.status, 200, "{}\n{}", reply.text(), stack.logs());
-    reply.json()
+    let body = planner::body("base-mini", &scripted(target), &[agent_url.to_owned()]);
+    planner::ask(stack, &body).await.json()
 }
 
 /// The `tool_thought` entry of `target`.
 fn thought(reply: &Value, target: &str) -> Value {
-    reply["tool_thought"]
-        .as_array()
-        .and_then(|t| t.iter().find(|t| t["target"] == target).cloned())
+    planner::tool_thought(reply, target)
         .unwrap_or_else(|| panic!("no tool_thought for {target}: {}", reply["tool_thought"]))
-}
-
-fn good() -> Behavior {
-    Behavior::Good {
-        delay: Duration::ZERO,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_agent_is_served_only_when_its_network_or_name_is_allowed() {
     bounded(120, async {
-        let agent = TestAgent::start("inhouse", "An in-cluster helper", good()).await;
+        let agent = TestAgent::start("inhouse", "An in-cluster helper", Behavior::good()).await;
         let by_address = agent.url();
         assert!(by_address.starts_with("http://127.0.0.1:"), "{by_address}");
 
@@ -128,7 +96,7 @@ async fn a_private_agent_is_served_only_when_its_network_or_name_is_allowed() {
         let named = TestAgent::start_with(
             "named",
             "An in-cluster helper known by name",
-            good(),
+            Behavior::good(),
             AgentOptions {
                 card_host: Some("localhost".into()),
                 ..AgentOptions::default()

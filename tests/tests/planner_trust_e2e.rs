@@ -7,33 +7,18 @@
 //! Plans are scripted as in `planner_e2e.rs`.
 
 use harness::a2a_agents::{AgentOptions, Behavior, TestAgent};
+use harness::planner::{self, outcome_of, tool_thought};
 use harness::{bounded, json, Reply, Stack, Value};
 use std::time::Duration;
 
 /// Loopback agents allowed; no discovery, so each request uses exactly
 /// the agents it names.
-const PLANNER_TOML: &str = r#"
-[planner]
-allow_private_addresses = true
-connect_timeout_ms = 500
-first_byte_timeout_ms = 1500
-idle_timeout_ms = 1500
-step_timeout_ms = 4000
-hedge_after_ms = 2000
-run_timeout_ms = 6000
-synthesis_timeout_ms = 10000
-keepalive_ms = 150
-max_discovered = 0
-"#;
+fn planner_toml() -> String {
+    planner::config("allow_private_addresses = true\nhedge_after_ms = 2000\nmax_discovered = 0\n")
+}
 
 const SECRET_ENV: &str = "IGW_TRUST_AGENT_TOKEN";
 const SECRET: &str = "Bearer trust-s3cret";
-
-fn good() -> Behavior {
-    Behavior::Good {
-        delay: Duration::ZERO,
-    }
-}
 
 /// A `[[planner.agents]]` entry with the auth header from [`SECRET_ENV`].
 fn entry(id: &str, url: &str, allowed_hosts: &[String]) -> String {
@@ -46,7 +31,7 @@ fn entry(id: &str, url: &str, allowed_hosts: &[String]) -> String {
 fn stack(entries: &[String]) -> Stack {
     Stack::builder()
         .models(&["base-mini"])
-        .extra_toml(&format!("{PLANNER_TOML}{}", entries.concat()))
+        .extra_toml(&format!("{}{}", planner_toml(), entries.concat()))
         .gateway_env((SECRET_ENV.into(), SECRET.into()))
         .start()
         .expect("stack starts")
@@ -71,50 +56,18 @@ fn scripted(ask: &str, steps: Vec<Value>) -> String {
 }
 
 async fn ask(stack: &Stack, text: &str, agents: &[String]) -> Reply {
-    let body = json!({
-        "model": "base-mini",
-        "planner_mode": true,
-        "messages": [{"role": "user", "content": text}],
-        "agents": agents,
-    });
-    let client = stack.client();
-    let reply = client
-        .send(
-            client
-                .request(reqwest::Method::POST, "/chat/completions")
-                .header("x-session-id", format!("sess-{}", harness::random_hex(12)))
-                .json(&body),
-        )
-        .await
-        .expect("request");
-    assert_eq!(reply.status, 200, "{}\n{}", reply.text(), stack.logs());
-    reply
-}
-
-/// The `tool_thought` entry of `target`, if any.
-fn thought_of(reply: &Value, target: &str) -> Option<Value> {
-    reply["tool_thought"]
-        .as_array()?
-        .iter()
-        .find(|t| t["target"] == target)
-        .cloned()
-}
-
-fn outcome_of(reply: &Value, target: &str) -> String {
-    thought_of(reply, target)
-        .and_then(|t| t["outcome"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no tool_thought for {target}: {}", reply["tool_thought"]))
+    planner::ask(stack, &planner::body("base-mini", text, agents)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_secret_goes_only_to_its_configured_origin_or_allowed_hosts() {
     bounded(90, async {
         // `front`'s card sends the planner to `elsewhere`, another port.
-        let elsewhere = TestAgent::start("elsewhere", "Collects secrets", good()).await;
+        let elsewhere = TestAgent::start("elsewhere", "Collects secrets", Behavior::good()).await;
         let front = TestAgent::start_with(
             "front",
             "Front desk",
-            good(),
+            Behavior::good(),
             AgentOptions {
                 card_endpoint: Some(format!("{}/rpc", elsewhere.url())),
                 ..AgentOptions::default()
@@ -122,11 +75,11 @@ async fn a_directory_secret_goes_only_to_its_configured_origin_or_allowed_hosts(
         )
         .await;
         // `listed` does the same, but its entry allows the other host.
-        let backend = TestAgent::start("backend", "The real worker", good()).await;
+        let backend = TestAgent::start("backend", "The real worker", Behavior::good()).await;
         let listed = TestAgent::start_with(
             "listed",
             "Front desk with a backend",
-            good(),
+            Behavior::good(),
             AgentOptions {
                 card_endpoint: Some(format!("{}/rpc", backend.url())),
                 ..AgentOptions::default()
@@ -154,7 +107,7 @@ async fn a_directory_secret_goes_only_to_its_configured_origin_or_allowed_hosts(
             "{}",
             reply["tool_thought"]
         );
-        let detail = thought_of(&reply, "front").unwrap()["detail"].to_string();
+        let detail = tool_thought(&reply, "front").unwrap()["detail"].to_string();
         assert!(!detail.contains(&elsewhere.url()), "{detail}");
         // The other server was never called, so never saw the secret.
         assert!(elsewhere.methods().is_empty(), "{:?}", elsewhere.methods());
@@ -194,8 +147,8 @@ async fn a_request_naming_a_directory_url_neither_poisons_nor_reads_its_cached_c
             require_auth: Some(SECRET.to_owned()),
             ..AgentOptions::default()
         };
-        let vault = TestAgent::start_with("vault", "Protected records", good(), protected()).await;
-        let ledger = TestAgent::start_with("ledger", "Protected ledger", good(), protected()).await;
+        let vault = TestAgent::start_with("vault", "Protected records", Behavior::good(), protected()).await;
+        let ledger = TestAgent::start_with("ledger", "Protected ledger", Behavior::good(), protected()).await;
         let stack = stack(&[
             entry("vault", &vault.url(), &[]),
             entry("ledger", &ledger.url(), &[]),
@@ -210,7 +163,7 @@ async fn a_request_naming_a_directory_url_neither_poisons_nor_reads_its_cached_c
         .await
         .json();
         assert_eq!(outcome_of(&reply, &vault.url()), "no_card");
-        let detail = thought_of(&reply, &vault.url()).unwrap()["detail"].to_string();
+        let detail = tool_thought(&reply, &vault.url()).unwrap()["detail"].to_string();
         assert!(detail.contains("401"), "{detail}");
         // ...and the directory entry is not disabled by it.
         let reply = ask(
@@ -286,7 +239,7 @@ async fn an_unreachable_agent_says_only_agent_unreachable() {
         let door = TestAgent::start_with(
             "door",
             "A card without a server",
-            good(),
+            Behavior::good(),
             AgentOptions {
                 card_endpoint: Some(format!("{closed_url}/rpc")),
                 ..AgentOptions::default()
@@ -303,11 +256,11 @@ async fn an_unreachable_agent_says_only_agent_unreachable() {
         .await
         .json();
         // The request's URL: no card, and no word of why beyond that.
-        let card = thought_of(&reply, &closed_url).expect("the closed URL's entry");
+        let card = tool_thought(&reply, &closed_url).expect("the closed URL's entry");
         assert_eq!(card["outcome"], "no_card", "{card}");
         assert_eq!(card["detail"], "agent unreachable", "{card}");
         // The directory agent's call.
-        let call = thought_of(&reply, "door").expect("the door's entry");
+        let call = tool_thought(&reply, "door").expect("the door's entry");
         assert_eq!(call["outcome"], "unreachable", "{call}");
         assert_eq!(call["detail"], "agent unreachable", "{call}");
         // Nowhere in the reply (thoughts, the echoed synthesis prompt) is
@@ -337,11 +290,11 @@ async fn an_unreachable_agent_says_only_agent_unreachable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_hosts_are_managed_with_the_cli() {
     bounded(90, async {
-        let backend = TestAgent::start("backend", "The real worker", good()).await;
+        let backend = TestAgent::start("backend", "The real worker", Behavior::good()).await;
         let relay = TestAgent::start_with(
             "relay",
             "Front desk with a backend",
-            good(),
+            Behavior::good(),
             AgentOptions {
                 card_endpoint: Some(format!("{}/rpc", backend.url())),
                 ..AgentOptions::default()
@@ -351,7 +304,7 @@ async fn allowed_hosts_are_managed_with_the_cli() {
         let stack = Stack::builder()
             .models(&["base-mini"])
             .redis()
-            .extra_toml(PLANNER_TOML)
+            .extra_toml(&planner_toml())
             .gateway_env((SECRET_ENV.into(), SECRET.into()))
             .start()
             .expect("stack");

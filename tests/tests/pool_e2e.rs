@@ -3,18 +3,12 @@
 //! outage while requests flow, and what prefix affinity buys in cached
 //! prompt tokens. Real gateway, real synthetic workers, loopback only.
 
+use harness::chat;
 use harness::{
     assert_error, bounded, chat_body, gateway_over, json, random_hex, start_workers, stream_body,
     Client, SseFrame, Value, Worker, WorkerOpts,
 };
 use std::time::{Duration, Instant};
-
-async fn post_chat(client: &Client, body: &Value) -> harness::Reply {
-    client
-        .post_json("/chat/completions", body)
-        .await
-        .expect("HTTP exchange")
-}
 
 /// The value of the first sample of `name` whose labels include all of
 /// `labels` (`key="value"` strings) on a Prometheus text page; 0 if none.
@@ -83,7 +77,7 @@ async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
 
         // Same prefix: preferred worker is the busy one; it rejects, the
         // other serves. Streaming and not.
-        let r = post_chat(&client, &chat_body("base", &format!("{head} question one"))).await;
+        let r = chat::post(&client, &chat_body("base", &format!("{head} question one"))).await;
         assert_eq!(r.status, 200, "{r}");
         let frames = client
             .stream(
@@ -129,13 +123,13 @@ async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
             .unwrap();
         assert_eq!(second.status, 200);
         second.next_frame().await.unwrap().expect("role chunk");
-        let r = post_chat(&client, &chat_body("base", "third")).await;
+        let r = chat::post(&client, &chat_body("base", "third")).await;
         assert_error(&r, 503, "server_overloaded");
         drop((first, second));
         // Overload never opens a circuit: both serve again at once.
         let t = Instant::now();
         loop {
-            let r = post_chat(&client, &chat_body("base", "after")).await;
+            let r = chat::post(&client, &chat_body("base", "after")).await;
             if r.status == 200 {
                 break;
             }
@@ -169,11 +163,11 @@ async fn context_length_errors_never_open_the_circuit() {
         for i in 0..12 {
             let mut body = chat_body("base", &long);
             body["stream"] = json!(i % 2 == 0);
-            let r = post_chat(&client, &body).await;
+            let r = chat::post(&client, &body).await;
             let e = assert_error(&r, 400, "context_length_exceeded");
             assert_eq!(e["param"], "messages", "{r}");
         }
-        let r = post_chat(&client, &chat_body("base", "short")).await;
+        let r = chat::post(&client, &chat_body("base", "short")).await;
         assert_eq!(r.status, 200, "the worker is still selectable: {r}");
         let c = workers[0].counters().await.unwrap();
         assert_eq!((c.rejected, c.completed), (12, 1), "{c:?}");
@@ -204,7 +198,7 @@ async fn requests_failing_on_every_worker_do_not_take_the_pool_down() {
         let gateway = gateway_over(&workers, "");
         let client = gateway.client();
         for i in 0..6 {
-            let r = post_chat(
+            let r = chat::post(
                 &client,
                 &chat_body("base", &format!("bad {i} synthetic:fail_after=0")),
             )
@@ -212,7 +206,7 @@ async fn requests_failing_on_every_worker_do_not_take_the_pool_down() {
             assert_error(&r, 502, "upstream_error");
         }
         for i in 0..6 {
-            let r = post_chat(&client, &chat_body("base", &format!("good {i}"))).await;
+            let r = chat::post(&client, &chat_body("base", &format!("good {i}"))).await;
             assert_eq!(r.status, 200, "good request {i} after the bad ones: {r}");
         }
         let failed: u64 = futures::future::join_all(workers.iter().map(|w| w.counters()))
@@ -308,7 +302,7 @@ async fn load_loop(
     let mut seen = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let t = Instant::now();
-        let r = post_chat(&client, &chat_body("base", "ping synthetic:reply_tokens=2")).await;
+        let r = chat::post(&client, &chat_body("base", "ping synthetic:reply_tokens=2")).await;
         if r.status != 200 {
             // The only failure the policies allow: 503 with retry-after.
             assert_error(&r, 503, "store_unavailable");
@@ -454,7 +448,7 @@ async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
     }
     let (mut cached, mut prompt) = (0u64, 0u64);
     for pair in jobs.chunks(2) {
-        let replies = futures::future::join_all(pair.iter().map(|b| post_chat(&client, b))).await;
+        let replies = futures::future::join_all(pair.iter().map(|b| chat::post(&client, b))).await;
         for r in replies {
             assert_eq!(r.status, 200, "{r}");
             let usage = &r.json()["usage"];
@@ -525,7 +519,7 @@ async fn a_session_sticks_to_one_worker() {
             "all 24 turns on one worker: {with_session:?}"
         );
         for turn in 0..24 {
-            let r = post_chat(
+            let r = chat::post(
                 &client,
                 &chat_body("base", &format!("{turn} unrelated. synthetic:reply_tokens=2")),
             )
@@ -737,7 +731,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
 
         // Only the ready endpoint serves, from the first request on.
         for _ in 0..6 {
-            assert_eq!(post_chat(&client, &body).await.status, 200);
+            assert_eq!(chat::post(&client, &body).await.status, 200);
         }
         assert_eq!(completed(&workers).await, vec![6, 0]);
 
@@ -745,7 +739,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
         api.answer(200, &json!({"items": [endpoint_slice(a, false), endpoint_slice(b, true)]}));
         let switched = Instant::now();
         loop {
-            assert_eq!(post_chat(&client, &body).await.status, 200);
+            assert_eq!(chat::post(&client, &body).await.status, 200);
             if completed(&workers).await[1] > 0 {
                 break;
             }
@@ -754,7 +748,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
         }
         let before = completed(&workers).await;
         for _ in 0..6 {
-            assert_eq!(post_chat(&client, &body).await.status, 200);
+            assert_eq!(chat::post(&client, &body).await.status, 200);
         }
         let after = completed(&workers).await;
         assert_eq!((after[0], after[1]), (before[0], before[1] + 6), "all on B once A terminates");
@@ -764,7 +758,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
         api.answer(503, &json!({"kind": "Status", "code": 503}));
         let outage = Instant::now();
         while outage.elapsed() < Duration::from_secs(7) {
-            assert_eq!(post_chat(&client, &body).await.status, 200);
+            assert_eq!(chat::post(&client, &body).await.status, 200);
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         assert_eq!(completed(&workers).await[0], after[0], "A stays out");
@@ -836,7 +830,7 @@ async fn a_worker_with_a_token_serves_only_callers_that_send_it() {
         with.env
             .push(("GATEWAY_WORKER_TOKEN".into(), token.clone()));
         let gateway = harness::Gateway::start(with).expect("gateway");
-        let r = post_chat(
+        let r = chat::post(
             &gateway.client(),
             &chat_body("base", "hi synthetic:reply_tokens=3"),
         )
@@ -846,7 +840,7 @@ async fn a_worker_with_a_token_serves_only_callers_that_send_it() {
         // One without it is not: the worker's refusal is a server error,
         // never a reply.
         let without = gateway_over(&[worker], "");
-        let r = post_chat(
+        let r = chat::post(
             &without.client(),
             &chat_body("base", "hi synthetic:reply_tokens=3"),
         )

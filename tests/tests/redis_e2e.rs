@@ -10,6 +10,7 @@
 //! limiter's per-node connections and the followers' dedicated ones each
 //! find the node serving their keys.
 
+use harness::responses;
 use harness::stack::gateway_cli;
 use harness::{
     bounded, json, start_workers, Gateway, GatewayOpts, RedisCluster, RedisServer, WorkerOpts,
@@ -81,26 +82,10 @@ async fn keys_limits_and_runs_live_on_a_redis_reached_over_tls() {
         assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("3"), "{r}");
 
         // A background run is stored, driven and read back over TLS.
-        let r = client
-            .post_json(
-                "/responses",
-                &json!({"model": "base", "input": "synthetic:reply_tokens=30 go", "background": true}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{r}");
-        let id = r.json()["id"].as_str().unwrap().to_owned();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let done = loop {
-            let r = client.get(&format!("/responses/{id}")).await.unwrap();
-            assert_eq!(r.status, 200, "{r}");
-            let o = r.json();
-            if o["status"] == "completed" {
-                break o;
-            }
-            assert!(Instant::now() < deadline, "not completed: {o}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let id = responses::id(&responses::create(&client, &json!({"model": "base", "input": "synthetic:reply_tokens=30 go", "background": true})).await);
+        let done =
+            responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(20)).await;
+        assert_eq!(done["status"], "completed", "not completed: {done}");
         assert_eq!(done["usage"]["output_tokens"], 30, "{done}");
 
         // The usage the operator reads back went through the same TLS server.
@@ -228,15 +213,7 @@ async fn keys_limits_runs_and_usage_live_on_a_redis_cluster() {
 
         // A background run (its lease and its response in different slots),
         // followed live from the start of its event log, then read back.
-        let r = client
-            .post_json(
-                "/responses",
-                &json!({"model": "base", "input": "synthetic:reply_tokens=30 go", "background": true}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{r}");
-        let id = r.json()["id"].as_str().unwrap().to_owned();
+        let id = responses::id(&responses::create(&client, &json!({"model": "base", "input": "synthetic:reply_tokens=30 go", "background": true})).await);
         let live = client
             .open_stream(client.request(
                 reqwest::Method::GET,

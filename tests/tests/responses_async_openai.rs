@@ -3,21 +3,11 @@
 //! (text, reasoning, function calls, incomplete, background replay,
 //! input items, delete, errors).
 
-use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::types::responses::{CreateResponse, OutputItem, ResponseStreamEvent, Status};
-use async_openai::Client;
 use futures::StreamExt;
 use harness::{json, Stack, Value};
 use std::time::{Duration, Instant};
-
-fn client(stack: &Stack) -> Client<OpenAIConfig> {
-    Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(stack.gateway.base_url())
-            .with_api_key(stack.gateway.api_key()),
-    )
-}
 
 /// A typed request from its JSON form (what a client would send).
 fn request(body: Value) -> CreateResponse {
@@ -47,7 +37,7 @@ async fn collect(
 #[tokio::test]
 async fn objects_parse_into_the_typed_response() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = client(&stack);
+    let openai = harness::openai::client(&stack);
     let responses = openai.responses();
 
     let r = responses
@@ -104,7 +94,7 @@ async fn objects_parse_into_the_typed_response() {
 #[tokio::test]
 async fn stream_events_parse() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = client(&stack);
+    let openai = harness::openai::client(&stack);
     let responses = openai.responses();
 
     let events = collect(
@@ -161,7 +151,7 @@ async fn stream_events_parse() {
 #[tokio::test]
 async fn background_replay_parses() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = client(&stack);
+    let openai = harness::openai::client(&stack);
     let responses = openai.responses();
     let r = responses
         .create(request(
@@ -191,7 +181,7 @@ async fn background_replay_parses() {
 #[tokio::test]
 async fn failed_and_cancelled_runs_parse() {
     let stack = Stack::builder().models(&["base"]).start().unwrap();
-    let openai = client(&stack);
+    let openai = harness::openai::client(&stack);
     let responses = openai.responses();
 
     let events = collect(

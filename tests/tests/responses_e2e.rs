@@ -3,20 +3,13 @@
 //! event order, statuses, error envelopes) plus the worker's own counters
 //! where only it can tell (a cancelled run stops generating).
 
-use harness::{assert_error, json, Client, Gateway, SseFrame, Stack, TestKey, Value, WorkerOpts};
+use harness::responses;
+use harness::{assert_error, json, Gateway, SseFrame, Stack, TestKey, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
 /// Lease settings short enough for a test to see a lost run end.
 const FAST_LEASES: &str =
     "[store]\nlease_millis = 1500\nheartbeat_millis = 300\nsweep_interval_millis = 200\n";
-
-fn base_stack(opts: WorkerOpts) -> Stack {
-    Stack::builder()
-        .models(&["base"])
-        .worker_opts(opts)
-        .start()
-        .expect("stack starts")
-}
 
 /// A `base` stack on the test Redis, with a second key of another org.
 fn redis_stack(opts: WorkerOpts, extra: &str) -> (Stack, TestKey) {
@@ -72,22 +65,9 @@ fn names(events: &[(String, Value)]) -> Vec<&str> {
     events.iter().map(|(n, _)| n.as_str()).collect()
 }
 
-async fn wait_status(client: &Client, id: &str, timeout: Duration, done: &[&str]) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let r = client.get(&format!("/responses/{id}")).await.unwrap();
-        assert_eq!(r.status, 200, "{r}");
-        let v = r.json();
-        if done.contains(&v["status"].as_str().unwrap_or_default()) || Instant::now() > deadline {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn create_retrieve_list_and_delete() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let r = client
         .post_json(
@@ -150,7 +130,7 @@ async fn create_retrieve_list_and_delete() {
 
 #[tokio::test]
 async fn streaming_events_in_order() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let stream = stack
         .client()
         .stream(
@@ -210,7 +190,7 @@ async fn streaming_events_in_order() {
 
 #[tokio::test]
 async fn long_stream_arrives_complete() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let stream = stack
         .client()
         .stream(
@@ -233,7 +213,7 @@ async fn long_stream_arrives_complete() {
 
 #[tokio::test]
 async fn reasoning_item_comes_before_the_message() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let stream = stack
         .client()
         .stream(
@@ -265,7 +245,7 @@ async fn reasoning_item_comes_before_the_message() {
 
 #[tokio::test]
 async fn store_false_and_max_output_tokens() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let r = client
         .post_json(
@@ -300,7 +280,7 @@ async fn store_false_and_max_output_tokens() {
 
 #[tokio::test]
 async fn request_errors_name_their_param() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let cases = [
         (
@@ -389,7 +369,7 @@ async fn request_errors_name_their_param() {
 
 #[tokio::test]
 async fn function_call_round_trip_through_previous_response_id() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let tools = json!([{"type":"function","name":"get_weather","description":"Weather in a city",
         "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false},"strict":true}]);
@@ -469,7 +449,7 @@ async fn function_call_round_trip_through_previous_response_id() {
 
 #[tokio::test]
 async fn input_items_pagination() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let input: Vec<Value> = (0..5)
         .map(|i| json!({"role":"user","content":format!("m{i}")}))
@@ -617,7 +597,7 @@ async fn a_run_deleted_under_its_follower_ends_the_stream_with_an_error_event() 
         .await
         .unwrap();
     let id = r.json()["id"].as_str().unwrap().to_string();
-    wait_status(&client, &id, Duration::from_secs(5), &["in_progress"]).await;
+    responses::wait_for_status(&client, &id, &["in_progress"], Duration::from_secs(5)).await;
     let mut live = client
         .open_stream(client.request(
             reqwest::Method::GET,
@@ -679,7 +659,7 @@ async fn background_stream_on_create_and_cancel_through_another_replica() {
         .await
         .unwrap();
     let id = r.json()["id"].as_str().unwrap().to_string();
-    wait_status(&b, &id, Duration::from_secs(5), &["in_progress"]).await;
+    responses::wait_for_status(&b, &id, &["in_progress"], Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cancelled = b
         .post_json(&format!("/responses/{id}/cancel"), &json!({}))
@@ -750,10 +730,10 @@ async fn killed_owner_run_fails_within_the_lease() {
         .await
         .unwrap();
     let id = r.json()["id"].as_str().unwrap().to_string();
-    wait_status(&b, &id, Duration::from_secs(5), &["in_progress"]).await;
+    responses::wait_for_status(&b, &id, &["in_progress"], Duration::from_secs(5)).await;
     stack.gateway.kill();
     let killed = Instant::now();
-    let obj = wait_status(&b, &id, Duration::from_secs(10), &["failed"]).await;
+    let obj = responses::wait_for_status(&b, &id, &["failed"], Duration::from_secs(10)).await;
     assert_eq!(obj["status"], "failed", "{obj}");
     assert_eq!(obj["error"]["code"], "run_lost");
     assert!(
@@ -816,7 +796,7 @@ async fn stored_responses_expire_after_the_window() {
 
 #[tokio::test]
 async fn worker_failure_mid_run_ends_failed() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let input = "x synthetic:reply_tokens=20 synthetic:fail_after=3";
 
@@ -863,7 +843,7 @@ async fn worker_failure_mid_run_ends_failed() {
         .await
         .unwrap();
     let id = r.json()["id"].as_str().unwrap().to_string();
-    let v = wait_status(&client, &id, Duration::from_secs(10), &["failed"]).await;
+    let v = responses::wait_for_status(&client, &id, &["failed"], Duration::from_secs(10)).await;
     assert_eq!(v["status"], "failed", "{v}");
     assert!(v["error"]["message"].is_string());
 }
@@ -894,12 +874,7 @@ async fn draining_replica_refuses_new_background_runs_and_finishes_its_own() {
         // Still listening while it drains: new background work is refused.
         assert_error(&r, 503, "server_overloaded");
     }
-    let v = wait_status(
-        &second.client(),
-        &id,
-        Duration::from_secs(10),
-        &["completed", "failed"],
-    )
+    let v = responses::wait_for_status(&second.client(), &id, &["completed", "failed"], Duration::from_secs(10))
     .await;
     assert_eq!(
         v["status"], "completed",
@@ -920,25 +895,11 @@ async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
         "grace_period_seconds = 1\nreadiness_drain_millis = 100\n[store]\nlease_millis = 30000\n",
     );
     let second = Gateway::start(stack.gateway.opts().clone()).expect("second replica");
-    let r = stack
-        .client()
-        .post_json(
-            "/responses",
-            &json!({"model":"base","input":"bg synthetic:reply_tokens=400 synthetic:slow_ms=50","background":true}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{r}");
-    let id = r.json()["id"].as_str().unwrap().to_string();
+    let id = responses::id(&responses::create(&stack.client(), &json!({"model":"base","input":"bg synthetic:reply_tokens=400 synthetic:slow_ms=50","background":true})).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let sent = Instant::now();
     stack.gateway.signal(libc::SIGTERM);
-    let v = wait_status(
-        &second.client(),
-        &id,
-        Duration::from_secs(10),
-        &["completed", "failed", "cancelled", "incomplete"],
-    )
+    let v = responses::wait_for_status(&second.client(), &id, &["completed", "failed", "cancelled", "incomplete"], Duration::from_secs(10))
     .await;
     assert_eq!(v["status"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "replica_shutdown", "{v}");
@@ -1041,7 +1002,7 @@ async fn bench_background(opts: WorkerOpts, runs: usize, concurrency: usize, lab
     }
     let pending: Vec<String> = ids.lock().await.clone();
     for id in &pending {
-        let v = wait_status(&client, id, Duration::from_secs(60), &["completed"]).await;
+        let v = responses::wait_for_status(&client, id, &["completed"], Duration::from_secs(60)).await;
         assert_eq!(v["status"], "completed");
     }
     let elapsed = started.elapsed();
@@ -1080,7 +1041,7 @@ async fn bench_background(opts: WorkerOpts, runs: usize, concurrency: usize, lab
 /// stream reset where the trailers belong), exactly like the foreground relay.
 #[tokio::test]
 async fn a_finished_run_reads_its_worker_stream_to_the_end() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     // The worker ends each stream 400 ms after its `Finished` event.
     let input = "x synthetic:reply_tokens=5 synthetic:trailers_ms=400";
@@ -1097,7 +1058,7 @@ async fn a_finished_run_reads_its_worker_stream_to_the_end() {
         .unwrap();
     assert_eq!(r.status, 200, "{r}");
     let id = r.json()["id"].as_str().unwrap().to_string();
-    let v = wait_status(&client, &id, Duration::from_secs(10), &["completed"]).await;
+    let v = responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(10)).await;
     assert_eq!(v["status"], "completed", "{v}");
 
     let worker = stack.worker("base");
@@ -1117,7 +1078,7 @@ async fn a_finished_run_reads_its_worker_stream_to_the_end() {
 /// run's stored `response.failed` say the same thing.
 #[tokio::test]
 async fn a_worker_503_mid_run_fails_like_the_foreground_relay() {
-    let stack = base_stack(WorkerOpts::default());
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let input = "x synthetic:reply_tokens=20 synthetic:fail_after=3 synthetic:fail_unavailable";
     let request = |background: bool| json!({"model":"base","input":input,"background":background});
@@ -1133,7 +1094,7 @@ async fn a_worker_503_mid_run_fails_like_the_foreground_relay() {
         .await
         .unwrap();
     let id = r.json()["id"].as_str().unwrap().to_string();
-    let v = wait_status(&client, &id, Duration::from_secs(10), &["failed"]).await;
+    let v = responses::wait_for_status(&client, &id, &["failed"], Duration::from_secs(10)).await;
     assert_eq!(v["status"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "upstream_error", "{v}");
 }

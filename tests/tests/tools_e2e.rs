@@ -10,15 +10,9 @@
 //! tool result; several calls only with `parallel_tool_calls`. What is
 //! asserted here is what a client sees.
 
-use harness::{json, Client, SseFrame, Stack, Value};
+use harness::chat;
+use harness::{json, Client, SseFrame, Stack, Value, WorkerOpts};
 use std::collections::BTreeMap;
-
-fn base_stack() -> Stack {
-    Stack::builder()
-        .models(&["base"])
-        .start()
-        .expect("stack starts")
-}
 
 fn weather_schema() -> Value {
     json!({
@@ -309,7 +303,7 @@ fn assert_text(turn: &ChatTurn) {
 
 #[tokio::test]
 async fn chat_tool_choice_modes_stream_and_not() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let mentions_weather = "Please use get_weather for Paris.";
     let plain = "Tell me something nice.";
@@ -387,7 +381,7 @@ async fn chat_tool_choice_modes_stream_and_not() {
 
 #[tokio::test]
 async fn chat_parallel_calls_only_when_allowed() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let both = "First get_time in Tokyo, then get_weather in Oslo.";
     for stream in [false, true] {
@@ -429,7 +423,7 @@ async fn chat_parallel_calls_only_when_allowed() {
 
 #[tokio::test]
 async fn chat_tool_round_trip_ends_in_a_text_answer() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     for stream in [false, true] {
         let ask = "Use get_time for Lisbon and get_weather for Rome.";
@@ -473,7 +467,7 @@ async fn chat_tool_round_trip_ends_in_a_text_answer() {
 
 #[tokio::test]
 async fn chat_structured_output_parses_and_validates() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let schema = json!({
         "type": "object",
@@ -729,7 +723,7 @@ fn assert_response_text(t: &ResponseTurn) {
 
 #[tokio::test]
 async fn responses_tool_choice_modes_and_parallel_calls() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let weather = "Please use get_weather for Paris.";
     let both = "First get_time in Tokyo, then get_weather in Oslo.";
@@ -782,7 +776,7 @@ async fn responses_tool_choice_modes_and_parallel_calls() {
 
 #[tokio::test]
 async fn responses_tool_round_trip_inline_and_through_previous_response_id() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let ask = "Use get_time for Lisbon and get_weather for Rome.";
     for stream in [false, true] {
@@ -836,7 +830,7 @@ async fn responses_tool_round_trip_inline_and_through_previous_response_id() {
 
 #[tokio::test]
 async fn responses_structured_output_parses_and_validates() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let schema = json!({
         "type": "object",
@@ -874,7 +868,7 @@ async fn responses_structured_output_parses_and_validates() {
 /// piece shows as a difference.
 #[tokio::test]
 async fn long_replies_arrive_whole_on_both_apis() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let words: Vec<String> = (0..700).map(|i| format!("w{i}")).collect();
     let text = format!("{} synthetic:echo", words.join(" "));
@@ -902,7 +896,7 @@ async fn long_replies_arrive_whole_on_both_apis() {
 /// the failure is counted on `/metrics`.
 #[tokio::test]
 async fn a_reply_that_breaks_the_requested_format_is_a_server_error() {
-    let stack = base_stack();
+    let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let schema = schema_of("get_weather");
     let prompt = "Describe the weather. synthetic:ignore_format";
@@ -921,13 +915,7 @@ async fn a_reply_that_breaks_the_requested_format_is_a_server_error() {
 
     let mut streamed = chat.clone();
     streamed["stream"] = json!(true);
-    let frames = client
-        .stream("/chat/completions", &streamed)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let frames = chat::stream(&client, &streamed).await;
     let error = frames
         .iter()
         .filter(|f| !f.is_done())

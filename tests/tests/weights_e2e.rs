@@ -5,7 +5,7 @@
 
 use harness::file_server::FileServer;
 use harness::model::model_file;
-use harness::replies::{chat, content, post_chat};
+use harness::chat;
 use harness::{Stack, WorkerOpts};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -136,8 +136,8 @@ async fn a_cut_connection_resumes_with_a_range_request_and_the_file_serves() {
         .worker_opts(WorkerOpts::llama(&target, 512, 1))
         .start()
         .expect("a llama worker on the fetched file");
-    let r = post_chat(&stack, &chat("Say hello.", 8)).await;
-    assert!(!content(&r).trim().is_empty(), "{r}");
+    let r = chat::create(&stack, &chat::greedy("Say hello.", 8)).await;
+    assert!(!chat::content(&r).trim().is_empty(), "{r}");
     assert!(
         r["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1,
         "{r}"
