@@ -167,6 +167,13 @@ pub struct UsageRow {
     pub cost_nano: i64,
 }
 
+/// `<prefix>usage:{<org>}:<day>`: an organisation's usage of one UTC day
+/// (`YYYY-MM-DD`), which the limiter's `settle.lua` writes and
+/// [`read_usage`] reads.
+pub fn usage_key(redis: &RedisHandle, org: &str, day: &str) -> String {
+    redis.key("usage", org, ":") + day
+}
+
 /// Usage of `org` from day `since` (days since the epoch) to today, by
 /// (day, key id, model).
 pub async fn read_usage(
@@ -180,7 +187,7 @@ pub async fn read_usage(
     for day in since..=today {
         let (y, m, d) = civil_from_days(day);
         let day = format!("{y:04}-{m:02}-{d:02}");
-        let key = crate::limits::redis_lua::usage_key(redis, org, &day);
+        let key = usage_key(redis, org, &day);
         let h: BTreeMap<String, i64> = redis::AsyncCommands::hgetall(&mut conn, key).await?;
         for (field, n) in h {
             let mut parts = field.rsplitn(3, '|');

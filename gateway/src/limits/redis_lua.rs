@@ -23,6 +23,7 @@ use crate::metrics::redis_error;
 use crate::redis::cluster_pipe::ClusterPipe;
 use crate::redis::pipe::{Arg, PipeError, RedisPipe, Reply, RespCommand, Script};
 use crate::redis::{RedisHandle, Target};
+use crate::usage::usage_key;
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -125,12 +126,6 @@ impl RedisLimits {
 /// `<prefix>spend:{<org>}`: nano-dollars an organisation has spent.
 fn spend_key(redis: &RedisHandle, org: &str) -> String {
     redis.key("spend", org, "")
-}
-
-/// `<prefix>usage:{<org>}:<day>`: an organisation's usage of one UTC day
-/// (`YYYY-MM-DD`), which `settle.lua` writes and `crate::usage` reads.
-pub fn usage_key(redis: &RedisHandle, org: &str, day: &str) -> String {
-    redis.key("usage", org, ":") + day
 }
 
 /// What `org` has spent so far, in nano-dollars (0 before its first
