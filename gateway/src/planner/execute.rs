@@ -66,7 +66,11 @@ impl Planner {
             hedge_after: Duration::from_millis(self.config.hedge_after_ms),
             run_deadline,
             calls,
-            max_tokens: self.config.max_step_tokens,
+            // A step writes no more than the answer may.
+            max_tokens: match state.max_tokens {
+                0 => self.config.max_step_tokens,
+                answer => self.config.max_step_tokens.min(answer),
+            },
             note: &note,
         };
         let mut running = FuturesUnordered::new();

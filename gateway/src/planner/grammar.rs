@@ -25,9 +25,9 @@ use serde_json::{json, Map, Value};
 
 /// Characters of the plan's `thought`. Small models fill text fields to
 /// their limit (SmolLM2 repeats itself), so the limits are short.
-pub const THOUGHT_CHARS: usize = 60;
+pub const THOUGHT_CHARS: usize = 40;
 /// Characters of a step's `instruction` (the step also gets the request).
-pub const INSTRUCTION_CHARS: usize = 80;
+pub const INSTRUCTION_CHARS: usize = 60;
 /// Characters of the reason a named agent is not consulted.
 pub const REASON_CHARS: usize = 60;
 /// Alternates of one agent step.
@@ -183,7 +183,15 @@ fn position(targets: &Targets, i: usize) -> Value {
             None,
         ));
     }
-    if !first_must_call || branches.is_empty() {
+    // With agents to ask, an `llm` step works on earlier steps' results:
+    // the model alone is the synthesis's job, and a small model offered
+    // free-standing model steps writes several, each to its token cap.
+    // Without agents a first `llm` step is how a plan declines the tools.
+    if i > 0 && !targets.agents.is_empty() {
+        let mut llm = step("llm", MODEL_TARGET, None, None);
+        llm["properties"]["depends_on"]["minItems"] = json!(1);
+        branches.push(llm);
+    } else if branches.is_empty() || (!first_must_call && targets.agents.is_empty()) {
         branches.push(step("llm", MODEL_TARGET, None, None));
     }
     json!({"anyOf": branches})
@@ -461,6 +469,27 @@ mod tests {
             let plan = json!({"thought": "", "steps": bad});
             assert!(!jsonschema::is_valid(&g.schema, &plan), "{plan}");
         }
+    }
+
+    #[test]
+    fn with_agents_model_steps_work_on_earlier_results() {
+        let llm = |id: usize, deps: Vec<usize>| {
+            json!({"id": id, "kind": "llm", "target": "model", "instruction": "", "depends_on": deps})
+        };
+        let ask = json!({"id": 1, "kind": "agent", "target": "agent0", "instruction": "", "depends_on": []});
+        let g = PlanGrammar::new(&targets(1, 1, ToolDemand::Auto), 100_000);
+        for (steps, valid) in [
+            (json!([llm(1, vec![])]), false),
+            (json!([ask.clone(), llm(2, vec![])]), false),
+            (json!([ask.clone(), llm(2, vec![1])]), true),
+        ] {
+            let plan = json!({"thought": "", "steps": steps});
+            assert_eq!(jsonschema::is_valid(&g.schema, &plan), valid, "{plan}");
+        }
+        // Without agents, a first model step declines the tools.
+        let g = PlanGrammar::new(&targets(0, 1, ToolDemand::Auto), 100_000);
+        let plan = json!({"thought": "", "steps": [llm(1, vec![])]});
+        assert!(jsonschema::is_valid(&g.schema, &plan), "{plan}");
     }
 
     #[test]
