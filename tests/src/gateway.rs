@@ -316,7 +316,8 @@ impl Gateway {
     /// Kills the gateway if it runs and starts it again on the same ports
     /// with the same config (a replica restart).
     pub fn restart(&mut self) -> Result<()> {
-        let (opts, addr, admin, config) = (&self.opts, &self.addr, &self.admin_addr, &self.config_path);
+        let (opts, addr, admin, config) =
+            (&self.opts, &self.addr, &self.admin_addr, &self.config_path);
         crate::process::restart_in_place(&mut self.process, "gateway", || {
             Self::start_with(opts, addr, admin, config)
         })

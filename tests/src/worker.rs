@@ -237,7 +237,9 @@ impl Worker {
     /// with the same flags (a restarted pod behind the same address).
     pub fn restart(&mut self) -> Result<()> {
         let (model, addr, opts) = (&self.model, &self.addr, &self.opts);
-        restart_in_place(&mut self.process, "worker", || Self::start_on(model, addr, opts))
+        restart_in_place(&mut self.process, "worker", || {
+            Self::start_on(model, addr, opts)
+        })
     }
 
     /// The tail of the worker's log, for assertion messages.

@@ -126,7 +126,8 @@ async fn every_error_status_parses() {
             "max_tokens",
         ),
     ] {
-        let (status, e) = openai::api_error(ok.chat().create(chat_on("base-mini", extra.clone())).await);
+        let (status, e) =
+            openai::api_error(ok.chat().create(chat_on("base-mini", extra.clone())).await);
         assert_eq!(status, 400, "{extra}");
         assert_eq!(e.code.as_deref(), Some(code), "{extra}");
         assert_eq!(e.param.as_deref(), Some(param), "{extra}");
@@ -164,7 +165,8 @@ async fn every_error_status_parses() {
     // 403: a key that may only list models.
     let models_only = openai::client_with_key(&stack, &keys.models_only);
     assert!(models_only.models().list().await.is_ok());
-    let (status, e) = openai::api_error(models_only.chat().create(chat_on("base", json!({}))).await);
+    let (status, e) =
+        openai::api_error(models_only.chat().create(chat_on("base", json!({}))).await);
     assert_eq!(status, 403);
     assert_eq!(e.r#type.as_deref(), Some("permission_error"));
     assert!(e.code.is_some_and(|c| !c.is_empty()));
@@ -216,7 +218,8 @@ async fn every_error_status_parses() {
         ))
         .await
         .expect("the first request is admitted");
-    let (status, e) = openai::api_error(limited.chat().create(chat_on("base-mini", json!({}))).await);
+    let (status, e) =
+        openai::api_error(limited.chat().create(chat_on("base-mini", json!({}))).await);
     assert_eq!(
         (status, e.code.as_deref()),
         (429, Some("rate_limit_exceeded"))

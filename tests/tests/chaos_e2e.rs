@@ -8,8 +8,8 @@
 
 use harness::chat;
 use harness::{
-    assert_error, bounded, chat_body, gateway_over, json, start_workers, stream_body,
-    SseFrame, Stack, Value, Worker, WorkerOpts,
+    assert_error, bounded, chat_body, gateway_over, json, start_workers, stream_body, SseFrame,
+    Stack, Value, Worker, WorkerOpts,
 };
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,8 @@
 //! cursor past the end of a run's log, floods of messages, HTTP/1.1
 //! pipelining, and a client that stops reading its stream.
 
-use harness::responses;
 use harness::raw::{self, RawConn, RawResponse};
+use harness::responses;
 use harness::{assert_error, json, Stack, WorkerOpts};
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -143,8 +143,15 @@ async fn encrypted_reasoning_is_answered_with_null_and_clear_summaries() {
 async fn a_replay_cursor_past_the_end_of_an_ended_run_is_400() {
     let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
-    let id = responses::id(&responses::create(&client, &json!({"model":"base","input":"bg synthetic:reply_tokens=5","background":true})).await);
-    let done = responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(20)).await;
+    let id = responses::id(
+        &responses::create(
+            &client,
+            &json!({"model":"base","input":"bg synthetic:reply_tokens=5","background":true}),
+        )
+        .await,
+    );
+    let done =
+        responses::wait_for_status(&client, &id, &["completed"], Duration::from_secs(20)).await;
     assert_eq!(done["status"], "completed", "the run completes: {done}");
     let replay = |after: u64| {
         let client = client.clone();

@@ -6,8 +6,8 @@
 //! fast. SmolLM2 is a weak model: the asserts are on structure (lengths,
 //! counts), not on what it knows.
 
-use harness::model::model_file;
 use harness::chat::{self, content, create as post, greedy};
+use harness::model::model_file;
 use harness::{json, Stack, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
@@ -98,7 +98,10 @@ async fn four_concurrent_streams_decode_together() {
     let stack = llama_stack(4);
     let mut streams = Vec::new();
     for i in 0..4 {
-        let body = chat::long_story(&format!("Tell me a very long story about dragon number {i}."), i);
+        let body = chat::long_story(
+            &format!("Tell me a very long story about dragon number {i}."),
+            i,
+        );
         let stream = stack
             .client()
             .stream("/chat/completions", &body)
@@ -131,4 +134,3 @@ async fn four_concurrent_streams_decode_together() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-

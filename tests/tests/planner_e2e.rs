@@ -86,12 +86,7 @@ async fn warm(stack: &Stack, model: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_three_models_answer_with_agents_of_both_protocol_versions() {
     bounded(120, async {
-        let good = TestAgent::start(
-            "good",
-            "Answers anything",
-            Behavior::good(),
-        )
-        .await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
         let old = TestAgent::start("old", "Speaks A2A 0.3", Behavior::V03Only).await;
         let stack = stack(&MODELS, &planner_toml());
         for model in MODELS {
@@ -248,12 +243,7 @@ async fn a_slow_agent_is_hedged_and_the_loser_receives_cancel_task() {
             },
         )
         .await;
-        let quick = TestAgent::start(
-            "quick",
-            "Quick",
-            Behavior::good(),
-        )
-        .await;
+        let quick = TestAgent::start("quick", "Quick", Behavior::good()).await;
         let stack = stack(&["base-mini"], &planner_toml());
         warm(&stack, "base-mini").await;
         let p = plan(vec![agent_step("s1", "slow", &[], &["quick"])]);
@@ -374,7 +364,11 @@ async fn with_every_agent_bad_the_reply_is_still_an_answer_that_says_why() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
         assert!(!chat::content(&r).is_empty());
-        assert!(chat::content(&r).contains("Could not be done"), "{}", chat::content(&r));
+        assert!(
+            chat::content(&r).contains("Could not be done"),
+            "{}",
+            chat::content(&r)
+        );
         let o = outcomes(&r);
         for want in [
             ("rejecter", "rejected"),
@@ -498,12 +492,7 @@ fn resume_messages(text: &str, paused: &Value, call_id: &str, result: &str) -> V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
     bounded(120, async {
-        let good = TestAgent::start(
-            "good",
-            "Answers anything",
-            Behavior::good(),
-        )
-        .await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
         let other = TestKey::random("org-other");
         let mut stack = Stack::builder()
             .models(&["base-mini"])
@@ -559,8 +548,16 @@ async fn tool_calls_pause_and_resume_across_replicas_and_a_restart() {
         assert_eq!(done.status, 200, "{}", done.text());
         let d = done.json();
         assert_eq!(d["choices"][0]["finish_reason"], "stop");
-        assert!(chat::content(&d).contains("12:00 UTC"), "{}", chat::content(&d));
-        assert!(chat::content(&d).contains("good says: done"), "{}", chat::content(&d));
+        assert!(
+            chat::content(&d).contains("12:00 UTC"),
+            "{}",
+            chat::content(&d)
+        );
+        assert!(
+            chat::content(&d).contains("good says: done"),
+            "{}",
+            chat::content(&d)
+        );
         assert!(outcomes(&d).contains(&("model".into(), "completed".into())));
         // Finished: the same result again answers nothing.
         let again = post(&b, &s, &resume(&call_id)).await;
@@ -875,12 +872,7 @@ async fn private_addresses_are_refused_by_default_and_the_scope_can_forbid_the_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
     bounded(60, async {
-        let good = TestAgent::start(
-            "good",
-            "Answers anything",
-            Behavior::good(),
-        )
-        .await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
         // A real engine's small context: the planner's 8192-token output cap
         // cannot fit, so the calls ask for what fits instead of failing.
         let stack = Stack::builder()
@@ -919,18 +911,16 @@ async fn plan_calls_fit_a_worker_whose_window_is_below_the_output_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_and_token_budgets_end_execution_early_with_an_answer() {
     bounded(60, async {
-        let good = TestAgent::start(
-            "good",
-            "Answers anything",
-            Behavior::good(),
-        )
-        .await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
         let p = plan(vec![
             agent_step("s1", "good", &[], &[]),
             agent_step("s2", "good", &["s1"], &[]),
         ]);
         // One step allowed: the second is skipped, and said so.
-        let stack_steps = stack(&["base-mini"], &format!("{}max_steps = 1\n", planner_toml()));
+        let stack_steps = stack(
+            &["base-mini"],
+            &format!("{}max_steps = 1\n", planner_toml()),
+        );
         let reply = post(
             &stack_steps.client(),
             &session(),

@@ -10,7 +10,7 @@ use harness::a2a_agents::{Behavior, TestAgent};
 use harness::model::model_file;
 use harness::planner::{self, outcomes, post, session, thoughts};
 use harness::{bounded, chat, json, Stack, Value, WorkerOpts};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Room for the plan prompt and the longest plan the grammar admits.
 const N_CTX: u32 = 4096;

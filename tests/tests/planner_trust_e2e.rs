@@ -147,8 +147,12 @@ async fn a_request_naming_a_directory_url_neither_poisons_nor_reads_its_cached_c
             require_auth: Some(SECRET.to_owned()),
             ..AgentOptions::default()
         };
-        let vault = TestAgent::start_with("vault", "Protected records", Behavior::good(), protected()).await;
-        let ledger = TestAgent::start_with("ledger", "Protected ledger", Behavior::good(), protected()).await;
+        let vault =
+            TestAgent::start_with("vault", "Protected records", Behavior::good(), protected())
+                .await;
+        let ledger =
+            TestAgent::start_with("ledger", "Protected ledger", Behavior::good(), protected())
+                .await;
         let stack = stack(&[
             entry("vault", &vault.url(), &[]),
             entry("ledger", &ledger.url(), &[]),

@@ -874,7 +874,12 @@ async fn draining_replica_refuses_new_background_runs_and_finishes_its_own() {
         // Still listening while it drains: new background work is refused.
         assert_error(&r, 503, "server_overloaded");
     }
-    let v = responses::wait_for_status(&second.client(), &id, &["completed", "failed"], Duration::from_secs(10))
+    let v = responses::wait_for_status(
+        &second.client(),
+        &id,
+        &["completed", "failed"],
+        Duration::from_secs(10),
+    )
     .await;
     assert_eq!(
         v["status"], "completed",
@@ -899,7 +904,12 @@ async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let sent = Instant::now();
     stack.gateway.signal(libc::SIGTERM);
-    let v = responses::wait_for_status(&second.client(), &id, &["completed", "failed", "cancelled", "incomplete"], Duration::from_secs(10))
+    let v = responses::wait_for_status(
+        &second.client(),
+        &id,
+        &["completed", "failed", "cancelled", "incomplete"],
+        Duration::from_secs(10),
+    )
     .await;
     assert_eq!(v["status"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "replica_shutdown", "{v}");
@@ -1002,7 +1012,8 @@ async fn bench_background(opts: WorkerOpts, runs: usize, concurrency: usize, lab
     }
     let pending: Vec<String> = ids.lock().await.clone();
     for id in &pending {
-        let v = responses::wait_for_status(&client, id, &["completed"], Duration::from_secs(60)).await;
+        let v =
+            responses::wait_for_status(&client, id, &["completed"], Duration::from_secs(60)).await;
         assert_eq!(v["status"], "completed");
     }
     let elapsed = started.elapsed();

@@ -6,8 +6,8 @@
 //! `engine_conformance.rs`. SmolLM2 is weak: asserts are on structure, not on
 //! what it knows.
 
-use harness::model::model_file;
 use harness::chat;
+use harness::model::model_file;
 use harness::{wait_until, LlamaServer, Stack, WorkerOpts};
 use std::time::Duration;
 
@@ -38,7 +38,10 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
     for i in 0..8 {
         let client = stack.client();
         streams.spawn(async move {
-            let body = chat::long_story(&format!("Tell me a very long story about dragon number {i}."), i);
+            let body = chat::long_story(
+                &format!("Tell me a very long story about dragon number {i}."),
+                i,
+            );
             let mut stream = client.stream("/chat/completions", &body).await?;
             while stream.next_frame().await?.is_some() {}
             anyhow::Ok(())
@@ -48,26 +51,34 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
     // so the check is not a fixed count: at a moment when the engine holds
     // both slots and defers at least one request, the worker reports
     // exactly the engine's own counts.
-    wait_until("the worker to report the engine's queue", Duration::from_secs(30), || async {
-        let Ok((running, waiting)) = server.running_and_waiting().await else {
-            return false;
-        };
-        if running != 2 || waiting == 0 {
-            return false;
-        }
-        let load = worker.load().await.unwrap_or_default();
-        (load.running, load.queued, load.capacity) == (2, waiting, 2)
-    })
+    wait_until(
+        "the worker to report the engine's queue",
+        Duration::from_secs(30),
+        || async {
+            let Ok((running, waiting)) = server.running_and_waiting().await else {
+                return false;
+            };
+            if running != 2 || waiting == 0 {
+                return false;
+            }
+            let load = worker.load().await.unwrap_or_default();
+            (load.running, load.queued, load.capacity) == (2, waiting, 2)
+        },
+    )
     .await;
     streams.abort_all();
     wait_until("the engine to drain", Duration::from_secs(10), || async {
         server.running_and_waiting().await.ok() == Some((0, 0))
     })
     .await;
-    wait_until("the worker's load to follow", Duration::from_secs(5), || async {
-        let load = worker.load().await.unwrap_or_default();
-        (load.running, load.queued) == (0, 0)
-    })
+    wait_until(
+        "the worker's load to follow",
+        Duration::from_secs(5),
+        || async {
+            let load = worker.load().await.unwrap_or_default();
+            (load.running, load.queued) == (0, 0)
+        },
+    )
     .await;
 }
 
@@ -99,9 +110,11 @@ async fn a_dead_engine_makes_the_worker_not_serving() {
     const NOT_SERVING: i32 = 2;
     assert_eq!(status("inference.v1.Worker").await, SERVING);
     drop(server);
-    wait_until("the worker to follow the engine down", Duration::from_secs(5), || async {
-        status("inference.v1.Worker").await == NOT_SERVING
-    })
+    wait_until(
+        "the worker to follow the engine down",
+        Duration::from_secs(5),
+        || async { status("inference.v1.Worker").await == NOT_SERVING },
+    )
     .await;
     assert_eq!(status("").await, NOT_SERVING);
     let reply = stack

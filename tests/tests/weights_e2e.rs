@@ -3,9 +3,9 @@
 //! bucket and the Hugging Face Hub; then a `llama` worker on the fetched
 //! file serves a real completion.
 
+use harness::chat;
 use harness::file_server::FileServer;
 use harness::model::model_file;
-use harness::chat;
 use harness::{Stack, WorkerOpts};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
