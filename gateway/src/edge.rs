@@ -72,7 +72,9 @@ impl From<PoolError> for ApiError {
                 ApiError::new(400, "context_length_exceeded", message).with_param("messages")
             }
             PoolError::InvalidRequest { message } => ApiError::invalid_value("messages", message),
-            PoolError::AtCapacity => ApiError::overloaded("The model is at capacity; retry shortly."),
+            PoolError::AtCapacity => {
+                ApiError::overloaded("The model is at capacity; retry shortly.")
+            }
             PoolError::Draining => ApiError::overloaded("The worker is restarting; retry shortly."),
             PoolError::Unreachable => {
                 ApiError::overloaded("The model's workers are unreachable; retry shortly.")

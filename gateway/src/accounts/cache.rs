@@ -450,10 +450,7 @@ mod tests {
             .await
             .unwrap();
         assert!(acc.org.blocked);
-        assert!(matches!(
-            acc.check_org(),
-            Err(AccountError::Blocked { .. })
-        ));
+        assert!(matches!(acc.check_org(), Err(AccountError::Blocked { .. })));
         cleanup(&redis).await;
     }
 }

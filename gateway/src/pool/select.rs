@@ -13,7 +13,6 @@ use crate::config::PoolPolicy;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-
 /// A worker may carry this factor over the pool's average before a sticky
 /// key spills to its next-preferred worker.
 const LOAD_FACTOR: f64 = 1.25;
@@ -126,7 +125,10 @@ mod tests {
         let all: Vec<usize> = (0..4).collect();
         let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, 42).unwrap();
         for _ in 0..20 {
-            assert_eq!(pick(PoolPolicy::PrefixAffinity, &eps, &all, 42), Some(first));
+            assert_eq!(
+                pick(PoolPolicy::PrefixAffinity, &eps, &all, 42),
+                Some(first)
+            );
         }
         // Different keys spread over the pool.
         let chosen: std::collections::HashSet<usize> = (0..64u64)
