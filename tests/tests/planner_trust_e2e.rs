@@ -9,7 +9,6 @@
 use harness::a2a_agents::{AgentOptions, Behavior, TestAgent};
 use harness::planner::{self, outcome_of, tool_thought};
 use harness::{bounded, json, Reply, Stack, Value};
-use std::time::Duration;
 
 /// Loopback agents allowed; no discovery, so each request uses exactly
 /// the agents it names.
