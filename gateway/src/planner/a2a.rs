@@ -378,7 +378,7 @@ impl AgentFailure {
 
     /// One line saying what happened (agent text cut short).
     pub fn detail(&self) -> String {
-        let cut = |s: &str| super::clip(s, 200);
+        let cut = |s: &str| super::text::clip(s, 200);
         match self {
             AgentFailure::Rejected(m) => format!("the agent rejected the task: {}", cut(m)),
             AgentFailure::Failed(m) => format!("the task failed: {}", cut(m)),

@@ -183,13 +183,13 @@ impl ResolvedAgent {
         let mut s = format!(
             "{}: {}",
             self.card.name,
-            super::clip(&self.card.description, 300)
+            super::text::clip(&self.card.description, 300)
         );
         for skill in self.card.skills.iter().take(8) {
             s.push_str(&format!(
                 "; skill {}: {}",
                 skill.name,
-                super::clip(&skill.description, 200)
+                super::text::clip(&skill.description, 200)
             ));
         }
         s

@@ -40,9 +40,8 @@ mod step;
 mod synthesis;
 mod text;
 
-pub use input::{content_text, RunInput, Turn};
+pub use input::{RunInput, Turn};
 pub use pause::{Begun, RunStateBox, SessionLock, Start};
-pub use text::{clip, quote};
 
 use crate::api::chat::ToolThought;
 use crate::config::PlannerConfig;
