@@ -28,7 +28,7 @@ pub async fn create(
     ex: &mut Exchange,
     account: Arc<Account>,
     req: ChatCompletionRequest,
-    plan: ValidChatRequest,
+    valid: ValidChatRequest,
     input_estimate: u64,
 ) -> Result<(), ApiError> {
     let session = ex.session_id().unwrap_or_default().trim().to_owned();
@@ -48,7 +48,7 @@ pub async fn create(
                 },
                 agents: req.agents.clone().unwrap_or_default(),
                 demand: demand_of(req.tool_choice.as_ref()),
-                max_tokens: plan.max_tokens,
+                max_tokens: valid.max_tokens,
             }
         })
         .await?;
@@ -56,7 +56,7 @@ pub async fn create(
         app,
         ex,
         &account,
-        plan.model,
+        valid.model,
         input_estimate.max(estimate_input_tokens(1024)),
         app.planner.config.max_plan_tokens,
     )
@@ -72,7 +72,7 @@ pub async fn create(
         &app.pools,
         &app.limiter,
         &account,
-        plan.model,
+        valid.model,
         ex.trace,
         ex.request_id.clone(),
         session.clone(),
@@ -86,7 +86,7 @@ pub async fn create(
     let mut lock = Some(lock);
     let id = new_id("chatcmpl-");
 
-    if !plan.stream {
+    if !valid.stream {
         let ending = tokio::select! {
             ending = &mut run => ending,
             _ = ex.client_gone() => {
@@ -110,7 +110,7 @@ pub async fn create(
         }
         let completion = reply::completion(
             id,
-            plan.model.id,
+            valid.model.id,
             &session,
             ending,
             usage_of(&calls),
@@ -124,7 +124,7 @@ pub async fn create(
 
     // Streaming: the head goes out with the first frame, so a run that
     // fails before doing anything still answers with its error status.
-    let frames = StreamFrames::new(id, plan.model.id, &session, plan.include_usage);
+    let frames = StreamFrames::new(id, valid.model.id, &session, valid.include_usage);
     let keepalive = Duration::from_millis(app.planner.config.keepalive_ms.max(100));
     let mut reply = SseReply::new(ex, 0).with_keepalive(keepalive);
     enum Next {
