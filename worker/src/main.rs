@@ -419,13 +419,16 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
     match args.engine {
         EngineKind::Synthetic => {
             let model = ModelProfile::for_serving(&args.model, args.context_window)?;
-            let engine = SyntheticEngine::new(SyntheticConfig {
-                ttft: Duration::from_millis(args.ttft_ms),
-                tokens_per_second: args.tokens_per_second.max(0.0),
-                coalesce_tokens: args.coalesce_tokens,
-                fail_after_tokens: args.fail_after_tokens,
-                prefix_cache_blocks: args.prefix_cache_blocks,
-            }, model.clone());
+            let engine = SyntheticEngine::new(
+                SyntheticConfig {
+                    ttft: Duration::from_millis(args.ttft_ms),
+                    tokens_per_second: args.tokens_per_second.max(0.0),
+                    coalesce_tokens: args.coalesce_tokens,
+                    fail_after_tokens: args.fail_after_tokens,
+                    prefix_cache_blocks: args.prefix_cache_blocks,
+                },
+                model.clone(),
+            );
             // Load the BPE before taking traffic, so the first request is not slow.
             let _ = worker::engine::synthetic::tokenizer::count("warm up");
             Ok(Loaded {
@@ -443,9 +446,9 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
 }
 
 async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    use worker::seam::chat::ChatEngine;
     use worker::engine::upstream::kind::Kind;
     use worker::engine::upstream::{UpstreamConfig, UpstreamEngine};
+    use worker::seam::chat::ChatEngine;
     let Some(url) = args.upstream_url.clone() else {
         anyhow::bail!("--engine upstream needs --upstream-url http://HOST:PORT");
     };

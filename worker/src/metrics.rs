@@ -251,8 +251,8 @@ mod tests {
     use crate::admission::Admission;
     use crate::counters::Counters;
     use crate::drain::DrainFlag;
-    use crate::seam::Outcome;
     use crate::model::ModelProfile;
+    use crate::seam::Outcome;
     use crate::service::Engines;
 
     fn state() -> Arc<WorkerState> {

@@ -19,7 +19,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The `crate::` paths a layer's non-test code names.
 fn imports(layer: &str) -> Vec<(PathBuf, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(layer);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(layer);
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     let mut out = Vec::new();
@@ -49,7 +51,10 @@ fn assert_not_above(layer: &str, above: &[&str]) {
         .into_iter()
         .filter(|(_, module)| above.contains(&module.as_str()))
         .collect();
-    assert!(bad.is_empty(), "`{layer}` imports a layer above it: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "`{layer}` imports a layer above it: {bad:?}"
+    );
 }
 
 #[test]

@@ -24,9 +24,7 @@ pub mod tool_calls;
 pub mod utf8;
 
 use crate::seam::chat::OnCached;
-use crate::seam::sequence::{
-    SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
-};
+use crate::seam::sequence::{SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId};
 use crate::seam::tokens::saturate;
 use crate::seam::{Cancelled, EventSink, Outcome, Started};
 use crate::status;

@@ -71,7 +71,10 @@ impl EventSink {
     /// Ends a generation that produced `tokens` with its `Finished` event:
     /// completed, unless the gateway had already left.
     pub async fn finish(&self, finished: pb::Finished, tokens: u32) -> Outcome {
-        match self.send(pb::generate_event::Event::Finished(finished)).await {
+        match self
+            .send(pb::generate_event::Event::Finished(finished))
+            .await
+        {
             Ok(()) => Outcome::Completed { tokens },
             Err(Cancelled) => Outcome::Cancelled { tokens },
         }

@@ -47,13 +47,13 @@ use crate::seam::tokens::fnv1a;
 use crate::seam::{EventSink, Outcome, Started};
 use crate::status;
 use controls::Controls;
-use prefix_cache::PrefixCache;
-use rng::{Rng, WORDS};
-use tokenizer::{Piece, Prompt};
 use inference_proto::v1 as pb;
 use pb::finished::Reason;
 use pb::generate_event::Event;
+use prefix_cache::PrefixCache;
+use rng::{Rng, WORDS};
 use std::time::Duration;
+use tokenizer::{Piece, Prompt};
 use tonic::Status;
 
 /// Prompts with more text than this are tokenized off the async threads.
@@ -171,7 +171,11 @@ impl SyntheticEngine {
             .sampling
             .as_ref()
             .map_or(0, |s| s.max_tokens);
-        pipeline::fit_window(self.model.context_window, tokenized.prompt.len(), max_tokens)
+        pipeline::fit_window(
+            self.model.context_window,
+            tokenized.prompt.len(),
+            max_tokens,
+        )
     }
 
     /// Looks the prompt up in the simulated prefix cache and plans the

@@ -163,7 +163,6 @@ pub fn pieces(text: &str) -> Vec<Piece> {
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,9 +30,9 @@ pub mod relay;
 pub mod request;
 pub mod wire;
 
+use crate::pipeline::coalesce::Coalescer;
 use crate::seam::chat::{ChatEngine, EngineLoad, OnCached};
 use crate::seam::{Cancelled, EventSink, Outcome, Started};
-use crate::pipeline::coalesce::Coalescer;
 use crate::status;
 use bytes::Bytes;
 use http_body_util::BodyExt;

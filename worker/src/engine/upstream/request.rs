@@ -12,8 +12,8 @@
 
 use super::kind::{Kind, MaxTokensField, ReasoningField};
 use super::wire::{self, ChatRequest, StreamOptions};
-use crate::seam::sequence::Constraint;
 use crate::pipeline::request::{self as plan, ToolMode};
+use crate::seam::sequence::Constraint;
 use crate::status;
 use inference_proto::v1 as pb;
 use serde_json::{json, Value};
