@@ -473,9 +473,7 @@ mod tests {
 
     #[test]
     fn with_agents_model_steps_work_on_earlier_results() {
-        let llm = |id: usize, deps: Vec<usize>| {
-            json!({"id": id, "kind": "llm", "target": "model", "instruction": "", "depends_on": deps})
-        };
+        let llm = |id: usize, deps: Vec<usize>| json!({"id": id, "kind": "llm", "target": "model", "instruction": "", "depends_on": deps});
         let ask = json!({"id": 1, "kind": "agent", "target": "agent0", "instruction": "", "depends_on": []});
         let g = PlanGrammar::new(&targets(1, 1, ToolDemand::Auto), 100_000);
         for (steps, valid) in [

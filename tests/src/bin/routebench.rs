@@ -518,21 +518,25 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
         .context("an arm is SMG's or the gateway's")?;
     let mut workers = Vec::new();
     let mut probes = Vec::new();
-    for i in 0..args.engines {
+    // One worker per engine: in front of its llama-server (`upstream`), or
+    // the engine itself (`llama`, no URL).
+    let engines: Vec<Option<&String>> = (0..args.engines).map(|i| urls.get(i)).collect();
+    for url in engines {
         let metrics = free_addr()?;
-        let mut opts = match args.engine {
-            EngineKind::LlamaServer => WorkerOpts::upstream(&urls[i], "llama-server"),
-            EngineKind::Llama => WorkerOpts::llama(model, args.n_ctx, args.slots),
+        let mut opts = match (args.engine, url) {
+            (EngineKind::LlamaServer, Some(url)) => WorkerOpts::upstream(url, "llama-server"),
+            (EngineKind::LlamaServer, None) => bail!("a llama-server per upstream worker"),
+            (EngineKind::Llama, _) => WorkerOpts::llama(model, args.n_ctx, args.slots),
         };
         opts.extra_args
             .extend(["--metrics-listen".to_owned(), metrics.clone()]);
         workers.push(Worker::start("base", opts)?);
-        probes.push(match args.engine {
-            EngineKind::LlamaServer => Probe::Server {
-                metrics: format!("{}/metrics", urls[i]),
+        probes.push(match url {
+            Some(url) => Probe::Server {
+                metrics: format!("{url}/metrics"),
                 worker: Some(format!("http://{metrics}/metrics")),
             },
-            EngineKind::Llama => Probe::Worker {
+            None => Probe::Worker {
                 metrics: format!("http://{metrics}/metrics"),
             },
         });
