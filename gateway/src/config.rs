@@ -502,6 +502,10 @@ pub enum PoolPolicy {
     /// while its load allows.
     #[default]
     PrefixAffinity,
+    /// The worker whose engine holds the longest part of the prompt (as
+    /// the workers report their prefix caches), weighed against its load;
+    /// a worker with a free slot before one that would queue.
+    CacheAware,
 }
 
 impl ModelPool {

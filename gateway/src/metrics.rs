@@ -37,6 +37,9 @@ pub struct Metrics {
     pub worker_up: IntGaugeVec,
     /// 1 while a worker's circuit breaker is open.
     pub worker_circuit_open: IntGaugeVec,
+    /// Prompt-prefix blocks each worker last reported its engine holds
+    /// (what `cache_aware` routing matches prompts against).
+    pub worker_cached_prefix_blocks: IntGaugeVec,
     /// (running + queued) / capacity over a model's pool, as the workers
     /// report it: the autoscaling signal for worker Deployments.
     pub worker_load_ratio: GaugeVec,
@@ -176,6 +179,12 @@ impl Metrics {
             worker_up: register_int_gauge_vec_with_registry!(
                 "gateway_worker_up",
                 "1 while the worker is selectable.",
+                &["model", "worker"],
+                registry
+            )?,
+            worker_cached_prefix_blocks: register_int_gauge_vec_with_registry!(
+                "gateway_worker_cached_prefix_blocks",
+                "Prompt-prefix blocks the worker last reported its engine holds.",
                 &["model", "worker"],
                 registry
             )?,

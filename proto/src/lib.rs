@@ -6,6 +6,7 @@
 
 pub mod codec;
 pub mod models;
+pub mod prefix;
 
 pub mod v1 {
     tonic::include_proto!("inference.v1");

@@ -76,6 +76,7 @@ pub mod openai;
 pub mod planner;
 pub mod process;
 pub mod procfs;
+pub mod prometheus;
 pub mod raw;
 pub mod redis_scope;
 pub mod redis_server;

@@ -4,24 +4,12 @@
 //! prompt tokens. Real gateway, real synthetic workers, loopback only.
 
 use harness::chat;
+use harness::prometheus::sample;
 use harness::{
     assert_error, bounded, chat_body, gateway_over, json, random_hex, start_workers, stream_body,
     Client, SseFrame, Value, Worker, WorkerOpts,
 };
 use std::time::{Duration, Instant};
-
-/// The value of the first sample of `name` whose labels include all of
-/// `labels` (`key="value"` strings) on a Prometheus text page; 0 if none.
-fn sample(page: &str, name: &str, labels: &[&str]) -> f64 {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.strip_prefix(name))
-        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        .find(|rest| labels.iter().all(|label| rest.contains(label)))
-        .and_then(|rest| rest.rsplit(' ').next())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 fn ends_with_done(frames: &[SseFrame]) -> bool {
     frames.last().is_some_and(SseFrame::is_done)
@@ -461,15 +449,16 @@ async fn cached_share(policy: &str, cache_blocks: Option<u32>) -> (u64, u64) {
     (cached, prompt)
 }
 
-/// Repeated prefixes: prefix affinity gives a higher `cached_tokens`
-/// share than plain least-loaded balancing, both with the workers' default
-/// prefix cache and with one too small for a whole round of prefixes.
+/// Repeated prefixes: prefix affinity and cache-aware routing give a
+/// higher `cached_tokens` share than plain least-loaded balancing, both
+/// with the workers' default prefix cache and with one too small for a
+/// whole round of prefixes.
 #[tokio::test]
-async fn prefix_affinity_raises_the_cached_token_share() {
-    bounded(80, async {
+async fn prefix_routing_raises_the_cached_token_share() {
+    bounded(120, async {
         let mut shares = Vec::new();
         for blocks in [None, Some(BOUNDED_CACHE_BLOCKS)] {
-            for policy in ["least_loaded", "prefix_affinity"] {
+            for policy in ["least_loaded", "prefix_affinity", "cache_aware"] {
                 let (cached, prompt) = cached_share(policy, blocks).await;
                 let share = cached as f64 / prompt as f64;
                 eprintln!(
@@ -481,12 +470,12 @@ async fn prefix_affinity_raises_the_cached_token_share() {
             }
         }
         assert!(
-            shares[1] > shares[0],
-            "affinity beats least_loaded (default cache): {shares:?}"
+            shares[1] > shares[0] && shares[2] > shares[0],
+            "affinity and cache-aware beat least_loaded (default cache): {shares:?}"
         );
         assert!(
-            shares[3] > shares[2] + 0.15,
-            "affinity beats least_loaded (bounded cache): {shares:?}"
+            shares[4] > shares[3] + 0.15 && shares[5] > shares[3] + 0.15,
+            "affinity and cache-aware beat least_loaded (bounded cache): {shares:?}"
         );
     })
     .await;

@@ -6,7 +6,8 @@
 //! [`admission`], then starts the engine's generation on a task of its own
 //! and streams its events back to the gateway. [`drain`] owns graceful
 //! shutdown; [`counters`] the totals that `Info` reports and [`metrics`]
-//! serves to Prometheus.
+//! serves to Prometheus; [`cache_report`] what the engine holds in its
+//! prefix cache, which `Info` reports for the gateway's cache-aware routing.
 //!
 //! Layers, one way: [`service`] → [`engine`] → [`pipeline`] → [`seam`]. The
 //! seam holds what all of them share: the engine traits, the event sink a
@@ -21,6 +22,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cache_report;
 pub mod counters;
 pub mod drain;
 pub mod engine;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tonic::transport::server::TcpIncoming;
 use worker::admission::Admission;
 use worker::auth::RequireToken;
+use worker::cache_report::CacheReport;
 use worker::counters::Counters;
 use worker::drain::{self, DrainFlag};
 use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
@@ -411,6 +412,9 @@ struct Loaded {
     description: String,
     model: ModelProfile,
     capacity: u32,
+    /// Prompts the engine's cache holds at most (its slots), for the cache
+    /// report.
+    cache_slots: u32,
     /// Readiness reported by the engine itself (upstream), when it has one.
     ready: Option<tokio::sync::watch::Receiver<bool>>,
 }
@@ -437,6 +441,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 description: SYNTHETIC_DESCRIPTION.to_owned(),
                 model,
                 capacity: args.max_concurrency,
+                cache_slots: args.max_concurrency,
                 ready: None,
             })
         }
@@ -471,12 +476,15 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
     let ready = engine.spawn_scraper(scrape);
     let mut model = ModelProfile::new(&args.model, Some(engine.context_window()));
     model.reasoning_budget = kind == Kind::Vllm;
+    // llama-server says its slots (`/props`); others: what we send at once.
+    let cache_slots = engine.capacity().unwrap_or(args.max_concurrency);
     Ok(Loaded {
         description: engine.description(),
         engine: Engines::Chat(Arc::new(engine)),
         name: "upstream",
         model,
         capacity: args.max_concurrency,
+        cache_slots,
         ready: Some(ready),
     })
 }
@@ -513,6 +521,7 @@ fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
         description,
         model,
         capacity: args.parallel.max(1),
+        cache_slots: args.parallel.max(1),
         ready: None,
     })
 }
@@ -525,6 +534,7 @@ fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = load_engine(&args).await?;
     let engine_name = loaded.name;
+    let cache_report = CacheReport::new(loaded.engine.cache_source(), loaded.cache_slots);
     let state = Arc::new(WorkerState {
         model: loaded.model,
         engine_name,
@@ -533,6 +543,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admission: Admission::new(loaded.capacity, args.max_queue),
         counters: Counters::default(),
         drain: DrainFlag::default(),
+        cache_report,
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -557,6 +568,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     tonic_health::ServingStatus::NotServing
                 };
                 tracing::info!(?status, "upstream engine health changed");
+                if status == tonic_health::ServingStatus::NotServing {
+                    // It may come back restarted, its cache empty.
+                    state.cache_report.reset();
+                }
                 health.set_service_status("", status).await;
                 health
                     .set_service_status(

@@ -272,6 +272,10 @@ mod tests {
             admission: Admission::new(3, 5),
             counters: Counters::default(),
             drain: DrainFlag::default(),
+            cache_report: crate::cache_report::CacheReport::new(
+                crate::cache_report::Source::Estimated { ttl: None },
+                3,
+            ),
         })
     }
 

@@ -11,10 +11,11 @@ mod engines;
 pub use engines::Engines;
 
 use crate::admission::{Admission, Slot};
+use crate::cache_report::CacheReport;
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
 use crate::model::ModelProfile;
-use crate::seam::{EventSink, Started};
+use crate::seam::{CacheHit, EventSink, Started};
 use crate::status;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
@@ -97,6 +98,8 @@ pub struct WorkerState {
     pub admission: Admission,
     pub counters: Counters,
     pub drain: DrainFlag,
+    /// What the engine holds in its prefix cache (`Info.prefix_cache`).
+    pub cache_report: CacheReport,
 }
 
 /// The gRPC service; cheap to clone.
@@ -143,6 +146,7 @@ impl WorkerService {
     ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
         let request_id = request.request_id.clone();
+        let prompt_blocks: Arc<[u64]> = inference_proto::prefix::prompt_blocks(&request).into();
         span.record("request_id", tracing::field::display(&request_id));
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
@@ -159,10 +163,19 @@ impl WorkerService {
         })?;
         let prompt_tokens = counted.prompt_tokens().unwrap_or(0);
         let st = Arc::clone(&self.state);
+        let blocks = Arc::clone(&prompt_blocks);
         let started = counted
-            .start(Box::new(move |cached| st.counters.cached(cached)))
+            .start(Box::new(move |hit: CacheHit| {
+                st.counters.cached(hit.cached_tokens);
+                if let Some(slot) = hit.slot {
+                    st.cache_report.placed(Arc::clone(&blocks), slot);
+                }
+            }))
             .await
             .map_err(|s| self.reject(s))?;
+        if !state.cache_report.is_exact() {
+            state.cache_report.sent(prompt_blocks);
+        }
         state.counters.started(prompt_tokens, 0);
         // At info, under the span that carries `trace_id` (RUST_LOG=info).
         tracing::info!(prompt_tokens, "generate");
@@ -242,6 +255,7 @@ impl pb::worker_server::Worker for WorkerService {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             counters: Some(s.counters.snapshot()),
             last_trace_id: s.counters.last_trace_id(),
+            prefix_cache: Some(s.cache_report.snapshot()),
         }))
     }
 
@@ -263,6 +277,7 @@ impl pb::worker_server::Worker for WorkerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache_report::Source;
     use crate::engine::synthetic::{SyntheticConfig, SyntheticEngine};
     use pb::worker_server::Worker;
     use tokio_stream::StreamExt;
@@ -282,6 +297,7 @@ mod tests {
             admission: Admission::new(concurrency, queue),
             counters: Counters::default(),
             drain: DrainFlag::default(),
+            cache_report: CacheReport::new(Source::Estimated { ttl: None }, concurrency),
         }))
     }
 

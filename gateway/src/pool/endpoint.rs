@@ -2,6 +2,7 @@
 //! reports, and its health (active checks plus a circuit breaker fed by
 //! passive failures).
 
+use super::prefixes::CachedPrefixes;
 use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -31,6 +32,8 @@ pub struct WorkerEndpoint {
     /// made, not only when an old one is stuck.
     probe_channel: OnceLock<Channel>,
     inflight: Arc<AtomicU32>,
+    /// What its engine holds in its prefix cache.
+    prefixes: CachedPrefixes,
     // ---- reported by the worker (Info), refreshed by the health loop ------
     running: AtomicU32,
     queued: AtomicU32,
@@ -107,6 +110,7 @@ impl WorkerEndpoint {
             channel: OnceLock::new(),
             probe_channel: OnceLock::new(),
             inflight: Arc::new(AtomicU32::new(0)),
+            prefixes: CachedPrefixes::default(),
             running: AtomicU32::new(0),
             queued: AtomicU32::new(0),
             capacity: AtomicU32::new(0),
@@ -141,6 +145,18 @@ impl WorkerEndpoint {
         self.probe_channel
             .get_or_init(|| self.endpoint.clone().connect_lazy())
             .clone()
+    }
+
+    /// What the worker's engine holds in its prefix cache.
+    pub fn prefixes(&self) -> &CachedPrefixes {
+        &self.prefixes
+    }
+
+    /// Whether the worker has a sequence slot free for one more request
+    /// (or has not said how many it has).
+    pub fn has_free_slot(&self) -> bool {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        capacity == 0 || self.load_score() < capacity
     }
 
     /// Requests this gateway has in flight on the worker.

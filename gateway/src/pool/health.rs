@@ -38,6 +38,9 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
             .await
             .ok()?;
         let info = reply.into_inner();
+        if let Some(prefixes) = &info.prefix_cache {
+            endpoint.prefixes().record_report(prefixes);
+        }
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))
     };

@@ -9,6 +9,7 @@ mod discovery;
 mod endpoint;
 mod health;
 mod kubernetes;
+mod prefixes;
 pub mod select;
 
 pub use endpoint::WorkerEndpoint;
@@ -226,6 +227,9 @@ impl WorkerPool {
             let _ = METRICS
                 .worker_circuit_open
                 .remove_label_values(&[&self.model, gone.addr()]);
+            let _ = METRICS
+                .worker_cached_prefix_blocks
+                .remove_label_values(&[&self.model, gone.addr()]);
         }
         tracing::info!(model = %self.model, workers = ?addrs, "worker pool membership");
         let mut guard = match self.endpoints.write() {
@@ -252,6 +256,10 @@ impl WorkerPool {
                 .worker_circuit_open
                 .with_label_values(&[&self.model, e.addr()])
                 .set(i64::from(e.circuit_open()));
+            METRICS
+                .worker_cached_prefix_blocks
+                .with_label_values(&[&self.model, e.addr()])
+                .set(e.prefixes().reported_blocks() as i64);
         }
         let ratio = if capacity == 0 {
             0.0
@@ -287,7 +295,7 @@ impl WorkerPool {
     ) -> Result<WorkerCall, PoolError> {
         let metadata = call_metadata(&request, trace, &self.auth);
         let endpoints = self.snapshot();
-        let key = select::affinity_key(&request);
+        let routing = select::Routing::of(self.policy, &request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error: Option<PoolError> = None;
         // The reason the previous attempt failed, counted once another starts.
@@ -308,7 +316,7 @@ impl WorkerPool {
                     })
                     .collect();
             }
-            let Some(index) = select::pick(self.policy, &endpoints, &candidates, key) else {
+            let Some(index) = select::pick(self.policy, &endpoints, &candidates, &routing) else {
                 break;
             };
             if let Some(reason) = retrying.take() {
@@ -320,6 +328,9 @@ impl WorkerPool {
             tried.push(index);
             let endpoint = &endpoints[index];
             let slot = endpoint.acquire();
+            // Counted as held at once: the requests that arrive before the
+            // worker's next report then follow this one.
+            endpoint.prefixes().record_sent(routing.prompt_blocks());
             match Self::start(endpoint, request.clone(), &metadata).await {
                 Ok((first, rest)) => {
                     // Success is recorded when the stream finishes

@@ -7,9 +7,19 @@
 //!   to its worker so the worker's prefix cache hits, unless that worker
 //!   carries more than `LOAD_FACTOR` × the average; then the next worker in
 //!   the key's order takes it.
+//! - `CacheAware`: on what the engines report they hold. The prompt's
+//!   block hashes ([`inference_proto::prefix`]) against each worker's
+//!   cached prefixes give the prefill each worker would save; the cost of a
+//!   worker is the prompt bytes it would still have to prefill plus
+//!   `LOAD_COST_BYTES` per request it carries. A worker with a free slot
+//!   always beats one that would queue (the load gate), so a hot prefix
+//!   spreads to a second engine instead of waiting behind the first. A
+//!   prompt shorter than one block has nothing to match: least loaded.
 
 use super::endpoint::WorkerEndpoint;
 use crate::config::PoolPolicy;
+use inference_proto::prefix::{self, BLOCK_BYTES};
+use inference_proto::v1 as pb;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -17,22 +27,99 @@ use std::sync::Arc;
 /// key spills to its next-preferred worker.
 const LOAD_FACTOR: f64 = 1.25;
 
+/// What one more request on a worker costs in `CacheAware`, in prompt
+/// bytes to prefill (about 128 tokens): a request sharing the engine's
+/// compute slows the others, so a worker already busy must save more
+/// prefill than that to win.
+const LOAD_COST_BYTES: usize = 512;
+
+/// What selection needs of one request, computed once per request.
+pub struct Routing {
+    affinity_key: u64,
+    /// The prompt's block hashes (`CacheAware` only; empty otherwise).
+    blocks: Arc<[u64]>,
+}
+
+impl Routing {
+    pub fn of(policy: PoolPolicy, request: &pb::GenerateRequest) -> Self {
+        let blocks = match policy {
+            PoolPolicy::CacheAware => prefix::prompt_blocks(request).into(),
+            PoolPolicy::LeastLoaded | PoolPolicy::PrefixAffinity => Arc::from([]),
+        };
+        Self {
+            affinity_key: affinity_key(request),
+            blocks,
+        }
+    }
+
+    /// The prompt's block hashes, to record as sent to the chosen worker.
+    pub fn prompt_blocks(&self) -> Arc<[u64]> {
+        Arc::clone(&self.blocks)
+    }
+}
+
 /// Picks among `candidates` (indices into `endpoints`).
 pub fn pick(
     policy: PoolPolicy,
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
-    affinity_key: u64,
+    routing: &Routing,
 ) -> Option<usize> {
     match candidates.len() {
         0 => None,
         1 => Some(candidates[0]),
         _ => match policy {
             PoolPolicy::LeastLoaded => Some(two_choices(endpoints, candidates)),
-            PoolPolicy::PrefixAffinity => bounded_rendezvous(endpoints, candidates, affinity_key)
+            PoolPolicy::PrefixAffinity => {
+                bounded_rendezvous(endpoints, candidates, routing.affinity_key)
+                    .or_else(|| Some(two_choices(endpoints, candidates)))
+            }
+            PoolPolicy::CacheAware => cache_aware(endpoints, candidates, &routing.blocks)
                 .or_else(|| Some(two_choices(endpoints, candidates))),
         },
     }
+}
+
+/// The cheapest worker by prefill left to do plus load, among those with
+/// a free slot when any has one; `None` for a prompt below one block.
+fn cache_aware(
+    endpoints: &[Arc<WorkerEndpoint>],
+    candidates: &[usize],
+    blocks: &[u64],
+) -> Option<usize> {
+    if blocks.is_empty() {
+        return None;
+    }
+    let any_free = candidates.iter().any(|&i| endpoints[i].has_free_slot());
+    let cost = |i: usize| {
+        let e = &endpoints[i];
+        let uncached = (blocks.len() - e.prefixes().matched(blocks)) * BLOCK_BYTES;
+        uncached + e.load_score() as usize * LOAD_COST_BYTES
+    };
+    let mut best: Option<(usize, usize)> = None;
+    let mut ties = 0u32;
+    for &i in candidates {
+        if any_free && !endpoints[i].has_free_slot() {
+            continue;
+        }
+        let c = cost(i);
+        match best {
+            Some((_, b)) if c > b => {}
+            // Reservoir sampling among equal costs: no worker is
+            // everyone's first choice when nothing tells them apart.
+            Some((_, b)) if c == b => {
+                ties += 1;
+                if rand::random_range(0..=ties) == 0 {
+                    best = Some((i, c));
+                }
+            }
+            _ => {
+                best = Some((i, c));
+                ties = 0;
+            }
+        }
+    }
+    best.map(|(i, _)| i)
 }
 
 fn two_choices(endpoints: &[Arc<WorkerEndpoint>], candidates: &[usize]) -> usize {
@@ -119,20 +206,136 @@ mod tests {
             .collect()
     }
 
+    fn keyed(key: u64) -> Routing {
+        Routing {
+            affinity_key: key,
+            blocks: Arc::from([]),
+        }
+    }
+
+    fn prompt(blocks: &[u64]) -> Routing {
+        Routing {
+            affinity_key: 0,
+            blocks: blocks.into(),
+        }
+    }
+
+    fn report(e: &WorkerEndpoint, blocks: &[u64], capacity: u32) {
+        e.record_check(true, Some((0, 0, capacity, false)));
+        e.prefixes().record_report(&pb::PrefixCache {
+            epoch: 1,
+            block_bytes: BLOCK_BYTES as u32,
+            blocks: blocks.to_vec(),
+            capacity,
+            used: 1,
+            source: "exact".into(),
+        });
+    }
+
+    #[test]
+    fn cache_aware_goes_where_the_longest_prefix_is_held() {
+        let eps = pool(3);
+        report(&eps[0], &[1, 2], 4);
+        report(&eps[1], &[1, 2, 3, 4], 4);
+        report(&eps[2], &[], 4);
+        for _ in 0..10 {
+            assert_eq!(
+                pick(
+                    PoolPolicy::CacheAware,
+                    &eps,
+                    &[0, 1, 2],
+                    &prompt(&[1, 2, 3, 4, 5])
+                ),
+                Some(1)
+            );
+        }
+    }
+
+    #[test]
+    fn cache_aware_weighs_saved_prefill_against_load() {
+        let eps = pool(2);
+        report(&eps[0], &[1, 2], 8);
+        report(&eps[1], &[], 8);
+        // Two blocks saved (256 bytes) do not pay for one request ahead.
+        let _busy = eps[0].acquire();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&[1, 2, 3])),
+            Some(1)
+        );
+        // Eight do.
+        report(&eps[0], &[1, 2, 3, 4, 5, 6, 7, 8], 8);
+        assert_eq!(
+            pick(
+                PoolPolicy::CacheAware,
+                &eps,
+                &[0, 1],
+                &prompt(&[1, 2, 3, 4, 5, 6, 7, 8, 9])
+            ),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn a_hot_prefix_spills_to_a_free_slot_instead_of_queueing() {
+        let eps = pool(2);
+        let long: Vec<u64> = (1..=64).collect();
+        report(&eps[0], &long, 2);
+        report(&eps[1], &[], 2);
+        let _a = eps[0].acquire();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0),
+            "one slot still free where the prefix is"
+        );
+        let _b = eps[0].acquire();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(1),
+            "full: the other engine's free slot wins"
+        );
+        let _c = eps[1].acquire();
+        let _d = eps[1].acquire();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0),
+            "both full: the prefix decides again"
+        );
+    }
+
+    #[test]
+    fn cache_aware_spreads_prompts_nobody_holds() {
+        let eps = pool(4);
+        for e in &eps {
+            report(e, &[], 4);
+        }
+        let chosen: std::collections::HashSet<usize> = (0..64)
+            .filter_map(|_| pick(PoolPolicy::CacheAware, &eps, &[0, 1, 2, 3], &prompt(&[9])))
+            .collect();
+        assert!(chosen.len() >= 3, "{chosen:?}");
+        // Below one block: least loaded.
+        let _busy: Vec<_> = (0..3).map(|_| eps[0].acquire()).collect();
+        for _ in 0..10 {
+            assert_ne!(
+                pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&[])),
+                Some(0)
+            );
+        }
+    }
+
     #[test]
     fn same_key_sticks_to_one_worker_while_load_allows() {
         let eps = pool(4);
         let all: Vec<usize> = (0..4).collect();
-        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, 42).unwrap();
+        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(42)).unwrap();
         for _ in 0..20 {
             assert_eq!(
-                pick(PoolPolicy::PrefixAffinity, &eps, &all, 42),
+                pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(42)),
                 Some(first)
             );
         }
         // Different keys spread over the pool.
         let chosen: std::collections::HashSet<usize> = (0..64u64)
-            .filter_map(|k| pick(PoolPolicy::PrefixAffinity, &eps, &all, k))
+            .filter_map(|k| pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(k)))
             .collect();
         assert!(chosen.len() >= 3, "{chosen:?}");
     }
@@ -141,9 +344,9 @@ mod tests {
     fn overloaded_preferred_worker_spills_to_the_next() {
         let eps = pool(3);
         let all: Vec<usize> = (0..3).collect();
-        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, 7).unwrap();
+        let first = pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(7)).unwrap();
         let _slots: Vec<_> = (0..10).map(|_| eps[first].acquire()).collect();
-        let next = pick(PoolPolicy::PrefixAffinity, &eps, &all, 7).unwrap();
+        let next = pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(7)).unwrap();
         assert_ne!(next, first);
     }
 
@@ -152,7 +355,10 @@ mod tests {
         let eps = pool(2);
         let _busy: Vec<_> = (0..5).map(|_| eps[0].acquire()).collect();
         for _ in 0..10 {
-            assert_eq!(pick(PoolPolicy::LeastLoaded, &eps, &[0, 1], 0), Some(1));
+            assert_eq!(
+                pick(PoolPolicy::LeastLoaded, &eps, &[0, 1], &keyed(0)),
+                Some(1)
+            );
         }
     }
 }

@@ -72,7 +72,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "smg-random,smg-round-robin,smg-power-of-two,smg-cache-aware,gw-least-loaded,gw-prefix-affinity"
+        default_value = "smg-random,smg-round-robin,smg-power-of-two,smg-cache-aware,gw-least-loaded,gw-prefix-affinity,gw-cache-aware"
     )]
     arms: Vec<Arm>,
     #[arg(long, value_enum, default_value = "llama-server")]
@@ -112,6 +112,7 @@ enum Arm {
     SmgCacheAware,
     GwLeastLoaded,
     GwPrefixAffinity,
+    GwCacheAware,
 }
 
 impl Arm {
@@ -123,6 +124,7 @@ impl Arm {
             Arm::SmgCacheAware => "SMG cache_aware",
             Arm::GwLeastLoaded => "gateway least_loaded",
             Arm::GwPrefixAffinity => "gateway prefix_affinity",
+            Arm::GwCacheAware => "gateway cache_aware",
         }
     }
 
@@ -133,7 +135,7 @@ impl Arm {
             Arm::SmgRoundRobin => Some("round_robin"),
             Arm::SmgPowerOfTwo => Some("power_of_two"),
             Arm::SmgCacheAware => Some("cache_aware"),
-            Arm::GwLeastLoaded | Arm::GwPrefixAffinity => None,
+            Arm::GwLeastLoaded | Arm::GwPrefixAffinity | Arm::GwCacheAware => None,
         }
     }
 
@@ -142,6 +144,7 @@ impl Arm {
         match self {
             Arm::GwLeastLoaded => Some("least_loaded"),
             Arm::GwPrefixAffinity => Some("prefix_affinity"),
+            Arm::GwCacheAware => Some("cache_aware"),
             _ => None,
         }
     }

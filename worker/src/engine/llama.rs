@@ -15,7 +15,10 @@
 //! - Prefix reuse: each slot keeps the tokens whose KV cells it holds; a new
 //!   sequence takes the free slot with the longest common prefix, drops the
 //!   rest of that slot's cells and prefills only the new tail. The reused
-//!   count is `cached_prompt_tokens`.
+//!   count is `cached_prompt_tokens`. A prefix shorter than
+//!   `MIN_REUSE_TOKENS` (the template's opening, a shared word) is not worth
+//!   a slot's contents: such a sequence takes the least recently used free
+//!   slot, so the slots keep the prefixes most likely to come back.
 //! - Sampling: temperature (0 = greedy), top_p, seed (`dist(seed)`); an
 //!   output constraint is an llguidance sampler first in the chain, so a
 //!   token the schema forbids is never sampled.
@@ -324,6 +327,8 @@ struct Active {
     /// Prompt tokens not yet decoded.
     pending: VecDeque<LlamaToken>,
     cached: u32,
+    /// The slot's id, reported with the prefill (the worker's cache report).
+    slot: u32,
     generated: u32,
     max_tokens: u32,
     /// Sampled and streamed, to be decoded in the next step.
@@ -337,6 +342,8 @@ struct Active {
 struct Slot {
     id: i32,
     history: Vec<LlamaToken>,
+    /// When a sequence last took the slot (admissions so far).
+    last_used: u64,
     active: Option<Active>,
 }
 
@@ -346,6 +353,8 @@ struct DecodeLoop<'m> {
     slots: Vec<Slot>,
     queue: VecDeque<Job>,
     window: u32,
+    /// Sequences admitted so far: the clock of `Slot::last_used`.
+    admitted: u64,
     batch: LlamaBatch<'static>,
     /// Published after every step for the load report.
     kv_cells: Arc<AtomicU32>,
@@ -383,6 +392,10 @@ fn rand_seed() -> u32 {
     nanos.wrapping_mul(0x9e37_79b9)
 }
 
+/// The shortest shared prefix a sequence takes a slot for; below it, the
+/// least recently used free slot (see the module notes).
+const MIN_REUSE_TOKENS: usize = 32;
+
 fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -399,6 +412,7 @@ impl<'m> DecodeLoop<'m> {
             .map(|id| Slot {
                 id,
                 history: Vec::new(),
+                last_used: 0,
                 active: None,
             })
             .collect();
@@ -408,6 +422,7 @@ impl<'m> DecodeLoop<'m> {
             slots,
             queue: VecDeque::new(),
             window,
+            admitted: 0,
             batch: LlamaBatch::new(BATCH_TOKENS as usize, 1),
             kv_cells,
         }
@@ -455,9 +470,13 @@ impl<'m> DecodeLoop<'m> {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.active.is_none())
-                .map(|(i, s)| (i, common_prefix(&s.history, &job.prompt)))
-                .max_by_key(|(i, n)| (*n, usize::MAX - i));
-            let Some((i, lcp)) = best else { return };
+                .map(|(i, s)| {
+                    let lcp = common_prefix(&s.history, &job.prompt);
+                    let worth = if lcp >= MIN_REUSE_TOKENS { lcp } else { 0 };
+                    (i, lcp, worth, s.last_used)
+                })
+                .max_by_key(|&(_, _, worth, last_used)| (worth, std::cmp::Reverse(last_used)));
+            let Some((i, lcp, _, _)) = best else { return };
             let Some(job) = self.queue.pop_front() else {
                 return;
             };
@@ -478,11 +497,14 @@ impl<'m> DecodeLoop<'m> {
                 reuse = 0;
             }
             slot.history.truncate(reuse);
+            self.admitted += 1;
+            slot.last_used = self.admitted;
             slot.active = Some(Active {
                 tx: job.tx,
                 sampler: sampler(&job.sampling, job.matcher),
                 pending: job.prompt[reuse..].iter().copied().collect(),
                 cached: reuse as u32,
+                slot: seq,
                 generated: 0,
                 max_tokens: job.max_tokens,
                 next: None,
@@ -595,6 +617,7 @@ fn sample_one(
         a.prefilled = true;
         let _ = a.tx.send(Ok(SeqEvent::Prefilled {
             cached_tokens: a.cached,
+            slot: Some(a.slot),
         }));
     }
     let tok = a.sampler.sample(ctx, at);

@@ -26,7 +26,7 @@ pub mod utf8;
 use crate::seam::chat::OnCached;
 use crate::seam::sequence::{SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId};
 use crate::seam::tokens::saturate;
-use crate::seam::{Cancelled, EventSink, Outcome, Started};
+use crate::seam::{CacheHit, Cancelled, EventSink, Outcome, Started};
 use crate::status;
 use coalesce::Coalescer;
 use inference_proto::v1 as pb;
@@ -267,10 +267,16 @@ impl<'a> Emitter<'a> {
             // (how it ended, whether held text is released: not after a
             // stop string, whose scanner already dropped what followed it)
             let end = match ev {
-                SeqEvent::Prefilled { cached_tokens } => {
+                SeqEvent::Prefilled {
+                    cached_tokens,
+                    slot,
+                } => {
                     if self.cached.is_none() {
                         self.cached = Some(cached_tokens);
-                        (self.on_cached)(cached_tokens);
+                        (self.on_cached)(CacheHit {
+                            cached_tokens,
+                            slot,
+                        });
                     }
                     None
                 }

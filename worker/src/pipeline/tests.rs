@@ -52,7 +52,10 @@ impl SequenceEngine for Scripted {
         let max = sequence.max_tokens as usize;
         self.started.lock().unwrap().push(sequence);
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(Ok(SeqEvent::Prefilled { cached_tokens: 3 }));
+        let _ = tx.send(Ok(SeqEvent::Prefilled {
+            cached_tokens: 3,
+            slot: None,
+        }));
         for (i, bytes) in script.iter().enumerate() {
             if i == max {
                 let _ = tx.send(Ok(SeqEvent::Finished(SeqEnd::MaxTokens)));

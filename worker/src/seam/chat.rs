@@ -13,9 +13,9 @@ use super::Started;
 use inference_proto::v1 as pb;
 use tonic::Status;
 
-/// Told the count of prompt tokens the engine reused from its cache, once
-/// it is known (for the worker's counters).
-pub type OnCached = Box<dyn FnMut(u32) + Send>;
+/// Told what the engine reused from its cache and where the sequence sits,
+/// once it is known (for the worker's counters and its cache report).
+pub type OnCached = Box<dyn FnMut(super::CacheHit) + Send>;
 
 /// The engine's own view of its load, when it reports one.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

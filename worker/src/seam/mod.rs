@@ -40,6 +40,16 @@ pub trait Started: Send {
     async fn run(self: Box<Self>, out: EventSink) -> Outcome;
 }
 
+/// What an engine reused for one sequence's prompt, and where it keeps it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheHit {
+    /// Prompt tokens reused from the engine's cache.
+    pub cached_tokens: u32,
+    /// The engine's sequence slot holding the prompt now, when the engine
+    /// has fixed slots (their contents are then known exactly).
+    pub slot: Option<u32>,
+}
+
 /// The gateway went away: stop generating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cancelled;

@@ -69,8 +69,12 @@ pub enum SeqEnd {
 /// One event of a running sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeqEvent {
-    /// The prompt is in the cache; `cached_tokens` of it were reused.
-    Prefilled { cached_tokens: u32 },
+    /// The prompt is in the cache, in slot `slot` (engines with fixed
+    /// slots); `cached_tokens` of it were reused.
+    Prefilled {
+        cached_tokens: u32,
+        slot: Option<u32>,
+    },
     /// One generated token and its bytes (possibly a partial UTF-8 char).
     Token { id: TokenId, bytes: Vec<u8> },
     /// The last event of a sequence.

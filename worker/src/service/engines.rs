@@ -3,6 +3,7 @@
 //! the engine's own tokenizer, fit it in the engine's window, then (once
 //! admitted) start the generation.
 
+use crate::cache_report::{Source, UPSTREAM_TTL};
 use crate::engine::synthetic::{self, SyntheticEngine};
 use crate::pipeline;
 use crate::seam::chat::{ChatEngine, OnCached};
@@ -64,6 +65,20 @@ impl Engines {
                     kv_cache_usage: l.kv_cache_usage,
                 },
                 None => own,
+            },
+        }
+    }
+
+    /// How the worker's cache report knows what this engine holds:
+    /// exactly from a sequence engine's slots; otherwise from what the
+    /// worker sent it (an upstream server shared with others forgets
+    /// sooner).
+    pub fn cache_source(&self) -> Source {
+        match self {
+            Engines::Simulated(_) => Source::Estimated { ttl: None },
+            Engines::Sequence(_) => Source::Exact,
+            Engines::Chat(_) => Source::Estimated {
+                ttl: Some(UPSTREAM_TTL),
             },
         }
     }

@@ -44,7 +44,7 @@ use crate::model::ModelProfile;
 use crate::pipeline;
 use crate::seam::chat::OnCached;
 use crate::seam::tokens::fnv1a;
-use crate::seam::{EventSink, Outcome, Started};
+use crate::seam::{CacheHit, EventSink, Outcome, Started};
 use crate::status;
 use controls::Controls;
 use inference_proto::v1 as pb;
@@ -194,7 +194,10 @@ impl SyntheticEngine {
             completion_limit,
         };
         let started = self.prepare(job)?;
-        on_cached(cached_prompt_tokens);
+        on_cached(CacheHit {
+            cached_tokens: cached_prompt_tokens,
+            slot: None,
+        });
         Ok(started)
     }
 }

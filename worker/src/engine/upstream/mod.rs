@@ -32,7 +32,7 @@ pub mod wire;
 
 use crate::pipeline::coalesce::Coalescer;
 use crate::seam::chat::{ChatEngine, EngineLoad, OnCached};
-use crate::seam::{Cancelled, EventSink, Outcome, Started};
+use crate::seam::{CacheHit, Cancelled, EventSink, Outcome, Started};
 use crate::status;
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -615,7 +615,10 @@ impl Started for UpstreamGeneration {
                     a.armed = false;
                 }
                 if let Some(cached) = self.relay.cached_tokens() {
-                    (self.on_cached)(cached);
+                    (self.on_cached)(CacheHit {
+                        cached_tokens: cached,
+                        slot: None,
+                    });
                 }
                 let finished = self.relay.finish(self.prompt_tokens);
                 out.finish(finished, tokens).await
