@@ -504,7 +504,7 @@ pub enum PoolPolicy {
     PrefixAffinity,
     /// The worker whose engine holds the longest part of the prompt (as
     /// the workers report their prefix caches), weighed against its load;
-    /// a worker with a free slot before one that would queue.
+    /// never a queue while another worker is idle.
     CacheAware,
 }
 

@@ -134,3 +134,62 @@ async fn four_concurrent_streams_decode_together() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A long prefix held by a busy slot is shared with a concurrent request:
+/// the second request, started while the first still streams from the
+/// other slot, reports most of the shared system prompt as cached (its KV
+/// cells were copied, not recomputed), and its reply is still its own. The
+/// worker's exact cache report then names both slots' prompts.
+#[tokio::test]
+async fn a_busy_slot_shares_its_prefix_with_a_concurrent_request() {
+    let stack = llama_stack(2);
+    let system = "You are the librarian of a small town. ".repeat(30);
+    let ask = |question: &str, max_tokens: u32| {
+        json!({"model": "base", "max_tokens": max_tokens, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]})
+    };
+    let mut long = ask("Tell me a very long story about the library.", 600);
+    long["stream"] = json!(true);
+    let mut first = stack
+        .client()
+        .stream("/chat/completions", &long)
+        .await
+        .expect("stream");
+    loop {
+        let frame = first.next_frame().await.expect("frame").expect("open");
+        assert!(!frame.is_done(), "the long story ended at once");
+        let delta = &frame.json()["choices"][0]["delta"]["content"];
+        if delta.as_str().is_some_and(|t| !t.is_empty()) {
+            break;
+        }
+    }
+    let second = post(&stack, &ask("When do you open?", 8)).await;
+    let usage = &second["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        prompt > 250 && cached * 10 >= prompt * 8,
+        "the shared system prompt is reused from the busy slot: {cached} of {prompt}"
+    );
+    assert!(!content(&second).is_empty(), "{second}");
+    let load = stack.worker("base").load().await.expect("load");
+    assert_eq!(load.running, 1, "the story still runs: {load:?}");
+    let report = stack
+        .worker("base")
+        .info()
+        .await
+        .expect("info")
+        .prefix_cache
+        .expect("a prefix report");
+    assert_eq!(report.source, "exact");
+    assert_eq!((report.capacity, report.used), (2, 2), "{report:?}");
+    // Both prompts share the system prompt's blocks; the report holds
+    // them once.
+    assert!(report.blocks.len() >= system.len() / 128, "{report:?}");
+    drop(first);
+}

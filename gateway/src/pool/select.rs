@@ -11,9 +11,11 @@
 //!   block hashes ([`inference_proto::prefix`]) against each worker's
 //!   cached prefixes give the prefill each worker would save; the cost of a
 //!   worker is the prompt bytes it would still have to prefill plus
-//!   `LOAD_COST_BYTES` per request it carries. A worker with a free slot
-//!   always beats one that would queue (the load gate), so a hot prefix
-//!   spreads to a second engine instead of waiting behind the first. A
+//!   `LOAD_COST_BYTES` per request it carries. A worker that would queue
+//!   (no free slot) is passed over while another sits idle (the load
+//!   gate), so a hot prefix spreads to a second engine instead of waiting
+//!   behind the first, and no engine idles while another queues; short of
+//!   that, a queue behind a held prefix may beat a prefill elsewhere. A
 //!   prompt shorter than one block has nothing to match: least loaded.
 
 use super::endpoint::WorkerEndpoint;
@@ -80,8 +82,9 @@ pub fn pick(
     }
 }
 
-/// The cheapest worker by prefill left to do plus load, among those with
-/// a free slot when any has one; `None` for a prompt below one block.
+/// The cheapest worker by prefill left to do plus load, passing over those
+/// that would queue while another is idle; `None` for a prompt below one
+/// block.
 fn cache_aware(
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
@@ -90,7 +93,7 @@ fn cache_aware(
     if blocks.is_empty() {
         return None;
     }
-    let any_free = candidates.iter().any(|&i| endpoints[i].has_free_slot());
+    let any_idle = candidates.iter().any(|&i| endpoints[i].load_score() == 0);
     let cost = |i: usize| {
         let e = &endpoints[i];
         let uncached = (blocks.len() - e.prefixes().matched(blocks)) * BLOCK_BYTES;
@@ -99,7 +102,8 @@ fn cache_aware(
     let mut best: Option<(usize, usize)> = None;
     let mut ties = 0u32;
     for &i in candidates {
-        if any_free && !endpoints[i].has_free_slot() {
+        // The load gate: never queue while another engine sits idle.
+        if any_idle && !endpoints[i].has_free_slot() {
             continue;
         }
         let c = cost(i);
@@ -291,9 +295,14 @@ mod tests {
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1),
-            "full: the other engine's free slot wins"
+            "full: the idle engine wins"
         );
         let _c = eps[1].acquire();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0),
+            "none idle: a short queue behind the prefix beats its prefill"
+        );
         let _d = eps[1].acquire();
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),

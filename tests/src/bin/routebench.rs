@@ -748,6 +748,55 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// What `cache_aware` adds per request: the prompt's block hashes, timed
+/// against parsing the same request body (which every request pays).
+/// Returns (hashing, parsing) per request.
+fn hashing_cost(requests: &[Value]) -> (Duration, Duration) {
+    use inference_proto::v1 as pb;
+    let bodies: Vec<Vec<u8>> = requests
+        .iter()
+        .map(|m| serde_json::to_vec(&json!({"model": "base", "messages": m})).unwrap_or_default())
+        .collect();
+    let protos: Vec<pb::GenerateRequest> = requests
+        .iter()
+        .map(|m| pb::GenerateRequest {
+            messages: m
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|msg| pb::Message {
+                    role: msg["role"].as_str().unwrap_or_default().to_owned(),
+                    content: vec![pb::ContentPart {
+                        part: Some(pb::content_part::Part::Text(
+                            msg["content"].as_str().unwrap_or_default().to_owned(),
+                        )),
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    const ROUNDS: u32 = 200;
+    let start = Instant::now();
+    for _ in 0..ROUNDS {
+        for p in &protos {
+            std::hint::black_box(inference_proto::prefix::prompt_blocks(
+                std::hint::black_box(p),
+            ));
+        }
+    }
+    let hashing = start.elapsed() / (ROUNDS * protos.len().max(1) as u32);
+    let start = Instant::now();
+    for _ in 0..ROUNDS {
+        for b in &bodies {
+            std::hint::black_box(serde_json::from_slice::<Value>(std::hint::black_box(b)).ok());
+        }
+    }
+    let parsing = start.elapsed() / (ROUNDS * bodies.len().max(1) as u32);
+    (hashing, parsing)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -762,6 +811,14 @@ async fn main() -> Result<()> {
     for &workload in &args.workloads {
         let requests = sequence(workload, args.requests, args.seed);
         println!("\n{}", workload.describe());
+        let (hashing, parsing) = hashing_cost(&requests);
+        let bytes: usize =
+            requests.iter().map(|m| m.to_string().len()).sum::<usize>() / requests.len().max(1);
+        println!(
+            "prefix block hashes (cache_aware): {:.1} µs per request of ~{bytes} bytes; parsing its JSON body: {:.1} µs",
+            hashing.as_secs_f64() * 1e6,
+            parsing.as_secs_f64() * 1e6,
+        );
         println!(
             "| router | effective hit | TTFT p50 | TTFT p95 | req/s | CV computed | idle while waiting | failed |"
         );

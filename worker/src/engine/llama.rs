@@ -18,7 +18,11 @@
 //!   count is `cached_prompt_tokens`. A prefix shorter than
 //!   `MIN_REUSE_TOKENS` (the template's opening, a shared word) is not worth
 //!   a slot's contents: such a sequence takes the least recently used free
-//!   slot, so the slots keep the prefixes most likely to come back.
+//!   slot, so the slots keep the prefixes most likely to come back. A
+//!   longer prefix held by a *busy* slot (a hot system prompt whose other
+//!   requests are running) is copied into the free slot (one copy of that
+//!   slot's KV stream, milliseconds, against seconds of prefill), so
+//!   concurrent sequences share a prefix as a paged engine's would.
 //! - Sampling: temperature (0 = greedy), top_p, seed (`dist(seed)`); an
 //!   output constraint is an llguidance sampler first in the chain, so a
 //!   token the schema forbids is never sampled.
@@ -476,13 +480,23 @@ impl<'m> DecodeLoop<'m> {
                     (i, lcp, worth, s.last_used)
                 })
                 .max_by_key(|&(_, _, worth, last_used)| (worth, std::cmp::Reverse(last_used)));
-            let Some((i, lcp, _, _)) = best else { return };
+            let Some((i, mut lcp, _, _)) = best else {
+                return;
+            };
             let Some(job) = self.queue.pop_front() else {
                 return;
             };
             if job.prompt.is_empty() {
                 let _ = job.tx.send(Err(status::invalid_request("empty prompt")));
                 continue;
+            }
+            if let Some((source, shared)) = self.busy_prefix(&job.prompt, lcp) {
+                let (src, dst) = (self.slots[source].id, self.slots[i].id);
+                if self.ctx.copy_kv_cache_seq(src, dst, None, None).is_ok() {
+                    let copied = self.slots[source].history[..shared].to_vec();
+                    self.slots[i].history = copied;
+                    lcp = shared;
+                }
             }
             // At least one prompt token is decoded, for its logits.
             let mut reuse = lcp.min(job.prompt.len() - 1);
@@ -512,6 +526,18 @@ impl<'m> DecodeLoop<'m> {
                 prefilled: false,
             });
         }
+    }
+
+    /// The busy slot sharing the longest prefix with `prompt`, when that
+    /// beats the free slot's own `free_lcp` by enough to pay for a copy.
+    fn busy_prefix(&self, prompt: &[LlamaToken], free_lcp: usize) -> Option<(usize, usize)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_some())
+            .map(|(i, s)| (i, common_prefix(&s.history, prompt)))
+            .filter(|&(_, lcp)| lcp >= free_lcp + MIN_REUSE_TOKENS)
+            .max_by_key(|&(_, lcp)| lcp)
     }
 
     /// One decode step over every active slot, then sampling.
