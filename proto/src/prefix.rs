@@ -80,22 +80,26 @@ pub fn matched_blocks(blocks: &[u64], mut held: impl FnMut(u64) -> bool) -> usiz
     blocks.iter().take_while(|&&h| held(h)).count()
 }
 
-/// Cuts bytes into blocks and chains their hashes (64-bit FNV-1a, seeded
-/// with the previous block's hash).
+/// Cuts bytes into blocks and chains their hashes: each block's 8-byte
+/// words are mixed into the previous block's hash (a multiply-xorshift per
+/// word, about eight times fewer steps than a hash per byte). Not a
+/// cryptographic hash: a collision only misroutes a request.
 struct Chain {
     blocks: Vec<u64>,
     hash: u64,
+    block: [u8; BLOCK_BYTES],
     filled: usize,
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+const SEED: u64 = 0xcbf2_9ce4_8422_2325;
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Default for Chain {
     fn default() -> Self {
         Self {
             blocks: Vec::new(),
-            hash: FNV_OFFSET,
+            hash: SEED,
+            block: [0; BLOCK_BYTES],
             filled: 0,
         }
     }
@@ -109,14 +113,20 @@ impl Chain {
     fn push(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.full() {
             let take = (BLOCK_BYTES - self.filled).min(bytes.len());
-            for &b in &bytes[..take] {
-                self.hash = (self.hash ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-            }
+            self.block[self.filled..self.filled + take].copy_from_slice(&bytes[..take]);
             self.filled += take;
             bytes = &bytes[take..];
             if self.filled == BLOCK_BYTES {
-                self.blocks.push(self.hash);
-                // The next block starts from this hash: it names the prefix.
+                // Seeded with the previous hash: it names the whole prefix.
+                let mut h = self.hash;
+                for word in self.block.chunks_exact(8) {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(word);
+                    h = (h ^ u64::from_le_bytes(w)).wrapping_mul(MIX);
+                    h ^= h >> 29;
+                }
+                self.hash = h;
+                self.blocks.push(h);
                 self.filled = 0;
             }
         }
