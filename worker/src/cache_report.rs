@@ -51,6 +51,8 @@ struct Entry {
 /// The worker's view of its engine's prefix cache.
 pub struct CacheReport {
     source: Source,
+    /// A held prefix serves concurrent sequences too (`PrefixCache`).
+    concurrent_reuse: bool,
     /// Prompts held at most: the engine's slots.
     capacity: usize,
     epoch: AtomicU64,
@@ -64,9 +66,10 @@ fn new_epoch() -> u64 {
 }
 
 impl CacheReport {
-    pub fn new(source: Source, capacity: u32) -> Self {
+    pub fn new(source: Source, capacity: u32, concurrent_reuse: bool) -> Self {
         Self {
             source,
+            concurrent_reuse,
             capacity: capacity.max(1) as usize,
             epoch: AtomicU64::new(new_epoch()),
             entries: Mutex::new(VecDeque::new()),
@@ -158,6 +161,7 @@ impl CacheReport {
                 Source::Estimated { .. } => "estimated",
             }
             .to_owned(),
+            concurrent_reuse: self.concurrent_reuse,
         }
     }
 }
@@ -172,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_slot_holds_the_last_prompt_placed_in_it() {
-        let report = CacheReport::new(Source::Exact, 2);
+        let report = CacheReport::new(Source::Exact, 2, true);
         report.placed(blocks(&[1, 2, 3]), 0);
         report.placed(blocks(&[7, 8]), 1);
         report.placed(blocks(&[1, 2, 4]), 0);
@@ -185,7 +189,7 @@ mod tests {
 
     #[test]
     fn estimated_keeps_the_last_prompts_and_a_grown_conversation_once() {
-        let report = CacheReport::new(Source::Estimated { ttl: None }, 2);
+        let report = CacheReport::new(Source::Estimated { ttl: None }, 2, true);
         report.sent(blocks(&[1, 2]));
         report.sent(blocks(&[5]));
         report.sent(blocks(&[1, 2, 3])); // the first conversation's next turn
@@ -208,6 +212,7 @@ mod tests {
                 ttl: Some(Duration::from_millis(20)),
             },
             4,
+            false,
         );
         report.sent(blocks(&[1]));
         assert_eq!(report.snapshot().blocks, vec![1]);

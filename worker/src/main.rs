@@ -415,6 +415,8 @@ struct Loaded {
     /// Prompts the engine's cache holds at most (its slots), for the cache
     /// report.
     cache_slots: u32,
+    /// A held prefix serves concurrent sequences too (see `PrefixCache`).
+    concurrent_reuse: bool,
     /// Readiness reported by the engine itself (upstream), when it has one.
     ready: Option<tokio::sync::watch::Receiver<bool>>,
 }
@@ -442,6 +444,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 model,
                 capacity: args.max_concurrency,
                 cache_slots: args.max_concurrency,
+                concurrent_reuse: true,
                 ready: None,
             })
         }
@@ -485,6 +488,9 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
         model,
         capacity: args.max_concurrency,
         cache_slots,
+        // llama-server's slots each hold one sequence's cells; vLLM and
+        // SGLang page theirs and share a prefix across sequences.
+        concurrent_reuse: kind != Kind::LlamaServer,
         ready: Some(ready),
     })
 }
@@ -522,6 +528,8 @@ fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
         model,
         capacity: args.parallel.max(1),
         cache_slots: args.parallel.max(1),
+        // A busy slot's prefix is copied into a free one.
+        concurrent_reuse: true,
         ready: None,
     })
 }
@@ -534,7 +542,11 @@ fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = load_engine(&args).await?;
     let engine_name = loaded.name;
-    let cache_report = CacheReport::new(loaded.engine.cache_source(), loaded.cache_slots);
+    let cache_report = CacheReport::new(
+        loaded.engine.cache_source(),
+        loaded.cache_slots,
+        loaded.concurrent_reuse,
+    );
     let state = Arc::new(WorkerState {
         model: loaded.model,
         engine_name,

@@ -275,6 +275,7 @@ mod tests {
             cache_report: crate::cache_report::CacheReport::new(
                 crate::cache_report::Source::Estimated { ttl: None },
                 3,
+                true,
             ),
         })
     }

@@ -297,7 +297,7 @@ mod tests {
             admission: Admission::new(concurrency, queue),
             counters: Counters::default(),
             drain: DrainFlag::default(),
-            cache_report: CacheReport::new(Source::Estimated { ttl: None }, concurrency),
+            cache_report: CacheReport::new(Source::Estimated { ttl: None }, concurrency, true),
         }))
     }
 

@@ -174,6 +174,22 @@ pub struct CallGuard {
     endpoint: Arc<WorkerEndpoint>,
     /// Holds the worker's in-flight slot until the guard is dropped.
     _slot: endpoint::InflightSlot,
+    _prompt: RunningPrompt,
+}
+
+/// The call's prompt, running on its worker until dropped (cache-aware
+/// routing on engines whose cached prefix serves one sequence at a time).
+struct RunningPrompt {
+    endpoint: Arc<WorkerEndpoint>,
+    id: Option<u64>,
+}
+
+impl Drop for RunningPrompt {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.endpoint.prefixes().end_running(id);
+        }
+    }
 }
 
 impl CallGuard {
@@ -331,6 +347,10 @@ impl WorkerPool {
             // Counted as held at once: the requests that arrive before the
             // worker's next report then follow this one.
             endpoint.prefixes().record_sent(routing.prompt_blocks());
+            let prompt = RunningPrompt {
+                endpoint: Arc::clone(endpoint),
+                id: endpoint.prefixes().start_running(routing.prompt_blocks()),
+            };
             match Self::start(endpoint, request.clone(), &metadata).await {
                 Ok((first, rest)) => {
                     // Success is recorded when the stream finishes
@@ -343,6 +363,7 @@ impl WorkerPool {
                         guard: CallGuard {
                             endpoint: endpoint.clone(),
                             _slot: slot,
+                            _prompt: prompt,
                         },
                     });
                 }

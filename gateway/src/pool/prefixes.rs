@@ -2,7 +2,9 @@
 //! knows it: the worker's last report (`Info.prefix_cache`, refreshed every
 //! check interval, shared by every gateway replica since it comes from the
 //! worker) plus the prompts this gateway sent it since, which the report
-//! may not show yet.
+//! may not show yet. On an engine whose cached prefix serves one sequence
+//! at a time (llama-server's slots), a prefix this gateway's running
+//! requests hold is not reusable until they end.
 
 use inference_proto::prefix::BLOCK_BYTES;
 use inference_proto::v1 as pb;
@@ -22,7 +24,6 @@ pub struct CachedPrefixes {
     inner: RwLock<Held>,
 }
 
-#[derive(Default)]
 struct Held {
     /// The engine's cache the report describes; a new one (a restart)
     /// forgets everything known of the old.
@@ -32,6 +33,29 @@ struct Held {
     sent: VecDeque<(Instant, Arc<[u64]>)>,
     /// Prompts the engine holds at most (0: not reported).
     capacity: usize,
+    /// A held prefix serves concurrent sequences (as last reported).
+    concurrent_reuse: bool,
+    /// Prompts of this gateway's requests running on the worker, by id.
+    running: Vec<(u64, Arc<[u64]>)>,
+    next_running: u64,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Self {
+            epoch: None,
+            reported: HashSet::new(),
+            sent: VecDeque::new(),
+            capacity: 0,
+            concurrent_reuse: true,
+            running: Vec::new(),
+            next_running: 0,
+        }
+    }
+}
+
+fn shared_blocks(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl CachedPrefixes {
@@ -67,7 +91,25 @@ impl CachedPrefixes {
             HashSet::new()
         };
         held.capacity = report.capacity as usize;
+        held.concurrent_reuse = report.concurrent_reuse;
         held.sent.retain(|(at, _)| at.elapsed() < SENT_TTL);
+    }
+
+    /// A request with this prompt starts running on the worker; the id
+    /// ends it ([`CachedPrefixes::end_running`]).
+    pub fn start_running(&self, blocks: Arc<[u64]>) -> Option<u64> {
+        if blocks.is_empty() {
+            return None;
+        }
+        let mut held = self.write();
+        let id = held.next_running;
+        held.next_running += 1;
+        held.running.push((id, blocks));
+        Some(id)
+    }
+
+    pub fn end_running(&self, id: u64) {
+        self.write().running.retain(|(i, _)| *i != id);
     }
 
     /// This gateway just sent a prompt to the worker.
@@ -98,10 +140,23 @@ impl CachedPrefixes {
             .sent
             .iter()
             .filter(|(at, _)| at.elapsed() < SENT_TTL)
-            .map(|(_, s)| s.iter().zip(blocks).take_while(|(a, b)| a == b).count())
+            .map(|(_, s)| shared_blocks(s, blocks))
             .max()
             .unwrap_or(0);
-        reported.max(sent)
+        let matched = reported.max(sent);
+        // One sequence per cached prefix: a running request holding it
+        // keeps it from this one.
+        let busy = !held.concurrent_reuse
+            && matched > 0
+            && held
+                .running
+                .iter()
+                .any(|(_, r)| shared_blocks(r, blocks) >= matched);
+        if busy {
+            0
+        } else {
+            matched
+        }
     }
 
     /// Block hashes the worker last reported.
@@ -122,7 +177,23 @@ mod tests {
             capacity: 2,
             used: 1,
             source: "exact".into(),
+            concurrent_reuse: true,
         }
+    }
+
+    #[test]
+    fn a_prefix_held_by_a_running_request_is_busy_only_without_sharing() {
+        let p = CachedPrefixes::default();
+        p.record_report(&report(1, &[10, 11, 12]));
+        let id = p.start_running(vec![10, 11, 12, 13].into()).unwrap();
+        assert_eq!(p.matched(&[10, 11, 12]), 3, "a paged cache shares it");
+        let mut slots = report(1, &[10, 11, 12]);
+        slots.concurrent_reuse = false;
+        p.record_report(&slots);
+        assert_eq!(p.matched(&[10, 11, 12]), 0, "one sequence per slot: busy");
+        assert_eq!(p.matched(&[20]), 0);
+        p.end_running(id);
+        assert_eq!(p.matched(&[10, 11, 12]), 3, "free again");
     }
 
     #[test]

@@ -233,6 +233,7 @@ mod tests {
             capacity,
             used: 1,
             source: "exact".into(),
+            concurrent_reuse: true,
         });
     }
 
