@@ -76,7 +76,8 @@ impl Engines {
     pub fn cache_source(&self) -> Source {
         match self {
             Engines::Simulated(_) => Source::Estimated { ttl: None },
-            Engines::Sequence(_) => Source::Exact,
+            Engines::Sequence(engine) if engine.has_slots() => Source::Exact,
+            Engines::Sequence(_) => Source::Estimated { ttl: None },
             Engines::Chat(_) => Source::Estimated {
                 ttl: Some(UPSTREAM_TTL),
             },
