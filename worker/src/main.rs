@@ -16,9 +16,6 @@ use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
 use worker::model::ModelProfile;
 use worker::service::{Engines, WorkerService, WorkerState};
 
-const SYNTHETIC_DESCRIPTION: &str = "SIMULATED output from the synthetic engine: deterministic \
-    English-like text, tool calls and JSON for tests, benchmarks and load. Not a language model.";
-
 /// Largest accepted request: a full 1M-token context (~4 MB of text) plus
 /// `data:` images, above tonic's 4 MiB default.
 const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
@@ -436,9 +433,9 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
             // Load the BPE before taking traffic, so the first request is not slow.
             let _ = worker::engine::synthetic::tokenizer::count("warm up");
             Ok(Loaded {
-                engine: Engines::Simulated(Arc::new(engine)),
+                engine: Engines::Sequence(Arc::new(engine)),
                 name: "synthetic",
-                description: SYNTHETIC_DESCRIPTION.to_owned(),
+                description: worker::engine::synthetic::DESCRIPTION.to_owned(),
                 model,
                 capacity: args.max_concurrency,
                 cache_slots: args.max_concurrency,
