@@ -295,9 +295,9 @@ struct ServeArgs {
     /// signed by this CA (PEM). Needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
-    /// When unpaced (--tokens-per-second 0, no slow_ms), merge up to N
-    /// tokens into one event: fewer, larger deltas for load tests. 1 = one
-    /// token per event.
+    /// synthetic: merge up to N tokens into one event when they come
+    /// faster than the stream takes them (unpaced): fewer, larger deltas
+    /// for load tests. 1 = one token per event.
     #[arg(long, default_value_t = 1)]
     coalesce_tokens: u32,
     /// The synthetic engine's simulated prefix cache: its capacity in
