@@ -13,12 +13,15 @@
 //! seam holds what all of them share: the engine traits, the event sink a
 //! generation writes into, and how a generation ended.
 //!
-//! Engines ([`engine`]): `llama` (llama.cpp in process on a GGUF model; a
-//! sequence-level engine whose tokens go through the shared [`pipeline`]),
-//! `upstream` (an OpenAI-compatible engine server; message level) and
-//! `synthetic` (SIMULATED output for tests, benchmarks and load, not a
-//! language model: whole replies planned on o200k tokens, with its own
-//! simulated prefix cache, all under `engine/synthetic/`).
+//! Engines ([`engine`]), by seam: sequence level, whose tokens go through
+//! the shared [`pipeline`] (render, tokenize, stop strings, the length cut,
+//! reasoning split, tool-call parsing, coalescing, usage): `llama`
+//! (llama.cpp in process on a GGUF model) and `synthetic` (SIMULATED output
+//! for tests, benchmarks and load, not a language model: a scripted
+//! sequence engine on o200k tokens that plans each reply from its prompt,
+//! with a simulated prefix cache and test controls, all under
+//! `engine/synthetic/`); message level: `upstream` (an OpenAI-compatible
+//! engine server with its own template and parsers).
 
 pub mod admission;
 pub mod auth;

@@ -16,9 +16,6 @@ use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
 use worker::model::ModelProfile;
 use worker::service::{Engines, WorkerService, WorkerState};
 
-const SYNTHETIC_DESCRIPTION: &str = "SIMULATED output from the synthetic engine: deterministic \
-    English-like text, tool calls and JSON for tests, benchmarks and load. Not a language model.";
-
 /// Largest accepted request: a full 1M-token context (~4 MB of text) plus
 /// `data:` images, above tonic's 4 MiB default.
 const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
@@ -298,9 +295,9 @@ struct ServeArgs {
     /// signed by this CA (PEM). Needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
-    /// When unpaced (--tokens-per-second 0, no slow_ms), merge up to N
-    /// tokens into one event: fewer, larger deltas for load tests. 1 = one
-    /// token per event.
+    /// synthetic: merge up to N tokens into one event when they come
+    /// faster than the stream takes them (unpaced): fewer, larger deltas
+    /// for load tests. 1 = one token per event.
     #[arg(long, default_value_t = 1)]
     coalesce_tokens: u32,
     /// The synthetic engine's simulated prefix cache: its capacity in
@@ -438,9 +435,9 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
             // Load the BPE before taking traffic, so the first request is not slow.
             let _ = worker::engine::synthetic::tokenizer::count("warm up");
             Ok(Loaded {
-                engine: Engines::Simulated(Arc::new(engine)),
+                engine: Engines::Sequence(Arc::new(engine)),
                 name: "synthetic",
-                description: SYNTHETIC_DESCRIPTION.to_owned(),
+                description: worker::engine::synthetic::DESCRIPTION.to_owned(),
                 model,
                 capacity: args.max_concurrency,
                 cache_slots: args.max_concurrency,

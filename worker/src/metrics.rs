@@ -268,7 +268,7 @@ mod tests {
             model: ModelProfile::new("base", None),
             engine_name: "synthetic",
             description: String::new(),
-            engine: Engines::Simulated(Arc::new(engine)),
+            engine: Engines::Sequence(Arc::new(engine)),
             admission: Admission::new(3, 5),
             counters: Counters::default(),
             drain: DrainFlag::default(),

@@ -287,7 +287,7 @@ mod tests {
             model: ModelProfile::new(model, window),
             engine_name: "synthetic",
             description: "SIMULATED".into(),
-            engine: Engines::Simulated(Arc::new(SyntheticEngine::new(
+            engine: Engines::Sequence(Arc::new(SyntheticEngine::new(
                 SyntheticConfig {
                     prefix_cache_blocks: 4096,
                     ..SyntheticConfig::default()

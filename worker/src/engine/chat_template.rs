@@ -74,6 +74,7 @@ mod tests {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
 

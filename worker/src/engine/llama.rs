@@ -263,6 +263,11 @@ impl SequenceEngine for LlamaEngine {
         Some(f64::from(cells) / f64::from(self.kv_capacity.max(1)))
     }
 
+    /// Each sequence takes one of `--parallel` slots and says which.
+    fn has_slots(&self) -> bool {
+        true
+    }
+
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
         if let Some(jinja) = &self.jinja {
             match jinja.render(messages) {

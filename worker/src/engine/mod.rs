@@ -1,13 +1,12 @@
 //! The engines and the seams they implement:
 //!
-//! - [`SequenceEngine`] (real models, e.g. [`llama`]): tokens in,
-//!   tokens out; the shared [`crate::pipeline`] does the rest. A new engine
-//!   is one file implementing it.
+//! - [`SequenceEngine`] (real models, e.g. [`llama`], and the SIMULATED
+//!   [`synthetic`] engine, a scripted one): tokens in, tokens out; the
+//!   shared [`crate::pipeline`] does the rest. A new engine is one file
+//!   implementing it.
 //! - [`ChatEngine`] (an engine server in front of its own model, e.g.
 //!   [`upstream`]): messages in, events out; the engine templates,
 //!   tokenizes and parses.
-//! - the SIMULATED [`synthetic`] engine, which plans whole replies (its
-//!   test controls are whole replies) on o200k tokens.
 //!
 //! Whatever the seam, a started generation is a [`Started`]: it streams
 //! `GenerateEvent`s into an [`EventSink`] and ends with an [`Outcome`]. The

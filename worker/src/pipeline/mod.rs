@@ -8,7 +8,15 @@
 //!   window check uses its real window and token count;
 //! - per token: [`utf8`] (bytes to whole characters), [`stop`] (stop strings
 //!   across token boundaries), the length cut, [`tool_calls`] (the
-//!   constrained JSON into proto tool-call deltas), [`coalesce`];
+//!   constrained JSON into proto tool-call deltas; with `tool_choice` auto,
+//!   a reply that starts as a call), [`coalesce`] (what came faster than
+//!   the stream took it, up to the engine's
+//!   [`max_tokens_per_event`](SequenceEngine::max_tokens_per_event));
+//! - image parts, for an engine that takes them: placeholders in the text,
+//!   rendered by the engine, their cost reported as `image_tokens`;
+//! - the end: an engine failure still sends what was produced before it;
+//!   after its `Finished` event the stream ends when the engine lets go of
+//!   the sequence (its trailers come then);
 //! - reasoning on a model without native thinking: the prompt opens a
 //!   `<think>` section; the first sequence runs until the model writes
 //!   `</think>`, ends its turn, or spends the budget; its tokens stream as
@@ -36,7 +44,7 @@ use request::{RequestPlan, ToolMode};
 use std::sync::Arc;
 use stop::StopScanner;
 use tonic::Status;
-use tool_calls::ToolCallParser;
+use tool_calls::{CallDetector, Detected, ToolCallParser};
 use utf8::Utf8Stream;
 
 /// Opens the think section on models without native thinking tags.
@@ -53,6 +61,8 @@ pub struct Prepared {
     plan: RequestPlan,
     prompt_text: String,
     prompt: Vec<TokenId>,
+    /// Of the prompt, image parts.
+    image_tokens: u32,
     completion_limit: u32,
 }
 
@@ -62,7 +72,13 @@ pub async fn prepare(
     engine: Arc<dyn SequenceEngine>,
     req: pb::GenerateRequest,
 ) -> Result<Prepared, Status> {
-    let plan = request::plan(&req)?;
+    let plan = request::plan(&req, engine.accepts_images())?;
+    let image_tokens = plan
+        .messages
+        .iter()
+        .flat_map(|m| &m.images)
+        .map(|i| engine.image_tokens(i))
+        .fold(0u32, u32::saturating_add);
     let eng = Arc::clone(&engine);
     let messages = plan.messages.clone();
     let think = plan.reasoning_budget.is_some();
@@ -84,6 +100,7 @@ pub async fn prepare(
         plan,
         prompt_text,
         prompt,
+        image_tokens,
         completion_limit: 0,
     })
 }
@@ -162,6 +179,8 @@ enum Mode {
     Reasoning(StopScanner),
     Text(StopScanner),
     Tools(ToolCallParser),
+    /// Text or calls, not known yet (`tool_choice` auto).
+    Detect(CallDetector, StopScanner, ToolCallParser),
 }
 
 /// How a phase ended.
@@ -178,6 +197,12 @@ struct Emitter<'a> {
     out: &'a EventSink,
     coalescer: Coalescer,
     batch: bool,
+    /// The engine's cap on tokens per event.
+    per_event: Option<u32>,
+    /// Tokens in the events not yet sent.
+    pending_tokens: u32,
+    /// The engine ended the last phase itself (`Finished`).
+    engine_finished: bool,
     completion_tokens: u32,
     cached: Option<u32>,
     /// Told the reused prompt tokens once, at the first prefill.
@@ -194,6 +219,7 @@ impl<'a> Emitter<'a> {
     }
 
     async fn flush(&mut self) -> Result<(), Cancelled> {
+        self.pending_tokens = 0;
         match self.coalescer.take() {
             Some(ev) => self.out.send(ev).await,
             None => Ok(()),
@@ -202,6 +228,18 @@ impl<'a> Emitter<'a> {
 
     /// Emits text in the phase's mode; true when a stop string was found.
     async fn emit(&mut self, mode: &mut Mode, text: &str) -> Result<bool, Cancelled> {
+        let held;
+        let text = match mode {
+            Mode::Detect(detector, ..) => match detector.push(text) {
+                Detected::Undecided => return Ok(false),
+                decided => {
+                    held = detector.take();
+                    decide(mode, decided);
+                    held.as_str()
+                }
+            },
+            _ => text,
+        };
         let reasoning = mode_is_reasoning(mode);
         match mode {
             Mode::Reasoning(scan) | Mode::Text(scan) => {
@@ -215,6 +253,7 @@ impl<'a> Emitter<'a> {
                 }
                 Ok(false)
             }
+            Mode::Detect(..) => Ok(false),
         }
     }
 
@@ -237,6 +276,12 @@ impl<'a> Emitter<'a> {
         if !rest.is_empty() {
             self.emit(mode, &rest).await?;
         }
+        if let Mode::Detect(detector, ..) = mode {
+            // Ended before it could be a call: text.
+            let held = detector.take();
+            decide(mode, Detected::Text);
+            self.emit(mode, &held).await?;
+        }
         let reasoning = mode_is_reasoning(mode);
         if let Mode::Reasoning(scan) | Mode::Text(scan) = mode {
             let held = scan.flush();
@@ -249,6 +294,7 @@ impl<'a> Emitter<'a> {
     async fn phase(&mut self, stream: &mut SequenceStream, mode: &mut Mode, max: u32) -> PhaseEnd {
         let mut utf8 = Utf8Stream::default();
         let mut tokens = 0u32;
+        self.engine_finished = false;
         loop {
             let event = tokio::select! {
                 biased;
@@ -262,7 +308,13 @@ impl<'a> Emitter<'a> {
             };
             let ev = match step {
                 Ok(ev) => ev,
-                Err(s) => return PhaseEnd::Failed(s),
+                Err(s) => {
+                    // What was produced before the failure still goes out.
+                    if self.flush().await.is_err() {
+                        return PhaseEnd::Cancelled;
+                    }
+                    return PhaseEnd::Failed(s);
+                }
             };
             // (how it ended, whether held text is released: not after a
             // stop string, whose scanner already dropped what followed it)
@@ -283,6 +335,7 @@ impl<'a> Emitter<'a> {
                 SeqEvent::Token { bytes, .. } => {
                     tokens += 1;
                     self.completion_tokens += 1;
+                    self.pending_tokens += 1;
                     let text = utf8.push(&bytes);
                     match self.emit(mode, &text).await {
                         Err(Cancelled) => return PhaseEnd::Cancelled,
@@ -291,8 +344,13 @@ impl<'a> Emitter<'a> {
                         Ok(false) => None,
                     }
                 }
-                SeqEvent::Finished(SeqEnd::EndOfGeneration) => Some(PhaseEnd::Stop),
-                SeqEvent::Finished(SeqEnd::MaxTokens) => Some(PhaseEnd::Length),
+                SeqEvent::Finished(end) => {
+                    self.engine_finished = true;
+                    Some(match end {
+                        SeqEnd::EndOfGeneration => PhaseEnd::Stop,
+                        SeqEnd::MaxTokens => PhaseEnd::Length,
+                    })
+                }
             };
             if let Some(end) = end {
                 if self.release(mode, &mut utf8).await.is_err() {
@@ -300,7 +358,8 @@ impl<'a> Emitter<'a> {
                 }
                 return end;
             }
-            if !self.batch && stream.is_empty() && self.flush().await.is_err() {
+            let full = self.per_event.is_some_and(|n| self.pending_tokens >= n);
+            if !self.batch && (full || stream.is_empty()) && self.flush().await.is_err() {
                 return PhaseEnd::Cancelled;
             }
         }
@@ -309,6 +368,18 @@ impl<'a> Emitter<'a> {
 
 fn mode_is_reasoning(mode: &Mode) -> bool {
     matches!(mode, Mode::Reasoning(_))
+}
+
+/// A detecting mode, once decided: text or calls.
+fn decide(mode: &mut Mode, detected: Detected) {
+    let Mode::Detect(_, scan, parser) = mode else {
+        return;
+    };
+    let next = match detected {
+        Detected::Call => Mode::Tools(std::mem::replace(parser, ToolCallParser::new(""))),
+        Detected::Text | Detected::Undecided => Mode::Text(std::mem::take(scan)),
+    };
+    *mode = next;
 }
 
 #[async_trait::async_trait]
@@ -325,6 +396,9 @@ impl Started for Running {
             out: &out,
             coalescer: Coalescer::default(),
             batch: p.batch,
+            per_event: p.engine.max_tokens_per_event(),
+            pending_tokens: 0,
+            engine_finished: false,
             completion_tokens: 0,
             cached: None,
             on_cached,
@@ -344,7 +418,7 @@ impl Started for Running {
                 }
                 PhaseEnd::Failed(s) => return out.finish_failed(s, em.completion_tokens).await,
                 PhaseEnd::Length if reasoning_tokens >= p.completion_limit => {
-                    return finish(&mut em, Reason::Length, 0, &p).await;
+                    return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
                 }
                 PhaseEnd::Stop | PhaseEnd::Length => {}
             }
@@ -398,10 +472,22 @@ async fn answer(
 ) -> Outcome {
     let mut mode = match p.plan.tools {
         ToolMode::Constrained => Mode::Tools(ToolCallParser::new(&p.request_id)),
+        ToolMode::Auto => Mode::Detect(
+            CallDetector::new(&p.plan.tool_names),
+            StopScanner::new(&p.plan.stop),
+            ToolCallParser::new(&p.request_id),
+        ),
         ToolMode::Off => Mode::Text(StopScanner::new(&p.plan.stop)),
     };
     let end = em.phase(&mut stream, &mut mode, max).await;
-    drop(stream);
+    // The engine's slot is freed now, unless it ended the sequence itself:
+    // then the stream ends when it lets go (see `linger`).
+    let rest = if em.engine_finished {
+        Some(stream)
+    } else {
+        drop(stream);
+        None
+    };
     let reason = match end {
         PhaseEnd::Cancelled => {
             return Outcome::Cancelled {
@@ -415,7 +501,23 @@ async fn answer(
             _ => Reason::Stop,
         },
     };
-    finish(em, reason, reasoning_tokens, p).await
+    let outcome = finish(em, reason, reasoning_tokens, p).await;
+    if let (Outcome::Completed { .. }, Some(stream)) = (outcome, rest) {
+        linger(em.out, stream).await;
+    }
+    outcome
+}
+
+/// After the last event: waits until the engine lets go of the sequence
+/// (or the gateway leaves), so the stream's trailers come when the engine
+/// is done with it.
+async fn linger(out: &EventSink, mut stream: SequenceStream) {
+    loop {
+        tokio::select! {
+            _ = out.closed() => return,
+            ev = stream.recv() => if ev.is_none() { return },
+        }
+    }
 }
 
 async fn finish(
@@ -435,7 +537,7 @@ async fn finish(
             cached_prompt_tokens: em.cached.unwrap_or(0),
             completion_tokens: tokens,
             reasoning_tokens,
-            image_tokens: 0,
+            image_tokens: p.image_tokens,
         }),
     };
     em.out.finish(finished, tokens).await

@@ -7,14 +7,19 @@
 //! the output is constrained (while decoding) to a JSON call
 //! `{"name": <one of the tools>, "arguments": <its parameters schema>}`, or
 //! an array of them when `parallel_tool_calls` is set. With `auto` the reply
-//! is unconstrained text (a small model cannot be trusted to decide; a caller
-//! who wants a call says `required`). `none` hides the tools.
+//! is unconstrained: a reply that starts as such a call of a listed tool is
+//! parsed as one (see [`super::tool_calls::CallDetector`]), anything else
+//! is text. `none` hides the tools.
+//!
+//! Image parts reach an engine that accepts them as
+//! [`IMAGE_PLACEHOLDER`]s in the text with the images beside it; others
+//! refuse them.
 //!
 //! Constraints are JSON Schemas for llguidance, in compact JSON; objects
 //! that do not mention `additionalProperties` are closed (see
 //! [`close_objects`]).
 
-use crate::seam::sequence::{ChatMessage, Constraint, SamplingParams};
+use crate::seam::sequence::{ChatMessage, Constraint, Image, SamplingParams, IMAGE_PLACEHOLDER};
 use crate::status;
 use inference_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -25,9 +30,25 @@ use tonic::Status;
 pub enum ToolMode {
     /// Text reply.
     Off,
+    /// Tools are listed; a reply that starts as a call of one is parsed
+    /// into calls, anything else is text.
+    Auto,
     /// The output is constrained to tool-call JSON and parsed into calls.
     Constrained,
 }
+
+/// Opens the tool listing in the system message.
+pub const TOOLS_HEADER: &str = "You can call these functions:\n";
+/// Between a listed tool's description and its parameters' schema.
+pub const TOOL_PARAMETERS: &str = "\n  parameters (JSON Schema): ";
+/// Ends the listing when a call is due now (`required`, a named choice).
+pub const CALL_NOW: &str =
+    "Call a function now: reply with JSON {\"name\": <function>, \"arguments\": <object>}.";
+/// Ends the listing when the model may call (`auto`).
+pub const CALL_IF_NEEDED: &str =
+    "To call one, reply with JSON {\"name\": <function>, \"arguments\": <object>}.";
+/// Follows [`CALL_IF_NEEDED`] when several calls may be made at once.
+pub const CALL_SEVERAL: &str = " To call several at once, reply with a JSON array of them.";
 
 /// Everything the pipeline decides from the request before rendering.
 #[derive(Debug, Clone)]
@@ -35,6 +56,8 @@ pub struct RequestPlan {
     pub messages: Vec<ChatMessage>,
     pub constraint: Option<Constraint>,
     pub tools: ToolMode,
+    /// The tools listed (what [`ToolMode::Auto`] accepts a call of).
+    pub tool_names: Vec<String>,
     /// Tokens the think section may take; `None` = no reasoning.
     pub reasoning_budget: Option<u32>,
     pub sampling: SamplingParams,
@@ -107,15 +130,21 @@ pub fn effort_budget(effort: &str) -> u32 {
     }
 }
 
-pub fn plan(req: &pb::GenerateRequest) -> Result<RequestPlan, Status> {
+/// Plans a request for an engine; `images`: whether it takes image parts.
+pub fn plan(req: &pb::GenerateRequest, images: bool) -> Result<RequestPlan, Status> {
     let sampling = req.sampling.clone().unwrap_or_default();
     let (tools, tool_schema) = tool_plan(req)?;
     let constraint = match tool_schema {
         Some(schema) => Some(Constraint::JsonSchema(with_options(schema))),
         None => response_format(req.response_format.as_ref())?,
     };
-    let mut messages = flatten(req)?;
-    if tools == ToolMode::Constrained || listed_tools(req) {
+    let mut messages = flatten(req, images)?;
+    let tool_names = if tools == ToolMode::Off {
+        Vec::new()
+    } else {
+        req.tools.iter().map(|t| t.name.clone()).collect()
+    };
+    if tools != ToolMode::Off {
         let listing = tool_listing(req, tools == ToolMode::Constrained);
         match messages.first_mut() {
             Some(first) if first.role == "system" => {
@@ -126,6 +155,7 @@ pub fn plan(req: &pb::GenerateRequest) -> Result<RequestPlan, Status> {
                 ChatMessage {
                     role: "system".into(),
                     content: listing,
+                    ..ChatMessage::default()
                 },
             ),
         }
@@ -141,6 +171,7 @@ pub fn plan(req: &pb::GenerateRequest) -> Result<RequestPlan, Status> {
         messages,
         constraint,
         tools,
+        tool_names,
         reasoning_budget,
         sampling: SamplingParams {
             temperature: sampling.temperature.map(|t| t as f32),
@@ -150,14 +181,6 @@ pub fn plan(req: &pb::GenerateRequest) -> Result<RequestPlan, Status> {
         stop: sampling.stop,
         max_tokens: sampling.max_tokens,
     })
-}
-
-fn listed_tools(req: &pb::GenerateRequest) -> bool {
-    let mode = req
-        .tool_choice
-        .as_ref()
-        .map_or(pb::tool_choice::Mode::Auto, |c| c.mode());
-    !req.tools.is_empty() && mode != pb::tool_choice::Mode::None
 }
 
 fn tool_plan(req: &pb::GenerateRequest) -> Result<(ToolMode, Option<Value>), Status> {
@@ -181,7 +204,8 @@ fn tool_plan(req: &pb::GenerateRequest) -> Result<(ToolMode, Option<Value>), Sta
                 })?;
             vec![tool]
         }
-        Mode::Auto | Mode::Unspecified | Mode::None => return Ok((ToolMode::Off, None)),
+        Mode::Auto | Mode::Unspecified => return Ok((ToolMode::Auto, None)),
+        Mode::None => return Ok((ToolMode::Off, None)),
     };
     let mut calls = Vec::with_capacity(chosen.len());
     for tool in chosen {
@@ -235,7 +259,7 @@ fn response_format(format: Option<&pb::ResponseFormat>) -> Result<Option<Constra
 }
 
 fn tool_listing(req: &pb::GenerateRequest, constrained: bool) -> String {
-    let mut s = String::from("You can call these functions:\n");
+    let mut s = String::from(TOOLS_HEADER);
     for t in &req.tools {
         let params = if t.parameters_json.is_empty() {
             "{}"
@@ -243,28 +267,41 @@ fn tool_listing(req: &pb::GenerateRequest, constrained: bool) -> String {
             t.parameters_json.as_str()
         };
         s.push_str(&format!(
-            "- {}: {}\n  parameters (JSON Schema): {params}\n",
+            "- {}: {}{TOOL_PARAMETERS}{params}\n",
             t.name, t.description
         ));
     }
     if constrained {
-        s.push_str(
-            "Call a function now: reply with JSON {\"name\": <function>, \"arguments\": <object>}.",
-        );
+        s.push_str(CALL_NOW);
     } else {
-        s.push_str("To call one, reply with JSON {\"name\": <function>, \"arguments\": <object>}.");
+        s.push_str(CALL_IF_NEEDED);
+        if req.parallel_tool_calls {
+            s.push_str(CALL_SEVERAL);
+        }
     }
     s
 }
 
-/// Messages as plain text; image parts are refused (text-only engines).
-fn flatten(req: &pb::GenerateRequest) -> Result<Vec<ChatMessage>, Status> {
+/// Messages as plain text; image parts as placeholders beside their
+/// images when the engine takes them (`images`), else refused.
+fn flatten(req: &pb::GenerateRequest, images: bool) -> Result<Vec<ChatMessage>, Status> {
     let mut out = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let mut content = String::new();
+        let mut parts = Vec::new();
         for (j, part) in m.content.iter().enumerate() {
             match &part.part {
-                Some(pb::content_part::Part::Text(t)) => content.push_str(t),
+                // (a placeholder in the text would stand for no image)
+                Some(pb::content_part::Part::Text(t)) => {
+                    content.extend(t.chars().filter(|c| *c != IMAGE_PLACEHOLDER));
+                }
+                Some(pb::content_part::Part::ImageUrl(image)) if images => {
+                    content.push(IMAGE_PLACEHOLDER);
+                    parts.push(Image {
+                        url: image.url.clone(),
+                        detail: image.detail.clone(),
+                    });
+                }
                 Some(pb::content_part::Part::ImageUrl(_)) => {
                     return Err(status::invalid_request(format!(
                         "messages[{i}].content[{j}] is an image part, but model `{}` is served \
@@ -290,6 +327,8 @@ fn flatten(req: &pb::GenerateRequest) -> Result<Vec<ChatMessage>, Status> {
         out.push(ChatMessage {
             role: role.to_owned(),
             content,
+            images: parts,
+            tool_call_id: m.tool_call_id.clone(),
         });
     }
     Ok(out)
@@ -329,7 +368,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let p = plan(&req).expect("plan");
+        let p = plan(&req, false).expect("plan");
         assert_eq!(p.tools, ToolMode::Constrained);
         let Some(Constraint::JsonSchema(s)) = p.constraint else {
             panic!("no constraint")
@@ -346,10 +385,12 @@ mod tests {
             tools: vec![tool("a")],
             ..Default::default()
         };
-        let p = plan(&req).expect("plan");
-        assert_eq!(p.tools, ToolMode::Off);
+        let p = plan(&req, false).expect("plan");
+        assert_eq!(p.tools, ToolMode::Auto);
+        assert_eq!(p.tool_names, ["a"]);
         assert!(p.constraint.is_none());
         assert_eq!(p.messages.len(), 2);
+        assert!(p.messages[0].content.ends_with(CALL_SEVERAL) == req.parallel_tool_calls);
     }
 
     #[test]
@@ -366,13 +407,17 @@ mod tests {
             messages: vec![m],
             ..Default::default()
         };
-        let err = plan(&req).expect_err("image refused");
+        let err = plan(&req, false).expect_err("image refused");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(
             err.message().contains("messages[0].content[1]"),
             "{}",
             err.message()
         );
+        // An engine that takes images gets them beside a placeholder.
+        let p = plan(&req, true).expect("plan");
+        assert_eq!(p.messages[0].content, format!("look{IMAGE_PLACEHOLDER}"));
+        assert_eq!(p.messages[0].images[0].detail, "low");
     }
 
     #[test]
@@ -399,6 +444,6 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(plan(&req).is_err());
+        assert!(plan(&req, false).is_err());
     }
 }

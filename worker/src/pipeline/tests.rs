@@ -1,7 +1,7 @@
 //! The pipeline over a scripted token source (no model).
 
 use super::*;
-use crate::seam::sequence::ChatMessage;
+use crate::seam::sequence::{ChatMessage, Image, IMAGE_PLACEHOLDER};
 use std::sync::Mutex;
 use tokio::sync::mpsc;
 
@@ -10,6 +10,10 @@ struct Scripted {
     window: u32,
     scripts: Mutex<VecDeque<Vec<Vec<u8>>>>,
     started: Mutex<Vec<Sequence>>,
+    /// Its `max_tokens_per_event`.
+    per_event: Option<u32>,
+    /// Fails each sequence after this many tokens.
+    fail_after: Option<usize>,
 }
 
 use std::collections::VecDeque;
@@ -25,7 +29,18 @@ impl Scripted {
                     .collect(),
             ),
             started: Mutex::new(Vec::new()),
+            per_event: None,
+            fail_after: None,
         })
+    }
+
+    fn with(self: Arc<Self>, per_event: Option<u32>, fail_after: Option<usize>) -> Arc<Self> {
+        let Ok(mut s) = Arc::try_unwrap(self) else {
+            panic!("shared")
+        };
+        s.per_event = per_event;
+        s.fail_after = fail_after;
+        Arc::new(s)
     }
 }
 
@@ -43,6 +58,16 @@ impl SequenceEngine for Scripted {
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
         Ok(messages.iter().map(|m| m.content.as_str()).collect())
     }
+    fn accepts_images(&self) -> bool {
+        true
+    }
+    /// The detail's length, as a cost.
+    fn image_tokens(&self, image: &Image) -> u32 {
+        image.detail.len() as u32
+    }
+    fn max_tokens_per_event(&self) -> Option<u32> {
+        self.per_event
+    }
     /// One token per character.
     fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status> {
         Ok(text.chars().map(|c| c as u32).collect())
@@ -57,6 +82,10 @@ impl SequenceEngine for Scripted {
             slot: None,
         }));
         for (i, bytes) in script.iter().enumerate() {
+            if self.fail_after == Some(i) {
+                let _ = tx.send(Err(status::engine_failure("scripted failure")));
+                return Ok(rx);
+            }
             if i == max {
                 let _ = tx.send(Ok(SeqEvent::Finished(SeqEnd::MaxTokens)));
                 return Ok(rx);
@@ -257,4 +286,144 @@ async fn batch_events_merge_into_one_text_event() {
     let (events, _) = run(engine, req).await;
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(text_of(&events), "abc");
+}
+
+/// Tool calls of the events: (id, name, arguments joined).
+fn calls_of(events: &[Event]) -> Vec<(String, String, String)> {
+    let mut calls: Vec<(String, String, String)> = Vec::new();
+    for e in events {
+        if let Event::ToolCall(d) = e {
+            if !d.id.is_empty() {
+                calls.push((d.id.clone(), d.name.clone(), String::new()));
+            }
+            if let Some(c) = calls.get_mut(d.index as usize) {
+                c.2.push_str(&d.arguments_fragment);
+            }
+        }
+    }
+    calls
+}
+
+fn with_tools(mut req: pb::GenerateRequest) -> pb::GenerateRequest {
+    req.tools = vec![pb::FunctionTool {
+        name: "get_weather".into(),
+        description: "weather".into(),
+        parameters_json: r#"{"type":"object"}"#.into(),
+        strict: false,
+    }];
+    req
+}
+
+#[tokio::test]
+async fn with_tool_choice_auto_a_reply_that_starts_as_a_call_is_one() {
+    let engine = Scripted::new(
+        1000,
+        vec![vec![
+            b" {\"na",
+            b"me\": \"get_",
+            b"weather\", \"arguments\": {\"x",
+            b"\": 1}}",
+        ]],
+    );
+    let (events, _) = run(engine.clone(), with_tools(request("weather?", 0, &[]))).await;
+    let calls = calls_of(&events);
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(
+        (calls[0].1.as_str(), calls[0].2.as_str()),
+        ("get_weather", r#"{"x": 1}"#)
+    );
+    assert_eq!(finished(&events).reason(), Reason::ToolCalls);
+    assert!(engine.started.lock().unwrap()[0].constraint.is_none());
+
+    // Text, even JSON that names no listed tool, stays text (stop strings
+    // still apply).
+    for script in [
+        vec![&b"It is "[..], b"sunny. END"],
+        vec![&br#"{"name": "#[..], br#""Alice"}END"#],
+        vec![&b"{"[..]],
+    ] {
+        let expected: String = script.iter().map(|b| String::from_utf8_lossy(b)).collect();
+        let expected = expected.split("END").next().unwrap_or("").to_owned();
+        let engine = Scripted::new(1000, vec![script]);
+        let (events, _) = run(engine, with_tools(request("weather?", 0, &["END"]))).await;
+        assert_eq!(text_of(&events), expected);
+        assert!(calls_of(&events).is_empty());
+        assert_eq!(finished(&events).reason(), Reason::Stop);
+    }
+}
+
+#[tokio::test]
+async fn an_engine_can_ask_for_one_event_per_token() {
+    // The whole script is queued at once: merged, unless the engine caps it.
+    let script = || vec![vec![&b"a"[..], b"b", b"c"]];
+    let (events, _) = run(Scripted::new(100, script()), request("hi", 0, &[])).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    let engine = Scripted::new(100, script()).with(Some(1), None);
+    let (events, _) = run(engine, request("hi", 0, &[])).await;
+    assert_eq!(events.len(), 4, "{events:?}");
+    let engine = Scripted::new(100, script()).with(Some(2), None);
+    let (events, _) = run(engine, request("hi", 0, &[])).await;
+    assert_eq!(text_of(&events[..1]), "ab", "{events:?}");
+}
+
+#[tokio::test]
+async fn an_engine_failure_still_sends_what_came_before_it() {
+    let engine = Scripted::new(100, vec![vec![&b"a"[..], b"b", b"c"]]).with(None, Some(2));
+    let mut p = prepare(engine, request("hi", 0, &[]))
+        .await
+        .expect("prepare");
+    p.check_window().expect("fits");
+    let running = p.start(Box::new(|_| {})).await.expect("start");
+    let (tx, mut rx) = mpsc::channel(16);
+    let outcome = Box::new(running).run(EventSink::new(tx)).await;
+    assert_eq!(outcome, Outcome::Failed { tokens: 2 });
+    let first = rx.try_recv().expect("an event").expect("not the failure");
+    assert_eq!(
+        first.event,
+        Some(Event::Text(pb::TextDelta { text: "ab".into() }))
+    );
+    assert!(rx.try_recv().expect("the failure").is_err());
+}
+
+#[tokio::test]
+async fn a_budget_that_takes_the_whole_completion_is_reported_as_reasoning() {
+    let engine = Scripted::new(1000, vec![vec![&b"a"[..], b"b", b"c", b"d"]]);
+    let mut req = request("q", 3, &[]);
+    req.reasoning = Some(pb::Reasoning {
+        enabled: true,
+        budget_tokens: 50,
+        effort: String::new(),
+    });
+    let (events, _) = run(engine, req).await;
+    let f = finished(&events);
+    assert_eq!(f.reason(), Reason::Length);
+    let u = f.usage.expect("usage");
+    assert_eq!((u.completion_tokens, u.reasoning_tokens), (3, 3));
+}
+
+#[tokio::test]
+async fn image_parts_reach_an_engine_that_takes_them_and_are_counted() {
+    let engine = Scripted::new(1000, vec![vec![&b"ok"[..]]]);
+    let mut req = request("look", 0, &[]);
+    req.messages[0].content.push(pb::ContentPart {
+        part: Some(pb::content_part::Part::ImageUrl(pb::ImageUrl {
+            url: "https://example.com/a.png".into(),
+            detail: "high".into(),
+        })),
+    });
+    let mut p = prepare(engine, req).await.expect("prepare");
+    assert!(
+        p.prompt_text.ends_with(IMAGE_PLACEHOLDER),
+        "{}",
+        p.prompt_text
+    );
+    p.check_window().expect("fits");
+    let running = p.start(Box::new(|_| {})).await.expect("start");
+    let (tx, mut rx) = mpsc::channel(16);
+    Box::new(running).run(EventSink::new(tx)).await;
+    let mut events = Vec::new();
+    while let Ok(Ok(ev)) = rx.try_recv() {
+        events.extend(ev.event);
+    }
+    assert_eq!(finished(&events).usage.map(|u| u.image_tokens), Some(4));
 }

@@ -221,6 +221,89 @@ impl ToolCallParser {
     }
 }
 
+/// What a reply that may call tools (`tool_choice` auto) is, from its
+/// start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detected {
+    /// Not known yet: hold the text.
+    Undecided,
+    /// Text: release what was held as text.
+    Text,
+    /// A call of a listed tool: parse what was held as calls.
+    Call,
+}
+
+/// Decides whether a reply is a tool call, the way the listing asks a model
+/// to write one: a reply that starts (after whitespace, optionally inside a
+/// `[`) with `{"name": "<a listed tool>"` is one; anything else is text,
+/// released as soon as it cannot be a call any more.
+#[derive(Debug)]
+pub struct CallDetector {
+    names: Vec<String>,
+    held: String,
+}
+
+/// Held at most while undecided (a name longer than this is no tool's).
+const MAX_HELD: usize = 512;
+
+impl CallDetector {
+    pub fn new(names: &[String]) -> Self {
+        Self {
+            names: names.to_vec(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds text; once decided, [`CallDetector::take`] gives what was held.
+    pub fn push(&mut self, text: &str) -> Detected {
+        self.held.push_str(text);
+        let d = self.classify();
+        if d == Detected::Undecided && self.held.len() > MAX_HELD {
+            return Detected::Text;
+        }
+        d
+    }
+
+    /// The text held so far.
+    pub fn take(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+
+    fn classify(&self) -> Detected {
+        use Detected::{Call, Text, Undecided};
+        // Each step: the rest after a token of the pattern, `None` when the
+        // text ended before it (undecided), `Some(Err)` when it differs.
+        fn token<'a>(s: &'a str, t: &str) -> Result<&'a str, Detected> {
+            let s = s.trim_start();
+            if s.is_empty() || (s.len() < t.len() && t.starts_with(s)) {
+                return Err(Undecided);
+            }
+            s.strip_prefix(t).ok_or(Text)
+        }
+        let s = self.held.as_str();
+        let s = match token(s, "[") {
+            Ok(rest) => rest,
+            Err(Undecided) => return Undecided,
+            Err(_) => s,
+        };
+        let steps = ["{", "\"name\"", ":", "\""];
+        let mut s = s;
+        for t in steps {
+            s = match token(s, t) {
+                Ok(rest) => rest,
+                Err(d) => return d,
+            };
+        }
+        match s.find(['"', '\\']) {
+            None => Undecided,
+            Some(end) if s[end..].starts_with('"') && self.names.iter().any(|n| *n == s[..end]) => {
+                Call
+            }
+            Some(_) => Text,
+        }
+    }
+}
+
 /// A JSON string body (between the quotes) to its value.
 fn unescape(body: &str) -> String {
     serde_json::from_str::<String>(&format!("\"{body}\"")).unwrap_or_else(|_| body.to_owned())
@@ -277,6 +360,42 @@ mod tests {
             ("b!", r#"{"k":"}"}"#)
         );
         assert_ne!(calls[0].0, calls[1].0);
+    }
+
+    fn detect(text: &str, n: usize) -> (Detected, String) {
+        let mut d = CallDetector::new(&["get_weather".to_owned(), "a".to_owned()]);
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(n) {
+            let r = d.push(&chunk.iter().collect::<String>());
+            if r != Detected::Undecided {
+                return (r, d.take());
+            }
+        }
+        (Detected::Undecided, d.take())
+    }
+
+    #[test]
+    fn a_reply_that_starts_as_a_call_of_a_listed_tool_is_one() {
+        for n in [1, 3, 100] {
+            let call = r#" {"name": "get_weather", "arguments": {}}"#;
+            assert_eq!(detect(call, n).0, Detected::Call, "chunk {n}");
+            let parallel = r#"[{"name":"a","arguments":{}}, {"name":"get_weather"}]"#;
+            assert_eq!(detect(parallel, n).0, Detected::Call, "chunk {n}");
+            for text in [
+                "Hello there",
+                r#"{"name": "Alice", "age": 3}"#,
+                r#"{"answer": 1}"#,
+                "[1, 2]",
+                r#"{"name": "get_weather_v2"}"#,
+            ] {
+                let (d, held) = detect(text, n);
+                assert_eq!(d, Detected::Text, "{text} chunk {n}");
+                assert!(text.starts_with(&held), "held a prefix: {held}");
+            }
+        }
+        assert_eq!(detect(r#"{"na"#, 1).0, Detected::Undecided);
+        // Decided text is released as soon as it cannot be a call.
+        assert_eq!(detect("Hi", 1), (Detected::Text, "H".to_owned()));
     }
 
     #[test]

@@ -19,13 +19,32 @@ use tonic::Status;
 /// A token id in the engine's own vocabulary.
 pub type TokenId = u32;
 
+/// Stands for an image part in [`ChatMessage::content`], in the order of
+/// [`ChatMessage::images`] (U+FFFC, the object replacement character).
+pub const IMAGE_PLACEHOLDER: char = '\u{FFFC}';
+
+/// An image part of a message (for engines that take images).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Image {
+    /// `https:` or `data:` URL.
+    pub url: String,
+    /// `low`, `high`, `auto` or empty.
+    pub detail: String,
+}
+
 /// One chat message, already flattened to text by the pipeline (tool calls
 /// and results included); the engine renders a list of them with its own
 /// chat template.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChatMessage {
     pub role: String,
+    /// The text; each image part is an [`IMAGE_PLACEHOLDER`] here.
     pub content: String,
+    /// The image parts, in order (only for an engine that
+    /// [accepts images](SequenceEngine::accepts_images)).
+    pub images: Vec<Image>,
+    /// On a tool result: the call it answers (empty otherwise).
+    pub tool_call_id: String,
 }
 
 /// Sampling of one sequence. `temperature` 0 (or unset with no `top_p`)
@@ -103,6 +122,26 @@ pub trait SequenceEngine: Send + Sync + 'static {
     }
     /// Tokenizes rendered text (special tokens in it are parsed).
     fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status>;
+    /// Whether the engine takes image parts (rendered by its template);
+    /// the pipeline refuses them otherwise.
+    fn accepts_images(&self) -> bool {
+        false
+    }
+    /// Prompt tokens one image part costs (`Usage.image_tokens`).
+    fn image_tokens(&self, _image: &Image) -> u32 {
+        0
+    }
+    /// Whether the engine keeps prompts in fixed slots and says which in
+    /// [`SeqEvent::Prefilled`] (the worker's cache report is then exact).
+    fn has_slots(&self) -> bool {
+        false
+    }
+    /// The most tokens the pipeline merges into one event when they come
+    /// faster than the stream takes them; `None` = no limit, `Some(1)` =
+    /// one event per token.
+    fn max_tokens_per_event(&self) -> Option<u32> {
+        None
+    }
     /// Starts a sequence: compiles its constraint (a bad schema fails here
     /// with INVALID_ARGUMENT) and queues it for the decode loop.
     async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status>;

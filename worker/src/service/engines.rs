@@ -4,7 +4,6 @@
 //! admitted) start the generation.
 
 use crate::cache_report::{Source, UPSTREAM_TTL};
-use crate::engine::synthetic::{self, SyntheticEngine};
 use crate::pipeline;
 use crate::seam::chat::{ChatEngine, OnCached};
 use crate::seam::sequence::SequenceEngine;
@@ -16,9 +15,8 @@ use tonic::Status;
 /// The engine behind the service, by the seam it implements.
 #[derive(Clone)]
 pub enum Engines {
-    /// The SIMULATED `synthetic` engine: whole replies and test controls.
-    Simulated(Arc<SyntheticEngine>),
-    /// Sequence-level: tokens in, tokens out, through the shared pipeline.
+    /// Sequence-level: tokens in, tokens out, through the shared pipeline
+    /// (llama, and the SIMULATED `synthetic` engine).
     Sequence(Arc<dyn SequenceEngine>),
     /// Message-level: an engine server with its own template and parsers.
     Chat(Arc<dyn ChatEngine>),
@@ -26,11 +24,6 @@ pub enum Engines {
 
 /// A request whose prompt its engine has counted, not yet admitted.
 pub enum Counted {
-    Simulated {
-        engine: Arc<SyntheticEngine>,
-        tokenized: synthetic::Tokenized,
-        completion_limit: u32,
-    },
     Sequence(pipeline::Prepared),
     Chat {
         engine: Arc<dyn ChatEngine>,
@@ -49,10 +42,6 @@ impl Engines {
     /// own queue come on top.
     pub fn load(&self, own: pb::Load) -> pb::Load {
         match self {
-            Engines::Simulated(engine) => pb::Load {
-                kv_cache_usage: Some(engine.kv_cache_usage()),
-                ..own
-            },
             Engines::Sequence(engine) => pb::Load {
                 kv_cache_usage: engine.kv_cache_usage(),
                 ..own
@@ -75,8 +64,8 @@ impl Engines {
     /// sooner).
     pub fn cache_source(&self) -> Source {
         match self {
-            Engines::Simulated(_) => Source::Estimated { ttl: None },
-            Engines::Sequence(_) => Source::Exact,
+            Engines::Sequence(engine) if engine.has_slots() => Source::Exact,
+            Engines::Sequence(_) => Source::Estimated { ttl: None },
             Engines::Chat(_) => Source::Estimated {
                 ttl: Some(UPSTREAM_TTL),
             },
@@ -86,7 +75,6 @@ impl Engines {
     /// Tokens one request may hold (prompt plus completion).
     pub fn context_window(&self) -> u32 {
         match self {
-            Engines::Simulated(engine) => engine.context_window(),
             Engines::Sequence(engine) => engine.context_window(),
             Engines::Chat(engine) => engine.context_window(),
         }
@@ -96,11 +84,6 @@ impl Engines {
     /// template); a request the engine cannot take at all fails here.
     pub async fn count(&self, request: pb::GenerateRequest) -> Result<Counted, Status> {
         Ok(match self {
-            Engines::Simulated(engine) => Counted::Simulated {
-                tokenized: engine.tokenize(request).await?,
-                engine: Arc::clone(engine),
-                completion_limit: 0,
-            },
             Engines::Sequence(engine) => {
                 Counted::Sequence(pipeline::prepare(Arc::clone(engine), request).await?)
             }
@@ -118,7 +101,6 @@ impl Counted {
     /// The prompt's token count; `None` when the engine cannot count.
     pub fn prompt_tokens(&self) -> Option<u32> {
         match self {
-            Counted::Simulated { tokenized, .. } => Some(tokenized.prompt_tokens()),
             Counted::Sequence(prepared) => Some(prepared.prompt_tokens()),
             Counted::Chat { prompt_tokens, .. } => *prompt_tokens,
         }
@@ -129,11 +111,6 @@ impl Counted {
     /// sets the completion limit.
     pub fn fit(&mut self) -> Result<(), Status> {
         match self {
-            Counted::Simulated {
-                engine,
-                tokenized,
-                completion_limit,
-            } => *completion_limit = engine.fit(tokenized)?,
             Counted::Sequence(prepared) => prepared.check_window()?,
             Counted::Chat {
                 engine,
@@ -162,11 +139,6 @@ impl Counted {
     /// reused from its cache, once it is known.
     pub async fn start(self, on_cached: OnCached) -> Result<Box<dyn Started>, Status> {
         match self {
-            Counted::Simulated {
-                engine,
-                tokenized,
-                completion_limit,
-            } => engine.start(tokenized, completion_limit, on_cached),
             Counted::Sequence(prepared) => Ok(Box::new(prepared.start(on_cached).await?)),
             Counted::Chat {
                 engine,

@@ -1,27 +1,35 @@
-//! Prompt rendering and token counting with a real BPE (o200k_base, embedded
-//! in `tiktoken-rs`, so nothing downloads).
+//! The simulator's chat template and tokenizer: a real BPE (o200k_base,
+//! embedded in `tiktoken-rs`, so nothing downloads) over a small template.
 //!
-//! The prompt is rendered as a chat template into one token sequence:
-//!
-//! - a `tools` block when tools are given (name, description and parameter
-//!   schema of each tool), then
-//! - every message as `<start> role[ name] <sep> content <end>`, and
-//! - a closing `<start> assistant <sep>` that primes the reply.
-//!
-//! So every message costs its content plus a chat-template overhead of four
-//! tokens (three framing tokens and the role). The framing tokens use ids above
-//! the o200k vocabulary, so they never collide with text. Tool calls of
-//! earlier assistant turns count (name and arguments); their reasoning text
-//! does not (chat templates drop it).
+//! The template renders every message as `<|start|>role<|sep|>content<|end|>`
+//! (a tool result's role line also names the call it answers:
+//! `tool (call_id)`), then `<|start|>assistant<|sep|>` to open the reply. So
+//! every message costs its content plus four tokens (three framing tokens and
+//! the role). The framing markers tokenize to ids above the o200k vocabulary,
+//! so they never collide with text; they are parsed wherever they appear in
+//! the text, as a model's special tokens are.
 //!
 //! Images are not fetched. Each image part costs a documented fixed amount
-//! (see [`image_tokens`]), represented in the sequence by that many copies of
-//! a token derived from the image URL, so two different images never share a
-//! cached prefix and `prompt_tokens` is simply the sequence length.
+//! (see [`image_tokens`]): the template writes `<|image:N:HASH|>`, which
+//! tokenizes to N copies of a token derived from the image URL, so two
+//! different images never share a cached prefix and `prompt_tokens` is
+//! simply the sequence length.
+//!
+//! [`decode`] turns a prompt back into its text (an image into
+//! [`IMAGE_PLACEHOLDER`]), which is what the simulator plans its reply from.
 
+use crate::seam::sequence::{ChatMessage, Image, IMAGE_PLACEHOLDER};
 use crate::seam::tokens::{fnv1a, saturate};
-use inference_proto::v1 as pb;
 use tiktoken_rs::{o200k_base_singleton, CoreBPE, Rank};
+
+/// Opens a message.
+pub const START: &str = "<|start|>";
+/// Ends a message's role line.
+pub const SEP: &str = "<|sep|>";
+/// Ends a message.
+pub const END: &str = "<|end|>";
+const IMAGE_OPEN: &str = "<|image:";
+const MARKER_CLOSE: &str = "|>";
 
 /// Framing tokens of the chat template (outside the o200k vocabulary).
 const MSG_START: Rank = 1 << 30;
@@ -52,128 +60,163 @@ pub fn count(text: &str) -> u32 {
     saturate(bpe().encode_ordinary(text).len())
 }
 
-/// A rendered prompt: the full token sequence and how much of it are images.
-#[derive(Debug, Clone, Default)]
-pub struct Prompt {
-    pub tokens: Vec<Rank>,
-    pub image_tokens: u32,
-    pub image_parts: u32,
-}
-
-impl Prompt {
-    /// `prompt_tokens` as reported in usage (images included).
-    pub fn len(&self) -> u32 {
-        saturate(self.tokens.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-}
-
-/// Renders a request's tools and messages into the template's token sequence.
-pub fn render(req: &pb::GenerateRequest) -> Prompt {
-    let bpe = bpe();
-    let mut p = Prompt::default();
-    let push_text = |tokens: &mut Vec<Rank>, text: &str| {
-        if !text.is_empty() {
-            tokens.extend(bpe.encode_ordinary(text));
+/// Renders messages with the template, ending with the reply opened.
+pub fn render(messages: &[ChatMessage]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str(START);
+        out.push_str(&m.role);
+        if !m.tool_call_id.is_empty() {
+            out.push_str(&format!(" ({})", m.tool_call_id));
         }
-    };
-    if !req.tools.is_empty() {
-        p.tokens.push(MSG_START);
-        push_text(&mut p.tokens, "tools");
-        p.tokens.push(MSG_SEP);
-        for tool in &req.tools {
-            push_text(&mut p.tokens, &tool.name);
-            push_text(&mut p.tokens, "\n");
-            push_text(&mut p.tokens, &tool.description);
-            push_text(&mut p.tokens, "\n");
-            push_text(&mut p.tokens, &tool.parameters_json);
-            push_text(&mut p.tokens, "\n");
-        }
-        p.tokens.push(MSG_END);
-    }
-    for m in &req.messages {
-        p.tokens.push(MSG_START);
-        push_text(&mut p.tokens, &m.role);
-        if !m.name.is_empty() {
-            push_text(&mut p.tokens, " ");
-            push_text(&mut p.tokens, &m.name);
-        }
-        p.tokens.push(MSG_SEP);
-        for part in &m.content {
-            match &part.part {
-                Some(pb::content_part::Part::Text(t)) => push_text(&mut p.tokens, t),
-                Some(pb::content_part::Part::ImageUrl(img)) => {
-                    let n = image_tokens(&img.detail);
-                    let marker = IMAGE_BASE + (fnv1a(img.url.as_bytes()) as Rank & 0x00ff_ffff);
-                    p.tokens.extend(std::iter::repeat_n(marker, n as usize));
-                    p.image_tokens += n;
-                    p.image_parts += 1;
-                }
-                None => {}
+        out.push_str(SEP);
+        let mut images = m.images.iter();
+        for c in m.content.chars() {
+            match (c == IMAGE_PLACEHOLDER).then(|| images.next()).flatten() {
+                Some(image) => out.push_str(&image_marker(image)),
+                None => out.push(c),
             }
         }
-        for call in &m.tool_calls {
-            push_text(&mut p.tokens, &call.name);
-            push_text(&mut p.tokens, &call.arguments);
-        }
-        p.tokens.push(MSG_END);
+        out.push_str(END);
     }
-    p.tokens.push(MSG_START);
-    push_text(&mut p.tokens, "assistant");
-    p.tokens.push(MSG_SEP);
-    p
+    out.push_str(START);
+    out.push_str("assistant");
+    out.push_str(SEP);
+    out
 }
 
-/// One streamed piece of output text and the tokens it stands for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
-    pub text: String,
-    pub tokens: u32,
+fn image_marker(image: &Image) -> String {
+    let hash = fnv1a(image.url.as_bytes()) & 0x00ff_ffff;
+    format!(
+        "{IMAGE_OPEN}{}:{hash:06x}{MARKER_CLOSE}",
+        image_tokens(&image.detail)
+    )
 }
 
-/// Splits text into BPE tokens, merging the few tokens that end inside a
-/// multi-byte character so every piece is valid UTF-8. The pieces concatenate
-/// to the input exactly, and their token counts sum to the BPE count.
-pub fn pieces(text: &str) -> Vec<Piece> {
+/// The tokens of the template's marker at the start of `text`, and its
+/// length in bytes.
+fn marker(text: &str) -> Option<(Vec<Rank>, usize)> {
+    for (m, id) in [(START, MSG_START), (SEP, MSG_SEP), (END, MSG_END)] {
+        if text.starts_with(m) {
+            return Some((vec![id], m.len()));
+        }
+    }
+    let rest = text.strip_prefix(IMAGE_OPEN)?;
+    let close = rest.find(MARKER_CLOSE)?;
+    let (n, hash) = rest[..close].split_once(':')?;
+    let n: usize = n.parse().ok()?;
+    let hash = Rank::from_str_radix(hash, 16).ok()? & 0x00ff_ffff;
+    Some((
+        vec![IMAGE_BASE + hash; n],
+        IMAGE_OPEN.len() + close + MARKER_CLOSE.len(),
+    ))
+}
+
+/// Tokenizes rendered text: the template's markers to their own tokens,
+/// the text between them with o200k.
+pub fn tokenize(text: &str) -> Vec<Rank> {
     let bpe = bpe();
     let mut out = Vec::new();
-    let mut pending: Vec<u8> = Vec::new();
-    let mut pending_tokens = 0u32;
-    for bytes in bpe._decode_native_and_split(bpe.encode_ordinary(text)) {
-        pending.extend_from_slice(&bytes);
-        pending_tokens += 1;
-        if let Ok(s) = std::str::from_utf8(&pending) {
-            out.push(Piece {
-                text: s.to_owned(),
-                tokens: pending_tokens,
-            });
-            pending.clear();
-            pending_tokens = 0;
+    let encode = |out: &mut Vec<Rank>, s: &str| {
+        if !s.is_empty() {
+            out.extend(bpe.encode_ordinary(s));
+        }
+    };
+    let (mut at, mut text_from) = (0, 0);
+    while let Some(off) = text[at..].find("<|") {
+        let here = at + off;
+        match marker(&text[here..]) {
+            Some((tokens, len)) => {
+                encode(&mut out, &text[text_from..here]);
+                out.extend(tokens);
+                at = here + len;
+                text_from = at;
+            }
+            None => at = here + 2,
         }
     }
-    if !pending.is_empty() {
-        out.push(Piece {
-            text: String::from_utf8_lossy(&pending).into_owned(),
-            tokens: pending_tokens,
-        });
-    }
+    encode(&mut out, &text[text_from..]);
     out
+}
+
+/// A prompt's text again: markers as the template writes them, each run of
+/// one image's tokens as [`IMAGE_PLACEHOLDER`].
+pub fn decode(tokens: &[Rank]) -> String {
+    let bpe = bpe();
+    let mut out = String::new();
+    let mut ordinary: Vec<Rank> = Vec::new();
+    let flush = |out: &mut String, ordinary: &mut Vec<Rank>| {
+        if !ordinary.is_empty() {
+            let bytes = bpe.decode_bytes(ordinary).unwrap_or_default();
+            out.push_str(&String::from_utf8_lossy(&bytes));
+            ordinary.clear();
+        }
+    };
+    let mut last_image = None;
+    for &t in tokens {
+        if t < MSG_START {
+            last_image = None;
+            ordinary.push(t);
+            continue;
+        }
+        flush(&mut out, &mut ordinary);
+        if t >= IMAGE_BASE {
+            if last_image != Some(t) {
+                out.push(IMAGE_PLACEHOLDER);
+            }
+            last_image = Some(t);
+            continue;
+        }
+        last_image = None;
+        match t {
+            MSG_START => out.push_str(START),
+            MSG_SEP => out.push_str(SEP),
+            MSG_END => out.push_str(END),
+            _ => {}
+        }
+    }
+    flush(&mut out, &mut ordinary);
+    out
+}
+
+/// One token of output: its id and its bytes (possibly part of a
+/// character).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub id: Rank,
+    pub bytes: Vec<u8>,
+}
+
+/// Text as o200k tokens; their bytes concatenate to the text exactly.
+pub fn tokens(text: &str) -> Vec<Token> {
+    let bpe = bpe();
+    bpe.encode_ordinary(text)
+        .into_iter()
+        .map(|id| Token {
+            id,
+            bytes: bpe.decode_bytes(&[id]).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// One token standing for `text` (a word of the simulator's list, each a
+/// single o200k token).
+pub fn token(text: &str) -> Token {
+    Token {
+        id: bpe().encode_ordinary(text).first().copied().unwrap_or(0),
+        bytes: text.as_bytes().to_vec(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn user(text: &str) -> pb::Message {
-        pb::Message {
-            role: "user".into(),
-            content: vec![pb::ContentPart {
-                part: Some(pb::content_part::Part::Text(text.into())),
-            }],
-            ..Default::default()
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..ChatMessage::default()
         }
     }
 
@@ -187,63 +230,56 @@ mod tests {
 
     #[test]
     fn prompt_is_content_plus_template_overhead() {
-        let one = GenerateReqBuilder::new().msg(user("hello world")).build();
-        let p = render(&one);
+        let one = tokenize(&render(&[msg("user", "hello world")]));
         // 2 content + start, "user", sep, end + start, "assistant", sep.
-        assert_eq!(p.len(), 2 + 4 + 3);
-        let two = GenerateReqBuilder::new()
-            .msg(user("hello world"))
-            .msg(user("hello world"))
-            .build();
-        assert_eq!(render(&two).len(), 2 * (2 + 4) + 3);
+        assert_eq!(one.len(), 2 + 4 + 3);
+        let two = tokenize(&render(&[
+            msg("user", "hello world"),
+            msg("user", "hello world"),
+        ]));
+        assert_eq!(two.len(), 2 * (2 + 4) + 3);
     }
 
     #[test]
     fn images_cost_a_fixed_documented_amount() {
-        let mut m = user("look");
+        let mut m = msg("user", "look");
         for detail in ["low", "high", "auto"] {
-            m.content.push(pb::ContentPart {
-                part: Some(pb::content_part::Part::ImageUrl(pb::ImageUrl {
-                    url: format!("https://example.com/{detail}.png"),
-                    detail: detail.into(),
-                })),
+            m.content.push(IMAGE_PLACEHOLDER);
+            m.images.push(Image {
+                url: format!("https://example.com/{detail}.png"),
+                detail: detail.into(),
             });
         }
-        let p = render(&GenerateReqBuilder::new().msg(m).build());
-        assert_eq!(p.image_tokens, 85 + 765 + 765);
-        assert_eq!(p.image_parts, 3);
-        assert_eq!(p.len(), 1 + 4 + 3 + 85 + 765 + 765);
+        let tokens = tokenize(&render(&[m]));
+        assert_eq!(tokens.len(), 1 + 4 + 3 + 85 + 765 + 765);
+        let back = decode(&tokens);
+        assert_eq!(back.matches(IMAGE_PLACEHOLDER).count(), 3, "{back}");
     }
 
     #[test]
-    fn pieces_concatenate_to_the_input_and_sum_to_the_count() {
+    fn decode_gives_the_rendered_text_back() {
+        let text = render(&[
+            msg("system", "naïve café — 日本語 🎉 <|not a marker|>"),
+            ChatMessage {
+                tool_call_id: "call_1".into(),
+                ..msg("tool", "12:00")
+            },
+        ]);
+        assert!(text.contains("<|start|>tool (call_1)<|sep|>12:00<|end|>"));
+        assert_eq!(decode(&tokenize(&text)), text);
+    }
+
+    #[test]
+    fn tokens_concatenate_to_the_input_and_count_as_bpe() {
         for text in [
             "hello world",
             "naïve café — 日本語のテキスト 🎉🎉",
             "{\"a\": [1, 2]}",
         ] {
-            let ps = pieces(text);
-            let joined: String = ps.iter().map(|p| p.text.as_str()).collect();
-            assert_eq!(joined, text);
-            assert_eq!(ps.iter().map(|p| p.tokens).sum::<u32>(), count(text));
-        }
-    }
-
-    /// Small helper for tests across the crate.
-    pub struct GenerateReqBuilder(pb::GenerateRequest);
-    impl GenerateReqBuilder {
-        pub fn new() -> Self {
-            Self(pb::GenerateRequest {
-                model: "base".into(),
-                ..Default::default()
-            })
-        }
-        pub fn msg(mut self, m: pb::Message) -> Self {
-            self.0.messages.push(m);
-            self
-        }
-        pub fn build(self) -> pb::GenerateRequest {
-            self.0
+            let ts = tokens(text);
+            let joined: Vec<u8> = ts.iter().flat_map(|t| t.bytes.clone()).collect();
+            assert_eq!(joined, text.as_bytes());
+            assert_eq!(saturate(ts.len()), count(text));
         }
     }
 }

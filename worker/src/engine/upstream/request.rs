@@ -41,7 +41,7 @@ pub fn messages(
 ) -> Result<Vec<wire::Message>, Status> {
     if enforced_tools {
         // Flattened, with the tool listing: the engine sees no tools.
-        let p = plan::plan(req)?;
+        let p = plan::plan(req, false)?;
         return Ok(p
             .messages
             .into_iter()
@@ -211,7 +211,7 @@ pub fn build(
         MaxTokensField::MaxCompletionTokens => body.max_completion_tokens = completion_limit,
     }
     if enforced_tools {
-        let p = plan::plan(req)?;
+        let p = plan::plan(req, false)?;
         debug_assert_eq!(p.tools, ToolMode::Constrained);
         if let Some(Constraint::JsonSchema(mut schema)) = p.constraint {
             // The pipeline's llguidance options mean nothing to an engine.
