@@ -24,6 +24,7 @@ APP_RULE = "only server.rs, listener/ and routes/ see the composition root"
 FORBIDDEN = [
     ("api", "", "api/ is wire types only: it depends on nothing in the gateway"),
     ("error", "", "error/ is the envelope and status table only: every layer may use it, so it imports none"),
+    ("ids", "", "ids.rs makes public ids for every layer, so it imports none"),
     ("translate", "http", "translate/ knows wire types and the worker protocol, not HTTP"),
     ("translate", "routes", ROUTES_RULE),
     ("store", "translate", "the store keeps events as data; it does not encode them"),

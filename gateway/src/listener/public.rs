@@ -58,7 +58,7 @@ impl HttpServerApp for PublicApp {
                 session.set_keepalive(None);
                 let mut ex = Exchange::new(
                     session,
-                    crate::translate::new_id("req_"),
+                    crate::ids::new_id("req_"),
                     telemetry::TraceParent::new_root(),
                 );
                 ex.send_error(&err).await;
@@ -82,7 +82,7 @@ impl HttpServerApp for PublicApp {
         let reusable = session.get_keepalive().is_some();
         let closing = *shutdown.borrow() || app.shutdown.is_draining() || !reusable;
         session.set_keepalive(if closing { None } else { Some(60) });
-        let request_id = crate::translate::new_id("req_");
+        let request_id = crate::ids::new_id("req_");
         // One span per request: ids, route, model and status only (never
         // prompts or keys). Disabled, and so free, unless spans are exported
         // or `RUST_LOG` asks for target `gateway::request`.

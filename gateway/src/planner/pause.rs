@@ -98,7 +98,7 @@ impl Planner {
         input: impl FnOnce() -> RunInput,
     ) -> Result<Begun, SessionError> {
         let key = session::session_key(org, session_id);
-        let token = crate::translate::new_id("lock_");
+        let token = crate::ids::new_id("lock_");
         if !self.sessions.lock(&key, &token, self.lock_ttl()).await? {
             return Err(SessionError::Busy);
         }

@@ -281,7 +281,7 @@ mod tests {
     async fn redis_sessions_pass_the_suite() {
         let url =
             std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-        let prefix = format!("igw-test-planner-{}:", crate::translate::new_id(""));
+        let prefix = format!("igw-test-planner-{}:", crate::ids::new_id(""));
         let handle = Arc::new(RedisHandle::new(&url, &prefix).unwrap());
         if handle.conn().await.is_err() {
             eprintln!("no Redis at {url}; skipping");

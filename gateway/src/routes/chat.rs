@@ -7,9 +7,9 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::generation::{self, End};
 use crate::http::Exchange;
+use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
 use crate::translate::chat::{output_format, to_worker, ChatStreamEncoder};
-use crate::translate::new_id;
 use crate::{parse, validate};
 use std::sync::Arc;
 

@@ -262,7 +262,7 @@ pub mod suite {
     }
 
     pub fn new_id() -> String {
-        crate::translate::new_id("resp_test")
+        crate::ids::new_id("resp_test")
     }
 
     async fn create(store: &dyn ResponseStore, org: &str, obj: &ResponseObject) {

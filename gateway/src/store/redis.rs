@@ -645,7 +645,7 @@ mod tests {
 
     /// A store under a random prefix; its keys are removed afterwards.
     fn store(window: Duration) -> (RedisStore, Arc<RedisHandle>) {
-        let prefix = format!("igwtest:{}:", crate::translate::new_id(""));
+        let prefix = format!("igwtest:{}:", crate::ids::new_id(""));
         let handle = Arc::new(RedisHandle::new("redis://127.0.0.1:6379", &prefix).unwrap());
         (RedisStore::new(handle.clone(), window), handle)
     }

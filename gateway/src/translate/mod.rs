@@ -23,16 +23,3 @@ pub fn now_unix() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
-
-/// `prefix` + 24 random alphanumerics: ids such as `chatcmpl-…`, `resp_…`.
-pub fn new_id(prefix: &str) -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let mut id = String::with_capacity(prefix.len() + 24);
-    id.push_str(prefix);
-    for _ in 0..24 {
-        id.push(ALPHABET[rng.random_range(0..ALPHABET.len())] as char);
-    }
-    id
-}

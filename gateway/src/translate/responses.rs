@@ -8,13 +8,14 @@
 //! exactly one terminal event.
 
 use super::chat::tool_choice;
-use super::{new_id, now_unix};
+use super::now_unix;
 use crate::api::responses::{
     ContentPart, CreateResponseRequest, EncodedEvent, IncompleteDetails, InputItem,
     InputTokensDetails, ItemContent, OutputItem, OutputText, OutputTokensDetails, Reasoning,
     ResponseError, ResponseObject, ResponseStatus, ResponseUsage, StreamEvent, SummaryPart,
 };
 use crate::error::ApiError;
+use crate::ids::new_id;
 use crate::output_check::{self, OutputFormat};
 use crate::validate::responses::ValidResponseRequest;
 use inference_proto::v1 as pb;
