@@ -16,7 +16,10 @@
 //!   gate), so a hot prefix spreads to a second engine instead of waiting
 //!   behind the first, and no engine idles while another queues; short of
 //!   that, a queue behind a held prefix may beat a prefill elsewhere. A
-//!   prompt shorter than one block has nothing to match: least loaded.
+//!   prompt nobody holds any block of goes where `PrefixAffinity` would
+//!   send it (its head's rendezvous order), so one app's prompts keep
+//!   meeting on one engine. A prompt shorter than one block has nothing to
+//!   match: least loaded.
 
 use super::endpoint::WorkerEndpoint;
 use crate::config::PoolPolicy;
@@ -76,7 +79,7 @@ pub fn pick(
                 bounded_rendezvous(endpoints, candidates, routing.affinity_key)
                     .or_else(|| Some(two_choices(endpoints, candidates)))
             }
-            PoolPolicy::CacheAware => cache_aware(endpoints, candidates, &routing.blocks)
+            PoolPolicy::CacheAware => cache_aware(endpoints, candidates, routing)
                 .or_else(|| Some(two_choices(endpoints, candidates))),
         },
     }
@@ -88,25 +91,31 @@ pub fn pick(
 fn cache_aware(
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
-    blocks: &[u64],
+    routing: &Routing,
 ) -> Option<usize> {
+    let blocks = &routing.blocks[..];
     if blocks.is_empty() {
         return None;
     }
     let any_idle = candidates.iter().any(|&i| endpoints[i].load_score() == 0);
-    let cost = |i: usize| {
-        let e = &endpoints[i];
-        let uncached = (blocks.len() - e.prefixes().matched(blocks)) * BLOCK_BYTES;
-        uncached + e.load_score() as usize * LOAD_COST_BYTES
-    };
+    // The load gate: never queue while another engine sits idle.
+    let allowed: Vec<(usize, usize)> = candidates
+        .iter()
+        .filter(|&&i| !any_idle || endpoints[i].has_free_slot())
+        .map(|&i| (i, endpoints[i].prefixes().matched(blocks)))
+        .collect();
+    if allowed.iter().all(|&(_, matched)| matched == 0) {
+        // Nobody holds any of it: where this prompt's head (or cache key)
+        // belongs, so the prompts of one app keep meeting on one engine
+        // instead of each engine seeing every app.
+        let allowed: Vec<usize> = allowed.iter().map(|&(i, _)| i).collect();
+        return bounded_rendezvous(endpoints, &allowed, routing.affinity_key);
+    }
     let mut best: Option<(usize, usize)> = None;
     let mut ties = 0u32;
-    for &i in candidates {
-        // The load gate: never queue while another engine sits idle.
-        if any_idle && !endpoints[i].has_free_slot() {
-            continue;
-        }
-        let c = cost(i);
+    for (i, matched) in allowed {
+        let c = (blocks.len() - matched) * BLOCK_BYTES
+            + endpoints[i].load_score() as usize * LOAD_COST_BYTES;
         match best {
             Some((_, b)) if c > b => {}
             // Reservoir sampling among equal costs: no worker is
@@ -313,13 +322,22 @@ mod tests {
     }
 
     #[test]
-    fn cache_aware_spreads_prompts_nobody_holds() {
+    fn prompts_nobody_holds_go_where_their_head_belongs() {
         let eps = pool(4);
         for e in &eps {
             report(e, &[], 4);
         }
+        let all = [0, 1, 2, 3];
+        let of = |key: u64| Routing {
+            affinity_key: key,
+            blocks: Arc::from([9u64]),
+        };
+        let first = pick(PoolPolicy::CacheAware, &eps, &all, &of(5));
+        for _ in 0..10 {
+            assert_eq!(pick(PoolPolicy::CacheAware, &eps, &all, &of(5)), first);
+        }
         let chosen: std::collections::HashSet<usize> = (0..64)
-            .filter_map(|_| pick(PoolPolicy::CacheAware, &eps, &[0, 1, 2, 3], &prompt(&[9])))
+            .filter_map(|k| pick(PoolPolicy::CacheAware, &eps, &all, &of(k)))
             .collect();
         assert!(chosen.len() >= 3, "{chosen:?}");
         // Below one block: least loaded.
