@@ -176,7 +176,9 @@ async fn a_hot_prefix_spills_to_a_second_engine_under_load() {
 
 /// Two gateway replicas that share nothing but the workers: a conversation
 /// whose turns alternate between them stays on the engine holding it,
-/// because both read the same reports from the workers.
+/// because both read the same reports from the workers. The conversations
+/// stay under 1 KiB, so their head (the fallback's rendezvous key) changes
+/// every turn: only the reports keep a conversation home.
 #[tokio::test]
 async fn two_gateway_replicas_route_one_conversation_to_the_same_engine() {
     bounded(90, async {
@@ -189,12 +191,15 @@ async fn two_gateway_replicas_route_one_conversation_to_the_same_engine() {
         // engines fill with different prefixes.
         let mut conversations: Vec<Vec<Value>> = ["a library", "a garage", "a clinic"]
             .iter()
-            .map(|app| vec![json!({"role": "system", "content": system_prompt(app)})])
+            .map(|app| {
+                let system = format!("You help the visitors of {app}. ") + &"Answer briefly. ".repeat(12);
+                vec![json!({"role": "system", "content": system})]
+            })
             .collect();
         let mut homes: Vec<Option<usize>> = vec![None; conversations.len()];
         for turn in 0..6 {
             for (c, messages) in conversations.iter_mut().enumerate() {
-                messages.push(json!({"role": "user", "content": format!("Turn {turn} of conversation {c}. synthetic:reply_tokens=12")}));
+                messages.push(json!({"role": "user", "content": format!("Turn {turn} of {c}. synthetic:reply_tokens=6")}));
                 let client = replicas[(turn + c) % 2].client();
                 let before = started(&workers).await;
                 let r = chat::post(&client, &json!({"model": "base", "messages": messages})).await;

@@ -146,11 +146,12 @@ impl WorkerService {
     ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
         let request_id = request.request_id.clone();
-        let prompt_blocks: Arc<[u64]> = inference_proto::prefix::prompt_blocks(&request).into();
         span.record("request_id", tracing::field::display(&request_id));
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
         }
+        // Hashed before the engine takes the request, for the cache report.
+        let prompt_blocks: Arc<[u64]> = inference_proto::prefix::prompt_blocks(&request).into();
         let mut counted = state
             .engine
             .count(request)
