@@ -2,11 +2,12 @@
 //! gateway in `Info.prefix_cache` for cache-aware routing (the block hashes
 //! of [`inference_proto::prefix`]).
 //!
-//! - `exact`: an engine with fixed slots (in-process llama) says which slot
-//!   each sequence took, and a slot holds the prompt of the last sequence
-//!   in it, so the report is the prompts of the slots.
-//! - `estimated`: an engine that says nothing of its cache (an upstream
-//!   server, the simulator): the last `capacity` prompts this worker sent
+//! - `exact`: an engine with fixed slots (in-process llama, an upstream
+//!   llama-server whose slots the worker pins) says which slot each
+//!   sequence took, and a slot holds the prompt of the last sequence in
+//!   it, so the report is the prompts of the slots.
+//! - `estimated`: an engine that says nothing of its cache (other upstream
+//!   servers, the simulator): the last `capacity` prompts this worker sent
 //!   it, each forgotten after the TTL. A prompt that extends a remembered
 //!   one (a conversation's next turn) replaces it, as the engine's slot
 //!   would.

@@ -249,6 +249,12 @@ struct ServeArgs {
     /// ENGINE_FAILURE instead of growing the worker's memory.
     #[arg(long, default_value_t = 1024 * 1024)]
     upstream_max_event_bytes: usize,
+    /// upstream llama-server: leave the choice of slot to the engine
+    /// instead of naming one per request (`id_slot`). Use it when other
+    /// clients share the engine: the worker's cache report is then an
+    /// estimate from what it sent.
+    #[arg(long)]
+    upstream_no_slot_pinning: bool,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -471,6 +477,7 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
         first_byte_timeout: Duration::from_millis(args.upstream_first_byte_timeout_ms),
         idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
         max_event_bytes: args.upstream_max_event_bytes,
+        pin_slots: !args.upstream_no_slot_pinning,
     })
     .await?;
     let ready = engine.spawn_scraper(scrape);

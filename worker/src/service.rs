@@ -166,12 +166,15 @@ impl WorkerService {
         let st = Arc::clone(&self.state);
         let blocks = Arc::clone(&prompt_blocks);
         let started = counted
-            .start(Box::new(move |hit: CacheHit| {
-                st.counters.cached(hit.cached_tokens);
-                if let Some(slot) = hit.slot {
-                    st.cache_report.placed(Arc::clone(&blocks), slot);
-                }
-            }))
+            .start(
+                &prompt_blocks,
+                Box::new(move |hit: CacheHit| {
+                    st.counters.cached(hit.cached_tokens);
+                    if let Some(slot) = hit.slot {
+                        st.cache_report.placed(Arc::clone(&blocks), slot);
+                    }
+                }),
+            )
             .await
             .map_err(|s| self.reject(s))?;
         if !state.cache_report.is_exact() {

@@ -32,7 +32,9 @@ pub mod tool_calls;
 pub mod utf8;
 
 use crate::seam::chat::OnCached;
-use crate::seam::sequence::{SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId};
+use crate::seam::sequence::{
+    ChatMessage, SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
+};
 use crate::seam::tokens::saturate;
 use crate::seam::{CacheHit, Cancelled, EventSink, Outcome, Started};
 use crate::status;
@@ -51,6 +53,10 @@ use utf8::Utf8Stream;
 pub const THINK_OPEN: &str = "<think>\n";
 /// Ends it (written by the model, or by the pipeline when the budget is spent).
 pub const THINK_CLOSE: &str = "</think>";
+
+/// Prompts up to this many bytes of message text are rendered and
+/// tokenized on the request's own task.
+const INLINE_PROMPT_BYTES: usize = 2048;
 
 /// A request rendered and tokenized by its engine, not yet started.
 pub struct Prepared {
@@ -79,19 +85,27 @@ pub async fn prepare(
         .flat_map(|m| &m.images)
         .map(|i| engine.image_tokens(i))
         .fold(0u32, u32::saturating_add);
-    let eng = Arc::clone(&engine);
-    let messages = plan.messages.clone();
     let think = plan.reasoning_budget.is_some();
-    let (prompt_text, prompt) = tokio::task::spawn_blocking(move || {
-        let mut text = eng.render(&messages)?;
+    let render = move |eng: &dyn SequenceEngine, messages: &[ChatMessage]| {
+        let mut text = eng.render(messages)?;
         if think {
             text.push_str(THINK_OPEN);
         }
         let tokens = eng.tokenize(&text)?;
         Ok::<_, Status>((text, tokens))
-    })
-    .await
-    .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))??;
+    };
+    let text_bytes: usize = plan.messages.iter().map(|m| m.content.len()).sum();
+    let (prompt_text, prompt) = if text_bytes <= INLINE_PROMPT_BYTES {
+        // A short prompt tokenizes in microseconds: less than the hop to
+        // the blocking pool costs.
+        render(engine.as_ref(), &plan.messages)?
+    } else {
+        let eng = Arc::clone(&engine);
+        let messages = plan.messages.clone();
+        tokio::task::spawn_blocking(move || render(eng.as_ref(), &messages))
+            .await
+            .map_err(|e| status::engine_failure(format!("tokenizer task failed: {e}")))??
+    };
     Ok(Prepared {
         engine,
         request_id: req.request_id,

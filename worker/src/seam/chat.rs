@@ -11,6 +11,7 @@
 
 use super::Started;
 use inference_proto::v1 as pb;
+use std::sync::Arc;
 use tonic::Status;
 
 /// Told what the engine reused from its cache and where the sequence sits,
@@ -46,14 +47,22 @@ pub trait ChatEngine: Send + Sync + 'static {
     /// tokenizer; `None` when the engine cannot count (its own 400 then
     /// catches an overflow).
     async fn count_prompt(&self, request: &pb::GenerateRequest) -> Result<Option<u32>, Status>;
+    /// Whether the engine says which slot each request took
+    /// ([`super::CacheHit::slot`]; the worker's cache report is then exact).
+    fn has_slots(&self) -> bool {
+        false
+    }
     /// Sends the request and waits for the engine to accept it: a refusal
     /// (overload, invalid, context length) is a plain status here, before
     /// the stream opens, so the gateway may still retry elsewhere.
     /// `completion_limit` is `max_tokens`, or the rest of the window;
-    /// `prompt_tokens` the count from [`ChatEngine::count_prompt`].
+    /// `prompt_tokens` the count from [`ChatEngine::count_prompt`];
+    /// `prompt_blocks` the prompt's prefix blocks
+    /// ([`inference_proto::prefix`]), for an engine that places prompts.
     async fn start(
         &self,
         request: pb::GenerateRequest,
+        prompt_blocks: &Arc<[u64]>,
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
         on_cached: OnCached,

@@ -66,6 +66,7 @@ impl Engines {
         match self {
             Engines::Sequence(engine) if engine.has_slots() => Source::Exact,
             Engines::Sequence(_) => Source::Estimated { ttl: None },
+            Engines::Chat(engine) if engine.has_slots() => Source::Exact,
             Engines::Chat(_) => Source::Estimated {
                 ttl: Some(UPSTREAM_TTL),
             },
@@ -136,8 +137,12 @@ impl Counted {
     /// Starts the generation (after admission). A refusal here is still a
     /// plain status, before the stream opens, so the gateway may retry
     /// elsewhere. `on_cached` hears the count of prompt tokens the engine
-    /// reused from its cache, once it is known.
-    pub async fn start(self, on_cached: OnCached) -> Result<Box<dyn Started>, Status> {
+    /// reused from its cache (and the slot it took), once it is known.
+    pub async fn start(
+        self,
+        prompt_blocks: &Arc<[u64]>,
+        on_cached: OnCached,
+    ) -> Result<Box<dyn Started>, Status> {
         match self {
             Counted::Sequence(prepared) => Ok(Box::new(prepared.start(on_cached).await?)),
             Counted::Chat {
@@ -147,7 +152,13 @@ impl Counted {
                 completion_limit,
             } => {
                 engine
-                    .start(request, completion_limit, prompt_tokens, on_cached)
+                    .start(
+                        request,
+                        prompt_blocks,
+                        completion_limit,
+                        prompt_tokens,
+                        on_cached,
+                    )
                     .await
             }
         }

@@ -43,13 +43,15 @@ pub mod tokenizer;
 
 use crate::model::ModelProfile;
 use crate::seam::sequence::{
-    ChatMessage, Image, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
+    ChatMessage, Image, SeqEnd, SeqEvent, Sequence, SequenceEngine, SequenceStream, TokenId,
 };
 use crate::seam::tokens::saturate;
 use crate::status;
+use controls::Controls;
 use planner::Plan;
 use prefix_cache::PrefixCache;
 use std::time::Duration;
+use tokenizer::Token;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -170,28 +172,138 @@ impl SequenceEngine for SyntheticEngine {
             },
             interval: self.interval(&plan),
             epoch: self.epoch,
-            cached_tokens,
         };
-        tokio::spawn(run.stream(plan, tx));
+        let script = Script::new(plan, cached_tokens);
+        if run.is_immediate(&script) {
+            // Nothing to wait for: every event is queued now, with no task
+            // of its own (and no wake-up per token).
+            for event in script {
+                if tx.send(event.result).is_err() {
+                    break;
+                }
+            }
+        } else {
+            tokio::spawn(run.stream(script, tx));
+        }
         Ok(rx)
     }
 }
 
 type Tx = mpsc::UnboundedSender<Result<SeqEvent, Status>>;
 
-/// How one sequence streams.
+/// One event of a planned sequence, with the index of the token it is.
+struct Scripted {
+    /// Of a token: its place in the reply, for pacing.
+    token: Option<u32>,
+    result: Result<SeqEvent, Status>,
+}
+
+/// The events of a plan in order: the prefill, the tokens, then the end
+/// (or the failure a control asks for).
+struct Script {
+    controls: Controls,
+    thinking: bool,
+    end: SeqEnd,
+    total: u32,
+    tokens: std::iter::Enumerate<std::vec::IntoIter<Token>>,
+    prefilled: Option<u32>,
+    done: bool,
+}
+
+impl Script {
+    fn new(plan: Plan, cached_tokens: u32) -> Self {
+        Self {
+            total: saturate(plan.tokens.len()),
+            controls: plan.controls,
+            thinking: plan.thinking,
+            end: plan.end,
+            tokens: plan.tokens.into_iter().enumerate(),
+            prefilled: Some(cached_tokens),
+            done: false,
+        }
+    }
+
+    fn failure(&mut self, tokens: u32) -> Scripted {
+        self.done = true;
+        let message =
+            format!("synthetic engine failure after {tokens} tokens (synthetic:fail_after)");
+        let status = if self.controls.fail_unavailable {
+            Status::unavailable(message)
+        } else {
+            status::engine_failure(message)
+        };
+        Scripted {
+            token: None,
+            result: Err(status),
+        }
+    }
+}
+
+impl Iterator for Script {
+    type Item = Scripted;
+
+    fn next(&mut self) -> Option<Scripted> {
+        if self.done {
+            return None;
+        }
+        if let Some(cached_tokens) = self.prefilled.take() {
+            let event = SeqEvent::Prefilled {
+                cached_tokens,
+                slot: None,
+            };
+            return Some(Scripted {
+                token: None,
+                result: Ok(event),
+            });
+        }
+        let fail_after = self.controls.fail_after;
+        match self.tokens.next() {
+            Some((i, token)) => {
+                let i = i as u32;
+                if fail_after.is_some_and(|n| i >= n) {
+                    return Some(self.failure(i));
+                }
+                let event = SeqEvent::Token {
+                    id: token.id,
+                    bytes: token.bytes,
+                };
+                Some(Scripted {
+                    token: Some(i),
+                    result: Ok(event),
+                })
+            }
+            // A reply shorter than `fail_after` still fails, at its end.
+            None if fail_after.is_some() && !self.thinking => Some(self.failure(self.total)),
+            None => {
+                self.done = true;
+                Some(Scripted {
+                    token: None,
+                    result: Ok(SeqEvent::Finished(self.end)),
+                })
+            }
+        }
+    }
+}
+
+/// How one sequence is paced.
 struct Run {
     ttft: Duration,
     /// Between tokens; zero = unpaced.
     interval: Duration,
     epoch: tokio::time::Instant,
-    cached_tokens: u32,
 }
 
 impl Run {
-    /// Streams a plan until its end, or until the sequence is dropped.
-    async fn stream(self, plan: Plan, tx: Tx) {
-        let controls = plan.controls.clone();
+    /// Whether the script streams without any wait: no time to first
+    /// token, no pacing, nothing held open.
+    fn is_immediate(&self, script: &Script) -> bool {
+        let c = &script.controls;
+        self.ttft.is_zero() && self.interval.is_zero() && !c.hang && c.trailers_ms.is_none()
+    }
+
+    /// Streams a script until its end, or until the sequence is dropped.
+    async fn stream(self, script: Script, tx: Tx) {
+        let controls = script.controls.clone();
         if controls.hang {
             tx.closed().await;
             return;
@@ -200,50 +312,32 @@ impl Run {
         {
             return;
         }
-        let prefilled = SeqEvent::Prefilled {
-            cached_tokens: self.cached_tokens,
-            slot: None,
-        };
-        if tx.send(Ok(prefilled)).is_err() {
-            return;
-        }
         let start = tokio::time::Instant::now();
-        let total = saturate(plan.tokens.len());
-        for (i, token) in plan.tokens.into_iter().enumerate() {
-            let i = i as u32;
-            if controls.fail_after.is_some_and(|n| i >= n) {
-                fail(&tx, i, controls.fail_unavailable);
-                return;
-            }
-            if self.interval.is_zero() {
-                if i % 16 == 15 {
+        for event in script {
+            match event.token {
+                Some(i) if self.interval.is_zero() && i % 16 == 15 => {
                     tokio::task::yield_now().await;
                 }
-            } else if i > 0 {
-                let due = on_step_grid(start + self.interval * i, self.epoch, self.interval);
-                if !sleep_until(&tx, due).await {
-                    return;
+                Some(_) if self.interval.is_zero() => {}
+                Some(i) if i > 0 => {
+                    let due = on_step_grid(start + self.interval * i, self.epoch, self.interval);
+                    if !sleep_until(&tx, due).await {
+                        return;
+                    }
                 }
+                _ => {}
             }
-            let event = SeqEvent::Token {
-                id: token.id,
-                bytes: token.bytes,
-            };
-            if tx.send(Ok(event)).is_err() {
+            let finished = matches!(event.result, Ok(SeqEvent::Finished(_)));
+            if tx.send(event.result).is_err() {
                 return;
             }
-        }
-        if controls.fail_after.is_some() && !plan.thinking {
-            // A reply shorter than `fail_after` still fails, at its end.
-            fail(&tx, total, controls.fail_unavailable);
-            return;
-        }
-        if tx.send(Ok(SeqEvent::Finished(plan.end))).is_err() {
-            return;
-        }
-        if let Some(ms) = controls.trailers_ms {
-            // Late trailers: the sequence is let go only after this pause.
-            let _ = sleep_until(&tx, tokio::time::Instant::now() + Duration::from_millis(ms)).await;
+            if finished {
+                if let Some(ms) = controls.trailers_ms {
+                    // Late trailers: the sequence is let go only after this pause.
+                    let at = tokio::time::Instant::now() + Duration::from_millis(ms);
+                    let _ = sleep_until(&tx, at).await;
+                }
+            }
         }
     }
 }
@@ -254,16 +348,6 @@ async fn sleep_until(tx: &Tx, at: tokio::time::Instant) -> bool {
         _ = tokio::time::sleep_until(at) => true,
         _ = tx.closed() => false,
     }
-}
-
-fn fail(tx: &Tx, tokens: u32, unavailable: bool) {
-    let message = format!("synthetic engine failure after {tokens} tokens (synthetic:fail_after)");
-    let status = if unavailable {
-        Status::unavailable(message)
-    } else {
-        status::engine_failure(message)
-    };
-    let _ = tx.send(Err(status));
 }
 
 /// The first decode step at or after `due`: steps are `interval` apart,

@@ -18,8 +18,11 @@
 //! [`decode`] turns a prompt back into its text (an image into
 //! [`IMAGE_PLACEHOLDER`]), which is what the simulator plans its reply from.
 
+use super::rng::WORDS;
 use crate::seam::sequence::{ChatMessage, Image, IMAGE_PLACEHOLDER};
 use crate::seam::tokens::{fnv1a, saturate};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use tiktoken_rs::{o200k_base_singleton, CoreBPE, Rank};
 
 /// Opens a message.
@@ -115,11 +118,10 @@ fn marker(text: &str) -> Option<(Vec<Rank>, usize)> {
 /// Tokenizes rendered text: the template's markers to their own tokens,
 /// the text between them with o200k.
 pub fn tokenize(text: &str) -> Vec<Rank> {
-    let bpe = bpe();
     let mut out = Vec::new();
     let encode = |out: &mut Vec<Rank>, s: &str| {
         if !s.is_empty() {
-            out.extend(bpe.encode_ordinary(s));
+            encode_segment(out, s);
         }
     };
     let (mut at, mut text_from) = (0, 0);
@@ -137,6 +139,41 @@ pub fn tokenize(text: &str) -> Vec<Rank> {
     }
     encode(&mut out, &text[text_from..]);
     out
+}
+
+/// Segments (a role, a message's text) up to this many bytes are
+/// remembered once encoded.
+const MEMO_SEGMENT_BYTES: usize = 4096;
+/// Segments remembered at most; the memo starts over when full.
+const MEMO_SEGMENTS: usize = 4096;
+
+/// Encodes one segment between template markers. o200k's pre-tokenizer
+/// (a backtracking regex) costs microseconds per message, more than the
+/// rest of a simulated request, and prompts repeat their system prompts and
+/// roles: short segments are encoded once.
+fn encode_segment(out: &mut Vec<Rank>, segment: &str) {
+    type Memo = Mutex<HashMap<Box<str>, Arc<[Rank]>>>;
+    static MEMO: OnceLock<Memo> = OnceLock::new();
+    if segment.len() > MEMO_SEGMENT_BYTES {
+        out.extend(bpe().encode_ordinary(segment));
+        return;
+    }
+    let memo = MEMO.get_or_init(Mutex::default);
+    let lock = || match memo.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some(ids) = lock().get(segment).cloned() {
+        out.extend_from_slice(&ids);
+        return;
+    }
+    let ids: Arc<[Rank]> = bpe().encode_ordinary(segment).into();
+    out.extend_from_slice(&ids);
+    let mut memo = lock();
+    if memo.len() >= MEMO_SEGMENTS {
+        memo.clear();
+    }
+    memo.insert(segment.into(), ids);
 }
 
 /// A prompt's text again: markers as the template writes them, each run of
@@ -202,10 +239,33 @@ pub fn tokens(text: &str) -> Vec<Token> {
 /// One token standing for `text` (a word of the simulator's list, each a
 /// single o200k token).
 pub fn token(text: &str) -> Token {
+    let id = match word_ids().get(text) {
+        Some(id) => *id,
+        None => first_id(text),
+    };
     Token {
-        id: bpe().encode_ordinary(text).first().copied().unwrap_or(0),
+        id,
         bytes: text.as_bytes().to_vec(),
     }
+}
+
+fn first_id(text: &str) -> Rank {
+    bpe().encode_ordinary(text).first().copied().unwrap_or(0)
+}
+
+/// The ids of the word list (with and without the leading space) and of
+/// ".", encoded once: every reply is made of them, and o200k's
+/// pre-tokenizer costs a microsecond a word.
+fn word_ids() -> &'static HashMap<&'static str, Rank> {
+    static IDS: OnceLock<HashMap<&'static str, Rank>> = OnceLock::new();
+    IDS.get_or_init(|| {
+        WORDS
+            .iter()
+            .flat_map(|w| [*w, w.trim_start()])
+            .chain(["."])
+            .map(|w| (w, first_id(w)))
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub mod liveness;
 pub mod load;
 pub mod relay;
 pub mod request;
+pub mod slots;
 pub mod wire;
 
 use crate::pipeline::coalesce::Coalescer;
@@ -79,6 +80,9 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     /// Bound on one SSE event of a reply, in bytes.
     pub max_event_bytes: usize,
+    /// llama-server: the worker chooses each request's slot
+    /// ([`slots`]); off when other clients share the engine.
+    pub pin_slots: bool,
 }
 
 impl UpstreamConfig {
@@ -96,6 +100,7 @@ impl UpstreamConfig {
             first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_event_bytes: relay::DEFAULT_MAX_EVENT_BYTES,
+            pin_slots: true,
         }
     }
 }
@@ -130,6 +135,8 @@ pub struct UpstreamEngine {
     can_count: AtomicBool,
     liveness: Arc<Liveness>,
     bounds: Bounds,
+    /// llama-server: the slots the worker places requests in.
+    pins: Option<Arc<slots::SlotPins>>,
 }
 
 impl UpstreamEngine {
@@ -211,6 +218,10 @@ impl UpstreamEngine {
                 first_byte: cfg.first_byte_timeout.max(Duration::from_millis(1)),
                 idle: cfg.idle_timeout.max(Duration::from_millis(1)),
                 max_event_bytes: cfg.max_event_bytes,
+            },
+            pins: match (cfg.kind, capacity) {
+                (Kind::LlamaServer, Some(n)) if cfg.pin_slots => Some(slots::SlotPins::new(n)),
+                _ => None,
             },
         })
     }
@@ -355,20 +366,27 @@ impl ChatEngine for UpstreamEngine {
         self.count(&messages, &tools).await
     }
 
+    fn has_slots(&self) -> bool {
+        self.pins.is_some()
+    }
+
     async fn start(
         &self,
         req: pb::GenerateRequest,
+        prompt_blocks: &Arc<[u64]>,
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
         on_cached: OnCached,
     ) -> Result<Box<dyn Started>, Status> {
-        let built = request::build(
+        let mut built = request::build(
             self.kind,
             &self.model,
             &req,
             completion_limit,
             self.enforce_tools,
         )?;
+        let pin = self.pins.as_ref().map(|p| p.pin(prompt_blocks));
+        built.body.id_slot = pin.as_ref().map(slots::Pin::slot);
         let body = to_json(&built.body)?;
         let first_byte = Instant::now() + self.bounds.first_byte;
         let resp = match tokio::time::timeout_at(
@@ -413,6 +431,7 @@ impl ChatEngine for UpstreamEngine {
             batch: req.batch_events,
             prompt_tokens,
             on_cached,
+            pin,
             abort,
             first_byte,
             bounds: self.bounds,
@@ -457,6 +476,8 @@ struct UpstreamGeneration {
     batch: bool,
     prompt_tokens: Option<u32>,
     on_cached: OnCached,
+    /// The slot the request runs in, released when the reply ends.
+    pin: Option<slots::Pin>,
     abort: Option<AbortOnDrop>,
     /// When the first SSE event is due (the request was sent before).
     first_byte: Instant,
@@ -614,10 +635,12 @@ impl Started for UpstreamGeneration {
                 if let Some(a) = self.abort.as_mut().filter(|_| !cut) {
                     a.armed = false;
                 }
-                if let Some(cached) = self.relay.cached_tokens() {
+                let slot = self.pin.as_ref().map(slots::Pin::slot);
+                let cached = self.relay.cached_tokens();
+                if cached.is_some() || slot.is_some() {
                     (self.on_cached)(CacheHit {
-                        cached_tokens: cached,
-                        slot: None,
+                        cached_tokens: cached.unwrap_or(0),
+                        slot,
                     });
                 }
                 let finished = self.relay.finish(self.prompt_tokens);
@@ -715,6 +738,24 @@ mod tests {
         )
     }
 
+    /// Discovery of a llama-server with model `m`, 512 tokens, two slots.
+    fn llama_server_models() -> (&'static str, String) {
+        (
+            "/v1/models",
+            json_reply("200 OK", r#"{"data":[{"id":"m"}]}"#),
+        )
+    }
+
+    fn llama_server_props() -> (&'static str, String) {
+        (
+            "/props",
+            json_reply(
+                "200 OK",
+                r#"{"default_generation_settings":{"n_ctx":512},"total_slots":2}"#,
+            ),
+        )
+    }
+
     fn config(url: &str, kind: Kind) -> UpstreamConfig {
         UpstreamConfig {
             startup_timeout: Duration::from_secs(2),
@@ -746,7 +787,13 @@ mod tests {
         req: pb::GenerateRequest,
     ) -> Result<Vec<Result<pb::generate_event::Event, Status>>, Status> {
         let generation = engine
-            .start(req, Some(16), Some(9), Box::new(|_| {}))
+            .start(
+                req,
+                &Arc::from(Vec::new()),
+                Some(16),
+                Some(9),
+                Box::new(|_| {}),
+            )
             .await?;
         let (tx, mut rx) = mpsc::channel(64);
         generation.run(EventSink::new(tx)).await;
@@ -815,19 +862,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn llama_server_requests_name_their_slot_and_report_it() {
+        let (url, mut seen) = fake(vec![
+            llama_server_models(),
+            llama_server_props(),
+            (
+                "/v1/chat/completions",
+                sse_reply(&[
+                    r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+                    r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+                    "[DONE]",
+                ]),
+            ),
+        ])
+        .await;
+        let engine = UpstreamEngine::connect(&config(&url, Kind::LlamaServer))
+            .await
+            .expect("connect");
+        assert!(engine.has_slots());
+        let (a, b): (Arc<[u64]>, Arc<[u64]>) = (vec![1, 2].into(), vec![7].into());
+        let mut slots = Vec::new();
+        for blocks in [&a, &b, &a] {
+            let heard = Arc::new(std::sync::Mutex::new(None));
+            let h = Arc::clone(&heard);
+            let generation = engine
+                .start(
+                    request(8),
+                    blocks,
+                    Some(8),
+                    None,
+                    Box::new(move |hit: CacheHit| {
+                        *h.lock().expect("lock") = hit.slot;
+                    }),
+                )
+                .await
+                .expect("start");
+            let (tx, mut rx) = mpsc::channel(64);
+            generation.run(EventSink::new(tx)).await;
+            while rx.recv().await.is_some() {}
+            let heard = *heard.lock().expect("lock");
+            let body = loop {
+                let (path, body) = seen.recv().await.expect("a request");
+                if path == "/v1/chat/completions" {
+                    break body;
+                }
+            };
+            let sent: serde_json::Value = serde_json::from_str(&body).expect("json");
+            assert_eq!(sent["id_slot"].as_u64().map(|s| s as u32), heard);
+            slots.push(heard.expect("a slot"));
+        }
+        // Two prompts in two slots; the first comes back to its own.
+        assert_ne!(slots[0], slots[1]);
+        assert_eq!(slots[0], slots[2]);
+    }
+
+    #[tokio::test]
     async fn the_count_renders_tools_unless_the_worker_enforces_them() {
         let (url, mut seen) = fake(vec![
-            (
-                "/v1/models",
-                json_reply("200 OK", r#"{"data":[{"id":"m"}]}"#),
-            ),
-            (
-                "/props",
-                json_reply(
-                    "200 OK",
-                    r#"{"default_generation_settings":{"n_ctx":512},"total_slots":2}"#,
-                ),
-            ),
+            llama_server_models(),
+            llama_server_props(),
             (
                 "/apply-template",
                 json_reply("200 OK", r#"{"prompt":"<p>"}"#),
@@ -1004,7 +1097,13 @@ mod tests {
         // The next request's first event is an answer (until that reply
         // goes silent in turn).
         let generation = engine
-            .start(request(8), Some(16), None, Box::new(|_| {}))
+            .start(
+                request(8),
+                &Arc::from(Vec::new()),
+                Some(16),
+                None,
+                Box::new(|_| {}),
+            )
             .await
             .expect("start");
         let (tx, mut rx) = mpsc::channel(64);

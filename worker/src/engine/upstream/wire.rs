@@ -53,6 +53,9 @@ pub struct ChatRequest {
     /// SGLang: the request id `/abort_request` takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rid: Option<String>,
+    /// llama-server: the slot to run in ([`super::slots`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id_slot: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
