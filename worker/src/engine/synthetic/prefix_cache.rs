@@ -5,7 +5,9 @@
 //! to its end, so a hit on block `i` implies the prefix matched exactly. The
 //! cache remembers the most recently used block hashes (LRU, bounded); a
 //! prompt's cached tokens are the length of its longest remembered
-//! block-aligned prefix.
+//! block-aligned prefix. A whole prompt seen before (its own hash, over
+//! every token) reports all but its last token, as llama.cpp does: the
+//! last is decoded again for its logits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -61,18 +63,24 @@ impl PrefixCache {
     /// Returns how many leading tokens of `tokens` were cached, then
     /// remembers all of its full blocks (the prompt is now "in cache").
     pub fn lookup_and_insert(&self, tokens: &[u32]) -> u32 {
-        let hashes = block_hashes(tokens);
+        let (blocks, whole) = prompt_hashes(tokens);
         let Ok(mut lru) = self.inner.lock() else {
             return 0;
         };
-        let hits = hashes
+        let hits = blocks
             .iter()
             .take_while(|h| lru.last_use.contains_key(h))
             .count();
-        for h in &hashes {
+        let repeated = !tokens.is_empty() && lru.last_use.contains_key(&whole);
+        for h in blocks.iter().chain([&whole]) {
             lru.touch(*h);
         }
-        u32::try_from(hits * BLOCK_TOKENS).unwrap_or(u32::MAX)
+        let cached = if repeated {
+            tokens.len() - 1
+        } else {
+            hits * BLOCK_TOKENS
+        };
+        u32::try_from(cached).unwrap_or(u32::MAX)
     }
 
     /// Number of remembered blocks.
@@ -93,20 +101,21 @@ impl PrefixCache {
     }
 }
 
-/// Chained hashes of every full block of `tokens`.
-fn block_hashes(tokens: &[u32]) -> Vec<u64> {
+/// Chained hashes of every full block of `tokens`, and the hash of the
+/// whole prompt (kept apart from any block's).
+fn prompt_hashes(tokens: &[u32]) -> (Vec<u64>, u64) {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    tokens
-        .chunks_exact(BLOCK_TOKENS)
-        .map(|block| {
-            for t in block {
-                h ^= u64::from(*t);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-                h ^= h >> 29;
-            }
-            h
-        })
-        .collect()
+    let mut blocks = Vec::with_capacity(tokens.len() / BLOCK_TOKENS);
+    for (i, t) in tokens.iter().enumerate() {
+        h ^= u64::from(*t);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= h >> 29;
+        if (i + 1) % BLOCK_TOKENS == 0 {
+            blocks.push(h);
+        }
+    }
+    let whole = (h ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    (blocks, whole)
 }
 
 #[cfg(test)]
@@ -126,18 +135,19 @@ mod tests {
         let mut second = seq(0, 150);
         second.extend(seq(10_000, 100));
         assert_eq!(cache.lookup_and_insert(&second), 128);
-        // The identical prompt again: all three of its full blocks.
-        assert_eq!(cache.lookup_and_insert(&first), 192);
+        // The identical prompt again: all but its last token.
+        assert_eq!(cache.lookup_and_insert(&first), 199);
         // A different first token shares nothing.
         let other = seq(1, 200);
         assert_eq!(cache.lookup_and_insert(&other), 0);
     }
 
     #[test]
-    fn short_prompts_never_hit_and_the_lru_is_bounded() {
+    fn a_short_prompt_hits_only_when_repeated_whole_and_the_lru_is_bounded() {
         let cache = PrefixCache::new(4);
         assert_eq!(cache.lookup_and_insert(&seq(0, 63)), 0);
-        assert_eq!(cache.lookup_and_insert(&seq(0, 63)), 0);
+        assert_eq!(cache.lookup_and_insert(&seq(0, 63)), 62);
+        assert_eq!(cache.lookup_and_insert(&seq(0, 62)), 0, "no full block");
         cache.lookup_and_insert(&seq(0, 64 * 3));
         cache.lookup_and_insert(&seq(5000, 64 * 3));
         assert_eq!(cache.len(), 4);
