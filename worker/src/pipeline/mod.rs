@@ -72,8 +72,8 @@ pub struct Prepared {
     completion_limit: u32,
 }
 
-/// Plans, renders and tokenizes a request (off the async threads: long
-/// prompts take milliseconds).
+/// Plans, renders and tokenizes a request (a long prompt off the async
+/// threads: it takes milliseconds).
 pub async fn prepare(
     engine: Arc<dyn SequenceEngine>,
     req: pb::GenerateRequest,
