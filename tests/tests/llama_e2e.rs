@@ -193,3 +193,43 @@ async fn a_busy_slot_shares_its_prefix_with_a_concurrent_request() {
     assert!(report.blocks.len() >= system.len() / 128, "{report:?}");
     drop(first);
 }
+
+/// The engine times its decode steps on the worker's metrics page (what
+/// `realbench` reads to split a token's time between the forward pass,
+/// sampling and the serving path): one greedy reply of N tokens is one
+/// prefill step and N − 1 generate steps, each with time in both parts.
+#[tokio::test]
+async fn the_engine_times_its_decode_steps_on_the_metrics_page() {
+    let file = model_file().expect("the SmolLM2 GGUF (scripts/fetch-model.sh)");
+    let metrics_addr = harness::process::free_addr().expect("a free port");
+    let mut opts = WorkerOpts::llama(&file, N_CTX, 1);
+    opts.extra_args
+        .extend(["--metrics-listen".into(), metrics_addr.clone()]);
+    let stack = Stack::single(opts);
+    let reply = post(&stack, &greedy("Tell me a long story about a dragon.", 24)).await;
+    let generated = reply["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(generated > 2, "{reply}");
+    // Each generate step decodes the token sampled before it; a reply cut
+    // at max_tokens never decodes its last token, one that ended on its
+    // own decoded every token and sampled the end after the last.
+    let generate_steps = match reply["choices"][0]["finish_reason"].as_str() {
+        Some("length") => generated - 1,
+        _ => generated,
+    };
+    let page = reqwest::get(format!("http://{metrics_addr}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let sample = |name: &str, labels: &[&str]| harness::prometheus::sample(&page, name, labels);
+    let steps = |batch: &str| sample("worker_engine_steps_total", &[batch]);
+    assert_eq!(steps("batch=\"prefill\""), 1.0, "{page}");
+    assert_eq!(steps("batch=\"generate\""), generate_steps as f64, "{page}");
+    for batch in ["batch=\"prefill\"", "batch=\"generate\""] {
+        for part in ["part=\"decode\"", "part=\"sample\""] {
+            let seconds = sample("worker_engine_step_seconds_total", &[batch, part]);
+            assert!(seconds > 0.0, "{batch} {part}: {page}");
+        }
+    }
+}

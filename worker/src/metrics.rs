@@ -16,7 +16,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -32,6 +34,8 @@ struct WorkerCollector {
     generations: IntCounterVec,
     rejected: IntCounterVec,
     tokens: IntCounterVec,
+    engine_steps: IntCounterVec,
+    engine_step_seconds: CounterVec,
     descs: Vec<Desc>,
 }
 
@@ -79,15 +83,28 @@ impl WorkerCollector {
             "Tokens by kind: prompt, cached_prompt (reused from the prefix cache), generated.",
             &["model", "kind"],
         )?;
+        let engine_steps = counter(
+            "worker_engine_steps_total",
+            "Decode steps of the in-process engine, by batch: generate (generated tokens only) or prefill (with prompt tokens).",
+            &["model", "batch"],
+        )?;
+        let engine_step_seconds = CounterVec::new(
+            Opts::new(
+                "worker_engine_step_seconds_total",
+                "Time in the in-process engine's decode steps, by batch and part: decode (the forward pass) or sample (sampling and handing tokens to their streams).",
+            ),
+            &["model", "batch", "part"],
+        )?;
         let descs = [&running, &waiting, &capacity, &draining]
             .iter()
             .flat_map(|g| g.desc().into_iter().cloned())
             .chain(kv_cache_usage.desc().into_iter().cloned())
             .chain(
-                [&generations, &rejected, &tokens]
+                [&generations, &rejected, &tokens, &engine_steps]
                     .iter()
                     .flat_map(|c| c.desc().into_iter().cloned()),
             )
+            .chain(engine_step_seconds.desc().into_iter().cloned())
             .collect();
         Ok(Self {
             state,
@@ -99,6 +116,8 @@ impl WorkerCollector {
             generations,
             rejected,
             tokens,
+            engine_steps,
+            engine_step_seconds,
             descs,
         })
     }
@@ -151,6 +170,20 @@ impl Collector for WorkerCollector {
         ] {
             self.tokens.with_label_values(&[model, kind]).inc_by(n);
         }
+        self.engine_steps.reset();
+        self.engine_step_seconds.reset();
+        if let Some(t) = s.engine.step_timings() {
+            for (batch, totals) in [("generate", t.generate), ("prefill", t.prefill)] {
+                self.engine_steps
+                    .with_label_values(&[model, batch])
+                    .inc_by(totals.steps);
+                for (part, ns) in [("decode", totals.decode_ns), ("sample", totals.sample_ns)] {
+                    self.engine_step_seconds
+                        .with_label_values(&[model, batch, part])
+                        .inc_by(ns as f64 / 1e9);
+                }
+            }
+        }
         let mut families = Vec::new();
         for g in [&self.running, &self.waiting, &self.capacity, &self.draining] {
             families.extend(g.collect());
@@ -158,6 +191,10 @@ impl Collector for WorkerCollector {
         families.extend(self.kv_cache_usage.collect());
         for c in [&self.generations, &self.rejected, &self.tokens] {
             families.extend(c.collect());
+        }
+        if s.engine.step_timings().is_some() {
+            families.extend(self.engine_steps.collect());
+            families.extend(self.engine_step_seconds.collect());
         }
         families
     }

@@ -396,9 +396,18 @@ mod tests {
         let first = finish(&svc, request(&long, 10)).await.usage.expect("usage");
         assert_eq!(first.cached_prompt_tokens, 0);
         let second = finish(&svc, request(&long, 10)).await.usage.expect("usage");
-        assert!(second.cached_prompt_tokens >= 64);
-        assert!(second.cached_prompt_tokens <= second.prompt_tokens);
-        assert_eq!(second.cached_prompt_tokens % 64, 0);
+        // The same prompt again: all but its last token, as llama.cpp.
+        assert!(second.prompt_tokens > 64);
+        assert_eq!(second.cached_prompt_tokens, second.prompt_tokens - 1);
+        // Another question after the same context: whole 64-token blocks.
+        let other = format!("{long} and then something else entirely");
+        let third = finish(&svc, request(&other, 10))
+            .await
+            .usage
+            .expect("usage");
+        assert!(third.cached_prompt_tokens >= 64);
+        assert!(third.cached_prompt_tokens < third.prompt_tokens);
+        assert_eq!(third.cached_prompt_tokens % 64, 0);
     }
 
     #[tokio::test]

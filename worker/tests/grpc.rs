@@ -376,7 +376,15 @@ async fn batch_events_merges_the_reply_without_changing_it() {
     assert_eq!(one_by_one.len(), 21, "20 text events and finished");
     assert_eq!(batched.len(), 2, "one text event and finished: {batched:?}");
     assert_eq!(text_of(&batched), text_of(&one_by_one));
-    assert_eq!(usage_of(&batched), usage_of(&one_by_one));
+    let ((reason, usage), (reason_once, usage_once)) = (usage_of(&batched), usage_of(&one_by_one));
+    let (usage, usage_once) = (usage.expect("usage"), usage_once.expect("usage"));
+    assert_eq!(reason, reason_once);
+    assert_eq!(
+        (usage.prompt_tokens, usage.completion_tokens),
+        (usage_once.prompt_tokens, usage_once.completion_tokens)
+    );
+    // The same prompt the second time: all but its last token cached.
+    assert_eq!(usage.cached_prompt_tokens, usage.prompt_tokens - 1);
     assert!(
         took >= std::time::Duration::from_millis(190),
         "20 tokens at 100 tokens/s still take their time: {took:?}"

@@ -91,6 +91,8 @@ struct Timed {
     ttft: Duration,
     /// First to last content delta.
     decode: Duration,
+    /// llama-server's own `timings.predicted_per_token_ms`, when it sends it.
+    engine_ms_per_token: Option<f64>,
 }
 
 /// What one target measured.
@@ -104,6 +106,37 @@ struct Figures {
     aggregate: Vec<(usize, f64)>,
     /// Completion tokens of every measured request.
     tokens: u64,
+    /// Single-stream decode, per generated token, as the engine timed it:
+    /// llama-server's own timings, or our engine's steps (forward pass,
+    /// sampling) from the worker's `worker_engine_step_seconds_total`.
+    engine_step: Option<EngineStep>,
+}
+
+/// Milliseconds per single-stream decode step, as the engine timed them.
+#[derive(Debug, Default, Clone, Copy)]
+struct EngineStep {
+    /// The whole step (llama-server: `predicted_per_token_ms`).
+    total_ms: f64,
+    /// Of it, the forward pass and sampling (ours only).
+    parts: Option<(f64, f64)>,
+}
+
+/// Our engine's generate-step totals on the worker's metrics page:
+/// (steps, decode seconds, sample seconds).
+async fn engine_steps(metrics_url: &str) -> Result<(f64, f64, f64)> {
+    let page = reqwest::get(metrics_url).await?.text().await?;
+    let s = |name: &str, labels: &[&str]| harness::prometheus::sample(&page, name, labels);
+    Ok((
+        s("worker_engine_steps_total", &["batch=\"generate\""]),
+        s(
+            "worker_engine_step_seconds_total",
+            &["batch=\"generate\"", "part=\"decode\""],
+        ),
+        s(
+            "worker_engine_step_seconds_total",
+            &["batch=\"generate\"", "part=\"sample\""],
+        ),
+    ))
 }
 
 fn prompt(seed: usize) -> String {
@@ -131,6 +164,7 @@ async fn stream_once(client: &Client, seed: usize, max_tokens: u32) -> Result<Ti
     }
     let (mut first, mut last) = (None, None);
     let mut usage = Value::Null;
+    let mut engine_ms = None;
     while let Some(frame) = stream.next_frame().await? {
         if frame.is_done() {
             break;
@@ -147,6 +181,9 @@ async fn stream_once(client: &Client, seed: usize, max_tokens: u32) -> Result<Ti
         if v["usage"].is_object() {
             usage = v["usage"].clone();
         }
+        if let Some(ms) = v["timings"]["predicted_per_token_ms"].as_f64() {
+            engine_ms = Some(ms);
+        }
     }
     let (Some(first), Some(last)) = (first, last) else {
         bail!("no content in the stream");
@@ -156,6 +193,7 @@ async fn stream_once(client: &Client, seed: usize, max_tokens: u32) -> Result<Ti
         completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
         ttft: first,
         decode: last - first,
+        engine_ms_per_token: engine_ms,
     })
 }
 
@@ -167,7 +205,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figures> {
+/// `metrics_url`: the worker's metrics page, for our engine's step timings.
+async fn measure(
+    client: &Client,
+    args: &Args,
+    seed: &mut usize,
+    metrics_url: Option<&str>,
+) -> Result<Figures> {
     // Warm-up: load pages, start thread pools.
     stream_once(client, 1_000_000, 8).await?;
     let mut f = Figures::default();
@@ -177,7 +221,11 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
         warm.push(t.ttft.as_secs_f64() * 1000.0);
     }
     f.warm_ttft_ms = median(warm);
-    let (mut ttft, mut tps) = (Vec::new(), Vec::new());
+    let (mut ttft, mut tps, mut engine_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let steps_before = match metrics_url {
+        Some(url) => Some(engine_steps(url).await?),
+        None => None,
+    };
     for _ in 0..args.repeats {
         *seed += 1;
         let t = stream_once(client, *seed, args.max_tokens).await?;
@@ -187,9 +235,29 @@ async fn measure(client: &Client, args: &Args, seed: &mut usize) -> Result<Figur
         if t.completion_tokens > 1 {
             tps.push((t.completion_tokens - 1) as f64 / t.decode.as_secs_f64());
         }
+        engine_ms.extend(t.engine_ms_per_token);
     }
     f.ttft_ms = median(ttft);
     f.decode_tps = median(tps);
+    f.engine_step = match (metrics_url, steps_before) {
+        (Some(url), Some((steps0, decode0, sample0))) => {
+            let (steps, decode, sample) = engine_steps(url).await?;
+            let n = (steps - steps0).max(1.0);
+            let (d, s) = (
+                (decode - decode0) * 1000.0 / n,
+                (sample - sample0) * 1000.0 / n,
+            );
+            Some(EngineStep {
+                total_ms: d + s,
+                parts: Some((d, s)),
+            })
+        }
+        _ if !engine_ms.is_empty() => Some(EngineStep {
+            total_ms: median(engine_ms),
+            parts: None,
+        }),
+        _ => None,
+    };
     for c in [1usize, 4, 8] {
         let mut rates = Vec::new();
         for _ in 0..args.repeats.min(2) {
@@ -360,7 +428,7 @@ async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(Rea
 /// same llama-server; the worker's CPU per relayed token.
 async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -> Result<()> {
     let (_server, direct) = start_llama_server(args, model).await?;
-    let yard = measure(&direct, args, seed).await?;
+    let yard = measure(&direct, args, seed, None).await?;
     let engine_url = direct.url("").trim_end_matches("/v1").to_owned();
     // The worker's CPU is measured as deployed: scrapes included.
     let mut extra_args = vec![
@@ -386,7 +454,7 @@ async fn upstream_mode(args: &Args, model: &std::path::Path, seed: &mut usize) -
     let gateway = Gateway::start(gw)?;
     let pid = worker.pid().context("worker pid")?;
     let cpu_before = harness::procfs::cpu_micros(pid)?;
-    let ours = measure(&gateway.client(), args, seed).await?;
+    let ours = measure(&gateway.client(), args, seed, None).await?;
     let cpu = harness::procfs::cpu_micros(pid)? - cpu_before;
     print_header("");
     print_row("llama-server (direct)", &yard);
@@ -418,6 +486,30 @@ fn print_header(title: &str) {
         "{:<28} {:>7} {:>9} {:>9} {:>10}   aggregate completion tokens/s",
         "target", "prompt", "TTFT ms", "warm ms", "decode t/s"
     );
+}
+
+/// Single-stream decode per token: at the client, and as the engine timed
+/// its own steps (what lies between the two is the serving path and the
+/// engine's loop around its steps).
+fn print_step(name: &str, f: &Figures) {
+    let client_ms = if f.decode_tps > 0.0 {
+        1000.0 / f.decode_tps
+    } else {
+        0.0
+    };
+    let engine = match f.engine_step {
+        Some(EngineStep {
+            total_ms,
+            parts: Some((d, s)),
+        }) => format!(
+            "{total_ms:.2} ms per step in the engine (forward pass {d:.2} + sampling {s:.2})"
+        ),
+        Some(EngineStep { total_ms, .. }) => {
+            format!("{total_ms:.2} ms per token in its own timings")
+        }
+        None => "no engine timings".to_owned(),
+    };
+    println!("  {name}: {client_ms:.2} ms per token at the client; {engine}");
 }
 
 fn print_row(name: &str, f: &Figures) {
@@ -458,6 +550,7 @@ async fn main() -> Result<()> {
     // Both targets stay up; each round measures the yardstick, then ours
     // (an idle engine's threads sleep, so each runs alone on the cores).
     let (server, direct) = start_llama_server(&args, &model).await?;
+    let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let worker = Worker::start(
         "base",
         WorkerOpts {
@@ -471,21 +564,27 @@ async fn main() -> Result<()> {
                 args.parallel.to_string(),
                 "--threads".into(),
                 args.threads.to_string(),
+                "--metrics-listen".into(),
+                metrics_addr.clone(),
             ],
             ..WorkerOpts::default()
         },
     )?;
+    let metrics_url = format!("http://{metrics_addr}/metrics");
     let mut opts = GatewayOpts::default();
     opts.workers
         .insert("base".into(), vec![worker.addr().to_string()]);
     let gateway = Gateway::start(opts)?;
     let (mut ours_rounds, mut ratios) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds.max(1) {
-        let yard = measure(&direct, &args, &mut seed).await?;
-        let ours = measure(&gateway.client(), &args, &mut seed).await?;
+        let yard = measure(&direct, &args, &mut seed, None).await?;
+        let ours = measure(&gateway.client(), &args, &mut seed, Some(&metrics_url)).await?;
         print_header(&format!("round {round}"));
         print_row("llama-server", &yard);
         print_row("gateway + llama worker", &ours);
+        println!("single-stream decode, per token:");
+        print_step("llama-server", &yard);
+        print_step("gateway + llama worker", &ours);
         let r = Ratios::of(&ours, &yard);
         r.print("ratios");
         ours_rounds.push(ours);

@@ -31,7 +31,7 @@
 use super::chat_template::ChatTemplate;
 use crate::seam::sequence::{
     ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
-    SequenceStream, TokenId,
+    SequenceStream, StepTimings, StepTotals, TokenId,
 };
 use crate::status;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -47,7 +47,7 @@ use llguidance::{Matcher, ParserFactory};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -108,6 +108,35 @@ pub struct LlamaEngine {
     kv_capacity: u32,
     window: u32,
     description: String,
+    clock: Arc<StepClock>,
+}
+
+/// The decode loop's time, by kind of step ([`StepTimings`]): written by
+/// the engine thread, read by the metrics scrape.
+#[derive(Debug, Default)]
+struct StepClock {
+    /// Index 0: generated tokens only; 1: with prompt tokens.
+    steps: [AtomicU64; 2],
+    decode_ns: [AtomicU64; 2],
+    sample_ns: [AtomicU64; 2],
+}
+
+impl StepClock {
+    fn record(&self, prefill: bool, decode: std::time::Duration, sample: std::time::Duration) {
+        let i = usize::from(prefill);
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.steps[i].fetch_add(1, Ordering::Relaxed);
+        self.decode_ns[i].fetch_add(ns(decode), Ordering::Relaxed);
+        self.sample_ns[i].fetch_add(ns(sample), Ordering::Relaxed);
+    }
+
+    fn totals(&self, i: usize) -> StepTotals {
+        StepTotals {
+            steps: self.steps[i].load(Ordering::Relaxed),
+            decode_ns: self.decode_ns[i].load(Ordering::Relaxed),
+            sample_ns: self.sample_ns[i].load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl LlamaEngine {
@@ -136,6 +165,8 @@ impl LlamaEngine {
         let thread_model = Arc::clone(&model);
         let kv_cells = Arc::new(AtomicU32::new(0));
         let thread_kv_cells = Arc::clone(&kv_cells);
+        let clock = Arc::new(StepClock::default());
+        let thread_clock = Arc::clone(&clock);
         let threads = config.threads.max(1);
         std::thread::Builder::new()
             .name("llama-engine".into())
@@ -161,6 +192,7 @@ impl LlamaEngine {
                 let _ = ready_tx.send(Ok(window));
                 let decode = std::panic::AssertUnwindSafe(|| {
                     DecodeLoop::new(&thread_model, ctx, parallel, window, thread_kv_cells)
+                        .timed_by(thread_clock)
                         .run(jobs_rx)
                 });
                 if std::panic::catch_unwind(decode).is_err() {
@@ -193,6 +225,7 @@ impl LlamaEngine {
             kv_capacity: window.saturating_mul(parallel),
             window,
             description,
+            clock,
         })
     }
 
@@ -266,6 +299,13 @@ impl SequenceEngine for LlamaEngine {
     /// Each sequence takes one of `--parallel` slots and says which.
     fn has_slots(&self) -> bool {
         true
+    }
+
+    fn step_timings(&self) -> Option<StepTimings> {
+        Some(StepTimings {
+            generate: self.clock.totals(0),
+            prefill: self.clock.totals(1),
+        })
     }
 
     fn render(&self, messages: &[ChatMessage]) -> Result<String, Status> {
@@ -367,6 +407,7 @@ struct DecodeLoop<'m> {
     batch: LlamaBatch<'static>,
     /// Published after every step for the load report.
     kv_cells: Arc<AtomicU32>,
+    clock: Arc<StepClock>,
 }
 
 fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>) -> LlamaSampler {
@@ -434,7 +475,13 @@ impl<'m> DecodeLoop<'m> {
             admitted: 0,
             batch: LlamaBatch::new(BATCH_TOKENS as usize, 1),
             kv_cells,
+            clock: Arc::default(),
         }
+    }
+
+    fn timed_by(mut self, clock: Arc<StepClock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn busy(&self) -> bool {
@@ -568,6 +615,7 @@ impl<'m> DecodeLoop<'m> {
                 in_batch.push(i);
             }
         }
+        let generated_only = self.batch.n_tokens();
         // Then prompt chunks, as much as the batch holds.
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(a) = slot.active.as_mut() else {
@@ -598,7 +646,11 @@ impl<'m> DecodeLoop<'m> {
         if self.batch.n_tokens() == 0 {
             return;
         }
-        if let Err(e) = self.ctx.decode(&mut self.batch) {
+        let prefill = self.batch.n_tokens() > generated_only;
+        let started = std::time::Instant::now();
+        let decoded = self.ctx.decode(&mut self.batch);
+        let decode_time = started.elapsed();
+        if let Err(e) = decoded {
             tracing::error!(error = %e, "llama decode failed");
             for i in in_batch {
                 let slot = &mut self.slots[i];
@@ -632,6 +684,8 @@ impl<'m> DecodeLoop<'m> {
                 slot.active = None;
             }
         }
+        let sample_time = started.elapsed().saturating_sub(decode_time);
+        self.clock.record(prefill, decode_time, sample_time);
     }
 }
 

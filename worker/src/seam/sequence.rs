@@ -100,6 +100,26 @@ pub enum SeqEvent {
     Finished(SeqEnd),
 }
 
+/// Where an engine's decode loop spent its time since it started, for the
+/// per-step comparison with other engines (`worker_engine_*` metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimings {
+    /// Steps that decoded only generated tokens (one per running sequence).
+    pub generate: StepTotals,
+    /// Steps that also carried prompt tokens (a prefill chunk).
+    pub prefill: StepTotals,
+}
+
+/// Totals over one kind of decode step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTotals {
+    pub steps: u64,
+    /// In the model's forward pass (`llama_decode`).
+    pub decode_ns: u64,
+    /// Sampling the next tokens and handing them to their streams.
+    pub sample_ns: u64,
+}
+
 /// The events of one sequence; drop it to abort the sequence.
 pub type SequenceStream = mpsc::UnboundedReceiver<Result<SeqEvent, Status>>;
 
@@ -122,6 +142,11 @@ pub trait SequenceEngine: Send + Sync + 'static {
     }
     /// Tokenizes rendered text (special tokens in it are parsed).
     fn tokenize(&self, text: &str) -> Result<Vec<TokenId>, Status>;
+    /// Where the decode loop spent its time; `None` if the engine does not
+    /// time its steps.
+    fn step_timings(&self) -> Option<StepTimings> {
+        None
+    }
     /// Whether the engine takes image parts (rendered by its template);
     /// the pipeline refuses them otherwise.
     fn accepts_images(&self) -> bool {

@@ -6,7 +6,7 @@
 use crate::cache_report::{Source, UPSTREAM_TTL};
 use crate::pipeline;
 use crate::seam::chat::{ChatEngine, OnCached};
-use crate::seam::sequence::SequenceEngine;
+use crate::seam::sequence::{SequenceEngine, StepTimings};
 use crate::seam::Started;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
@@ -70,6 +70,14 @@ impl Engines {
             Engines::Chat(_) => Source::Estimated {
                 ttl: Some(UPSTREAM_TTL),
             },
+        }
+    }
+
+    /// Where the engine's decode loop spent its time, when it says.
+    pub fn step_timings(&self) -> Option<StepTimings> {
+        match self {
+            Engines::Sequence(engine) => engine.step_timings(),
+            Engines::Chat(_) => None,
         }
     }
 
