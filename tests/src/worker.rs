@@ -272,6 +272,14 @@ impl Worker {
         Ok(self.info().await?.load.unwrap_or_default())
     }
 
+    /// What the worker reports its engine holds (`Info.prefix_cache`).
+    pub async fn prefix_report(&self) -> Result<pb::PrefixCache> {
+        self.info()
+            .await?
+            .prefix_cache
+            .ok_or_else(|| anyhow::anyhow!("the worker sent no prefix report"))
+    }
+
     /// The worker's counters (started, completed, cancelled, ...).
     pub async fn counters(&self) -> Result<pb::Counters> {
         Ok(self.info().await?.counters.unwrap_or_default())

@@ -181,10 +181,8 @@ async fn a_busy_slot_shares_its_prefix_with_a_concurrent_request() {
     assert_eq!(load.running, 1, "the story still runs: {load:?}");
     let report = stack
         .worker("base")
-        .info()
+        .prefix_report()
         .await
-        .expect("info")
-        .prefix_cache
         .expect("a prefix report");
     assert_eq!(report.source, "exact");
     assert_eq!((report.capacity, report.used), (2, 2), "{report:?}");

@@ -124,3 +124,47 @@ async fn a_dead_engine_makes_the_worker_not_serving() {
         .expect("reply");
     assert!(reply.status >= 500, "{reply}");
 }
+
+/// The worker names llama-server's slot for each request (`id_slot`): a
+/// prompt goes back to the slot holding its prefix, a stranger takes the
+/// slot used longest ago (not the one of the prefix in use), and the
+/// worker's cache report says exactly what the two slots hold. (An evicted
+/// prompt may still come back from llama-server's host-memory prompt
+/// cache, so eviction is not asserted through `cached_tokens`.)
+#[tokio::test]
+async fn the_worker_places_prompts_in_llama_server_slots() {
+    let (stack, _server) = upstream_stack(2, None).await;
+    let ask = |app: &str, question: &str| {
+        let system = format!("You are the assistant of the {app}. ").repeat(25);
+        serde_json::json!({"model": "base", "max_tokens": 4, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]})
+    };
+    let cached_share = |reply: &serde_json::Value| {
+        let usage = &reply["usage"];
+        let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(prompt > 200, "a long system prompt: {reply}");
+        cached as f64 / prompt as f64
+    };
+    chat::create(&stack, &ask("bakery", "When do you open?")).await;
+    chat::create(&stack, &ask("harbour", "Where is pier 4?")).await;
+    let bakery = chat::create(&stack, &ask("bakery", "Do you sell rye bread?")).await;
+    assert!(cached_share(&bakery) > 0.8, "back to its slot: {bakery}");
+    // A stranger takes the harbour's slot (used longest ago), not the
+    // bakery's.
+    chat::create(&stack, &ask("museum", "Is it open on Monday?")).await;
+    let bakery = chat::create(&stack, &ask("bakery", "Any croissants left?")).await;
+    assert!(cached_share(&bakery) > 0.8, "still held: {bakery}");
+    let report = stack
+        .worker("base")
+        .prefix_report()
+        .await
+        .expect("a prefix report");
+    assert_eq!(report.source, "exact", "{report:?}");
+    assert_eq!((report.capacity, report.used), (2, 2), "{report:?}");
+}
