@@ -172,7 +172,8 @@ impl Collector for WorkerCollector {
         }
         self.engine_steps.reset();
         self.engine_step_seconds.reset();
-        if let Some(t) = s.engine.step_timings() {
+        let timings = s.engine.step_timings();
+        if let Some(t) = timings {
             for (batch, totals) in [("generate", t.generate), ("prefill", t.prefill)] {
                 self.engine_steps
                     .with_label_values(&[model, batch])
@@ -192,7 +193,7 @@ impl Collector for WorkerCollector {
         for c in [&self.generations, &self.rejected, &self.tokens] {
             families.extend(c.collect());
         }
-        if s.engine.step_timings().is_some() {
+        if timings.is_some() {
             families.extend(self.engine_steps.collect());
             families.extend(self.engine_step_seconds.collect());
         }

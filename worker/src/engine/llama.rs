@@ -191,9 +191,15 @@ impl LlamaEngine {
                 let window = ctx.n_ctx() / parallel;
                 let _ = ready_tx.send(Ok(window));
                 let decode = std::panic::AssertUnwindSafe(|| {
-                    DecodeLoop::new(&thread_model, ctx, parallel, window, thread_kv_cells)
-                        .timed_by(thread_clock)
-                        .run(jobs_rx)
+                    DecodeLoop::new(
+                        &thread_model,
+                        ctx,
+                        parallel,
+                        window,
+                        thread_kv_cells,
+                        thread_clock,
+                    )
+                    .run(jobs_rx)
                 });
                 if std::panic::catch_unwind(decode).is_err() {
                     // A worker without its engine must not stay in a pool
@@ -457,6 +463,7 @@ impl<'m> DecodeLoop<'m> {
         parallel: u32,
         window: u32,
         kv_cells: Arc<AtomicU32>,
+        clock: Arc<StepClock>,
     ) -> Self {
         let slots = (0..parallel as i32)
             .map(|id| Slot {
@@ -475,13 +482,8 @@ impl<'m> DecodeLoop<'m> {
             admitted: 0,
             batch: LlamaBatch::new(BATCH_TOKENS as usize, 1),
             kv_cells,
-            clock: Arc::default(),
+            clock,
         }
-    }
-
-    fn timed_by(mut self, clock: Arc<StepClock>) -> Self {
-        self.clock = clock;
-        self
     }
 
     fn busy(&self) -> bool {

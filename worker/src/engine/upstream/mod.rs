@@ -376,7 +376,7 @@ impl ChatEngine for UpstreamEngine {
         prompt_blocks: &Arc<[u64]>,
         completion_limit: Option<u32>,
         prompt_tokens: Option<u32>,
-        on_cached: OnCached,
+        mut on_cached: OnCached,
     ) -> Result<Box<dyn Started>, Status> {
         let mut built = request::build(
             self.kind,
@@ -385,7 +385,7 @@ impl ChatEngine for UpstreamEngine {
             completion_limit,
             self.enforce_tools,
         )?;
-        let pin = self.pins.as_ref().map(|p| p.pin(prompt_blocks));
+        let mut pin = self.pins.as_ref().map(|p| p.pin(prompt_blocks));
         built.body.id_slot = pin.as_ref().map(slots::Pin::slot);
         let body = to_json(&built.body)?;
         let first_byte = Instant::now() + self.bounds.first_byte;
@@ -419,6 +419,15 @@ impl ChatEngine for UpstreamEngine {
             });
             return Err(client::refusal(code, &bytes, known));
         }
+        // The engine took it: the slot now holds this prompt (reported now,
+        // as the in-process engine reports its slot at prefill).
+        if let Some(pin) = pin.as_mut() {
+            pin.accepted();
+            on_cached(CacheHit {
+                cached_tokens: 0,
+                slot: Some(pin.slot()),
+            });
+        }
         let abort =
             (self.kind.aborts_by_request_id() && !req.request_id.is_empty()).then(|| AbortOnDrop {
                 http: self.http.clone(),
@@ -431,7 +440,7 @@ impl ChatEngine for UpstreamEngine {
             batch: req.batch_events,
             prompt_tokens,
             on_cached,
-            pin,
+            _pin: pin,
             abort,
             first_byte,
             bounds: self.bounds,
@@ -477,7 +486,7 @@ struct UpstreamGeneration {
     prompt_tokens: Option<u32>,
     on_cached: OnCached,
     /// The slot the request runs in, released when the reply ends.
-    pin: Option<slots::Pin>,
+    _pin: Option<slots::Pin>,
     abort: Option<AbortOnDrop>,
     /// When the first SSE event is due (the request was sent before).
     first_byte: Instant,
@@ -635,12 +644,10 @@ impl Started for UpstreamGeneration {
                 if let Some(a) = self.abort.as_mut().filter(|_| !cut) {
                     a.armed = false;
                 }
-                let slot = self.pin.as_ref().map(slots::Pin::slot);
-                let cached = self.relay.cached_tokens();
-                if cached.is_some() || slot.is_some() {
+                if let Some(cached) = self.relay.cached_tokens() {
                     (self.on_cached)(CacheHit {
-                        cached_tokens: cached.unwrap_or(0),
-                        slot,
+                        cached_tokens: cached,
+                        slot: None,
                     });
                 }
                 let finished = self.relay.finish(self.prompt_tokens);
@@ -892,7 +899,9 @@ mod tests {
                     Some(8),
                     None,
                     Box::new(move |hit: CacheHit| {
-                        *h.lock().expect("lock") = hit.slot;
+                        if hit.slot.is_some() {
+                            *h.lock().expect("lock") = hit.slot;
+                        }
                     }),
                 )
                 .await

@@ -45,11 +45,19 @@ pub struct SlotPins {
 pub struct Pin {
     pins: Arc<SlotPins>,
     slot: u32,
+    /// What the slot held before; put back if the engine never takes the
+    /// request (a refusal before its reply starts).
+    previous: Option<Arc<[u64]>>,
 }
 
 impl Pin {
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+
+    /// The engine took the request: the slot now holds its prompt.
+    pub fn accepted(&mut self) {
+        self.previous = None;
     }
 }
 
@@ -58,6 +66,9 @@ impl Drop for Pin {
         let mut table = self.pins.table();
         if let Some(s) = table.slots.get_mut(self.slot as usize) {
             s.running = s.running.saturating_sub(1);
+            if let Some(previous) = self.previous.take() {
+                s.blocks = previous;
+            }
         }
     }
 }
@@ -106,12 +117,13 @@ impl SlotPins {
             })
             .map_or(0, |(i, _)| i);
         let slot = &mut table.slots[best];
-        slot.blocks = Arc::clone(blocks);
+        let previous = std::mem::replace(&mut slot.blocks, Arc::clone(blocks));
         slot.running += 1;
         slot.last_used = clock;
         Pin {
             pins: Arc::clone(self),
             slot: u32::try_from(best).unwrap_or(u32::MAX),
+            previous: Some(previous),
         }
     }
 }
@@ -124,42 +136,60 @@ mod tests {
         v.into()
     }
 
+    /// A pin the engine took.
+    fn taken(pins: &Arc<SlotPins>, prompt: &[u64]) -> Pin {
+        let mut pin = pins.pin(&blocks(prompt));
+        pin.accepted();
+        pin
+    }
+
     #[test]
     fn a_prompt_goes_back_to_the_slot_holding_its_prefix() {
         let pins = SlotPins::new(2);
-        let a = pins.pin(&blocks(&[1, 2]));
-        let b = pins.pin(&blocks(&[7, 8]));
+        let a = taken(&pins, &[1, 2]);
+        let b = taken(&pins, &[7, 8]);
         assert_ne!(a.slot(), b.slot(), "a free slot before a busy one");
         let (sa, sb) = (a.slot(), b.slot());
         drop((a, b));
         // The next turn of each conversation finds its own slot.
-        assert_eq!(pins.pin(&blocks(&[7, 8, 9])).slot(), sb);
-        assert_eq!(pins.pin(&blocks(&[1, 2, 3])).slot(), sa);
+        assert_eq!(taken(&pins, &[7, 8, 9]).slot(), sb);
+        assert_eq!(taken(&pins, &[1, 2, 3]).slot(), sa);
     }
 
     #[test]
     fn a_stranger_takes_the_slot_used_longest_ago() {
         let pins = SlotPins::new(2);
-        let old = pins.pin(&blocks(&[1])).slot();
-        let recent = pins.pin(&blocks(&[2])).slot();
+        let old = taken(&pins, &[1]).slot();
+        let recent = taken(&pins, &[2]).slot();
         assert_ne!(old, recent);
         // Both free now; the popular prefix [2] was used last and stays.
-        assert_eq!(pins.pin(&blocks(&[3])).slot(), old);
-        assert_eq!(pins.pin(&blocks(&[2, 5])).slot(), recent);
+        assert_eq!(taken(&pins, &[3]).slot(), old);
+        assert_eq!(taken(&pins, &[2, 5]).slot(), recent);
     }
 
     #[test]
     fn a_busy_slot_is_chosen_only_when_every_slot_is_busy() {
         let pins = SlotPins::new(2);
-        let held = pins.pin(&blocks(&[1, 2]));
+        let held = taken(&pins, &[1, 2]);
         // Its prefix is in the busy slot: the free one serves it now.
-        let other = pins.pin(&blocks(&[1, 2, 3]));
+        let other = taken(&pins, &[1, 2, 3]);
         assert_ne!(held.slot(), other.slot());
         // Both busy: the one holding the longest prefix queues it.
-        let queued = pins.pin(&blocks(&[1, 2, 3, 4]));
+        let queued = taken(&pins, &[1, 2, 3, 4]);
         assert_eq!(queued.slot(), other.slot());
         drop((held, other, queued));
         let table = pins.table();
         assert!(table.slots.iter().all(|s| s.running == 0), "pins released");
+    }
+
+    #[test]
+    fn a_refused_request_gives_its_slot_back() {
+        let pins = SlotPins::new(1);
+        let slot = taken(&pins, &[1, 2]).slot();
+        // The engine refuses the next prompt: the slot still holds [1, 2].
+        drop(pins.pin(&blocks(&[7])));
+        let table = pins.table();
+        assert_eq!(&*table.slots[slot as usize].blocks, &[1, 2]);
+        assert_eq!(table.slots[slot as usize].running, 0);
     }
 }
