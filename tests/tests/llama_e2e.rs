@@ -214,12 +214,25 @@ async fn the_engine_times_its_decode_steps_on_the_metrics_page() {
         Some("length") => generated - 1,
         _ => generated,
     };
-    let page = reqwest::get(format!("http://{metrics_addr}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    // The engine counts a step after handing its tokens to their streams,
+    // so the reply can reach the client before its last step is counted.
+    let scrape = || async {
+        reqwest::get(format!("http://{metrics_addr}/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("body")
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut page = scrape().await;
+    while harness::prometheus::sample(&page, "worker_engine_steps_total", &["batch=\"generate\""])
+        < generate_steps as f64
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        page = scrape().await;
+    }
     let sample = |name: &str, labels: &[&str]| harness::prometheus::sample(&page, name, labels);
     let steps = |batch: &str| sample("worker_engine_steps_total", &[batch]);
     assert_eq!(steps("batch=\"prefill\""), 1.0, "{page}");
