@@ -45,6 +45,8 @@ pub struct SlotPins {
 pub struct Pin {
     pins: Arc<SlotPins>,
     slot: u32,
+    /// The prompt this pin placed in the slot.
+    placed: Arc<[u64]>,
     /// What the slot held before; put back if the engine never takes the
     /// request (a refusal before its reply starts).
     previous: Option<Arc<[u64]>>,
@@ -66,8 +68,11 @@ impl Drop for Pin {
         let mut table = self.pins.table();
         if let Some(s) = table.slots.get_mut(self.slot as usize) {
             s.running = s.running.saturating_sub(1);
+            // Unless a later request has placed its own prompt there since.
             if let Some(previous) = self.previous.take() {
-                s.blocks = previous;
+                if Arc::ptr_eq(&s.blocks, &self.placed) {
+                    s.blocks = previous;
+                }
             }
         }
     }
@@ -123,6 +128,7 @@ impl SlotPins {
         Pin {
             pins: Arc::clone(self),
             slot: u32::try_from(best).unwrap_or(u32::MAX),
+            placed: Arc::clone(blocks),
             previous: Some(previous),
         }
     }
@@ -191,5 +197,16 @@ mod tests {
         let table = pins.table();
         assert_eq!(&*table.slots[slot as usize].blocks, &[1, 2]);
         assert_eq!(table.slots[slot as usize].running, 0);
+    }
+
+    #[test]
+    fn a_refusal_does_not_undo_a_later_placement() {
+        let pins = SlotPins::new(1);
+        let refused = pins.pin(&blocks(&[1]));
+        // Queued behind it on the one slot, and taken by the engine.
+        let later = taken(&pins, &[2, 3]);
+        drop(refused);
+        let table = pins.table();
+        assert_eq!(&*table.slots[later.slot() as usize].blocks, &[2, 3]);
     }
 }
