@@ -247,7 +247,7 @@ pub struct ChatCompletion {
     /// Extra fields of the spec's reference reply; empty when unused.
     pub conversation_id: Option<String>,
     pub thought: Vec<String>,
-    pub tool_thought: Vec<Value>,
+    pub tool_thought: Vec<ToolThought>,
     pub executable_data: Vec<Value>,
 }
 
@@ -409,7 +409,7 @@ pub struct PlannerChunk<'a> {
     #[serde(skip_serializing_if = "is_empty")]
     pub thought: &'a [String],
     #[serde(skip_serializing_if = "is_empty")]
-    pub tool_thought: &'a [Value],
+    pub tool_thought: &'a [ToolThought],
     #[serde(skip_serializing_if = "is_empty")]
     pub executable_data: &'a [Value],
 }

@@ -38,7 +38,7 @@ pub(super) struct FailedStep {
 
 /// The `tool_thought` entry of a step that got no attempt.
 fn unattempted(step: &Step, outcome: &'static str, latency_ms: u64, detail: String) -> Event {
-    Event::tool_thought(ToolThought {
+    Event::ToolThought(ToolThought {
         step: Some(step.id.clone()),
         kind: step.kind.as_str(),
         target: step.target.clone(),
@@ -239,7 +239,7 @@ impl Planner {
         emit: &(dyn Fn(Event) + Send + Sync),
     ) -> Option<FailedStep> {
         let thought = |a: &Attempt| {
-            Event::tool_thought(ToolThought {
+            Event::ToolThought(ToolThought {
                 step: Some(step.id.clone()),
                 kind: step.kind.as_str(),
                 target: a.target.clone(),

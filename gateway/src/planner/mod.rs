@@ -66,19 +66,11 @@ pub enum Event {
     /// A `thought` entry: the plan, re-plan reasons, budget notes.
     Thought(String),
     /// A `tool_thought` entry ([`ToolThought`]): one per attempt of a step.
-    ToolThought(Value),
+    ToolThought(ToolThought),
     /// An `executable_data` entry: an agent's structured output.
     Data(Value),
     /// A piece of the answer's text (streamed synthesis).
     Answer(String),
-}
-
-impl Event {
-    /// A `tool_thought` entry, in its wire form.
-    fn tool_thought(thought: ToolThought) -> Self {
-        // A struct of strings and integers always serializes.
-        Event::ToolThought(serde_json::to_value(thought).unwrap_or(Value::Null))
-    }
 }
 
 /// How a run ended.
@@ -252,12 +244,7 @@ mod tests {
             ),
         ];
         for (typed, by_hand) in cases {
-            let Event::ToolThought(value) = Event::tool_thought(typed.clone()) else {
-                panic!("not a tool_thought event");
-            };
-            let by_hand = by_hand.to_string();
-            assert_eq!(value.to_string(), by_hand);
-            assert_eq!(serde_json::to_string(&typed).unwrap(), by_hand);
+            assert_eq!(serde_json::to_string(&typed).unwrap(), by_hand.to_string());
         }
     }
 }

@@ -184,7 +184,7 @@ impl Planner {
                         source: p.name.clone(),
                         text: clip(text, self.config.max_step_output_bytes),
                     });
-                    emit(Event::tool_thought(ToolThought {
+                    emit(Event::ToolThought(ToolThought {
                         step: Some(p.step_id),
                         kind: "function",
                         target: p.name,

@@ -13,7 +13,7 @@
 use super::{Ending, PendingCall};
 use crate::api::chat::{
     AssistantMessage, ChatCompletion, ChatUsage, Choice, ChunkChoice, Delta, FunctionCall,
-    FunctionChunk, PlannerChunk, ToolCall, ToolCallChunk, UsageField,
+    FunctionChunk, PlannerChunk, ToolCall, ToolCallChunk, ToolThought, UsageField,
 };
 use crate::sse;
 use crate::translate::now_unix;
@@ -29,7 +29,7 @@ pub fn completion(
     ending: Ending,
     usage: ChatUsage,
     thought: Vec<String>,
-    tool_thought: Vec<Value>,
+    tool_thought: Vec<ToolThought>,
     executable_data: Vec<Value>,
 ) -> ChatCompletion {
     let (content, tool_calls, finish) = match ending {
@@ -103,7 +103,7 @@ impl StreamFrames {
         out: &mut BytesMut,
         delta: Option<Delta<'_>>,
         finish: Option<&'static str>,
-        extras: (&[String], &[Value], &[Value]),
+        extras: (&[String], &[ToolThought], &[Value]),
         usage: Option<&ChatUsage>,
     ) {
         let choices = match delta {
@@ -150,7 +150,7 @@ impl StreamFrames {
         &self,
         out: &mut BytesMut,
         thought: &[String],
-        tool_thought: &[Value],
+        tool_thought: &[ToolThought],
         data: &[Value],
     ) {
         self.chunk(
@@ -277,11 +277,19 @@ mod tests {
             Ending::Answer("hi".into()),
             ChatUsage::default(),
             vec!["Plan: x".into()],
-            vec![serde_json::json!({"step": "s1"})],
+            vec![ToolThought {
+                step: Some("s1".into()),
+                kind: "llm",
+                target: "model".into(),
+                outcome: "ok",
+                latency_ms: 3,
+                detail: String::new(),
+            }],
             Vec::new(),
         );
         let v = serde_json::to_value(&c).unwrap();
         assert_eq!(v["conversation_id"], "sess");
+        assert_eq!(v["tool_thought"][0]["step"], "s1");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
         assert_eq!(v["thought"][0], "Plan: x");
         assert_eq!(v["executable_data"], serde_json::json!([]));

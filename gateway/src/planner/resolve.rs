@@ -33,7 +33,7 @@ impl Planner {
                 u.address,
                 clip(&reason, 200)
             )));
-            emit(Event::tool_thought(ToolThought {
+            emit(Event::ToolThought(ToolThought {
                 step: None,
                 kind: "agent",
                 target: u.address,
