@@ -90,7 +90,7 @@ pub use client::{
 };
 pub use fault_proxy::FaultProxy;
 pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
-pub use llama_server::LlamaServer;
+pub use llama_server::{LlamaServer, LlamaServerOpts};
 pub use redis_scope::RedisScope;
 pub use redis_server::{PersistentRedis, RedisCluster, RedisServer};
 pub use serde_json::{json, Value};

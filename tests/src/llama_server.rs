@@ -34,15 +34,51 @@ pub struct LlamaServer {
     http: reqwest::Client,
 }
 
+/// How a llama-server is started beyond its model: what the benchmarks
+/// vary (threads, the host prompt cache, the binary).
+#[derive(Debug, Clone)]
+pub struct LlamaServerOpts {
+    /// Tokens of context per slot.
+    pub n_ctx: u32,
+    pub slots: u32,
+    pub threads: u32,
+    /// The binary; `None`: [`binary`].
+    pub binary: Option<PathBuf>,
+    /// Further arguments (`--cache-ram 0`).
+    pub extra_args: Vec<String>,
+}
+
+impl LlamaServerOpts {
+    /// `slots` slots of `n_ctx` tokens each, one thread (tests run two
+    /// engines at a time on 2 cores).
+    pub fn new(n_ctx: u32, slots: u32) -> Self {
+        Self {
+            n_ctx,
+            slots,
+            threads: 1,
+            binary: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
 impl LlamaServer {
     /// Starts llama-server on `model` with `parallel` slots of `n_ctx`
-    /// tokens each and one thread (tests run two at a time on 2 cores);
-    /// returns once its `/health` answers 200.
+    /// tokens each and one thread; returns once its `/health` answers 200.
     pub async fn start(model: &Path, n_ctx: u32, parallel: u32) -> Result<LlamaServer> {
-        let bin = binary()?;
+        Self::start_with(model, &LlamaServerOpts::new(n_ctx, parallel)).await
+    }
+
+    /// Starts llama-server on `model` as `opts` say, with `--metrics
+    /// --jinja`; returns once its `/health` answers 200.
+    pub async fn start_with(model: &Path, opts: &LlamaServerOpts) -> Result<LlamaServer> {
+        let bin = match &opts.binary {
+            Some(bin) => bin.clone(),
+            None => binary()?,
+        };
         let addr = free_addr()?;
         let (host, port) = addr.rsplit_once(':').context("free address")?;
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "-c".into(),
             "exec \"$0\" \"$@\" 2>&1".into(),
             bin.display().to_string(),
@@ -53,14 +89,15 @@ impl LlamaServer {
             "--port".into(),
             port.into(),
             "-c".into(),
-            (n_ctx * parallel).to_string(),
+            (opts.n_ctx * opts.slots).to_string(),
             "-np".into(),
-            parallel.to_string(),
+            opts.slots.to_string(),
             "-t".into(),
-            "1".into(),
+            opts.threads.to_string(),
             "--metrics".into(),
             "--jinja".into(),
         ];
+        args.extend(opts.extra_args.iter().cloned());
         // Its log goes to stderr, folded into stdout here: the first line
         // means it started; `/health` says when it is ready.
         let (process, _) = ChildProcess::start(&Spec {
@@ -77,7 +114,7 @@ impl LlamaServer {
             process,
             http: reqwest::Client::new(),
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Ok(r) = server
                 .http

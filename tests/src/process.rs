@@ -288,3 +288,12 @@ pub fn free_addr() -> Result<String> {
         }
     }
 }
+
+/// A free loopback port, as [`free_addr`] hands them out.
+pub fn free_port() -> Result<u16> {
+    let addr = free_addr()?;
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("free_addr gave no port")
+}

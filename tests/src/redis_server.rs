@@ -3,7 +3,7 @@
 //! ([`RedisCluster`], with replicas to fail over to if asked for). Killed
 //! on drop.
 
-use crate::process::{free_addr, ChildProcess, Spec};
+use crate::process::{free_port, ChildProcess, Spec};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -418,14 +418,6 @@ fn output_within(cmd: &mut std::process::Command, limit: Duration) -> Result<std
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(child.wait_with_output()?)
-}
-
-fn free_port() -> Result<u16> {
-    let addr = free_addr()?;
-    addr.rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("free_addr gave no port")
 }
 
 /// A directory removed on drop (redis-server writes nothing to it with

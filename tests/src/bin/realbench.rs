@@ -32,9 +32,9 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use clap::ValueEnum;
-use harness::{Client, Gateway, GatewayOpts, Worker, WorkerOpts};
+use harness::{Client, Gateway, GatewayOpts, LlamaServer, LlamaServerOpts, Worker, WorkerOpts};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -380,48 +380,15 @@ impl Ratios {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-struct Reaped(Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(Reaped, Client)> {
-    let port = free_port()?;
-    let child = Command::new(&args.llama_server)
-        .args(["-m", &model.display().to_string(), "--host", "127.0.0.1"])
-        .args(["--port", &port.to_string()])
-        .args(["-c", &(args.n_ctx * args.parallel).to_string()])
-        .args(["-np", &args.parallel.to_string()])
-        .args(["-t", &args.threads.to_string(), "--jinja", "--metrics"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting llama-server")?;
-    let child = Reaped(child);
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/health")).send().await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("llama-server did not become healthy");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok((child, Client::new(&format!("{base}/v1"), None)))
+async fn start_llama_server(args: &Args, model: &std::path::Path) -> Result<(LlamaServer, Client)> {
+    let opts = LlamaServerOpts {
+        threads: args.threads,
+        binary: Some(args.llama_server.clone().into()),
+        ..LlamaServerOpts::new(args.n_ctx, args.parallel)
+    };
+    let server = LlamaServer::start_with(model, &opts).await?;
+    let client = Client::new(&format!("{}/v1", server.url()), None);
+    Ok((server, client))
 }
 
 /// llama-server directly, then through gateway → upstream worker → the
@@ -550,7 +517,7 @@ async fn main() -> Result<()> {
     // Both targets stay up; each round measures the yardstick, then ours
     // (an idle engine's threads sleep, so each runs alone on the cores).
     let (server, direct) = start_llama_server(&args, &model).await?;
-    let metrics_addr = format!("127.0.0.1:{}", free_port()?);
+    let metrics_addr = harness::process::free_addr()?;
     let worker = Worker::start(
         "base",
         WorkerOpts {

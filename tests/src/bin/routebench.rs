@@ -33,8 +33,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use harness::process::{free_addr, ChildProcess, Spec};
-use harness::{Client, Gateway, GatewayOpts, Worker, WorkerOpts};
+use harness::process::free_addr;
+use harness::{Client, Gateway, GatewayOpts, LlamaServer, LlamaServerOpts, Worker, WorkerOpts};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -363,52 +363,10 @@ struct Fleet {
     client: Client,
     model: String,
     probes: Vec<Probe>,
-    _servers: Vec<ChildProcess>,
+    _servers: Vec<LlamaServer>,
     _workers: Vec<Worker>,
     _gateway: Option<Gateway>,
     _router: Option<Group>,
-}
-
-fn start_llama_server(bin: &Path, model: &Path, args: &Args) -> Result<(ChildProcess, String)> {
-    let addr = free_addr()?;
-    let (host, port) = addr.rsplit_once(':').context("free address")?;
-    let argv: Vec<String> = [
-        "-m",
-        &model.display().to_string(),
-        "--host",
-        host,
-        "--port",
-        port,
-        "-c",
-        &(args.n_ctx * args.slots).to_string(),
-        "-np",
-        &args.slots.to_string(),
-        "-t",
-        "1",
-        "--cache-ram",
-        "0",
-        "--metrics",
-        "--jinja",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut shell = vec![
-        "-c".to_owned(),
-        "exec \"$0\" \"$@\" 2>&1".to_owned(),
-        bin.display().to_string(),
-    ];
-    shell.extend(argv);
-    let (process, _) = ChildProcess::start(&Spec {
-        name: "routebench-llama-server".into(),
-        program: PathBuf::from("bash"),
-        args: shell,
-        env: Vec::new(),
-        env_remove: Vec::new(),
-        ready_prefix: String::new(),
-        ready_timeout: Duration::from_secs(30),
-    })?;
-    Ok((process, format!("http://{addr}")))
 }
 
 async fn wait_healthy(http: &reqwest::Client, url: &str, what: &str) -> Result<()> {
@@ -444,14 +402,17 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
     let mut servers = Vec::new();
     let mut urls = Vec::new();
     if args.engine == EngineKind::LlamaServer {
-        let bin = harness::llama_server::binary()?;
+        // Host prompt cache off: a slot holds one prefix, as routed.
+        let opts = LlamaServerOpts {
+            extra_args: vec!["--cache-ram".into(), "0".into()],
+            ..LlamaServerOpts::new(args.n_ctx, args.slots)
+        };
         for _ in 0..args.engines {
-            let (process, url) = start_llama_server(&bin, model, args)?;
-            servers.push(process);
-            urls.push(url);
+            let server = LlamaServer::start_with(model, &opts).await?;
+            urls.push(server.url().to_owned());
+            servers.push(server);
         }
         for url in &urls {
-            wait_healthy(&http, &format!("{url}/health"), "llama-server").await?;
             // One unrelated request each: the engine's first decode is
             // not part of any arm's figures.
             let r = http
