@@ -174,6 +174,91 @@ async fn a_hot_prefix_spills_to_a_second_engine_under_load() {
     .await;
 }
 
+/// Engines whose prefill is slow beside how long a request keeps a slot
+/// (a CPU): once the gateway has measured both, a request whose long
+/// prefix one engine holds waits for that engine's slot instead of
+/// prefilling the whole prompt on the idle one; the reply shows the prefix
+/// reused.
+#[tokio::test]
+async fn a_busy_engine_holding_a_long_prefix_is_waited_for_when_its_prefill_would_take_longer() {
+    bounded(90, async {
+        let one_slot_slow_prefill = WorkerOpts {
+            max_concurrency: Some(1),
+            max_queue: Some(8),
+            extra_args: vec!["--prefill-tokens-per-second".into(), "4000".into()],
+            ..WorkerOpts::default()
+        };
+        let workers = start_workers(
+            "base",
+            &[one_slot_slow_prefill.clone(), one_slot_slow_prefill],
+        );
+        let gateway = gateway_over(&workers, CACHE_AWARE);
+        let client = gateway.client();
+        let ask = |system: &str, q: &str| {
+            json!({"model": "base", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": q}
+            ]})
+        };
+        // Each engine measured: apps of their own until both served one.
+        let before = started(&workers).await;
+        for app in 0..40 {
+            if delta(&started(&workers).await, &before)
+                .iter()
+                .all(|&n| n > 0)
+            {
+                break;
+            }
+            let body = ask(
+                &system_prompt(&format!("app {app}")),
+                "Hi. synthetic:reply_tokens=2",
+            );
+            assert_eq!(chat::post(&client, &body).await.status, 200);
+        }
+        let served = delta(&started(&workers).await, &before);
+        assert!(
+            served.iter().all(|&n| n > 0),
+            "both engines measured: {served:?}"
+        );
+
+        // A prompt of ~3,000 tokens (0.75 s of prefill here) on one engine.
+        let long = "Follow the railway's operating handbook to the letter. ".repeat(280);
+        let before = started(&workers).await;
+        let warm = chat::post(&client, &ask(&long, "Warm up. synthetic:reply_tokens=2")).await;
+        assert_eq!(warm.status, 200);
+        let holder = delta(&started(&workers).await, &before)
+            .iter()
+            .position(|&n| n == 1)
+            .expect("one worker served");
+
+        // Its one slot busy for ~300 ms with the same prefix; then one more.
+        let before = started(&workers).await;
+        let busy_body = ask(
+            &long,
+            "First. synthetic:reply_tokens=10 synthetic:slow_ms=30",
+        );
+        let busy = chat::post(&client, &busy_body);
+        let next = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            chat::post(&client, &ask(&long, "Second. synthetic:reply_tokens=2")).await
+        };
+        let (busy, next) = futures::future::join(busy, next).await;
+        assert_eq!((busy.status, next.status), (200, 200));
+        let d = delta(&started(&workers).await, &before);
+        assert_eq!(
+            d[holder], 2,
+            "both went to the engine holding the prefix: {d:?}"
+        );
+        let next = next.json();
+        let prompt = next["usage"]["prompt_tokens"].as_u64().expect("usage");
+        let cached = next["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached tokens");
+        assert!(cached * 10 >= prompt * 9, "the prefix was reused: {next}");
+    })
+    .await;
+}
+
 /// Two gateway replicas that share nothing but the workers: a conversation
 /// whose turns alternate between them stays on the engine holding it,
 /// because both read the same reports from the workers. The conversations

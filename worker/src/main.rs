@@ -76,7 +76,7 @@ reasoning and usage are the shared pipeline's (worker/src/pipeline).
 
 The `synthetic` engine is SIMULATED: its output is not from a language model. It is
 deterministic given the prompt and seed, counts tokens with the real o200k_base BPE,
-and is paced by --ttft-ms and --tokens-per-second.
+and is paced by --ttft-ms, --prefill-tokens-per-second and --tokens-per-second.
 
 Test controls of the SIMULATED engine, written anywhere in the last user message:
   synthetic:reply_tokens=N   reply with exactly N tokens (capped by max_tokens)
@@ -269,6 +269,10 @@ struct ServeArgs {
     /// Output pace; 0 = as fast as possible.
     #[arg(long, default_value_t = 0.0)]
     tokens_per_second: f64,
+    /// Synthetic: prefill pace of prompt tokens not in its prefix cache,
+    /// added to --ttft-ms; 0 = prefill takes no time.
+    #[arg(long, default_value_t = 0.0)]
+    prefill_tokens_per_second: f64,
     /// Generations running at once (synthetic and upstream; llama runs
     /// --parallel). Upstream: requests in flight to the engine, which
     /// queues them itself.
@@ -431,6 +435,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
             let engine = SyntheticEngine::new(
                 SyntheticConfig {
                     ttft: Duration::from_millis(args.ttft_ms),
+                    prefill_tokens_per_second: args.prefill_tokens_per_second.max(0.0),
                     tokens_per_second: args.tokens_per_second.max(0.0),
                     coalesce_tokens: args.coalesce_tokens,
                     fail_after_tokens: args.fail_after_tokens,

@@ -71,7 +71,7 @@ pub(super) async fn relay<S: Sink>(
             if delivered.is_err() {
                 return End::Gone;
             }
-            guard.record_finished();
+            guard.record_finished(f.usage.as_ref());
             let tokens = f.usage.map_or(0, |u| u.completion_tokens);
             if let (Some(per_token), Some(s)) = (decode.per_token(tokens), series) {
                 s.time_per_output_token().observe(per_token.as_secs_f64());

@@ -3,6 +3,7 @@
 //! passive failures).
 
 use super::prefixes::CachedPrefixes;
+use super::timing::EngineTimes;
 use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,6 +35,8 @@ pub struct WorkerEndpoint {
     inflight: Arc<AtomicU32>,
     /// What its engine holds in its prefix cache.
     prefixes: CachedPrefixes,
+    /// How fast its engine prefills and how long it keeps a slot.
+    times: EngineTimes,
     // ---- reported by the worker (Info), refreshed by the health loop ------
     running: AtomicU32,
     queued: AtomicU32,
@@ -111,6 +114,7 @@ impl WorkerEndpoint {
             probe_channel: OnceLock::new(),
             inflight: Arc::new(AtomicU32::new(0)),
             prefixes: CachedPrefixes::default(),
+            times: EngineTimes::default(),
             running: AtomicU32::new(0),
             queued: AtomicU32::new(0),
             capacity: AtomicU32::new(0),
@@ -150,6 +154,22 @@ impl WorkerEndpoint {
     /// What the worker's engine holds in its prefix cache.
     pub fn prefixes(&self) -> &CachedPrefixes {
         &self.prefixes
+    }
+
+    /// How fast its engine prefills and holds a slot, as measured here.
+    pub fn times(&self) -> &EngineTimes {
+        &self.times
+    }
+
+    /// The expected wait for a slot of one more request, once measured:
+    /// none with a free slot.
+    pub fn expected_wait_ns(&self) -> Option<f64> {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        let load = self.load_score();
+        if capacity == 0 || load < capacity {
+            return Some(0.0);
+        }
+        self.times.expected_wait_ns(load - capacity + 1, capacity)
     }
 
     /// Whether the worker has a sequence slot free for one more request

@@ -11,6 +11,7 @@ mod health;
 mod kubernetes;
 mod prefixes;
 pub mod select;
+mod timing;
 
 pub use endpoint::WorkerEndpoint;
 
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use telemetry::TraceParent;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::ClientTlsConfig;
@@ -175,6 +176,19 @@ pub struct CallGuard {
     /// Holds the worker's in-flight slot until the guard is dropped.
     _slot: endpoint::InflightSlot,
     _prompt: RunningPrompt,
+    timing: CallTiming,
+}
+
+/// When a call started and what it asked of the engine, to measure the
+/// engine by ([`timing::EngineTimes`]).
+struct CallTiming {
+    dispatched: Instant,
+    first_event: Instant,
+    /// The worker had no free slot when the call went out: its times
+    /// include a wait and say nothing of the engine's speed.
+    waited: bool,
+    /// The prompt's prefix blocks (0: not computed for this pool's policy).
+    blocks: usize,
 }
 
 /// The call's prompt, running on its worker until dropped (cache-aware
@@ -193,9 +207,26 @@ impl Drop for RunningPrompt {
 }
 
 impl CallGuard {
-    /// The worker finished the reply: resets its failure count.
-    pub fn record_finished(&self) {
+    /// The worker finished the reply: resets its failure count, and
+    /// measures the engine by it.
+    pub fn record_finished(&self, usage: Option<&pb::Usage>) {
         self.endpoint.record_success();
+        let t = &self.timing;
+        let Some(usage) = usage.filter(|u| u.prompt_tokens > 0) else {
+            return;
+        };
+        if t.waited || t.blocks == 0 {
+            return;
+        }
+        let uncached = usage
+            .prompt_tokens
+            .saturating_sub(usage.cached_prompt_tokens);
+        self.endpoint.times().record(timing::CallSample {
+            first_event: t.first_event.duration_since(t.dispatched),
+            whole: t.dispatched.elapsed(),
+            prefilled_blocks: t.blocks as f64 * f64::from(uncached)
+                / f64::from(usage.prompt_tokens),
+        });
     }
 
     /// Records a failure of the stream after its first event: a worker
@@ -343,6 +374,8 @@ impl WorkerPool {
             }
             tried.push(index);
             let endpoint = &endpoints[index];
+            let waited = !endpoint.has_free_slot();
+            let dispatched = Instant::now();
             let slot = endpoint.acquire();
             // Counted as held at once: the requests that arrive before the
             // worker's next report then follow this one.
@@ -364,6 +397,12 @@ impl WorkerPool {
                             endpoint: endpoint.clone(),
                             _slot: slot,
                             _prompt: prompt,
+                            timing: CallTiming {
+                                dispatched,
+                                first_event: Instant::now(),
+                                waited,
+                                blocks: routing.block_count(),
+                            },
                         },
                     });
                 }

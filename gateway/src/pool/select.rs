@@ -9,17 +9,21 @@
 //!   the key's order takes it.
 //! - `CacheAware`: on what the engines report they hold. The prompt's
 //!   block hashes ([`inference_proto::prefix`]) against each worker's
-//!   cached prefixes give the prefill each worker would save; the cost of a
-//!   worker is the prompt bytes it would still have to prefill plus
-//!   `LOAD_COST_BYTES` per request it carries. A worker that would queue
-//!   (no free slot) is passed over while another sits idle (the load
-//!   gate), so a hot prefix spreads to a second engine instead of waiting
-//!   behind the first, and no engine idles while another queues; short of
-//!   that, a queue behind a held prefix may beat a prefill elsewhere. A
-//!   prompt nobody holds any block of goes where `PrefixAffinity` would
-//!   send it (its head's rendezvous order), so one app's prompts keep
-//!   meeting on one engine. A prompt shorter than one block has nothing to
-//!   match: least loaded.
+//!   cached prefixes give the prefill each worker would save. Once this
+//!   gateway has measured every candidate's engine (its prefill time per
+//!   block and how long a request keeps a slot, `timing.rs`), the cost of
+//!   a worker is the expected time to first token: the wait for a slot,
+//!   then the prefill it lacks, slowed by the requests beside it. A busy
+//!   engine holding the prefix then wins when its wait is shorter than the
+//!   prefill it saves (on CPUs, where prefill is slow), and a hot prefix
+//!   spreads to a free engine when it is not (on GPUs). Before that, the
+//!   cost is the prompt bytes left to prefill plus `LOAD_COST_BYTES` per
+//!   request carried, and a worker that would queue is passed over while
+//!   another sits idle (the load gate). A prompt nobody holds any block of
+//!   goes where `PrefixAffinity` would send it (its head's rendezvous
+//!   order, load gate applied), so one app's prompts keep meeting on one
+//!   engine. A prompt shorter than one block has nothing to match: least
+//!   loaded.
 
 use super::endpoint::WorkerEndpoint;
 use crate::config::PoolPolicy;
@@ -61,6 +65,11 @@ impl Routing {
     pub fn prompt_blocks(&self) -> Arc<[u64]> {
         Arc::clone(&self.blocks)
     }
+
+    /// How many blocks the prompt has (0 outside `CacheAware`).
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
 }
 
 /// Picks among `candidates` (indices into `endpoints`).
@@ -85,9 +94,10 @@ pub fn pick(
     }
 }
 
-/// The cheapest worker by prefill left to do plus load, passing over those
-/// that would queue while another is idle; `None` for a prompt below one
-/// block.
+/// The cheapest worker for a prompt some worker holds part of; `None`
+/// for a prompt below one block. Once every candidate's engine has been
+/// measured, in time ([`timed_cost`]); before that, in prefill bytes with
+/// the load gate ([`gated_cost`]).
 fn cache_aware(
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
@@ -97,29 +107,66 @@ fn cache_aware(
     if blocks.is_empty() {
         return None;
     }
-    let any_idle = candidates.iter().any(|&i| endpoints[i].load_score() == 0);
-    // The load gate: never queue while another engine sits idle.
-    let allowed: Vec<(usize, usize)> = candidates
+    let matched: Vec<(usize, usize)> = candidates
         .iter()
-        .filter(|&&i| !any_idle || endpoints[i].has_free_slot())
         .map(|&i| (i, endpoints[i].prefixes().matched(blocks)))
         .collect();
-    if allowed.iter().all(|&(_, matched)| matched == 0) {
+    let any_idle = candidates.iter().any(|&i| endpoints[i].load_score() == 0);
+    // The load gate: never queue while another engine sits idle.
+    let gate = |i: usize| !any_idle || endpoints[i].has_free_slot();
+    if matched.iter().all(|&(_, m)| m == 0) {
         // Nobody holds any of it: where this prompt's head (or cache key)
         // belongs, so the prompts of one app keep meeting on one engine
         // instead of each engine seeing every app.
-        let allowed: Vec<usize> = allowed.iter().map(|&(i, _)| i).collect();
+        let allowed: Vec<usize> = matched
+            .iter()
+            .map(|&(i, _)| i)
+            .filter(|&i| gate(i))
+            .collect();
         return bounded_rendezvous(endpoints, &allowed, routing.affinity_key);
     }
-    let mut best: Option<(usize, usize)> = None;
+    let timed: Option<Vec<(usize, f64)>> = matched
+        .iter()
+        .map(|&(i, m)| timed_cost(&endpoints[i], blocks.len() - m).map(|c| (i, c)))
+        .collect();
+    match timed {
+        Some(costs) => cheapest(costs),
+        None => cheapest(
+            matched
+                .iter()
+                .filter(|&&(i, _)| gate(i))
+                .map(|&(i, m)| (i, gated_cost(&endpoints[i], blocks.len() - m))),
+        ),
+    }
+}
+
+/// Prefill bytes left to do plus `LOAD_COST_BYTES` per request carried.
+fn gated_cost(endpoint: &WorkerEndpoint, missing_blocks: usize) -> f64 {
+    (missing_blocks * BLOCK_BYTES + endpoint.load_score() as usize * LOAD_COST_BYTES) as f64
+}
+
+/// The expected time to first token on a worker, in nanoseconds: the wait
+/// for a slot, then the prefill of the blocks it lacks, slowed by the
+/// requests it will run beside (`LOAD_COST_BYTES` of prefill each). A
+/// busy engine holding the prefix wins over a free one when its wait is
+/// shorter than the prefill it saves; `None` until the engine is measured.
+fn timed_cost(endpoint: &WorkerEndpoint, missing_blocks: usize) -> Option<f64> {
+    let per_block = endpoint.times().prefill_ns_per_block()?;
+    let wait = endpoint.expected_wait_ns()?;
+    let (_, _, capacity) = endpoint.reported_load();
+    let beside = endpoint.load_score().min(capacity.saturating_sub(1));
+    let load_blocks = (beside as usize * LOAD_COST_BYTES) as f64 / BLOCK_BYTES as f64;
+    Some(wait + (missing_blocks as f64 + load_blocks) * per_block)
+}
+
+/// The lowest cost; among equal ones, one at random (reservoir sampling),
+/// so no worker is everyone's first choice when nothing tells them apart.
+fn cheapest(costs: impl IntoIterator<Item = (usize, f64)>) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
     let mut ties = 0u32;
-    for (i, matched) in allowed {
-        let c = (blocks.len() - matched) * BLOCK_BYTES
-            + endpoints[i].load_score() as usize * LOAD_COST_BYTES;
+    for (i, c) in costs {
         match best {
             Some((_, b)) if c > b => {}
-            // Reservoir sampling among equal costs: no worker is
-            // everyone's first choice when nothing tells them apart.
             Some((_, b)) if c == b => {
                 ties += 1;
                 if rand::random_range(0..=ties) == 0 {
@@ -318,6 +365,61 @@ mod tests {
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(0),
             "both full: the prefix decides again"
+        );
+    }
+
+    /// The engine measured: `prefill_ms` to first token per block, a slot
+    /// held `hold_ms` per request.
+    fn measured(e: &WorkerEndpoint, prefill_ms: u64, hold_ms: u64) {
+        e.times().record(super::super::timing::CallSample {
+            first_event: std::time::Duration::from_millis(prefill_ms * 4),
+            whole: std::time::Duration::from_millis(hold_ms),
+            prefilled_blocks: 4.0,
+        });
+    }
+
+    #[test]
+    fn measured_engines_wait_for_a_held_prefix_when_the_wait_is_shorter_than_its_prefill() {
+        let long: Vec<u64> = (1..=10).collect();
+        // A CPU: 100 ms of prefill per block, a slot held 400 ms.
+        let eps = pool(2);
+        report(&eps[0], &long, 2);
+        report(&eps[1], &[], 2);
+        for e in &eps {
+            measured(e, 100, 400);
+        }
+        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        // Waiting ~200 ms and running beside one (4 blocks' worth) beats
+        // prefilling ten blocks (1 s) on the idle engine.
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0)
+        );
+        // A GPU: 1 ms per block, a slot held 2 s: the idle engine.
+        let eps = pool(2);
+        report(&eps[0], &long, 2);
+        report(&eps[1], &[], 2);
+        for e in &eps {
+            measured(e, 1, 2000);
+        }
+        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn an_engine_not_yet_measured_keeps_the_load_gate() {
+        let long: Vec<u64> = (1..=10).collect();
+        let eps = pool(2);
+        report(&eps[0], &long, 2);
+        report(&eps[1], &[], 2);
+        measured(&eps[0], 100, 400);
+        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(1)
         );
     }
 

@@ -10,7 +10,8 @@
 //! usage are the pipeline's, as for every sequence engine.
 //!
 //! Pacing: `--ttft-ms` before the prefill is reported (not for the answer
-//! after a think section, whose prefix is cached), then
+//! after a think section, whose prefix is cached), plus the prompt tokens
+//! not in its prefix cache at `--prefill-tokens-per-second` (0 = free), then
 //! `--tokens-per-second` (0 = as fast as the stream takes them; a
 //! `synthetic:slow_ms=N` control overrides it). Paced sequences decode in
 //! lockstep, as the sequences of a continuously batched GPU engine do: one
@@ -66,6 +67,8 @@ const BLOCKING_PLAN_TOKENS: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SyntheticConfig {
     pub ttft: Duration,
+    /// Prefill pace of uncached prompt tokens; 0 = no prefill time.
+    pub prefill_tokens_per_second: f64,
     /// 0 = no pacing.
     pub tokens_per_second: f64,
     /// Tokens the pipeline may merge into one event when they come faster
@@ -96,6 +99,16 @@ impl SyntheticEngine {
             config,
             model,
             epoch: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The time to prefill `tokens` uncached prompt tokens.
+    fn prefill_time(&self, tokens: u64) -> Duration {
+        let pace = self.config.prefill_tokens_per_second;
+        if pace > 0.0 {
+            Duration::from_secs_f64(tokens as f64 / pace)
+        } else {
+            Duration::ZERO
         }
     }
 
@@ -153,6 +166,7 @@ impl SequenceEngine for SyntheticEngine {
 
     async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status> {
         let cached_tokens = self.cache.lookup_and_insert(&sequence.prompt);
+        let uncached = (sequence.prompt.len() as u64).saturating_sub(u64::from(cached_tokens));
         let mut plan = if sequence.prompt.len() < BLOCKING_PLAN_TOKENS {
             planner::plan(&sequence)?
         } else {
@@ -168,7 +182,7 @@ impl SequenceEngine for SyntheticEngine {
             ttft: if plan.after_think {
                 Duration::ZERO
             } else {
-                self.config.ttft
+                self.config.ttft + self.prefill_time(uncached)
             },
             interval: self.interval(&plan),
             epoch: self.epoch,
