@@ -40,6 +40,11 @@ pub struct Metrics {
     /// Prompt-prefix blocks each worker last reported its engine holds
     /// (what `cache_aware` routing matches prompts against).
     pub worker_cached_prefix_blocks: IntGaugeVec,
+    /// What this gateway measured of each worker's engine (moving
+    /// averages): time to first token per prompt block prefilled, and how
+    /// long a request keeps a slot; `cache_aware` routing weighs a wait
+    /// against a prefill with them.
+    pub worker_engine_seconds: GaugeVec,
     /// (running + queued) / capacity over a model's pool, as the workers
     /// report it: the autoscaling signal for worker Deployments.
     pub worker_load_ratio: GaugeVec,
@@ -186,6 +191,12 @@ impl Metrics {
                 "gateway_worker_cached_prefix_blocks",
                 "Prompt-prefix blocks the worker last reported its engine holds.",
                 &["model", "worker"],
+                registry
+            )?,
+            worker_engine_seconds: register_gauge_vec_with_registry!(
+                "gateway_worker_engine_seconds",
+                "What this gateway measured of the worker's engine: time to first token per prompt block prefilled (measure=prefill_per_block) and time a request keeps a slot (measure=slot_hold).",
+                &["model", "worker", "measure"],
                 registry
             )?,
             worker_circuit_open: register_int_gauge_vec_with_registry!(

@@ -220,6 +220,22 @@ async fn a_busy_engine_holding_a_long_prefix_is_waited_for_when_its_prefill_woul
             served.iter().all(|&n| n > 0),
             "both engines measured: {served:?}"
         );
+        // The metrics page shows what the routing weighs.
+        for w in &workers {
+            let measured = within(REPORT_INTERVAL * 2, async || {
+                let (_, page) = gateway.admin_get("/metrics").await.expect("metrics");
+                let worker = format!("worker=\"{}\"", w.addr());
+                ["measure=\"prefill_per_block\"", "measure=\"slot_hold\""]
+                    .iter()
+                    .all(|m| sample(&page, "gateway_worker_engine_seconds", &[&worker, m]) > 0.0)
+            })
+            .await;
+            assert!(
+                measured.is_some(),
+                "gateway_worker_engine_seconds for {}",
+                w.addr()
+            );
+        }
 
         // A prompt of ~3,000 tokens (0.75 s of prefill here) on one engine.
         let long = "Follow the railway's operating handbook to the letter. ".repeat(280);

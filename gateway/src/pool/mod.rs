@@ -277,6 +277,13 @@ impl WorkerPool {
             let _ = METRICS
                 .worker_cached_prefix_blocks
                 .remove_label_values(&[&self.model, gone.addr()]);
+            for measure in timing::MEASURES {
+                let _ = METRICS.worker_engine_seconds.remove_label_values(&[
+                    &self.model,
+                    gone.addr(),
+                    measure,
+                ]);
+            }
         }
         tracing::info!(model = %self.model, workers = ?addrs, "worker pool membership");
         let mut guard = match self.endpoints.write() {
@@ -307,6 +314,16 @@ impl WorkerPool {
                 .worker_cached_prefix_blocks
                 .with_label_values(&[&self.model, e.addr()])
                 .set(e.prefixes().reported_blocks() as i64);
+            let times = e.times();
+            let measured = [times.prefill_ns_per_block(), times.hold_ns()];
+            for (measure, ns) in timing::MEASURES.iter().zip(measured) {
+                if let Some(ns) = ns {
+                    METRICS
+                        .worker_engine_seconds
+                        .with_label_values(&[&self.model, e.addr(), measure])
+                        .set(ns / 1e9);
+                }
+            }
         }
         let ratio = if capacity == 0 {
             0.0

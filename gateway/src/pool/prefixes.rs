@@ -54,6 +54,22 @@ impl Default for Held {
     }
 }
 
+impl Held {
+    /// The longest prefix of `blocks` reported or recently sent.
+    fn held_blocks(&self, blocks: &[u64]) -> usize {
+        let reported =
+            inference_proto::prefix::matched_blocks(blocks, |h| self.reported.contains(&h));
+        let sent = self
+            .sent
+            .iter()
+            .filter(|(at, _)| at.elapsed() < SENT_TTL)
+            .map(|(_, s)| shared_blocks(s, blocks))
+            .max()
+            .unwrap_or(0);
+        reported.max(sent)
+    }
+}
+
 fn shared_blocks(a: &[u64], b: &[u64]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -130,20 +146,12 @@ impl CachedPrefixes {
         }
     }
 
-    /// Leading blocks of `blocks` the engine holds: the prefix it would
-    /// reuse for this prompt.
+    /// Leading blocks of `blocks` the engine holds and could reuse for
+    /// this prompt now: on an engine with one sequence per cached prefix,
+    /// not a prefix a running request holds.
     pub fn matched(&self, blocks: &[u64]) -> usize {
         let held = self.read();
-        let reported =
-            inference_proto::prefix::matched_blocks(blocks, |h| held.reported.contains(&h));
-        let sent = held
-            .sent
-            .iter()
-            .filter(|(at, _)| at.elapsed() < SENT_TTL)
-            .map(|(_, s)| shared_blocks(s, blocks))
-            .max()
-            .unwrap_or(0);
-        let matched = reported.max(sent);
+        let matched = held.held_blocks(blocks);
         // One sequence per cached prefix: a running request holding it
         // keeps it from this one.
         let busy = !held.concurrent_reuse
@@ -157,6 +165,13 @@ impl CachedPrefixes {
         } else {
             matched
         }
+    }
+
+    /// Leading blocks of `blocks` the engine holds, running requests'
+    /// included: what a request waiting for the slot that holds them
+    /// would reuse.
+    pub fn matched_once_free(&self, blocks: &[u64]) -> usize {
+        self.read().held_blocks(blocks)
     }
 
     /// Block hashes the worker last reported.
@@ -191,6 +206,7 @@ mod tests {
         slots.concurrent_reuse = false;
         p.record_report(&slots);
         assert_eq!(p.matched(&[10, 11, 12]), 0, "one sequence per slot: busy");
+        assert_eq!(p.matched_once_free(&[10, 11, 12]), 3, "held once it ends");
         assert_eq!(p.matched(&[20]), 0);
         p.end_running(id);
         assert_eq!(p.matched(&[10, 11, 12]), 3, "free again");

@@ -94,10 +94,10 @@ pub fn pick(
     }
 }
 
-/// The cheapest worker for a prompt some worker holds part of; `None`
-/// for a prompt below one block. Once every candidate's engine has been
-/// measured, in time ([`timed_cost`]); before that, in prefill bytes with
-/// the load gate ([`gated_cost`]).
+/// The cheapest worker for a prompt; `None` for a prompt below one block.
+/// Once every candidate's engine has been measured, in time
+/// ([`timed_choice`]); before that, or when nobody holds any of it, in
+/// prefill bytes behind the load gate ([`gated_cost`], rendezvous).
 fn cache_aware(
     endpoints: &[Arc<WorkerEndpoint>],
     candidates: &[usize],
@@ -111,6 +111,9 @@ fn cache_aware(
         .iter()
         .map(|&i| (i, endpoints[i].prefixes().matched(blocks)))
         .collect();
+    if let Some(i) = timed_choice(endpoints, &matched, blocks) {
+        return Some(i);
+    }
     let any_idle = candidates.iter().any(|&i| endpoints[i].load_score() == 0);
     // The load gate: never queue while another engine sits idle.
     let gate = |i: usize| !any_idle || endpoints[i].has_free_slot();
@@ -125,18 +128,39 @@ fn cache_aware(
             .collect();
         return bounded_rendezvous(endpoints, &allowed, routing.affinity_key);
     }
-    let timed: Option<Vec<(usize, f64)>> = matched
-        .iter()
-        .map(|&(i, m)| timed_cost(&endpoints[i], blocks.len() - m).map(|c| (i, c)))
-        .collect();
-    match timed {
-        Some(costs) => cheapest(costs),
-        None => cheapest(
-            matched
-                .iter()
-                .filter(|&&(i, _)| gate(i))
-                .map(|&(i, m)| (i, gated_cost(&endpoints[i], blocks.len() - m))),
-        ),
+    cheapest(
+        matched
+            .iter()
+            .filter(|&&(i, _)| gate(i))
+            .map(|&(i, m)| (i, gated_cost(&endpoints[i], blocks.len() - m))),
+    )
+}
+
+/// The worker with the lowest expected time to first token, when every
+/// candidate's engine has been measured and some worker holds part of the
+/// prompt. A request that waits for a full engine gets the slot holding
+/// its prefix (the worker pins it) even if a running request holds it now.
+fn timed_choice(
+    endpoints: &[Arc<WorkerEndpoint>],
+    matched: &[(usize, usize)],
+    blocks: &[u64],
+) -> Option<usize> {
+    let mut any_held = false;
+    let mut costs = Vec::with_capacity(matched.len());
+    for &(i, m) in matched {
+        let e = &endpoints[i];
+        let m = if e.has_free_slot() {
+            m
+        } else {
+            e.prefixes().matched_once_free(blocks)
+        };
+        any_held |= m > 0;
+        costs.push((i, timed_cost(e, blocks.len() - m)?));
+    }
+    if any_held {
+        cheapest(costs)
+    } else {
+        None
     }
 }
 
@@ -406,6 +430,34 @@ mod tests {
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1)
+        );
+    }
+
+    #[test]
+    fn a_full_slot_engine_is_waited_for_when_a_running_request_holds_the_prefix() {
+        let long: Vec<u64> = (1..=10).collect();
+        let eps = pool(2);
+        for (e, held) in eps.iter().zip([&long[..], &[]]) {
+            report(e, held, 2);
+            e.prefixes().record_report(&pb::PrefixCache {
+                epoch: 1,
+                block_bytes: BLOCK_BYTES as u32,
+                blocks: held.to_vec(),
+                capacity: 2,
+                used: 1,
+                source: "exact".into(),
+                concurrent_reuse: false,
+            });
+            measured(e, 100, 400);
+        }
+        // Both slots of engine 0 run, one of them on this prefix: the
+        // worker queues the request for that slot, which keeps the prefix.
+        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        let _running = eps[0].prefixes().start_running(long.clone().into());
+        assert_eq!(eps[0].prefixes().matched(&long), 0);
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0)
         );
     }
 

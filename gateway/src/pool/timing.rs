@@ -16,6 +16,10 @@ const SAMPLE_SHIFT: u32 = 3;
 /// to first token is mostly the first decode step, not prefill.
 const MIN_PREFILLED_BLOCKS: f64 = 1.0;
 
+/// The `measure` labels of `gateway_worker_engine_seconds`, in the order
+/// of [`EngineTimes::prefill_ns_per_block`] and [`EngineTimes::hold_ns`].
+pub const MEASURES: [&str; 2] = ["prefill_per_block", "slot_hold"];
+
 /// Moving averages in nanoseconds; 0 until the first sample.
 #[derive(Debug, Default)]
 pub struct EngineTimes {
