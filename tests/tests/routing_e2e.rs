@@ -132,12 +132,17 @@ async fn a_hot_prefix_spills_to_a_second_engine_under_load() {
                 {"role": "user", "content": q}
             ]})
         };
-        // Warm one engine and let the report say so.
+        // Warm one engine and let the report say so. The gateway times it
+        // too: a reply as long as the load's keeps a slot ~1 s, and the
+        // prefill takes no time (a GPU), so waiting never pays here.
         let before = started(&workers).await;
         assert_eq!(
-            chat::post(&client, &ask("Warm up. synthetic:reply_tokens=2"))
-                .await
-                .status,
+            chat::post(
+                &client,
+                &ask("Warm up. synthetic:reply_tokens=40 synthetic:slow_ms=25")
+            )
+            .await
+            .status,
             200
         );
         let hot = delta(&started(&workers).await, &before)
@@ -155,12 +160,14 @@ async fn a_hot_prefix_spills_to_a_second_engine_under_load() {
                 ))
             })
             .collect();
-        let mut pending = Vec::new();
-        for body in &bodies {
-            pending.push(chat::post(&client, body));
-            // One at a time into the gateway, so each sees the last's slot.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // One at a time into the gateway, so each sees the last's slot.
+        let pending = bodies.iter().enumerate().map(|(i, body)| {
+            let client = &client;
+            async move {
+                tokio::time::sleep(Duration::from_millis(50) * i as u32).await;
+                chat::post(client, body).await
+            }
+        });
         let replies = futures::future::join_all(pending).await;
         assert!(replies.iter().all(|r| r.status == 200));
         let d = delta(&started(&workers).await, &before);

@@ -3,10 +3,10 @@
 //! passive failures).
 
 use super::prefixes::CachedPrefixes;
-use super::timing::EngineTimes;
+use super::timing::{EngineTimes, Measured};
 use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
@@ -32,7 +32,7 @@ pub struct WorkerEndpoint {
     /// connection also means a check fails when a new connection cannot be
     /// made, not only when an old one is stuck.
     probe_channel: OnceLock<Channel>,
-    inflight: Arc<AtomicU32>,
+    inflight: Arc<Inflight>,
     /// What its engine holds in its prefix cache.
     prefixes: CachedPrefixes,
     /// How fast its engine prefills and how long it keeps a slot.
@@ -112,7 +112,7 @@ impl WorkerEndpoint {
             endpoint,
             channel: OnceLock::new(),
             probe_channel: OnceLock::new(),
-            inflight: Arc::new(AtomicU32::new(0)),
+            inflight: Arc::new(Inflight::default()),
             prefixes: CachedPrefixes::default(),
             times: EngineTimes::default(),
             running: AtomicU32::new(0),
@@ -161,15 +161,32 @@ impl WorkerEndpoint {
         &self.times
     }
 
-    /// The expected wait for a slot of one more request, once measured:
-    /// none with a free slot.
-    pub fn expected_wait_ns(&self) -> Option<f64> {
+    /// The expected wait for a slot of one more request on an engine of
+    /// `speed`: none with a free slot; else until the `ahead`-th of this
+    /// gateway's running requests ends ([`Measured::remaining_ns`]), and
+    /// past those at `capacity` per hold time.
+    pub fn expected_wait_ns(&self, speed: &Measured) -> f64 {
         let capacity = self.capacity.load(Ordering::Relaxed);
         let load = self.load_score();
         if capacity == 0 || load < capacity {
-            return Some(0.0);
+            return 0.0;
         }
-        self.times.expected_wait_ns(load - capacity + 1, capacity)
+        let ahead = (load - capacity + 1) as usize;
+        let mut remaining: Vec<f64> = self
+            .inflight
+            .started()
+            .iter()
+            .map(|(_, at)| speed.remaining_ns(at.elapsed()))
+            .collect();
+        remaining.sort_unstable_by(f64::total_cmp);
+        match remaining.get(ahead - 1) {
+            Some(&r) => r,
+            None => {
+                let known = remaining.last().copied().unwrap_or(0.0);
+                let beyond = u32::try_from(ahead - remaining.len()).unwrap_or(u32::MAX);
+                known + speed.expected_wait_ns(beyond, capacity)
+            }
+        }
     }
 
     /// Whether the worker has a sequence slot free for one more request
@@ -181,7 +198,7 @@ impl WorkerEndpoint {
 
     /// Requests this gateway has in flight on the worker.
     pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Relaxed)
+        self.inflight.count.load(Ordering::Relaxed)
     }
 
     /// Selection score: our own in-flight requests (fresh) plus the queue
@@ -205,8 +222,13 @@ impl WorkerEndpoint {
         if self.half_open() {
             self.probe_in_flight.store(true, Ordering::Relaxed);
         }
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        InflightSlot(self.inflight.clone())
+        self.inflight.count.fetch_add(1, Ordering::Relaxed);
+        let id = self.inflight.next_id.fetch_add(1, Ordering::Relaxed);
+        self.inflight.started().push((id, Instant::now()));
+        InflightSlot {
+            inflight: Arc::clone(&self.inflight),
+            id,
+        }
     }
 
     /// Selectable: passing health checks, not draining, circuit not open,
@@ -289,12 +311,35 @@ impl WorkerEndpoint {
     }
 }
 
-/// An in-flight request on a worker; decrements the count on drop.
-pub struct InflightSlot(Arc<AtomicU32>);
+/// This gateway's requests on a worker: how many, and since when.
+#[derive(Default)]
+struct Inflight {
+    count: AtomicU32,
+    next_id: AtomicU64,
+    started: Mutex<Vec<(u64, Instant)>>,
+}
+
+impl Inflight {
+    fn started(&self) -> MutexGuard<'_, Vec<(u64, Instant)>> {
+        // Every update leaves the list consistent: a panic elsewhere
+        // cannot corrupt it.
+        match self.started.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// An in-flight request on a worker; released on drop.
+pub struct InflightSlot {
+    inflight: Arc<Inflight>,
+    id: u64,
+}
 
 impl Drop for InflightSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.inflight.count.fetch_sub(1, Ordering::Relaxed);
+        self.inflight.started().retain(|(id, _)| *id != self.id);
     }
 }
 

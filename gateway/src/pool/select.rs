@@ -10,9 +10,10 @@
 //! - `CacheAware`: on what the engines report they hold. The prompt's
 //!   block hashes ([`inference_proto::prefix`]) against each worker's
 //!   cached prefixes give the prefill each worker would save. Once this
-//!   gateway has measured every candidate's engine (its prefill time per
-//!   block and how long a request keeps a slot, `timing.rs`), the cost of
-//!   a worker is the expected time to first token: the wait for a slot,
+//!   gateway has measured the engines (prefill time per block and how
+//!   long a request keeps a slot, `timing.rs`; one not measured yet is
+//!   taken at the others' mean), the cost of a worker is the expected
+//!   time to first token: the wait for a slot,
 //!   then the prefill it lacks, slowed by the requests beside it. A busy
 //!   engine holding the prefix then wins when its wait is shorter than the
 //!   prefill it saves (on CPUs, where prefill is slow), and a hot prefix
@@ -26,6 +27,7 @@
 //!   loaded.
 
 use super::endpoint::WorkerEndpoint;
+use super::timing::Measured;
 use crate::config::PoolPolicy;
 use inference_proto::prefix::{self, BLOCK_BYTES};
 use inference_proto::v1 as pb;
@@ -95,7 +97,7 @@ pub fn pick(
 }
 
 /// The cheapest worker for a prompt; `None` for a prompt below one block.
-/// Once every candidate's engine has been measured, in time
+/// Once an engine of the pool has been measured, in time
 /// ([`timed_choice`]); before that, or when nobody holds any of it, in
 /// prefill bytes behind the load gate ([`gated_cost`], rendezvous).
 fn cache_aware(
@@ -136,18 +138,25 @@ fn cache_aware(
     )
 }
 
-/// The worker with the lowest expected time to first token, when every
-/// candidate's engine has been measured and some worker holds part of the
-/// prompt. A request that waits for a full engine gets the slot holding
-/// its prefix (the worker pins it) even if a running request holds it now.
+/// The worker with the lowest expected time to first token, once some
+/// candidate's engine has been measured (prefill at the measured engines'
+/// mean rate; an engine's own hold time, else their mean) and some worker
+/// holds part of the prompt. A
+/// request that waits for a full engine gets the slot holding its prefix
+/// (the worker pins it) even if a running request holds it now.
 fn timed_choice(
     endpoints: &[Arc<WorkerEndpoint>],
     matched: &[(usize, usize)],
     blocks: &[u64],
 ) -> Option<usize> {
+    let speeds: Vec<Option<Measured>> = matched
+        .iter()
+        .map(|&(i, _)| endpoints[i].times().measured())
+        .collect();
+    let prior = Measured::mean(speeds.iter().flatten().copied())?;
     let mut any_held = false;
     let mut costs = Vec::with_capacity(matched.len());
-    for &(i, m) in matched {
+    for (&(i, m), speed) in matched.iter().zip(&speeds) {
         let e = &endpoints[i];
         let m = if e.has_free_slot() {
             m
@@ -155,7 +164,14 @@ fn timed_choice(
             e.prefixes().matched_once_free(blocks)
         };
         any_held |= m > 0;
-        costs.push((i, timed_cost(e, blocks.len() - m)?));
+        // One prefill rate for the pool: its engines run one model, and
+        // per-engine figures differ by measurement noise far more often
+        // than by hardware, which would move prefixes for nothing.
+        let speed = Measured {
+            prefill_ns_per_block: prior.prefill_ns_per_block,
+            hold_ns: speed.map_or(prior.hold_ns, |s| s.hold_ns),
+        };
+        costs.push((i, timed_cost(e, &speed, blocks.len() - m)));
     }
     if any_held {
         cheapest(costs)
@@ -173,14 +189,13 @@ fn gated_cost(endpoint: &WorkerEndpoint, missing_blocks: usize) -> f64 {
 /// for a slot, then the prefill of the blocks it lacks, slowed by the
 /// requests it will run beside (`LOAD_COST_BYTES` of prefill each). A
 /// busy engine holding the prefix wins over a free one when its wait is
-/// shorter than the prefill it saves; `None` until the engine is measured.
-fn timed_cost(endpoint: &WorkerEndpoint, missing_blocks: usize) -> Option<f64> {
-    let per_block = endpoint.times().prefill_ns_per_block()?;
-    let wait = endpoint.expected_wait_ns()?;
+/// shorter than the prefill it saves.
+fn timed_cost(endpoint: &WorkerEndpoint, speed: &Measured, missing_blocks: usize) -> f64 {
+    let wait = endpoint.expected_wait_ns(speed);
     let (_, _, capacity) = endpoint.reported_load();
     let beside = endpoint.load_score().min(capacity.saturating_sub(1));
     let load_blocks = (beside as usize * LOAD_COST_BYTES) as f64 / BLOCK_BYTES as f64;
-    Some(wait + (missing_blocks as f64 + load_blocks) * per_block)
+    wait + (missing_blocks as f64 + load_blocks) * speed.prefill_ns_per_block
 }
 
 /// The lowest cost; among equal ones, one at random (reservoir sampling),
@@ -462,16 +477,22 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_not_yet_measured_keeps_the_load_gate() {
+    fn a_pool_measured_nowhere_keeps_the_load_gate() {
         let long: Vec<u64> = (1..=10).collect();
         let eps = pool(2);
         report(&eps[0], &long, 2);
         report(&eps[1], &[], 2);
-        measured(&eps[0], 100, 400);
         let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1)
+        );
+        // One engine measured (a CPU): the other is taken at its speed,
+        // and the wait for the held prefix wins.
+        measured(&eps[0], 100, 400);
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(0)
         );
     }
 

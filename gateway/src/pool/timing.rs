@@ -27,6 +27,45 @@ pub struct EngineTimes {
     hold_ns: AtomicU64,
 }
 
+/// An engine's measured speed, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    pub prefill_ns_per_block: f64,
+    pub hold_ns: f64,
+}
+
+impl Measured {
+    /// The mean of several engines' figures (`None` for none): the prior
+    /// for an engine of the same pool not measured yet (one model, in
+    /// practice one class of hardware).
+    pub fn mean(all: impl IntoIterator<Item = Measured>) -> Option<Measured> {
+        let (mut n, mut prefill, mut hold) = (0.0, 0.0, 0.0);
+        for m in all {
+            n += 1.0;
+            prefill += m.prefill_ns_per_block;
+            hold += m.hold_ns;
+        }
+        (n > 0.0).then(|| Measured {
+            prefill_ns_per_block: prefill / n,
+            hold_ns: hold / n,
+        })
+    }
+
+    /// The expected wait for a slot with `ahead` requests beyond the
+    /// `capacity` running ones: slots free at `capacity` per hold time.
+    pub fn expected_wait_ns(&self, ahead: u32, capacity: u32) -> f64 {
+        f64::from(ahead) * self.hold_ns / f64::from(capacity.max(1))
+    }
+
+    /// What is left of a request that has run for `age`: the rest of a
+    /// usual hold, but at least half its age, since one that has run
+    /// longer than usual is likely a long one (a reply of many tokens).
+    pub fn remaining_ns(&self, age: Duration) -> f64 {
+        let age = age.as_nanos() as f64;
+        (self.hold_ns - age).max(age / 2.0)
+    }
+}
+
 /// What one finished request on the engine showed.
 #[derive(Debug, Clone, Copy)]
 pub struct CallSample {
@@ -81,11 +120,12 @@ impl EngineTimes {
         }
     }
 
-    /// The expected wait for a slot with `ahead` requests beyond the
-    /// `capacity` running ones: slots free at `capacity` per hold time.
-    pub fn expected_wait_ns(&self, ahead: u32, capacity: u32) -> Option<f64> {
-        let hold = self.hold_ns()?;
-        Some(f64::from(ahead) * hold / f64::from(capacity.max(1)))
+    /// Both figures, once both are measured.
+    pub fn measured(&self) -> Option<Measured> {
+        Some(Measured {
+            prefill_ns_per_block: self.prefill_ns_per_block()?,
+            hold_ns: self.hold_ns()?,
+        })
     }
 }
 
@@ -106,7 +146,7 @@ mod tests {
         let t = EngineTimes::default();
         assert_eq!(t.prefill_ns_per_block(), None);
         assert_eq!(t.hold_ns(), None);
-        assert_eq!(t.expected_wait_ns(1, 2), None);
+        assert_eq!(t.measured(), None);
     }
 
     #[test]
@@ -116,7 +156,7 @@ mod tests {
         assert_eq!(t.prefill_ns_per_block(), Some(100e6));
         assert_eq!(t.hold_ns(), Some(1000e6));
         // One request waiting behind two busy slots: half a hold.
-        assert_eq!(t.expected_wait_ns(1, 2), Some(500e6));
+        assert_eq!(t.measured().unwrap().expected_wait_ns(1, 2), 500e6);
         t.record(call(1800, 2000, 4.0));
         let per_block = t.prefill_ns_per_block().unwrap();
         assert!(per_block > 100e6 && per_block < 450e6, "{per_block}");
@@ -128,5 +168,31 @@ mod tests {
         t.record(call(50, 300, 0.5));
         assert_eq!(t.prefill_ns_per_block(), None);
         assert_eq!(t.hold_ns(), Some(300e6));
+        assert_eq!(t.measured(), None, "half measured is not measured");
+    }
+
+    #[test]
+    fn a_request_past_the_usual_hold_is_taken_as_a_long_one() {
+        let m = Measured {
+            prefill_ns_per_block: 1e6,
+            hold_ns: 300e6,
+        };
+        assert_eq!(m.remaining_ns(Duration::ZERO), 300e6);
+        assert_eq!(m.remaining_ns(Duration::from_millis(100)), 200e6);
+        assert_eq!(m.remaining_ns(Duration::from_millis(200)), 100e6);
+        assert_eq!(m.remaining_ns(Duration::from_millis(600)), 300e6);
+    }
+
+    #[test]
+    fn the_pool_prior_is_the_mean_of_the_measured_engines() {
+        let m = |p: f64, h: f64| Measured {
+            prefill_ns_per_block: p,
+            hold_ns: h,
+        };
+        assert_eq!(Measured::mean([]), None);
+        assert_eq!(
+            Measured::mean([m(100.0, 400.0), m(300.0, 800.0)]),
+            Some(m(200.0, 600.0))
+        );
     }
 }
