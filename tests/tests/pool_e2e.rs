@@ -390,13 +390,16 @@ fn summary(statuses: &[u16]) -> std::collections::BTreeMap<u16, usize> {
 
 const PREFIXES: usize = 40;
 const ROUNDS: usize = 5;
-/// A worker's prefix cache in the bounded case, in 64-token blocks. Under
-/// affinity a worker serves about half the prefixes: ~20 × (4 shared + 1
-/// request-specific block) = ~100 blocks between two uses of one prefix,
-/// which fits (a split up to 30/10 still does). Under least-loaded a prefix
-/// lands on the same worker as last round only half the time, and two
-/// rounds apart ~200 blocks have gone by, which does not fit.
-const BOUNDED_CACHE_BLOCKS: u32 = 150;
+/// A worker's prefix cache in the bounded case, in 64-token blocks. Each
+/// request takes 6 entries: 4 shared blocks, 1 request-specific block and
+/// the whole prompt's hash (a repeated prompt reports all but its last
+/// token). Under affinity a worker serves about half the prefixes: ~20 × 6
+/// = ~120 entries between two uses of one prefix, which fits (a split up
+/// to 31/9 still does; at 150 a 25/15 split, one run in seven, did not).
+/// Under least-loaded a prefix lands on the same worker as last round only
+/// half the time, and two rounds apart ~240 entries have gone by, which
+/// does not fit.
+const BOUNDED_CACHE_BLOCKS: u32 = 190;
 
 /// Runs the repeated-prefix workload against 2 fresh workers under `policy`
 /// and returns (cached_tokens, prompt_tokens) summed over the replies.
