@@ -6,7 +6,7 @@ use super::prefixes::CachedPrefixes;
 use super::timing::{EngineTimes, Measured};
 use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
@@ -32,7 +32,7 @@ pub struct WorkerEndpoint {
     /// connection also means a check fails when a new connection cannot be
     /// made, not only when an old one is stuck.
     probe_channel: OnceLock<Channel>,
-    inflight: Arc<Inflight>,
+    inflight: Arc<AtomicU32>,
     /// What its engine holds in its prefix cache.
     prefixes: CachedPrefixes,
     /// How fast its engine prefills and how long it keeps a slot.
@@ -112,7 +112,7 @@ impl WorkerEndpoint {
             endpoint,
             channel: OnceLock::new(),
             probe_channel: OnceLock::new(),
-            inflight: Arc::new(Inflight::default()),
+            inflight: Arc::new(AtomicU32::new(0)),
             prefixes: CachedPrefixes::default(),
             times: EngineTimes::default(),
             running: AtomicU32::new(0),
@@ -163,8 +163,9 @@ impl WorkerEndpoint {
 
     /// The expected wait for a slot of one more request on an engine of
     /// `speed`: none with a free slot; else until the `ahead`-th of this
-    /// gateway's running requests ends ([`Measured::remaining_ns`]), and
-    /// past those at `capacity` per hold time.
+    /// gateway's running requests ends ([`Measured::remaining_ns`]; those
+    /// of prompts under one block are not tracked), and past those at
+    /// `capacity` per hold time.
     pub fn expected_wait_ns(&self, speed: &Measured) -> f64 {
         let capacity = self.capacity.load(Ordering::Relaxed);
         let load = self.load_score();
@@ -173,10 +174,10 @@ impl WorkerEndpoint {
         }
         let ahead = (load - capacity + 1) as usize;
         let mut remaining: Vec<f64> = self
-            .inflight
-            .started()
-            .iter()
-            .map(|(_, at)| speed.remaining_ns(at.elapsed()))
+            .prefixes
+            .running_ages()
+            .into_iter()
+            .map(|age| speed.remaining_ns(age))
             .collect();
         remaining.sort_unstable_by(f64::total_cmp);
         match remaining.get(ahead - 1) {
@@ -198,7 +199,7 @@ impl WorkerEndpoint {
 
     /// Requests this gateway has in flight on the worker.
     pub fn inflight(&self) -> u32 {
-        self.inflight.count.load(Ordering::Relaxed)
+        self.inflight.load(Ordering::Relaxed)
     }
 
     /// Selection score: our own in-flight requests (fresh) plus the queue
@@ -222,13 +223,8 @@ impl WorkerEndpoint {
         if self.half_open() {
             self.probe_in_flight.store(true, Ordering::Relaxed);
         }
-        self.inflight.count.fetch_add(1, Ordering::Relaxed);
-        let id = self.inflight.next_id.fetch_add(1, Ordering::Relaxed);
-        self.inflight.started().push((id, Instant::now()));
-        InflightSlot {
-            inflight: Arc::clone(&self.inflight),
-            id,
-        }
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InflightSlot(self.inflight.clone())
     }
 
     /// Selectable: passing health checks, not draining, circuit not open,
@@ -311,35 +307,12 @@ impl WorkerEndpoint {
     }
 }
 
-/// This gateway's requests on a worker: how many, and since when.
-#[derive(Default)]
-struct Inflight {
-    count: AtomicU32,
-    next_id: AtomicU64,
-    started: Mutex<Vec<(u64, Instant)>>,
-}
-
-impl Inflight {
-    fn started(&self) -> MutexGuard<'_, Vec<(u64, Instant)>> {
-        // Every update leaves the list consistent: a panic elsewhere
-        // cannot corrupt it.
-        match self.started.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-}
-
-/// An in-flight request on a worker; released on drop.
-pub struct InflightSlot {
-    inflight: Arc<Inflight>,
-    id: u64,
-}
+/// An in-flight request on a worker; decrements the count on drop.
+pub struct InflightSlot(Arc<AtomicU32>);
 
 impl Drop for InflightSlot {
     fn drop(&mut self) {
-        self.inflight.count.fetch_sub(1, Ordering::Relaxed);
-        self.inflight.started().retain(|(id, _)| *id != self.id);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

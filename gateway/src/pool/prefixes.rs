@@ -35,8 +35,9 @@ struct Held {
     capacity: usize,
     /// A held prefix serves concurrent sequences (as last reported).
     concurrent_reuse: bool,
-    /// Prompts of this gateway's requests running on the worker, by id.
-    running: Vec<(u64, Arc<[u64]>)>,
+    /// Prompts of this gateway's requests running on the worker, by id,
+    /// with when they started.
+    running: Vec<(u64, Arc<[u64]>, Instant)>,
     next_running: u64,
 }
 
@@ -120,12 +121,12 @@ impl CachedPrefixes {
         let mut held = self.write();
         let id = held.next_running;
         held.next_running += 1;
-        held.running.push((id, blocks));
+        held.running.push((id, blocks, Instant::now()));
         Some(id)
     }
 
     pub fn end_running(&self, id: u64) {
-        self.write().running.retain(|(i, _)| *i != id);
+        self.write().running.retain(|(i, _, _)| *i != id);
     }
 
     /// This gateway just sent a prompt to the worker.
@@ -159,7 +160,7 @@ impl CachedPrefixes {
             && held
                 .running
                 .iter()
-                .any(|(_, r)| shared_blocks(r, blocks) >= matched);
+                .any(|(_, r, _)| shared_blocks(r, blocks) >= matched);
         if busy {
             0
         } else {
@@ -172,6 +173,13 @@ impl CachedPrefixes {
     /// would reuse.
     pub fn matched_once_free(&self, blocks: &[u64]) -> usize {
         self.read().held_blocks(blocks)
+    }
+
+    /// How long each of this gateway's requests with a prompt of at
+    /// least one block has been running on the worker.
+    pub fn running_ages(&self) -> Vec<Duration> {
+        let held = self.read();
+        held.running.iter().map(|(_, _, at)| at.elapsed()).collect()
     }
 
     /// Block hashes the worker last reported.

@@ -320,6 +320,10 @@ mod tests {
     }
 
     fn report(e: &WorkerEndpoint, blocks: &[u64], capacity: u32) {
+        report_sharing(e, blocks, capacity, true);
+    }
+
+    fn report_sharing(e: &WorkerEndpoint, blocks: &[u64], capacity: u32, concurrent_reuse: bool) {
         e.record_check(true, Some((0, 0, capacity, false)));
         e.prefixes().record_report(&pb::PrefixCache {
             epoch: 1,
@@ -328,7 +332,7 @@ mod tests {
             capacity,
             used: 1,
             source: "exact".into(),
-            concurrent_reuse: true,
+            concurrent_reuse,
         });
     }
 
@@ -417,31 +421,41 @@ mod tests {
         });
     }
 
+    /// Two engines of two slots: the first holds `held` and has both
+    /// slots busy (the guards), the second is idle and holds nothing.
+    fn first_full(
+        held: &[u64],
+        concurrent_reuse: bool,
+    ) -> (
+        Vec<Arc<WorkerEndpoint>>,
+        Vec<super::super::endpoint::InflightSlot>,
+    ) {
+        let eps = pool(2);
+        report_sharing(&eps[0], held, 2, concurrent_reuse);
+        report_sharing(&eps[1], &[], 2, concurrent_reuse);
+        let busy = (0..2).map(|_| eps[0].acquire()).collect();
+        (eps, busy)
+    }
+
     #[test]
     fn measured_engines_wait_for_a_held_prefix_when_the_wait_is_shorter_than_its_prefill() {
         let long: Vec<u64> = (1..=10).collect();
         // A CPU: 100 ms of prefill per block, a slot held 400 ms.
-        let eps = pool(2);
-        report(&eps[0], &long, 2);
-        report(&eps[1], &[], 2);
+        let (eps, _busy) = first_full(&long, true);
         for e in &eps {
             measured(e, 100, 400);
         }
-        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
-        // Waiting ~200 ms and running beside one (4 blocks' worth) beats
-        // prefilling ten blocks (1 s) on the idle engine.
+        // Waiting up to 400 ms and running beside one (4 blocks' worth)
+        // beats prefilling ten blocks (1 s) on the idle engine.
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(0)
         );
         // A GPU: 1 ms per block, a slot held 2 s: the idle engine.
-        let eps = pool(2);
-        report(&eps[0], &long, 2);
-        report(&eps[1], &[], 2);
+        let (eps, _busy) = first_full(&long, true);
         for e in &eps {
             measured(e, 1, 2000);
         }
-        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1)
@@ -451,23 +465,12 @@ mod tests {
     #[test]
     fn a_full_slot_engine_is_waited_for_when_a_running_request_holds_the_prefix() {
         let long: Vec<u64> = (1..=10).collect();
-        let eps = pool(2);
-        for (e, held) in eps.iter().zip([&long[..], &[]]) {
-            report(e, held, 2);
-            e.prefixes().record_report(&pb::PrefixCache {
-                epoch: 1,
-                block_bytes: BLOCK_BYTES as u32,
-                blocks: held.to_vec(),
-                capacity: 2,
-                used: 1,
-                source: "exact".into(),
-                concurrent_reuse: false,
-            });
+        let (eps, _busy) = first_full(&long, false);
+        for e in &eps {
             measured(e, 100, 400);
         }
         // Both slots of engine 0 run, one of them on this prefix: the
         // worker queues the request for that slot, which keeps the prefix.
-        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
         let _running = eps[0].prefixes().start_running(long.clone().into());
         assert_eq!(eps[0].prefixes().matched(&long), 0);
         assert_eq!(
@@ -479,10 +482,7 @@ mod tests {
     #[test]
     fn a_pool_measured_nowhere_keeps_the_load_gate() {
         let long: Vec<u64> = (1..=10).collect();
-        let eps = pool(2);
-        report(&eps[0], &long, 2);
-        report(&eps[1], &[], 2);
-        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        let (eps, _busy) = first_full(&long, true);
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1)
