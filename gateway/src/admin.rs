@@ -5,7 +5,7 @@
 //! counted an organisation's spend to be, and `usage` reads the usage log.
 
 use crate::accounts::store::AccountStore;
-use crate::accounts::{RatePlan, Scopes};
+use crate::accounts::{RatePlan, Scopes, ServiceTier};
 use crate::redis::RedisHandle;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
@@ -131,6 +131,12 @@ enum PlansCommand {
         max_concurrent: u32,
         #[arg(long, default_value_t = 0)]
         default_max_tokens: u32,
+        /// The highest service tier its requests get: priority, default or flex.
+        #[arg(long, default_value = "default", value_parser = ["priority", "default", "flex"])]
+        max_service_tier: String,
+        /// Its organisations' share of a saturated pool within a tier.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        weight: u32,
     },
     Show {
         name: String,
@@ -296,12 +302,17 @@ impl PlansArgs {
                     tpm,
                     max_concurrent,
                     default_max_tokens,
+                    max_service_tier,
+                    weight,
                 } => {
                     let plan = RatePlan {
                         rpm,
                         tpm,
                         max_concurrent,
                         default_max_tokens,
+                        max_service_tier: ServiceTier::parse(&max_service_tier)
+                            .unwrap_or(ServiceTier::Default),
+                        weight,
                     };
                     store.set_plan(&name, &plan).await?;
                     println!("plan {name}: {plan:?}");

@@ -59,6 +59,10 @@ impl App {
                 model: model.clone(),
                 workers: pool.workers.clone(),
                 policy: pool.policy,
+                queue: crate::pool::QueueLimits {
+                    max_wait: std::time::Duration::from_millis(pool.queue_timeout_ms),
+                    max_depth: pool.queue_max_depth as usize,
+                },
             }),
             crate::pool::worker_auth(config.worker_token.as_deref())?,
             config

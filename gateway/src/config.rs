@@ -303,6 +303,14 @@ pub struct RatePlanConfig {
     /// Output tokens reserved on admission when a request sets no `max_tokens`.
     #[serde(default)]
     pub default_max_tokens: u32,
+    /// The highest `service_tier` the plan's requests are served at:
+    /// `priority`, `default` (the default) or `flex`.
+    #[serde(default)]
+    pub max_service_tier: Option<String>,
+    /// The organisation's share of a saturated pool within its tier
+    /// (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -464,6 +472,13 @@ pub struct ModelPool {
     /// to one worker while its load allows) or `least_loaded`.
     #[serde(default)]
     pub policy: PoolPolicy,
+    /// When every worker is busy, how long a request may wait in the
+    /// gateway's queue for one before a 503 `server_overloaded`.
+    #[serde(default = "default_queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
+    /// How many requests may wait in that queue (503 beyond).
+    #[serde(default = "default_queue_max_depth")]
+    pub queue_max_depth: u32,
     /// The catalogue fields below describe a model id beyond the spec's
     /// three (whose facts are the spec's: setting any of these on `base`,
     /// `base-ultra` or `base-mini` is refused). Context window in tokens;
@@ -514,6 +529,8 @@ impl ModelPool {
         Self {
             workers,
             policy: PoolPolicy::default(),
+            queue_timeout_ms: default_queue_timeout_ms(),
+            queue_max_depth: default_queue_max_depth(),
             context_window: None,
             input_price: None,
             cached_input_price: None,
@@ -603,6 +620,12 @@ fn default_read_timeout() -> u64 {
 }
 fn default_write_timeout() -> u64 {
     30
+}
+fn default_queue_timeout_ms() -> u64 {
+    30_000
+}
+fn default_queue_max_depth() -> u32 {
+    1024
 }
 fn default_request_timeout() -> u64 {
     600
@@ -736,6 +759,16 @@ impl Config {
         for k in &self.keys {
             if k.sha256.len() != 64 || !k.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 bail!("keys[].sha256 must be 64 hex digits (see `gateway hash-key`)");
+            }
+        }
+        for (name, plan) in &self.plans {
+            if let Some(tier) = &plan.max_service_tier {
+                if !matches!(tier.as_str(), "priority" | "default" | "flex") {
+                    bail!("plans.{name}.max_service_tier must be priority, default or flex, got '{tier}'");
+                }
+            }
+            if plan.weight.is_some_and(|w| !(1..=1000).contains(&w)) {
+                bail!("plans.{name}.weight must be 1 to 1000");
             }
         }
         if self.threads == 0 {

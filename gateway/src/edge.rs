@@ -14,7 +14,7 @@ use crate::accounts::AccountError;
 use crate::error::{ApiError, BLOCKED_EV, OVER_BUDGET_EV};
 use crate::limits::Refusal;
 use crate::planner::session::SessionError;
-use crate::pool::PoolError;
+use crate::pool::{PoolError, Shed};
 use crate::store::StoreError;
 
 impl From<StoreError> for ApiError {
@@ -86,6 +86,12 @@ impl From<PoolError> for ApiError {
             PoolError::NoWorkerAvailable { model } => ApiError::overloaded(format!(
                 "No worker of model '{model}' is available right now; retry shortly."
             )),
+            PoolError::Shed(Shed::Full) => ApiError::overloaded(
+                "The model is at capacity and its queue is full; retry shortly.",
+            ),
+            PoolError::Shed(Shed::Timeout) => ApiError::overloaded(
+                "The model is at capacity: the request waited its longest in the queue; retry shortly.",
+            ),
         }
     }
 }

@@ -26,6 +26,17 @@ pub struct Metrics {
     pub stream_failures: IntCounterVec,
     /// Worker calls retried on another worker before the first event.
     pub worker_retries: IntCounterVec,
+    /// Requests waiting in a model pool's queue, by model and tier.
+    pub queue_depth: IntGaugeVec,
+    /// Time requests waited in a model pool's queue (0 when a worker was
+    /// free), by model and tier.
+    pub queue_wait: HistogramVec,
+    /// Requests the queue turned away, by model and reason (`queue_full`,
+    /// `queue_timeout`).
+    pub queue_shed: IntCounterVec,
+    /// Weighted tokens served per organisation in a model's pool (its
+    /// virtual counter's increments: prompt + 2 × output, ÷ plan weight).
+    pub queue_served: CounterVec,
     /// Tokens by model and type (`input`, `cached_input`, `output`, `reasoning`).
     pub tokens: IntCounterVec,
     /// Worker call failures by model, reason and class (`client`: the
@@ -156,6 +167,31 @@ impl Metrics {
                 "gateway_stream_failures_total",
                 "Generations that failed after their first event, by model and error code.",
                 &["model", "code"],
+                registry
+            )?,
+            queue_depth: register_int_gauge_vec_with_registry!(
+                "gateway_queue_depth",
+                "Requests waiting in a model pool's queue for a free worker, by tier.",
+                &["model", "tier"],
+                registry
+            )?,
+            queue_wait: register_histogram_vec_with_registry!(
+                "gateway_queue_wait_seconds",
+                "Time a request waited in its model pool's queue before going to a worker.",
+                &["model", "tier"],
+                LATENCY_BUCKETS.to_vec(),
+                registry
+            )?,
+            queue_shed: register_int_counter_vec_with_registry!(
+                "gateway_queue_shed_total",
+                "Requests refused by a model pool's queue (503), by reason.",
+                &["model", "reason"],
+                registry
+            )?,
+            queue_served: register_counter_vec_with_registry!(
+                "gateway_queue_served_weighted_tokens_total",
+                "Weighted tokens served per organisation in a model's pool (prompt + 2 x output, / plan weight): what its fair share is measured in.",
+                &["model", "org"],
                 registry
             )?,
             worker_retries: register_int_counter_vec_with_registry!(

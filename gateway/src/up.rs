@@ -40,6 +40,14 @@ pub struct UpArgs {
     /// llama: context window per sequence (0 = the model's, 8192 for SmolLM2).
     #[arg(long, default_value_t = 0)]
     n_ctx: u32,
+    /// llama: temperature for requests that set none (default: the model
+    /// file's own; for SmolLM2-135M-Instruct its model card's 0.2).
+    #[arg(long)]
+    default_temperature: Option<f64>,
+    /// llama: top_p for requests that set none (default: the model file's
+    /// own; for SmolLM2-135M-Instruct its model card's 0.9).
+    #[arg(long)]
+    default_top_p: Option<f64>,
     /// synthetic: simulated time to first token of the local workers.
     #[arg(long, default_value_t = 80)]
     ttft_ms: u64,
@@ -84,6 +92,21 @@ fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<gateway::config::Age
         .collect()
 }
 
+/// The sampling the reference model's card recommends (temperature 0.2,
+/// top_p 0.9 for SmolLM2-135M-Instruct; its GGUF carries none), by file
+/// name; other files keep their metadata's or the engine's.
+fn model_card_sampling(file: &std::path::Path) -> (Option<f64>, Option<f64>) {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.starts_with("smollm2-135m-instruct") {
+        (Some(0.2), Some(0.9))
+    } else {
+        (None, None)
+    }
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let worker_bin = locate_worker()?;
     let engine_args = match args.engine {
@@ -106,6 +129,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             ];
             if args.n_ctx > 0 {
                 a.extend(["--n-ctx".to_owned(), args.n_ctx.to_string()]);
+            }
+            let card = model_card_sampling(&file);
+            let defaults = [
+                ("--default-temperature", args.default_temperature.or(card.0)),
+                ("--default-top-p", args.default_top_p.or(card.1)),
+            ];
+            for (flag, value) in defaults {
+                if let Some(v) = value {
+                    a.extend([flag.to_owned(), v.to_string()]);
+                }
             }
             a
         }

@@ -554,6 +554,41 @@ async fn a_dropped_stream_frees_its_sequence(engine: Engine) {
     eprintln!("{engine:?}: sequence freed {freed:?} after the client dropped the stream");
 }
 
+/// A client that leaves a non-streamed request (the SDKs' default: one
+/// body at the end) ends the engine's sequence as one that drops a stream
+/// does, within about a second.
+async fn a_non_streamed_request_whose_client_leaves_frees_its_sequence(engine: Engine) {
+    let it = engine.start(1).await;
+    let mut body = chat::long_story(&engine.long_story("a lighthouse"), 7);
+    body["stream"] = json!(false);
+    let sent = it
+        .stack
+        .client()
+        .request(reqwest::Method::POST, "/chat/completions")
+        .json(&body)
+        .timeout(Duration::from_millis(1500))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the story outlasts the client");
+    let left = Instant::now();
+    let c = it
+        .worker()
+        .wait_counters(Duration::from_secs(5), |c| c.cancelled == 1)
+        .await
+        .expect("the worker cancels it, not completes it");
+    assert_eq!(c.completed, 0, "{c:?}");
+    wait_until(
+        "the engine to free the sequence",
+        Duration::from_secs(5),
+        || async { it.engine_running().await == 0 },
+    )
+    .await;
+    let freed = left.elapsed();
+    assert!(freed < Duration::from_secs(2), "freed {freed:?} after");
+    it.assert_sequence_released().await;
+    eprintln!("{engine:?}: sequence freed {freed:?} after the client of a body left");
+}
+
 async fn responses_create_background_replay_and_cancel(engine: Engine) {
     let it = engine.start(2).await;
     let client = it.stack.client();
@@ -674,5 +709,6 @@ conformance! {
     required_and_named_tool_choices_give_schema_valid_calls: llama, upstream, simulator;
     a_prompt_over_the_window_is_a_400_before_generating: llama, upstream, simulator;
     a_dropped_stream_frees_its_sequence: llama, upstream, simulator;
+    a_non_streamed_request_whose_client_leaves_frees_its_sequence: llama, upstream, simulator;
     responses_create_background_replay_and_cancel: llama, upstream, simulator;
 }

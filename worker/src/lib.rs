@@ -7,7 +7,8 @@
 //! and streams its events back to the gateway. [`drain`] owns graceful
 //! shutdown; [`counters`] the totals that `Info` reports and [`metrics`]
 //! serves to Prometheus; [`cache_report`] what the engine holds in its
-//! prefix cache, which `Info` reports for the gateway's cache-aware routing.
+//! prefix cache, which `Info` reports for the gateway's cache-aware routing;
+//! [`sampling_defaults`] the model's own sampling for requests that set none.
 //!
 //! Layers, one way: [`service`] → [`engine`] → [`pipeline`] → [`seam`]. The
 //! seam holds what all of them share: the engine traits, the event sink a
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
+pub mod sampling_defaults;
 pub mod seam;
 pub mod service;
 pub mod status;

@@ -14,6 +14,7 @@ use worker::counters::Counters;
 use worker::drain::{self, DrainFlag};
 use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
 use worker::model::ModelProfile;
+use worker::sampling_defaults::SamplingDefaults;
 use worker::service::{Engines, WorkerService, WorkerState};
 
 /// Largest accepted request: a full 1M-token context (~4 MB of text) plus
@@ -289,6 +290,15 @@ struct ServeArgs {
     /// On SIGTERM, how long running generations get to finish.
     #[arg(long, default_value_t = 10)]
     grace_period_seconds: u64,
+    /// Temperature for requests that set none (0..=2). Default: the model
+    /// file's `general.sampling.temp` (llama), else the engine's own (1;
+    /// an upstream engine applies its model's generation config).
+    #[arg(long)]
+    default_temperature: Option<f64>,
+    /// top_p for requests that set none (0..=1). Default: the model file's
+    /// `general.sampling.top_p` (llama), else the engine's own (1).
+    #[arg(long)]
+    default_top_p: Option<f64>,
     /// Require this token from callers (`authorization: Bearer <token>`,
     /// sent by gateways with GATEWAY_WORKER_TOKEN); unauthenticated calls
     /// fail with UNAUTHENTICATED. grpc.health.v1 stays open for probes.
@@ -426,6 +436,8 @@ struct Loaded {
     concurrent_reuse: bool,
     /// Readiness reported by the engine itself (upstream), when it has one.
     ready: Option<tokio::sync::watch::Receiver<bool>>,
+    /// What the weights file says to sample with (llama's GGUF metadata).
+    model_sampling: SamplingDefaults,
 }
 
 async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
@@ -454,6 +466,7 @@ async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
                 cache_slots: args.max_concurrency,
                 concurrent_reuse: true,
                 ready: None,
+                model_sampling: SamplingDefaults::default(),
             })
         }
         EngineKind::Llama => load_llama(args),
@@ -501,6 +514,7 @@ async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
         // SGLang page theirs and share a prefix across sequences.
         concurrent_reuse: kind != Kind::LlamaServer,
         ready: Some(ready),
+        model_sampling: SamplingDefaults::default(),
     })
 }
 
@@ -530,6 +544,7 @@ fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
             .unwrap_or_default()
     });
     let description = format!("{name}: {}", engine.description());
+    let model_sampling = engine.model_sampling();
     Ok(Loaded {
         engine: Engines::Sequence(Arc::new(engine)),
         name: "llama",
@@ -540,6 +555,7 @@ fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
         // A busy slot's prefix is copied into a free one.
         concurrent_reuse: true,
         ready: None,
+        model_sampling,
     })
 }
 
@@ -551,6 +567,13 @@ fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = load_engine(&args).await?;
     let engine_name = loaded.name;
+    let sampling_defaults = loaded
+        .model_sampling
+        .overridden_by(SamplingDefaults {
+            temperature: args.default_temperature,
+            top_p: args.default_top_p,
+        })
+        .validated()?;
     let cache_report = CacheReport::new(
         loaded.engine.cache_source(),
         loaded.cache_slots,
@@ -565,6 +588,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         counters: Counters::default(),
         drain: DrainFlag::default(),
         cache_report,
+        sampling_defaults,
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();

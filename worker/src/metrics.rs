@@ -315,6 +315,7 @@ mod tests {
                 3,
                 true,
             ),
+            sampling_defaults: Default::default(),
         })
     }
 

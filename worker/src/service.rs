@@ -15,6 +15,7 @@ use crate::cache_report::CacheReport;
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
 use crate::model::ModelProfile;
+use crate::sampling_defaults::SamplingDefaults;
 use crate::seam::{CacheHit, EventSink, Started};
 use crate::status;
 use inference_proto::v1 as pb;
@@ -100,6 +101,8 @@ pub struct WorkerState {
     pub drain: DrainFlag,
     /// What the engine holds in its prefix cache (`Info.prefix_cache`).
     pub cache_report: CacheReport,
+    /// Sampling for the fields a request leaves unset.
+    pub sampling_defaults: SamplingDefaults,
 }
 
 /// The gRPC service; cheap to clone.
@@ -141,10 +144,11 @@ impl WorkerService {
     /// `span` until the generation ends). Every refusal is counted.
     async fn start_generation(
         &self,
-        request: pb::GenerateRequest,
+        mut request: pb::GenerateRequest,
         span: tracing::Span,
     ) -> Result<Response<EventStream>, Status> {
         let state = &self.state;
+        state.sampling_defaults.apply(&mut request);
         let request_id = request.request_id.clone();
         span.record("request_id", tracing::field::display(&request_id));
         if state.drain.is_draining() {
@@ -260,6 +264,7 @@ impl pb::worker_server::Worker for WorkerService {
             counters: Some(s.counters.snapshot()),
             last_trace_id: s.counters.last_trace_id(),
             prefix_cache: Some(s.cache_report.snapshot()),
+            sampling_defaults: Some(s.sampling_defaults.to_proto()),
         }))
     }
 
@@ -302,6 +307,7 @@ mod tests {
             counters: Counters::default(),
             drain: DrainFlag::default(),
             cache_report: CacheReport::new(Source::Estimated { ttl: None }, concurrency, true),
+            sampling_defaults: SamplingDefaults::default(),
         }))
     }
 

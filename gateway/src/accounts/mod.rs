@@ -21,18 +21,46 @@ use crate::config::RatePlanConfig;
 use std::sync::Arc;
 
 /// A plan's limits for one organisation and model; 0 means unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RatePlan {
     pub rpm: u32,
     pub tpm: u64,
     pub max_concurrent: u32,
     /// Output tokens reserved when a request sets no `max_tokens`.
     pub default_max_tokens: u32,
+    /// The highest `service_tier` its requests may have (a higher one asked
+    /// for is served at this one).
+    pub max_service_tier: ServiceTier,
+    /// Its organisation's share of a saturated model pool, against other
+    /// organisations waiting in the same tier (1 = one share).
+    pub weight: u32,
+}
+
+impl Default for RatePlan {
+    fn default() -> Self {
+        Self {
+            rpm: 0,
+            tpm: 0,
+            max_concurrent: 0,
+            default_max_tokens: 0,
+            max_service_tier: ServiceTier::Default,
+            weight: 1,
+        }
+    }
 }
 
 impl RatePlan {
     pub fn is_unlimited(&self) -> bool {
         self.rpm == 0 && self.tpm == 0 && self.max_concurrent == 0
+    }
+
+    /// The tier a request is served at: what it asked for (`auto` or none:
+    /// `default`), capped by the plan.
+    pub fn service_tier(&self, requested: Option<&str>) -> ServiceTier {
+        let asked = requested
+            .and_then(ServiceTier::parse)
+            .unwrap_or(ServiceTier::Default);
+        asked.min(self.max_service_tier)
     }
 }
 
@@ -43,6 +71,49 @@ impl From<&RatePlanConfig> for RatePlan {
             tpm: p.tpm,
             max_concurrent: p.max_concurrent,
             default_max_tokens: p.default_max_tokens,
+            max_service_tier: p
+                .max_service_tier
+                .as_deref()
+                .and_then(ServiceTier::parse)
+                .unwrap_or(ServiceTier::Default),
+            weight: p.weight.unwrap_or(1).max(1),
+        }
+    }
+}
+
+/// The order of service of a saturated pool (`service_tier`, as the
+/// public API names it): every waiting `priority` request before any
+/// `default` one, every `default` one before any `flex` one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceTier {
+    Flex = 0,
+    Default = 1,
+    Priority = 2,
+}
+
+impl ServiceTier {
+    /// Highest first, the order queues are served in.
+    pub const BY_PRECEDENCE: [ServiceTier; 3] = [
+        ServiceTier::Priority,
+        ServiceTier::Default,
+        ServiceTier::Flex,
+    ];
+
+    /// A tier's name; `auto` (and anything else) is not a tier.
+    pub fn parse(s: &str) -> Option<ServiceTier> {
+        match s {
+            "flex" => Some(ServiceTier::Flex),
+            "default" => Some(ServiceTier::Default),
+            "priority" => Some(ServiceTier::Priority),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceTier::Flex => "flex",
+            ServiceTier::Default => "default",
+            ServiceTier::Priority => "priority",
         }
     }
 }

@@ -6,14 +6,15 @@
 //! <prefix>key:{<sha256 hex>}   hash  org, name, plan, scopes, models, created, revoked
 //! <prefix>keys                 set   every key digest (for `keys list` and `keys revoke`)
 //! <prefix>org:{<org>}          hash  blocked, reason, budget_nano
-//! <prefix>plan:{<name>}        hash  rpm, tpm, max_concurrent, default_max_tokens
+//! <prefix>plan:{<name>}        hash  rpm, tpm, max_concurrent, default_max_tokens,
+//!                                    max_service_tier, weight
 //! <prefix>accounts:invalidate  pub/sub channel: `key:<hex>` or `all`
 //! ```
 //!
 //! The secret itself is never stored: `keys create` prints it once.
 
-use super::RatePlan;
 use super::{OrgStatus, Scopes};
+use super::{RatePlan, ServiceTier};
 use crate::redis::RedisHandle;
 use rand::distr::{Alphanumeric, SampleString};
 use redis::AsyncCommands;
@@ -267,6 +268,11 @@ impl AccountStore {
                     ("tpm", plan.tpm.to_string()),
                     ("max_concurrent", plan.max_concurrent.to_string()),
                     ("default_max_tokens", plan.default_max_tokens.to_string()),
+                    (
+                        "max_service_tier",
+                        plan.max_service_tier.as_str().to_owned(),
+                    ),
+                    ("weight", plan.weight.to_string()),
                 ],
             )
             .await?;
@@ -307,6 +313,11 @@ fn plan_from_hash(h: &HashMap<String, String>) -> Option<RatePlan> {
         tpm: num("tpm"),
         max_concurrent: num("max_concurrent") as u32,
         default_max_tokens: num("default_max_tokens") as u32,
+        max_service_tier: h
+            .get("max_service_tier")
+            .and_then(|t| ServiceTier::parse(t))
+            .unwrap_or(ServiceTier::Default),
+        weight: (num("weight") as u32).max(1),
     })
 }
 
@@ -394,6 +405,7 @@ mod tests {
             tpm: 1000,
             max_concurrent: 2,
             default_max_tokens: 64,
+            ..RatePlan::default()
         };
         store.set_plan("pro", &plan).await.unwrap();
         let (org, p) = store.org_and_plan("org-x", "pro").await.unwrap();

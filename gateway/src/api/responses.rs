@@ -264,10 +264,18 @@ pub struct ResponseObject {
     pub truncation: String,
     pub usage: Option<ResponseUsage>,
     pub metadata: BTreeMap<String, String>,
+    /// The tier it was served at (`default` for objects stored before
+    /// tiers were echoed).
+    #[serde(default = "default_service_tier")]
+    pub service_tier: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub prompt_cache_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub user: Option<String>,
+}
+
+fn default_service_tier() -> String {
+    "default".to_owned()
 }
 
 impl ResponseObject {

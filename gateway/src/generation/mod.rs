@@ -14,9 +14,10 @@
 
 mod relay;
 
+use crate::accounts::ServiceTier;
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
-use crate::pool::{Pools, WorkerCall, WorkerPool};
+use crate::pool::{Pools, Ticket, WorkerCall, WorkerPool};
 use inference_proto::v1 as pb;
 use std::future::Future;
 use std::sync::Arc;
@@ -49,11 +50,10 @@ pub trait Sink {
     fn deliver(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
     /// Resolves when the consumer goes away while the worker is quiet.
     fn gone(&mut self) -> impl Future<Output = ()> + Send;
-    /// Resolves when the consumer goes away before a worker answered. By
-    /// default nobody watches (a client is only watched once it streams).
-    fn gone_while_starting(&mut self) -> impl Future<Output = ()> + Send {
-        std::future::pending()
-    }
+    /// Resolves when the consumer goes away before a worker answered (its
+    /// request queued, or its prompt still being read): the call is
+    /// dropped, which cancels it on the worker.
+    fn gone_while_starting(&mut self) -> impl Future<Output = ()> + Send;
     /// The generation failed after its first event: deliver what is
     /// pending, then the failure, in band.
     fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
@@ -86,6 +86,8 @@ pub struct Generation<'a> {
     /// for replies without a first token to time (a non-streaming reply
     /// comes from the worker in one batch at its end).
     pub timed_from: Option<std::time::Instant>,
+    /// Its place in the order of a saturated pool.
+    pub tier: ServiceTier,
 }
 
 impl Generation<'_> {
@@ -93,8 +95,15 @@ impl Generation<'_> {
     /// `reservation` however it ends.
     pub async fn run<S: Sink>(self, mut reservation: Reservation, sink: &mut S) -> End {
         let request_id = self.work.request_id.clone();
+        let account = reservation.account();
+        let ticket = Ticket {
+            org: Arc::clone(&account.principal.org),
+            tier: self.tier,
+            weight: account.plan.weight,
+            input_tokens: reservation.input_estimate(),
+        };
         let started = tokio::select! {
-            call = start(self.pools, self.model, self.work, &self.trace, self.deadline) => call,
+            call = start(self.pools, self.model, self.work, &self.trace, self.deadline, ticket) => call,
             _ = sink.gone_while_starting() => {
                 reservation.settle(Outcome::NotRun).await;
                 return End::Gone;
@@ -119,7 +128,7 @@ impl Generation<'_> {
             reservation.settle(Outcome::Abandoned).await;
             return End::Gone;
         }
-        let mut output_seen = 0;
+        let mut output_seen = relay::OutputSeen::default();
         let end = relay::relay(
             call,
             self.deadline,
@@ -129,7 +138,7 @@ impl Generation<'_> {
             &mut output_seen,
         )
         .await;
-        reservation.observe_output(output_seen);
+        reservation.observe_output(output_seen.tokens());
         match &end {
             End::Finished(f) => {
                 let usage = f.usage.unwrap_or_default();
@@ -155,9 +164,10 @@ async fn start(
     work: pb::GenerateRequest,
     trace: &TraceParent,
     deadline: Instant,
+    ticket: Ticket,
 ) -> Result<WorkerCall, ApiError> {
     let pool = pool_of(pools, model)?;
-    tokio::time::timeout_at(deadline, pool.generate(work, trace))
+    tokio::time::timeout_at(deadline, pool.generate(work, trace, ticket))
         .await
         .map_err(|_| ApiError::timeout("No worker answered before the request deadline."))?
         .map_err(ApiError::from)

@@ -14,27 +14,49 @@ use inference_proto::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::{Status, Streaming};
 
-/// Relays `call` through `sink`, counting output events (about one token
-/// each) in `output_seen`.
+/// Relays `call` through `sink`, counting the output it relayed in
+/// `output_seen`.
 pub(super) async fn relay<S: Sink>(
     call: WorkerCall,
     deadline: tokio::time::Instant,
     model: &str,
     request_id: &str,
     sink: &mut S,
-    output_seen: &mut u64,
+    output_seen: &mut OutputSeen,
 ) -> End {
     // The guard holds the worker's in-flight slot until the relay returns.
-    let WorkerCall {
+    let WorkerCall { first, rest, guard } = call;
+    let end = relay_events(
         first,
-        mut rest,
-        guard,
-    } = call;
+        rest,
+        &guard,
+        deadline,
+        model,
+        request_id,
+        sink,
+        output_seen,
+    )
+    .await;
+    guard.record_served(output_seen.tokens());
+    end
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn relay_events<S: Sink>(
+    first: pb::GenerateEvent,
+    mut rest: Streaming<pb::GenerateEvent>,
+    guard: &CallGuard,
+    deadline: tokio::time::Instant,
+    model: &str,
+    request_id: &str,
+    sink: &mut S,
+    output_seen: &mut OutputSeen,
+) -> End {
     let series = crate::metrics::model_series(model);
     let mut decode = DecodeClock::default();
     let mut take = |event: pb::GenerateEvent, sink: &mut S| {
         if is_output(&event) {
-            *output_seen += 1;
+            output_seen.add(event.output_tokens);
             if let Some(gap) = decode.output(Instant::now()) {
                 if let Some(s) = series {
                     s.inter_token_latency().observe(gap.as_secs_f64());
@@ -59,9 +81,9 @@ pub(super) async fn relay<S: Sink>(
                     finished = take(event, sink);
                     batched += 1;
                 }
-                Some(Ok(None)) => return failed(&guard, None, model, request_id, sink).await,
+                Some(Ok(None)) => return failed(guard, None, model, request_id, sink).await,
                 Some(Err(status)) => {
-                    return failed(&guard, Some(status), model, request_id, sink).await
+                    return failed(guard, Some(status), model, request_id, sink).await
                 }
             }
         }
@@ -99,8 +121,33 @@ pub(super) async fn relay<S: Sink>(
                 finished = take(event, sink);
                 batched = 1;
             }
-            Ok(None) => return failed(&guard, None, model, request_id, sink).await,
-            Err(status) => return failed(&guard, Some(status), model, request_id, sink).await,
+            Ok(None) => return failed(guard, None, model, request_id, sink).await,
+            Err(status) => return failed(guard, Some(status), model, request_id, sink).await,
+        }
+    }
+}
+
+/// The generated tokens a relayed generation delivered, for billing one
+/// that never finishes. Workers that count tokens per event are summed;
+/// events of a worker that does not (an engine server's deltas, about one
+/// token each) count one each.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OutputSeen {
+    counted: u64,
+    events: u64,
+}
+
+impl OutputSeen {
+    fn add(&mut self, output_tokens: u32) {
+        self.counted += u64::from(output_tokens);
+        self.events += 1;
+    }
+
+    pub fn tokens(self) -> u64 {
+        if self.counted > 0 {
+            self.counted
+        } else {
+            self.events
         }
     }
 }
@@ -206,6 +253,19 @@ fn finished_of(event: &pb::GenerateEvent) -> Option<pb::Finished> {
 mod tests {
     use super::*;
     use tonic::Code;
+
+    #[test]
+    fn output_is_counted_in_tokens_where_the_worker_counts_them() {
+        let mut counted = OutputSeen::default();
+        counted.add(1);
+        counted.add(40);
+        counted.add(0);
+        assert_eq!(counted.tokens(), 41, "merged events carry their tokens");
+        let mut uncounted = OutputSeen::default();
+        uncounted.add(0);
+        uncounted.add(0);
+        assert_eq!(uncounted.tokens(), 2, "one token per event otherwise");
+    }
 
     #[test]
     fn time_per_output_token_is_one_sample_of_the_whole_decode() {

@@ -110,6 +110,7 @@ mod tests {
             tpm: 1000,
             max_concurrent: 0,
             default_max_tokens: 0,
+            ..RatePlan::default()
         };
         let a = Admission {
             verdict: Verdict::Admitted,

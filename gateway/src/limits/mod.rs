@@ -635,6 +635,16 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The account the request was admitted for.
+    pub fn account(&self) -> &Account {
+        &self.account
+    }
+
+    /// The prompt tokens it was admitted with (an estimate from the body).
+    pub fn input_estimate(&self) -> u64 {
+        self.input_estimate
+    }
+
     /// The generation reached a worker (an abandoned request is then billed).
     pub fn mark_started(&mut self) {
         self.started = true;
@@ -972,6 +982,7 @@ mod tests {
             tpm: 1000,
             max_concurrent: 1,
             default_max_tokens: 0,
+            ..RatePlan::default()
         };
         let acc = account(plan);
         let base = crate::catalog::Catalog::default().find("base").unwrap();
@@ -1084,6 +1095,7 @@ mod tests {
             tpm: 100,
             max_concurrent: 2,
             default_max_tokens: 0,
+            ..RatePlan::default()
         };
         let e = refusal_error(Verdict::Requests, 5, &plan, 1500);
         assert_eq!(
@@ -1153,6 +1165,7 @@ mod bench {
                 tpm: 10_000_000_000,
                 max_concurrent: 100_000,
                 default_max_tokens: 0,
+                ..RatePlan::default()
             };
             store.set_plan("bench", &plan).await.unwrap();
             let (secret, _) = store
@@ -1407,6 +1420,7 @@ pub(crate) mod tests_shared {
             tpm: 1000,
             max_concurrent: 2,
             default_max_tokens: 0,
+            ..RatePlan::default()
         };
         let a = store
             .admit(&req("base", "r1", 300, plan, None))
@@ -1469,6 +1483,7 @@ pub(crate) mod tests_shared {
             tpm: 1000,
             max_concurrent: 0,
             default_max_tokens: 0,
+            ..RatePlan::default()
         };
         let a = store
             .admit(&req("base-mini", "t1", 800, plan, None))

@@ -405,6 +405,7 @@ mod tests {
             tpm: 0,
             max_concurrent: 0,
             default_max_tokens: 0,
+            ..crate::accounts::RatePlan::default()
         };
         for i in 0..20 {
             let org = format!("org-{i}");

@@ -173,6 +173,7 @@ impl<'a> ModelCalls<'a> {
             trace: self.trace,
             deadline: call.deadline,
             timed_from: None,
+            tier: self.account.plan.service_tier(None),
         };
         let mut collect = Collect {
             text: String::new(),
@@ -232,6 +233,10 @@ impl Sink for Collect<'_> {
 
     /// The planner watches its client itself (dropping the whole run).
     async fn gone(&mut self) {
+        std::future::pending::<()>().await
+    }
+
+    async fn gone_while_starting(&mut self) {
         std::future::pending::<()>().await
     }
 

@@ -4,9 +4,10 @@
 
 use super::prefixes::CachedPrefixes;
 use super::timing::{EngineTimes, Measured};
+use inference_proto::v1 as pb;
 use inference_proto::v1::worker_client::WorkerClient;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
@@ -42,6 +43,8 @@ pub struct WorkerEndpoint {
     queued: AtomicU32,
     capacity: AtomicU32,
     draining: AtomicBool,
+    /// The sampling its worker applies to fields a request leaves unset.
+    sampling_defaults: RwLock<Option<pb::SamplingDefaults>>,
     /// Last active health check passed. Starts true so that a fresh gateway
     /// serves before its first check completes.
     healthy: AtomicBool,
@@ -119,6 +122,7 @@ impl WorkerEndpoint {
             queued: AtomicU32::new(0),
             capacity: AtomicU32::new(0),
             draining: AtomicBool::new(false),
+            sampling_defaults: RwLock::new(None),
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
             times_opened: AtomicU32::new(0),
@@ -195,6 +199,13 @@ impl WorkerEndpoint {
     pub fn has_free_slot(&self) -> bool {
         let capacity = self.capacity.load(Ordering::Relaxed);
         capacity == 0 || self.load_score() < capacity
+    }
+
+    /// Free sequence slots for more requests; `None` when the worker has
+    /// not said how many it has.
+    pub fn free_slots(&self) -> Option<u32> {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        (capacity > 0).then(|| capacity.saturating_sub(self.load_score()))
     }
 
     /// Requests this gateway has in flight on the worker.
@@ -275,6 +286,21 @@ impl WorkerEndpoint {
             let until = self.now_ms() + open_for.as_millis() as u64;
             self.open_until_ms.store(until, Ordering::Relaxed);
             tracing::warn!(worker = %self.addr, failures = n, open_for_ms = open_for.as_millis() as u64, "circuit opened");
+        }
+    }
+
+    /// What its worker last reported it samples with by default.
+    pub fn sampling_defaults(&self) -> Option<pb::SamplingDefaults> {
+        match self.sampling_defaults.read() {
+            Ok(g) => *g,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+
+    pub fn record_sampling_defaults(&self, defaults: Option<pb::SamplingDefaults>) {
+        match self.sampling_defaults.write() {
+            Ok(mut g) => *g = defaults,
+            Err(poisoned) => *poisoned.into_inner() = defaults,
         }
     }
 

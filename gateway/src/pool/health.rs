@@ -41,6 +41,7 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
         if let Some(prefixes) = &info.prefix_cache {
             endpoint.prefixes().record_report(prefixes);
         }
+        endpoint.record_sampling_defaults(info.sampling_defaults);
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))
     };

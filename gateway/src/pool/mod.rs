@@ -10,10 +10,12 @@ mod endpoint;
 mod health;
 mod kubernetes;
 mod prefixes;
+mod queue;
 pub mod select;
 mod timing;
 
 pub use endpoint::WorkerEndpoint;
+pub use queue::{QueueLimits, Shed, Ticket};
 
 use crate::config::PoolPolicy;
 use crate::metrics::METRICS;
@@ -37,11 +39,12 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Re-resolution of `dns://` and `k8s://` targets.
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// One model's configured workers and selection policy.
+/// One model's configured workers, selection policy and queue.
 pub struct PoolSpec {
     pub model: String,
     pub workers: Vec<String>,
     pub policy: PoolPolicy,
+    pub queue: QueueLimits,
 }
 
 /// The `authorization` metadata every call to a worker carries when the
@@ -94,12 +97,18 @@ impl Pools {
         };
         let mut by_model = HashMap::new();
         for (spec, targets) in specs.into_iter().zip(parsed) {
+            let members = Arc::new(Members::default());
             let pool = WorkerPool {
                 model: spec.model.clone(),
                 policy: spec.policy,
                 auth: auth.clone(),
                 tls: tls.clone(),
-                endpoints: RwLock::new(Arc::new(Vec::new())),
+                queue: Arc::new(queue::PoolQueue::new(
+                    &spec.model,
+                    spec.queue,
+                    Arc::clone(&members),
+                )),
+                endpoints: members,
                 targets,
             };
             pool.set_members(discovery::resolve_blocking(
@@ -155,8 +164,52 @@ pub struct WorkerPool {
     /// TLS of the channels to this pool's workers (`[worker_tls]`).
     tls: Option<ClientTlsConfig>,
     targets: Vec<Target>,
-    /// Replaced as a whole when membership changes; readers take a snapshot.
-    endpoints: RwLock<Arc<Vec<Arc<WorkerEndpoint>>>>,
+    endpoints: Arc<Members>,
+    /// Requests waiting for a free worker when every one is busy.
+    queue: Arc<queue::PoolQueue>,
+}
+
+/// A pool's workers, replaced as a whole when membership changes; readers
+/// take a snapshot.
+#[derive(Default)]
+pub struct Members(RwLock<Arc<Vec<Arc<WorkerEndpoint>>>>);
+
+impl Members {
+    fn snapshot(&self) -> Arc<Vec<Arc<WorkerEndpoint>>> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace(&self, next: Vec<Arc<WorkerEndpoint>>) {
+        let mut guard = match self.0.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *guard = Arc::new(next);
+    }
+
+    /// Requests the workers can start now: the free slots of the workers
+    /// in selection. Unbounded (nothing to queue for) when a worker has not
+    /// said its capacity, or when none is selectable: the call then fails
+    /// at once rather than after a wait.
+    fn free_slots(&self) -> u32 {
+        let endpoints = self.snapshot();
+        let mut free = 0u32;
+        let mut selectable = false;
+        for e in endpoints.iter().filter(|e| e.is_available()) {
+            selectable = true;
+            match e.free_slots() {
+                Some(n) => free = free.saturating_add(n),
+                None => return u32::MAX,
+            }
+        }
+        if !selectable && !endpoints.iter().any(|e| e.is_selectable_ignoring_circuit()) {
+            return u32::MAX;
+        }
+        free
+    }
 }
 
 /// A running generation: the first event (already received) and the rest.
@@ -177,6 +230,9 @@ pub struct CallGuard {
     _slot: endpoint::InflightSlot,
     _prompt: RunningPrompt,
     timing: CallTiming,
+    /// The request's turn in the pool's queue: dropped after the slot (the
+    /// fields drop in this order), so the next waiter finds it free.
+    turn: queue::Turn,
 }
 
 /// When a call started and what it asked of the engine, to measure the
@@ -229,6 +285,12 @@ impl CallGuard {
         });
     }
 
+    /// The call ended having relayed `output_tokens`: the service its
+    /// organisation received, for the order of the pool's queue.
+    pub fn record_served(&self, output_tokens: u64) {
+        self.turn.served(output_tokens);
+    }
+
     /// Records a failure of the stream after its first event: a worker
     /// fault (the worker died, reset the stream, ended it unfinished)
     /// counts toward opening its circuit like one before the first token,
@@ -244,10 +306,16 @@ impl CallGuard {
 
 impl WorkerPool {
     fn snapshot(&self) -> Arc<Vec<Arc<WorkerEndpoint>>> {
-        match self.endpoints.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.endpoints.snapshot()
+    }
+
+    /// The sampling the pool's workers apply to fields a request leaves
+    /// unset (one model's workers share it; the first that reported one).
+    pub fn sampling_defaults(&self) -> pb::SamplingDefaults {
+        self.snapshot()
+            .iter()
+            .find_map(|e| e.sampling_defaults())
+            .unwrap_or_default()
     }
 
     /// Replaces the membership, keeping the state (channel, health, load)
@@ -286,17 +354,16 @@ impl WorkerPool {
             }
         }
         tracing::info!(model = %self.model, workers = ?addrs, "worker pool membership");
-        let mut guard = match self.endpoints.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        *guard = Arc::new(next);
+        self.endpoints.replace(next);
+        self.queue.dispatch();
         Ok(())
     }
 
     async fn check_all(&self) {
         let endpoints = self.snapshot();
         futures::future::join_all(endpoints.iter().map(|e| health::check(e, &self.auth))).await;
+        // The workers' reports may show room the queue can use.
+        self.queue.dispatch();
         let (mut load, mut capacity) = (0u64, 0u64);
         for e in endpoints.iter() {
             let (running, queued, cap) = e.reported_load();
@@ -348,15 +415,19 @@ impl WorkerPool {
         &'a self,
         request: pb::GenerateRequest,
         trace: &'a TraceParent,
+        ticket: Ticket,
     ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, PoolError>> + Send + 'a>> {
-        Box::pin(self.start_call(request, trace))
+        Box::pin(self.start_call(request, trace, ticket))
     }
 
     async fn start_call(
         &self,
         request: pb::GenerateRequest,
         trace: &TraceParent,
+        ticket: Ticket,
     ) -> Result<WorkerCall, PoolError> {
+        // Every worker busy: wait here for a turn, in the queue's order.
+        let mut turn = self.queue.enter(ticket).await.map_err(PoolError::Shed)?;
         let metadata = call_metadata(&request, trace, &self.auth);
         let endpoints = self.snapshot();
         let routing = select::Routing::of(self.policy, &request);
@@ -394,6 +465,7 @@ impl WorkerPool {
             let waited = !endpoint.has_free_slot();
             let dispatched = Instant::now();
             let slot = endpoint.acquire();
+            turn.started();
             // Counted as held at once: the requests that arrive before the
             // worker's next report then follow this one.
             endpoint.prefixes().record_sent(routing.prompt_blocks());
@@ -420,6 +492,7 @@ impl WorkerPool {
                                 waited,
                                 blocks: routing.block_count(),
                             },
+                            turn,
                         },
                     });
                 }
@@ -506,6 +579,9 @@ pub enum PoolError {
     WorkerFailed,
     /// Every worker of the model was tried, busy, draining or unreachable.
     NoWorkerAvailable { model: String },
+    /// Every worker was busy and the request could not wait (the pool's
+    /// queue was full, or the wait ran out).
+    Shed(Shed),
 }
 
 /// What a failed worker call means for the client and for the worker.
@@ -669,6 +745,10 @@ mod tests {
                 model: "base".into(),
                 workers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
                 policy: PoolPolicy::LeastLoaded,
+                queue: QueueLimits {
+                    max_wait: Duration::from_secs(1),
+                    max_depth: 8,
+                },
             }],
             None,
             None,

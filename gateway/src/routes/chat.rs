@@ -62,8 +62,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let mut work = to_worker(&req, &valid, &ex.request_id);
     generation::session_affinity(&mut work, session_id.as_deref());
     let format = output_format(&req);
+    // Served at the tier it asked for, as far as its plan allows.
+    let tier = account.plan.service_tier(req.service_tier.as_deref());
     drop(req);
-    let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
+    let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let id = new_id("chatcmpl-");
     if valid.stream {
         let encoder = ChatStreamEncoder::new(id, valid.model.id, valid.include_usage, format);
@@ -87,7 +89,9 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         match end {
             End::NotStarted(e) | End::Failed(e) => return Err(e),
             End::Finished(_) => {
-                let completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+                let mut completion =
+                    aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+                completion.service_tier = tier.as_str();
                 ex.send_json(200, &completion, &[]).await;
             }
             End::Gone => ex.client_left(),

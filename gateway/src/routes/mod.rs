@@ -10,7 +10,7 @@ pub mod planner;
 pub mod responses;
 mod sinks;
 
-use crate::accounts::{Account, Scope};
+use crate::accounts::{Account, Scope, ServiceTier};
 use crate::app::App;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
@@ -122,6 +122,7 @@ fn generation<'a>(
     model: &'static str,
     work: inference_proto::v1::GenerateRequest,
     stream: bool,
+    tier: ServiceTier,
 ) -> Generation<'a> {
     Generation {
         pools: &app.pools,
@@ -130,6 +131,7 @@ fn generation<'a>(
         trace: ex.trace,
         deadline: tokio::time::Instant::now() + app.request_timeout(),
         timed_from: stream.then_some(ex.started),
+        tier,
     }
 }
 

@@ -45,7 +45,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         ));
     }
     // A model without workers is refused before anything is stored.
-    generation::pool_of(&app.pools, valid.model.id)?;
+    let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
 
     // 2. The conversation: the stored chain, then this input.
     let mut context = match &req.previous_response_id {
@@ -75,7 +75,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     } else {
         ResponseStatus::InProgress
     };
-    let object = new_object(id.clone(), &req, &valid, status);
+    let mut object = new_object(id.clone(), &req, &valid, status, sampling);
+    // Served at the tier it asked for, as far as its plan allows.
+    let tier = account.plan.service_tier(req.service_tier.as_deref());
+    object.service_tier = tier.as_str().to_owned();
     drop(req);
     let run = if valid.store {
         let created = StoredRun::create(
@@ -118,6 +121,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             run,
             reservation,
             timeout: app.request_timeout(),
+            tier,
             in_flight: app.shutdown.begin(),
         };
         tokio::spawn(background.drive());
@@ -129,7 +133,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 
     // 5b. In the foreground: relay to this client.
-    let generation = super::generation(app, ex, valid.model.id, work, valid.stream);
+    let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream);
     let end = generation.run(reservation, &mut events).await;
     let ResponseEvents {

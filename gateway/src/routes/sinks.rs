@@ -52,6 +52,10 @@ impl Sink for ChatStream<'_> {
         self.reply.client_gone().await
     }
 
+    async fn gone_while_starting(&mut self) {
+        self.reply.client_gone().await
+    }
+
     async fn fail(&mut self, e: &ApiError) {
         // What this batch already encoded precedes the failure; the status
         // line is long gone, so the failure travels in-band.
@@ -86,6 +90,10 @@ impl Sink for ChatBody<'_> {
     }
 
     async fn gone(&mut self) {
+        self.ex.client_gone().await
+    }
+
+    async fn gone_while_starting(&mut self) {
         self.ex.client_gone().await
     }
 
@@ -146,6 +154,10 @@ impl Sink for ResponseEvents<'_> {
     }
 
     async fn gone(&mut self) {
+        self.reply.client_gone().await
+    }
+
+    async fn gone_while_starting(&mut self) {
         self.reply.client_gone().await
     }
 

@@ -11,6 +11,7 @@
 //! run's [`StoredRun`] handle.
 
 use super::{Runs, StoredRun};
+use crate::accounts::ServiceTier;
 use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
@@ -39,6 +40,8 @@ pub struct BackgroundRun {
     pub reservation: Reservation,
     /// Upper bound on the whole generation.
     pub timeout: Duration,
+    /// Its place in the order of a saturated pool.
+    pub tier: ServiceTier,
     /// Counted as in-flight work, so a draining replica waits for the run
     /// within its grace period.
     pub in_flight: InFlight,
@@ -57,6 +60,7 @@ impl BackgroundRun {
             run,
             reservation,
             timeout,
+            tier,
             in_flight,
         } = self;
         let mut writer = RunWriter {
@@ -68,11 +72,16 @@ impl BackgroundRun {
         // one too: past it the generation is dropped (cancelling it on the
         // worker) and the run fails, whatever it was waiting on.
         let bound = timeout + runs.lease;
-        let ran = tokio::time::timeout(
-            bound,
-            writer.run(&pools, model, work, trace, reservation, timeout),
-        )
-        .await;
+        let generation = Generation {
+            pools: &pools,
+            model: model.id,
+            work,
+            trace,
+            deadline: tokio::time::Instant::now() + timeout,
+            timed_from: None,
+            tier,
+        };
+        let ran = tokio::time::timeout(bound, writer.run(generation, reservation)).await;
         if ran.is_err() {
             writer.stored.fail_overdue().await;
         }
@@ -91,29 +100,14 @@ struct RunWriter {
 }
 
 impl RunWriter {
-    async fn run(
-        &mut self,
-        pools: &Pools,
-        model: &'static ModelSpec,
-        work: pb::GenerateRequest,
-        trace: telemetry::TraceParent,
-        reservation: Reservation,
-        timeout: Duration,
-    ) {
+    /// Records the run's start, then drives its generation into the store.
+    async fn run(&mut self, generation: Generation<'_>, reservation: Reservation) {
         self.encoder.start(&mut self.frames);
         let object = self.encoder.object.clone();
         if self.write(Some(&object)).await.is_err() {
             reservation.settle(Outcome::NotRun).await;
             return;
         }
-        let generation = Generation {
-            pools,
-            model: model.id,
-            work,
-            trace,
-            deadline: tokio::time::Instant::now() + timeout,
-            timed_from: None,
-        };
         if let End::NotStarted(e) = generation.run(reservation, self).await {
             self.fail_run(&e).await;
         }

@@ -238,6 +238,7 @@ pub mod suite {
             truncation: "disabled".into(),
             usage: None,
             metadata: BTreeMap::new(),
+            service_tier: "default".into(),
             prompt_cache_key: None,
             user: None,
         }

@@ -563,7 +563,10 @@ mod tests {
     }
 
     fn ev(e: Event) -> pb::GenerateEvent {
-        pb::GenerateEvent { event: Some(e) }
+        pb::GenerateEvent {
+            event: Some(e),
+            output_tokens: 0,
+        }
     }
 
     #[test]

@@ -27,11 +27,15 @@ pub fn frame(event: StreamEvent<'_>, seq: u64) -> EncodedEvent {
 }
 
 /// The response object at creation, before any output.
+/// The response object a request starts with. `sampling` is what the
+/// model's workers apply to a value the request left unset: the object
+/// reports the values used (the API's 1 where neither says).
 pub fn new_object(
     id: String,
     req: &CreateResponseRequest,
     valid: &ValidResponseRequest,
     status: ResponseStatus,
+    sampling: pb::SamplingDefaults,
 ) -> ResponseObject {
     ResponseObject {
         id,
@@ -55,17 +59,18 @@ pub fn new_object(
                 .and_then(|r| r.summary.clone().or_else(|| r.generate_summary.clone())),
         },
         store: valid.store,
-        temperature: req.temperature,
+        temperature: Some(req.temperature.or(sampling.temperature).unwrap_or(1.0)),
         text: valid.text.clone(),
         tool_choice: req
             .tool_choice
             .clone()
             .unwrap_or_else(|| Value::String("auto".into())),
         tools: valid.tools.iter().map(|t| t.wire()).collect(),
-        top_p: req.top_p,
+        top_p: Some(req.top_p.or(sampling.top_p).unwrap_or(1.0)),
         truncation: req.truncation.clone().unwrap_or_else(|| "disabled".into()),
         usage: None,
         metadata: valid.metadata.clone(),
+        service_tier: "default".to_owned(),
         prompt_cache_key: req.prompt_cache_key.clone(),
         user: req.user.clone(),
     }
@@ -726,7 +731,10 @@ mod tests {
     }
 
     fn ev(e: Event) -> pb::GenerateEvent {
-        pb::GenerateEvent { event: Some(e) }
+        pb::GenerateEvent {
+            event: Some(e),
+            output_tokens: 0,
+        }
     }
 
     fn finished(reason: pb::finished::Reason) -> pb::GenerateEvent {
@@ -744,7 +752,13 @@ mod tests {
 
     fn run(body: &str, events: Vec<pb::GenerateEvent>) -> (ResponseEncoder, Vec<EncodedEvent>) {
         let (req, valid) = setup(body);
-        let obj = new_object("resp_1".into(), &req, &valid, ResponseStatus::InProgress);
+        let obj = new_object(
+            "resp_1".into(),
+            &req,
+            &valid,
+            ResponseStatus::InProgress,
+            Default::default(),
+        );
         let mut enc = ResponseEncoder::new(obj, valid.format.clone());
         let mut out = Vec::new();
         enc.start(&mut out);
@@ -941,7 +955,13 @@ mod tests {
     #[test]
     fn an_external_terminal_event_carries_its_sequence_number() {
         let (req, valid) = setup(r#"{"model":"base","input":"hi","background":true}"#);
-        let obj = new_object("resp_1".into(), &req, &valid, ResponseStatus::Cancelled);
+        let obj = new_object(
+            "resp_1".into(),
+            &req,
+            &valid,
+            ResponseStatus::Cancelled,
+            Default::default(),
+        );
         let event = crate::api::responses::external_terminal(&obj, 7);
         assert_eq!((event.name.as_str(), event.seq), ("response.incomplete", 7));
         let v: Value = serde_json::from_str(&event.data).unwrap();

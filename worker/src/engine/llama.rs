@@ -29,6 +29,7 @@
 //! - A dropped stream is seen at the next step: the slot is freed.
 
 use super::chat_template::ChatTemplate;
+use crate::sampling_defaults::SamplingDefaults;
 use crate::seam::sequence::{
     ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
     SequenceStream, StepTimings, StepTotals, TokenId,
@@ -252,6 +253,25 @@ impl LlamaEngine {
             .create_parser(grammar)
             .map_err(|e| status::invalid_request(format!("unsupported JSON schema: {e}")))?;
         Ok(Matcher::new(Ok(parser)))
+    }
+}
+
+impl LlamaEngine {
+    /// The sampling the GGUF's metadata recommends (`general.sampling.temp`,
+    /// `general.sampling.top_p`, the keys llama.cpp's converter writes from a
+    /// model's generation config), when it carries them.
+    pub fn model_sampling(&self) -> SamplingDefaults {
+        let number = |key: &str| {
+            self.model
+                .meta_val_str(key)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| v.is_finite())
+        };
+        SamplingDefaults {
+            temperature: number("general.sampling.temp"),
+            top_p: number("general.sampling.top_p"),
+        }
     }
 }
 

@@ -35,6 +35,10 @@ impl Coalescer {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_none()
+    }
+
     pub fn take(&mut self) -> Option<Event> {
         self.pending.take()
     }

@@ -58,6 +58,13 @@ pub const THINK_CLOSE: &str = "</think>";
 /// tokenized on the request's own task.
 const INLINE_PROMPT_BYTES: usize = 2048;
 
+/// How long a batched reply (`batch_events`) holds its output before
+/// sending what it has. Its first output goes out at once (the gateway
+/// times the first token by it), later output once per period: the
+/// gateway then knows what was generated if its client leaves mid-way
+/// (billed and stored up to there), at one event a second.
+const BATCH_FLUSH_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A request rendered and tokenized by its engine, not yet started.
 pub struct Prepared {
     engine: Arc<dyn SequenceEngine>,
@@ -215,6 +222,11 @@ struct Emitter<'a> {
     per_event: Option<u32>,
     /// Tokens in the events not yet sent.
     pending_tokens: u32,
+    /// Tokens generated since the last output event sent: the next one
+    /// accounts for them (`GenerateEvent.output_tokens`).
+    unreported_tokens: u32,
+    /// When a batched reply last sent output (`None`: not yet).
+    last_flush: Option<std::time::Instant>,
     /// The engine ended the last phase itself (`Finished`).
     engine_finished: bool,
     completion_tokens: u32,
@@ -227,7 +239,7 @@ struct Emitter<'a> {
 impl<'a> Emitter<'a> {
     async fn send(&mut self, event: Event) -> Result<(), Cancelled> {
         if let Some(ready) = self.coalescer.push(event) {
-            self.out.send(ready).await?;
+            self.send_counted(ready).await?;
         }
         Ok(())
     }
@@ -235,9 +247,32 @@ impl<'a> Emitter<'a> {
     async fn flush(&mut self) -> Result<(), Cancelled> {
         self.pending_tokens = 0;
         match self.coalescer.take() {
-            Some(ev) => self.out.send(ev).await,
+            Some(ev) => {
+                self.last_flush = Some(std::time::Instant::now());
+                self.send_counted(ev).await
+            }
             None => Ok(()),
         }
+    }
+
+    async fn send_counted(&mut self, event: Event) -> Result<(), Cancelled> {
+        let tokens = std::mem::take(&mut self.unreported_tokens);
+        self.out.send_counted(event, tokens).await
+    }
+
+    /// Whether the pending output goes out after this token: a streamed
+    /// reply sends what the engine produced faster than the stream took it
+    /// (up to the engine's cap per event); a batched one its first output,
+    /// then once per [`BATCH_FLUSH_PERIOD`].
+    fn flush_due(&self, stream: &SequenceStream) -> bool {
+        if self.batch {
+            return !self.coalescer.is_empty()
+                && self
+                    .last_flush
+                    .is_none_or(|at| at.elapsed() >= BATCH_FLUSH_PERIOD);
+        }
+        let full = self.per_event.is_some_and(|n| self.pending_tokens >= n);
+        full || stream.is_empty()
     }
 
     /// Emits text in the phase's mode; true when a stop string was found.
@@ -350,6 +385,7 @@ impl<'a> Emitter<'a> {
                     tokens += 1;
                     self.completion_tokens += 1;
                     self.pending_tokens += 1;
+                    self.unreported_tokens += 1;
                     let text = utf8.push(&bytes);
                     match self.emit(mode, &text).await {
                         Err(Cancelled) => return PhaseEnd::Cancelled,
@@ -372,8 +408,7 @@ impl<'a> Emitter<'a> {
                 }
                 return end;
             }
-            let full = self.per_event.is_some_and(|n| self.pending_tokens >= n);
-            if !self.batch && (full || stream.is_empty()) && self.flush().await.is_err() {
+            if self.flush_due(stream) && self.flush().await.is_err() {
                 return PhaseEnd::Cancelled;
             }
         }
@@ -412,6 +447,8 @@ impl Started for Running {
             batch: p.batch,
             per_event: p.engine.max_tokens_per_event(),
             pending_tokens: 0,
+            unreported_tokens: 0,
+            last_flush: None,
             engine_finished: false,
             completion_tokens: 0,
             cached: None,

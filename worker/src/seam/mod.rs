@@ -67,8 +67,21 @@ impl EventSink {
     }
 
     pub async fn send(&self, event: pb::generate_event::Event) -> Result<(), Cancelled> {
+        self.send_counted(event, 0).await
+    }
+
+    /// Sends an output event that accounts for `output_tokens` generated
+    /// tokens (0: not counted here).
+    pub async fn send_counted(
+        &self,
+        event: pb::generate_event::Event,
+        output_tokens: u32,
+    ) -> Result<(), Cancelled> {
         self.tx
-            .send(Ok(pb::GenerateEvent { event: Some(event) }))
+            .send(Ok(pb::GenerateEvent {
+                event: Some(event),
+                output_tokens,
+            }))
             .await
             .map_err(|_| Cancelled)
     }

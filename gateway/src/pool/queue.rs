@@ -1,0 +1,629 @@
+//! The pool's queue: when every worker of a model is busy, its requests
+//! wait here, in the gateway, rather than in the workers' own FIFO queues,
+//! so the gateway decides who goes next.
+//!
+//! The order of service: tier first (`priority`, then `default`, then
+//! `flex`: [`ServiceTier`]), then, within a tier, the organisation that has
+//! received the least weighted service goes first: a virtual token counter
+//! per organisation (VTC; Sheng et al., "Fairness in Serving Large
+//! Language Models", OSDI 2024). A request adds its prompt tokens when it is
+//! dispatched and twice its output tokens when it ends, divided by its
+//! plan's weight; an organisation that becomes active starts at the lowest
+//! counter of those already active, so idling earns no credit. Requests of
+//! one organisation keep their arrival order. A request waits at most the
+//! pool's `queue_timeout_ms`, and no more than `queue_max_depth` wait: then
+//! it is refused (503 `server_overloaded` with `Retry-After`).
+//!
+//! Counters are this replica's: each gateway replica orders its own
+//! waiting requests. Capacity is the workers' (what they report, plus what
+//! this replica sent since), so replicas share the pool through it; the
+//! bound on how far their fairness can drift is in ARCHITECTURE.md.
+
+use super::Members;
+use crate::accounts::ServiceTier;
+use crate::metrics::METRICS;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// What an output token weighs against a prompt token (the paper's
+/// w_q = 2 w_p: decoding a token costs a GPU more than prefilling one).
+const OUTPUT_WEIGHT: f64 = 2.0;
+
+/// Organisations remembered per pool before idle ones are forgotten.
+const MAX_REMEMBERED_ORGS: usize = 4096;
+
+/// Who is asking, for the order of service.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub org: Arc<str>,
+    pub tier: ServiceTier,
+    /// The plan's weight (1 = one share).
+    pub weight: u32,
+    /// Prompt tokens (the admission estimate), charged at dispatch.
+    pub input_tokens: u64,
+}
+
+/// Why a request was not dispatched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// `queue_max_depth` requests were already waiting.
+    Full,
+    /// It waited `queue_timeout_ms`.
+    Timeout,
+}
+
+impl Shed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shed::Full => "queue_full",
+            Shed::Timeout => "queue_timeout",
+        }
+    }
+}
+
+/// How long requests may wait, and how many.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    pub max_wait: Duration,
+    pub max_depth: usize,
+}
+
+/// One pool's queue.
+pub struct PoolQueue {
+    model: String,
+    limits: QueueLimits,
+    /// The pool's workers, whose free slots say how many may go.
+    members: Arc<Members>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Waiting requests by tier (index: `ServiceTier as usize`).
+    waiting: [VecDeque<Waiter>; 3],
+    /// Dispatched turns not yet holding a worker slot: capacity they will
+    /// take, not yet visible in the workers' counts.
+    granted: u32,
+    /// Per organisation: its virtual counter and its requests waiting or
+    /// running here.
+    orgs: HashMap<Arc<str>, OrgState>,
+    next_id: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct OrgState {
+    counter: f64,
+    active: u32,
+}
+
+struct Waiter {
+    id: u64,
+    ticket: Ticket,
+    since: Instant,
+    grant: oneshot::Sender<()>,
+}
+
+impl PoolQueue {
+    pub fn new(model: &str, limits: QueueLimits, members: Arc<Members>) -> Self {
+        Self {
+            model: model.to_owned(),
+            limits,
+            members,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a turn to send `ticket`'s request to a worker: at once if
+    /// nobody waits and a worker slot is free. Dropping the future leaves
+    /// the queue.
+    pub async fn enter(self: &Arc<Self>, ticket: Ticket) -> Result<Turn, Shed> {
+        let tier = ticket.tier;
+        let waiting = {
+            let mut st = self.lock();
+            st.activate(&ticket.org);
+            let nobody_waits = st.waiting.iter().all(VecDeque::is_empty);
+            if nobody_waits && self.members.free_slots() > st.granted {
+                st.charge(
+                    &self.model,
+                    &ticket.org,
+                    ticket.input_tokens as f64,
+                    ticket.weight,
+                );
+                st.granted += 1;
+                drop(st);
+                self.observe_wait(tier, Duration::ZERO);
+                return Ok(Turn::new(self, ticket));
+            }
+            if st.depth() >= self.limits.max_depth {
+                st.deactivate(&ticket.org);
+                drop(st);
+                self.count_shed(Shed::Full);
+                return Err(Shed::Full);
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = st.next_id;
+            st.next_id += 1;
+            st.waiting[tier as usize].push_back(Waiter {
+                id,
+                ticket: ticket.clone(),
+                since: Instant::now(),
+                grant: tx,
+            });
+            self.publish_depth(&st);
+            Waiting {
+                queue: Arc::clone(self),
+                id,
+                org: Arc::clone(&ticket.org),
+                rx,
+                done: false,
+            }
+        };
+        // Capacity may have come free between the check and the push.
+        self.dispatch();
+        waiting.wait(ticket, self.limits.max_wait).await
+    }
+
+    /// Hands out turns while free worker slots are not yet promised: best
+    /// tier first, the least served organisation within it. Called when
+    /// capacity may have come free: a call ended, workers reported.
+    pub fn dispatch(&self) {
+        let mut st = self.lock();
+        if st.depth() == 0 {
+            return;
+        }
+        let free = self.members.free_slots();
+        let mut changed = false;
+        while free > st.granted {
+            let Some((tier, index)) = st.next_waiter() else {
+                break;
+            };
+            let Some(waiter) = st.waiting[tier].remove(index) else {
+                break;
+            };
+            changed = true;
+            // A waiter that left (its future dropped) takes nothing.
+            if waiter.grant.is_closed() {
+                continue;
+            }
+            let t = &waiter.ticket;
+            st.charge(&self.model, &t.org, t.input_tokens as f64, t.weight);
+            st.granted += 1;
+            if waiter.grant.send(()).is_err() {
+                st.granted -= 1;
+                continue;
+            }
+            let waited = waiter.since.elapsed();
+            self.observe_wait(waiter.ticket.tier, waited);
+        }
+        if changed {
+            self.publish_depth(&st);
+        }
+    }
+
+    /// Requests waiting now, all tiers.
+    #[cfg(test)]
+    fn depth(&self) -> usize {
+        self.lock().depth()
+    }
+
+    fn observe_wait(&self, tier: ServiceTier, waited: Duration) {
+        METRICS
+            .queue_wait
+            .with_label_values(&[&self.model, tier.as_str()])
+            .observe(waited.as_secs_f64());
+    }
+
+    fn count_shed(&self, why: Shed) {
+        METRICS
+            .queue_shed
+            .with_label_values(&[&self.model, why.as_str()])
+            .inc();
+    }
+
+    fn publish_depth(&self, st: &State) {
+        for tier in ServiceTier::BY_PRECEDENCE {
+            METRICS
+                .queue_depth
+                .with_label_values(&[&self.model, tier.as_str()])
+                .set(st.waiting[tier as usize].len() as i64);
+        }
+    }
+}
+
+impl State {
+    fn depth(&self) -> usize {
+        self.waiting.iter().map(VecDeque::len).sum()
+    }
+
+    /// The next waiter to serve: the best tier with anyone waiting; in it,
+    /// the first request of the organisation with the lowest counter.
+    fn next_waiter(&self) -> Option<(usize, usize)> {
+        ServiceTier::BY_PRECEDENCE.iter().find_map(|tier| {
+            let queue = &self.waiting[*tier as usize];
+            let mut best: Option<(usize, f64)> = None;
+            for (i, w) in queue.iter().enumerate() {
+                let c = self.orgs.get(&w.ticket.org).map_or(0.0, |o| o.counter);
+                if best.is_none_or(|(_, b)| c < b) {
+                    best = Some((i, c));
+                }
+            }
+            best.map(|(i, _)| (*tier as usize, i))
+        })
+    }
+
+    /// An organisation's request arrives: one that was idle starts at the
+    /// lowest counter among the active ones (no credit for idling).
+    fn activate(&mut self, org: &Arc<str>) {
+        if self.orgs.get(org).is_none_or(|o| o.active == 0) {
+            let floor = self
+                .orgs
+                .values()
+                .filter(|o| o.active > 0)
+                .map(|o| o.counter)
+                .min_by(f64::total_cmp);
+            if self.orgs.len() >= MAX_REMEMBERED_ORGS {
+                self.orgs.retain(|_, o| o.active > 0);
+            }
+            let entry = self.orgs.entry(Arc::clone(org)).or_default();
+            if let Some(floor) = floor {
+                entry.counter = entry.counter.max(floor);
+            }
+        }
+        if let Some(o) = self.orgs.get_mut(org) {
+            o.active += 1;
+        }
+    }
+
+    /// One of an organisation's requests ends (or leaves the queue). When
+    /// nobody is active any more, every counter starts again from zero.
+    fn deactivate(&mut self, org: &Arc<str>) {
+        if let Some(o) = self.orgs.get_mut(org) {
+            o.active = o.active.saturating_sub(1);
+        }
+        if self.orgs.values().all(|o| o.active == 0) {
+            self.orgs.clear();
+        }
+    }
+
+    fn charge(&mut self, model: &str, org: &Arc<str>, tokens: f64, weight: u32) {
+        let weighted = tokens / f64::from(weight.max(1));
+        if let Some(o) = self.orgs.get_mut(org) {
+            o.counter += weighted;
+        }
+        if weighted > 0.0 {
+            METRICS
+                .queue_served
+                .with_label_values(&[model, org])
+                .inc_by(weighted);
+        }
+    }
+}
+
+/// A queued request's wait for its turn; leaving (drop) takes it out.
+struct Waiting {
+    queue: Arc<PoolQueue>,
+    id: u64,
+    org: Arc<str>,
+    rx: oneshot::Receiver<()>,
+    done: bool,
+}
+
+impl Waiting {
+    async fn wait(mut self, ticket: Ticket, max_wait: Duration) -> Result<Turn, Shed> {
+        let granted = tokio::time::timeout(max_wait, &mut self.rx).await;
+        match granted {
+            Ok(Ok(())) => {
+                self.done = true;
+                Ok(Turn::new(&self.queue, ticket))
+            }
+            // Timed out (or the queue dropped the sender, which it does not
+            // do while the waiter is in it).
+            _ => {
+                self.queue.count_shed(Shed::Timeout);
+                Err(Shed::Timeout)
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut st = self.queue.lock();
+        let id = self.id;
+        let still_waiting = st.waiting.iter_mut().any(|q| {
+            q.iter()
+                .position(|w| w.id == id)
+                .and_then(|i| q.remove(i))
+                .is_some()
+        });
+        let mut handed_back = false;
+        if !still_waiting {
+            // Granted, but nobody took the turn: hand back what it was
+            // promised, to the next in line.
+            self.rx.close();
+            if self.rx.try_recv().is_ok() {
+                st.granted = st.granted.saturating_sub(1);
+                handed_back = true;
+            }
+        }
+        st.deactivate(&self.org);
+        self.queue.publish_depth(&st);
+        drop(st);
+        if handed_back {
+            self.queue.dispatch();
+        }
+    }
+}
+
+/// A request's turn to use the pool: held until its call ends. It first
+/// counts as granted capacity, then ([`Turn::started`]) as a worker slot.
+pub struct Turn {
+    queue: Arc<PoolQueue>,
+    org: Arc<str>,
+    weight: u32,
+    granted: bool,
+}
+
+impl Turn {
+    fn new(queue: &Arc<PoolQueue>, ticket: Ticket) -> Self {
+        Self {
+            queue: Arc::clone(queue),
+            org: ticket.org,
+            weight: ticket.weight,
+            granted: true,
+        }
+    }
+
+    /// The request holds a worker slot now: the capacity it was promised
+    /// is counted there.
+    pub fn started(&mut self) {
+        if std::mem::take(&mut self.granted) {
+            let mut st = self.queue.lock();
+            st.granted = st.granted.saturating_sub(1);
+        }
+    }
+
+    /// The request ended having generated `output_tokens`: its service,
+    /// charged to its organisation.
+    pub fn served(&self, output_tokens: u64) {
+        let mut st = self.queue.lock();
+        let model = &self.queue.model;
+        st.charge(
+            model,
+            &self.org,
+            output_tokens as f64 * OUTPUT_WEIGHT,
+            self.weight,
+        );
+    }
+}
+
+impl Drop for Turn {
+    /// Dropped after the call's worker slot (see `CallGuard`), so the
+    /// next waiter finds it free.
+    fn drop(&mut self) {
+        let mut st = self.queue.lock();
+        if self.granted {
+            st.granted = st.granted.saturating_sub(1);
+        }
+        st.deactivate(&self.org);
+        drop(st);
+        self.queue.dispatch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::WorkerEndpoint;
+
+    /// A queue over one worker with `capacity` slots, none in use.
+    fn queue(
+        capacity: u32,
+        max_depth: usize,
+        max_wait: Duration,
+    ) -> (Arc<PoolQueue>, Arc<WorkerEndpoint>) {
+        let endpoint = Arc::new(WorkerEndpoint::new("127.0.0.1:1", None).unwrap());
+        endpoint.record_check(true, Some((0, 0, capacity, false)));
+        let members = Arc::new(Members::default());
+        members.replace(vec![Arc::clone(&endpoint)]);
+        let limits = QueueLimits {
+            max_wait,
+            max_depth,
+        };
+        (Arc::new(PoolQueue::new("base", limits, members)), endpoint)
+    }
+
+    fn ticket(org: &str, tier: ServiceTier) -> Ticket {
+        Ticket {
+            org: org.into(),
+            tier,
+            weight: 1,
+            input_tokens: 100,
+        }
+    }
+
+    /// Enters, and takes the worker slot the turn was promised.
+    async fn run(
+        q: &Arc<PoolQueue>,
+        endpoint: &WorkerEndpoint,
+        t: Ticket,
+    ) -> (Turn, crate::pool::endpoint::InflightSlot) {
+        let mut turn = q.enter(t).await.expect("a turn");
+        let slot = endpoint.acquire();
+        turn.started();
+        (turn, slot)
+    }
+
+    /// Spawns a waiter that reports its name when its turn comes, then
+    /// holds the turn until told to end.
+    fn waiter(
+        q: &Arc<PoolQueue>,
+        endpoint: &Arc<WorkerEndpoint>,
+        name: &'static str,
+        t: Ticket,
+        served: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    ) -> oneshot::Sender<u64> {
+        let (end_tx, end_rx) = oneshot::channel::<u64>();
+        let (q, endpoint) = (Arc::clone(q), Arc::clone(endpoint));
+        tokio::spawn(async move {
+            let (turn, slot) = run(&q, &endpoint, t).await;
+            let _ = served.send(name);
+            let output = end_rx.await.unwrap_or(0);
+            turn.served(output);
+            drop(slot);
+            drop(turn);
+        });
+        end_tx
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_free_worker_means_no_wait() {
+        let (q, endpoint) = queue(2, 8, Duration::from_secs(1));
+        let _a = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let _b = run(&q, &endpoint, ticket("b", ServiceTier::Flex)).await;
+        assert_eq!(q.depth(), 0);
+    }
+
+    /// Ends each request as it gets its turn (each generated `output`
+    /// tokens) and returns the names in the order they were served.
+    async fn serve_all(
+        mut ends: HashMap<&'static str, Vec<oneshot::Sender<u64>>>,
+        served: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+        output: u64,
+    ) -> Vec<&'static str> {
+        let mut order = Vec::new();
+        while let Ok(Some(name)) = tokio::time::timeout(Duration::from_secs(2), served.recv()).await
+        {
+            order.push(name);
+            if let Some(end) = ends
+                .get_mut(name)
+                .and_then(|v| (!v.is_empty()).then(|| v.remove(0)))
+            {
+                let _ = end.send(output);
+            }
+            if ends.values().all(Vec::is_empty) {
+                break;
+            }
+        }
+        order
+    }
+
+    #[tokio::test]
+    async fn a_higher_tier_goes_first_then_the_least_served_organisation() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let mut ends: HashMap<&'static str, Vec<oneshot::Sender<u64>>> = HashMap::new();
+        let first = waiter(
+            &q,
+            &endpoint,
+            "a1",
+            ticket("a", ServiceTier::Default),
+            tx.clone(),
+        );
+        ends.entry("a1").or_default().push(first);
+        settle().await;
+        // While a1 runs: more from a, then one flex request, one from b, one
+        // priority request, in that order of arrival.
+        let later = [
+            ("a2", "a", ServiceTier::Default),
+            ("a3", "a", ServiceTier::Default),
+            ("a4", "a", ServiceTier::Default),
+            ("flex", "c", ServiceTier::Flex),
+            ("b1", "b", ServiceTier::Default),
+            ("prio", "d", ServiceTier::Priority),
+        ];
+        for (name, org, tier) in later {
+            let end = waiter(&q, &endpoint, name, ticket(org, tier), tx.clone());
+            ends.entry(name).or_default().push(end);
+            settle().await;
+        }
+        assert_eq!(q.depth(), 6);
+        let order = serve_all(ends, &mut served, 50).await;
+        // b arrived after a's requests but had received nothing: it goes
+        // before a's second one; a's own requests keep their order.
+        assert_eq!(order, ["a1", "prio", "b1", "a2", "a3", "a4", "flex"]);
+    }
+
+    #[tokio::test]
+    async fn equal_backlogged_organisations_alternate_and_weights_share_unevenly() {
+        let (q, endpoint) = queue(1, 64, Duration::from_secs(5));
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let weighted = |org: &str, weight| Ticket {
+            weight,
+            ..ticket(org, ServiceTier::Default)
+        };
+        let mut ends: HashMap<&'static str, Vec<oneshot::Sender<u64>>> = HashMap::new();
+        let first = waiter(&q, &endpoint, "x", weighted("x", 1), tx.clone());
+        ends.entry("x").or_default().push(first);
+        settle().await;
+        for _ in 0..6 {
+            let a = waiter(&q, &endpoint, "a", weighted("a", 1), tx.clone());
+            ends.entry("a").or_default().push(a);
+            let b = waiter(&q, &endpoint, "b", weighted("b", 2), tx.clone());
+            ends.entry("b").or_default().push(b);
+            settle().await;
+        }
+        let order: String = serve_all(ends, &mut served, 50).await.concat();
+        assert_eq!(order.len(), 13, "{order}");
+        // b's plan weighs twice a's: two of b's for one of a's while both
+        // wait, then what is left of a's.
+        assert_eq!(&order[..10], "xabbabbabb", "{order}");
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_and_a_long_wait_are_refused_and_leave_nothing_behind() {
+        let (q, endpoint) = queue(1, 1, Duration::from_millis(100));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let q2 = Arc::clone(&q);
+        let waiting =
+            tokio::spawn(async move { q2.enter(ticket("b", ServiceTier::Default)).await.err() });
+        settle().await;
+        assert_eq!(q.depth(), 1);
+        let full = q.enter(ticket("c", ServiceTier::Default)).await.err();
+        assert_eq!(full, Some(Shed::Full));
+        assert_eq!(waiting.await.unwrap(), Some(Shed::Timeout));
+        assert_eq!(q.depth(), 0);
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        // The worker is free again: nothing is held for the ones refused.
+        let _next = run(&q, &endpoint, ticket("d", ServiceTier::Default)).await;
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_gives_its_place_to_the_next() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let q2 = Arc::clone(&q);
+        let leaver =
+            tokio::spawn(async move { q2.enter(ticket("b", ServiceTier::Default)).await.is_ok() });
+        settle().await;
+        leaver.abort();
+        let _ = leaver.await;
+        assert_eq!(q.depth(), 0, "the one that left is out of the queue");
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _c = waiter(&q, &endpoint, "c", ticket("c", ServiceTier::Default), tx);
+        settle().await;
+        // As a call's guard does: the worker slot first, then the turn.
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        let next = tokio::time::timeout(Duration::from_secs(1), served.recv()).await;
+        assert_eq!(next.ok().flatten(), Some("c"));
+    }
+}

@@ -1,0 +1,132 @@
+//! The model's own sampling defaults: what a request that leaves
+//! `temperature` or `top_p` unset is sampled with, as vLLM applies a
+//! model's generation config. A small instruct model sampled at the API's
+//! bare default (temperature 1, no nucleus cut) rambles to the end of its
+//! window; at its model card's values it answers and stops.
+
+use inference_proto::v1 as pb;
+
+/// Defaults for unset sampling fields; `None` leaves the engine's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+}
+
+impl SamplingDefaults {
+    /// `self`, with every value `over` sets taken from it (the operator's
+    /// flags over the weights file's metadata).
+    pub fn overridden_by(self, over: SamplingDefaults) -> Self {
+        Self {
+            temperature: over.temperature.or(self.temperature),
+            top_p: over.top_p.or(self.top_p),
+        }
+    }
+
+    /// Fills the fields the request left unset.
+    pub fn apply(&self, request: &mut pb::GenerateRequest) {
+        if self.temperature.is_none() && self.top_p.is_none() {
+            return;
+        }
+        let sampling = request.sampling.get_or_insert_with(Default::default);
+        if sampling.temperature.is_none() {
+            sampling.temperature = self.temperature;
+        }
+        if sampling.top_p.is_none() {
+            sampling.top_p = self.top_p;
+        }
+    }
+
+    /// As reported in `Info`.
+    pub fn to_proto(self) -> pb::SamplingDefaults {
+        pb::SamplingDefaults {
+            temperature: self.temperature,
+            top_p: self.top_p,
+        }
+    }
+
+    /// Checks the values are in the API's ranges (temperature 0..=2, top_p
+    /// 0..=1): a typo in a flag or odd metadata must not reach every
+    /// request.
+    pub fn validated(self) -> anyhow::Result<Self> {
+        if let Some(t) = self.temperature {
+            anyhow::ensure!(
+                (0.0..=2.0).contains(&t),
+                "default temperature {t} is outside 0..=2"
+            );
+        }
+        if let Some(p) = self.top_p {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&p),
+                "default top_p {p} is outside 0..=1"
+            );
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(temperature: Option<f64>, top_p: Option<f64>) -> pb::GenerateRequest {
+        pb::GenerateRequest {
+            sampling: Some(pb::Sampling {
+                temperature,
+                top_p,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_unset_fields_take_the_defaults() {
+        let d = SamplingDefaults {
+            temperature: Some(0.2),
+            top_p: Some(0.9),
+        };
+        let mut unset = request(None, None);
+        d.apply(&mut unset);
+        let s = unset.sampling.unwrap();
+        assert_eq!((s.temperature, s.top_p), (Some(0.2), Some(0.9)));
+        let mut set = request(Some(0.0), None);
+        d.apply(&mut set);
+        let s = set.sampling.unwrap();
+        assert_eq!((s.temperature, s.top_p), (Some(0.0), Some(0.9)));
+        let mut bare = pb::GenerateRequest::default();
+        d.apply(&mut bare);
+        assert_eq!(bare.sampling.unwrap().temperature, Some(0.2));
+    }
+
+    #[test]
+    fn flags_override_metadata_and_bad_values_are_refused() {
+        let gguf = SamplingDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+        };
+        let flags = SamplingDefaults {
+            temperature: Some(0.2),
+            top_p: None,
+        };
+        assert_eq!(
+            gguf.overridden_by(flags),
+            SamplingDefaults {
+                temperature: Some(0.2),
+                top_p: Some(0.95)
+            }
+        );
+        assert!(SamplingDefaults {
+            temperature: Some(3.0),
+            top_p: None
+        }
+        .validated()
+        .is_err());
+        assert!(SamplingDefaults {
+            temperature: None,
+            top_p: Some(1.5)
+        }
+        .validated()
+        .is_err());
+    }
+}
