@@ -279,12 +279,14 @@ async fn reasoning_is_a_think_section_then_the_answer() {
 }
 
 #[tokio::test]
-async fn batch_events_merge_into_one_text_event() {
+async fn batch_events_send_the_first_output_at_once_then_merge_the_rest() {
     let engine = Scripted::new(100, vec![vec![b"a", b"b", b"c"]]);
     let mut req = request("hi", 0, &[]);
     req.batch_events = true;
     let (events, _) = run(engine, req).await;
-    assert_eq!(events.len(), 2, "{events:?}");
+    // The first token (the gateway times it), then the rest of the second.
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(text_of(&events[..1]), "a");
     assert_eq!(text_of(&events), "abc");
 }
 
@@ -426,4 +428,28 @@ async fn image_parts_reach_an_engine_that_takes_them_and_are_counted() {
         events.extend(ev.event);
     }
     assert_eq!(finished(&events).usage.map(|u| u.image_tokens), Some(4));
+}
+
+#[tokio::test]
+async fn output_events_count_the_tokens_they_carry() {
+    let engine = Scripted::new(100, vec![vec![b"a", b"b", b"c", b"d"]]);
+    let mut req = request("hi", 0, &[]);
+    req.batch_events = true;
+    let mut p = prepare(engine, req).await.expect("prepare");
+    p.check_window().expect("fits");
+    let running = p.start(Box::new(|_| {})).await.expect("start");
+    let (tx, mut rx) = mpsc::channel(1024);
+    Box::new(running).run(EventSink::new(tx)).await;
+    let (mut counted, mut completion) = (0, 0);
+    while let Ok(Ok(ev)) = rx.try_recv() {
+        counted += ev.output_tokens;
+        if let Some(Event::Finished(f)) = ev.event {
+            completion = f.usage.map_or(0, |u| u.completion_tokens);
+        }
+    }
+    assert_eq!(completion, 4);
+    assert_eq!(
+        counted, completion,
+        "every generated token is reported once"
+    );
 }
