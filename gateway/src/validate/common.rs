@@ -288,8 +288,16 @@ pub fn check_format(f: &FormatSpec<'_>) -> Result<FormatKind, ApiError> {
 /// Checking costs tens of microseconds per schema, and clients resend the
 /// same tools and formats on every turn, so outcomes are remembered by the
 /// schema's content (see [`crate::schema_cache`]).
+///
+/// A schema that certainly admits no value is refused too: a model held
+/// to it could only fail the output check, a 500 a client would retry in
+/// vain ([`super::satisfiable`]).
 pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
-    compiled_schema(schema).map(|_| ())
+    compiled_schema(schema)?;
+    match super::satisfiable::unsatisfiable(schema) {
+        None => Ok(()),
+        Some(why) => Err(format!("it admits no value: {why}")),
+    }
 }
 
 /// The strict-mode rules of the public API, at every object level: an

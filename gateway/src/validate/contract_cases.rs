@@ -586,6 +586,14 @@ pub fn chat_cases() -> Vec<Case> {
             "tools.0.function.name",
         ),
         bad(
+            "response format that admits no value",
+            chat(
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","minLength":3,"maxLength":1}},"required":["s"]}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("response_format.json_schema.schema"),
+        ),
+        bad(
             "invalid JSON Schema",
             chat(&format!(
                 r#""tools":[{}]"#,
@@ -1151,6 +1159,14 @@ pub fn responses_cases() -> Vec<Case> {
             )),
             "schema_too_large",
             Some("tools.0.parameters"),
+        ),
+        bad(
+            "text.format schema that admits no value",
+            resp(
+                r#""text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":5,"maximum":1}},"required":["n"]}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("text.format.schema"),
         ),
         bad(
             "text.format invalid schema",
