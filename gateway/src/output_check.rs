@@ -34,10 +34,14 @@ pub fn check(format: &OutputFormat, text: &str, model: &str) -> Result<(), ApiEr
             Ok(instance) => match crate::schema_cache::compiled_schema(schema) {
                 // Validation already compiled this schema; failing here is ours.
                 Err(e) => Some(format!("the schema could not be compiled: {e}")),
+                // Where, not what: the error's own text quotes the output,
+                // and this message is logged (with the request's failure).
                 Ok(v) => v.validate(&instance).err().map(|e| {
+                    tracing::debug!(model, "the reply violates its schema: {e}");
                     format!(
-                        "the reply violates the schema at '{}': {e}",
-                        e.instance_path()
+                        "the reply violates the schema at '{}' (rule '{}')",
+                        e.instance_path(),
+                        e.schema_path()
                     )
                 }),
             },
@@ -50,6 +54,7 @@ pub fn check(format: &OutputFormat, text: &str, model: &str) -> Result<(), ApiEr
                 .worker_errors
                 .with_label_values(&[model, "output_validation", "fault"])
                 .inc();
+            // Never the output itself above debug (see above).
             tracing::error!(model, "structured output check failed: {detail}");
             Err(ApiError::new(
                 500,
@@ -89,6 +94,8 @@ mod tests {
         let e = check(&f, r#"{"n":"three"}"#, "base").unwrap_err();
         assert_eq!(e.status, 500);
         assert!(e.message.contains("/n"), "{}", e.message);
+        // The message is logged with the failure: it never quotes the output.
+        assert!(!e.message.contains("three"), "{}", e.message);
         assert!(check(&f, r#"{"n":3,"x":1}"#, "base").is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! Serde alone says *what* went wrong; `serde_path_to_error` adds *where*,
 //! which becomes the envelope's `param` in dot notation (`messages.0.content`).
 
+use crate::api::bounds;
 use crate::error::ApiError;
 use serde::de::DeserializeOwned;
 use serde_path_to_error::{Path, Segment};
@@ -43,14 +44,16 @@ pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         ));
     }
     // Fast path: plain serde. Only a failing body pays for a second pass
-    // that tracks the path of the culprit.
-    if let Ok(value) = serde_json::from_str(text) {
+    // that tracks the path of the culprit. Each pass has the request's own
+    // budget of elements and schema bytes (`api::bounds`).
+    if let Ok(value) = bounds::per_request(|| serde_json::from_str(text)) {
         return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_str(text);
     // Bounded recursion is serde_json's default (128 levels): deeply nested
     // input fails cleanly as a syntax error instead of exhausting the stack.
-    let value = serde_path_to_error::deserialize(&mut de).map_err(classify)?;
+    let value =
+        bounds::per_request(|| serde_path_to_error::deserialize(&mut de)).map_err(classify)?;
     de.end().map_err(|e| {
         ApiError::invalid_json(format!(
             "Invalid JSON body: trailing characters at line {} column {}.",
@@ -62,9 +65,11 @@ pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 fn classify(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
-    let path = dot_path(e.path());
+    let msg = e.inner().to_string();
+    // A bound of `api::bounds` found inside a value names the value.
+    let coded = bounds::split_code(&msg);
+    let path = dot_path(e.path(), coded.as_ref().map_or(0, |c| c.depth));
     let inner = e.into_inner();
-    let msg = inner.to_string();
     match inner.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
             ApiError::invalid_json(format!(
@@ -100,6 +105,14 @@ fn classify(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
             } else {
                 path
             };
+            if let Some(c) = coded {
+                return ApiError::new(
+                    400,
+                    c.code,
+                    format!("Invalid value for '{param}': {}", strip_position(c.message)),
+                )
+                .with_param(param);
+            }
             if msg.starts_with("invalid type") || msg.starts_with("data did not match") {
                 ApiError::invalid_type(
                     param.clone(),
@@ -115,10 +128,15 @@ fn classify(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
 }
 
-/// `messages[0].content` → `messages.0.content`.
-fn dot_path(path: &Path) -> String {
+/// `messages[0].content` → `messages.0.content`, without its last `drop`
+/// segments.
+fn dot_path(path: &Path, drop: usize) -> String {
+    let segments: Vec<&Segment> = path
+        .iter()
+        .filter(|s| !matches!(s, Segment::Unknown))
+        .collect();
     let mut out = String::new();
-    for seg in path.iter() {
+    for seg in &segments[..segments.len().saturating_sub(drop)] {
         let piece = match seg {
             Segment::Seq { index } => index.to_string(),
             Segment::Map { key } => key.clone(),
@@ -325,6 +343,181 @@ mod tests {
         );
         assert_eq!(e.param.as_deref(), Some("messages"));
         assert!(took < std::time::Duration::from_millis(250), "{took:?}");
+    }
+
+    /// The audit's 614,400 empty content parts in 16 MB (600 messages of
+    /// 1,024, each message within its own bound) were accepted after 0.34
+    /// CPU-seconds: parts now count against the request's element budget.
+    #[test]
+    fn a_flood_of_empty_content_parts_is_refused_cheaply() {
+        let part = r#"{"type":"text","text":""}"#;
+        let message = format!(
+            r#"{{"role":"user","content":[{}]}}"#,
+            vec![part; MAX_CONTENT_PARTS].join(",")
+        );
+        let body = chat_with(600, &message);
+        assert!(body.len() > 15 << 20, "{} bytes", body.len());
+        let started = std::time::Instant::now();
+        let e = err(&body);
+        let took = started.elapsed();
+        println!("614,400 empty content parts refused in {took:?}");
+        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_value"));
+        // Three values a part: the budget runs out in the 22nd message.
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages.21.content"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("65536 elements"), "{}", e.message);
+        assert!(took < std::time::Duration::from_millis(250), "{took:?}");
+        // The same on the Responses API.
+        let part = r#"{"type":"input_text","text":""}"#;
+        let item = format!(
+            r#"{{"role":"user","content":[{}]}}"#,
+            vec![part; MAX_CONTENT_PARTS].join(",")
+        );
+        let body = format!(
+            r#"{{"model":"base","input":[{}]}}"#,
+            vec![item.as_str(); 600].join(",")
+        );
+        let e =
+            json_body::<crate::api::responses::CreateResponseRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("input.21.content"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// A content part is an internally tagged enum, which serde buffers
+    /// whole before reading its `type`: a huge unknown field used to be
+    /// copied value by value. It is now refused once over the budget.
+    #[test]
+    fn a_content_part_with_a_huge_field_is_refused() {
+        let body = format!(
+            r#"{{"model":"base","messages":[{{"role":"user","content":[{{"type":"text","text":"x","junk":[{}0]}}]}}]}}"#,
+            "0,".repeat(2_000_000)
+        );
+        let e = err(&body);
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("messages.0.content"))
+        );
+        // Within the budget, unknown fields of a part are still tolerated.
+        let ok = r#"{"model":"base","messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}]}"#;
+        assert!(json_body::<ChatCompletionRequest>(ok.as_bytes()).is_ok());
+        let e = err(
+            r#"{"model":"base","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}"#,
+        );
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_type", Some("messages.0.content.0"))
+        );
+        let e = err(r#"{"model":"base","messages":[{"role":"user","content":[{"text":"x"}]}]}"#);
+        assert_eq!(e.param.as_deref(), Some("messages.0.content.0.type"));
+    }
+
+    /// The audit's tool parameters: 8.3M zeros in a 16 MiB body. Refused
+    /// as `schema_too_large`, naming the schema, after 256 KiB of it.
+    #[test]
+    fn oversized_schemas_are_refused_with_their_param() {
+        let zeros = format!(r#"{{"type":"object","x":[{}0]}}"#, "0,".repeat(8_300_000));
+        let body = format!(
+            r#"{{"model":"base","messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{zeros}}}}}]}}"#
+        );
+        let started = std::time::Instant::now();
+        let e = err(&body);
+        println!(
+            "16 MiB of tool parameters refused in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            (e.status, e.code.as_ref(), e.param.as_deref()),
+            (400, "schema_too_large", Some("tools.0.function.parameters"))
+        );
+        // Two bytes a value: the element budget runs out first.
+        assert!(e.message.contains("65536 elements"), "{}", e.message);
+        use crate::api::responses::CreateResponseRequest;
+        let resp = |extra: String| {
+            json_body::<CreateResponseRequest>(
+                format!(r#"{{"model":"base","input":"hi",{extra}}}"#).as_bytes(),
+            )
+            .unwrap_err()
+        };
+        let big = format!(r#"{{"description":"{}"}}"#, "d".repeat(300_000));
+        for (extra, param) in [
+            (
+                format!(
+                    r#""text":{{"format":{{"type":"json_schema","name":"a","schema":{big}}}}}"#
+                ),
+                "text.format.schema",
+            ),
+            (
+                format!(
+                    r#""response_format":{{"type":"json_schema","json_schema":{{"name":"a","schema":{big}}}}}"#
+                ),
+                "response_format.json_schema.schema",
+            ),
+            (
+                format!(r#""tools":[{{"type":"function","name":"f","parameters":{big}}}]"#),
+                "tools.0.parameters",
+            ),
+            (
+                format!(
+                    r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{big}}}}}]"#
+                ),
+                "tools.0.function.parameters",
+            ),
+        ] {
+            let e = resp(extra);
+            assert_eq!(
+                (e.code.as_ref(), e.param.as_deref()),
+                ("schema_too_large", Some(param))
+            );
+        }
+    }
+
+    #[test]
+    fn metadata_and_stop_strings_name_their_culprit() {
+        let e = err(r#"{"model":"base","metadata":{"a":"b","c":5}}"#);
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_type", Some("metadata.c"))
+        );
+        let e = err(&format!(
+            r#"{{"model":"base","metadata":{{"a":"{}"}}}}"#,
+            "v".repeat(513)
+        ));
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("metadata.a"))
+        );
+        let e = err(&format!(
+            r#"{{"model":"base","metadata":{{"{}":"v"}}}}"#,
+            "k".repeat(65)
+        ));
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("metadata"))
+        );
+        let stops = vec!["x".repeat(4_000_000); 4];
+        let e = err(&format!(
+            r#"{{"model":"base","stop":["a","b",{}]}}"#,
+            serde_json::to_string(&stops[0]).unwrap()
+        ));
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("stop.2"))
+        );
+        assert!(
+            e.message.contains("at most 256 characters"),
+            "{}",
+            e.message
+        );
+        let e = err(r#"{"model":"base","stop":["a","b","c","d","e"]}"#);
+        assert_eq!(e.param.as_deref(), Some("stop"));
     }
 
     #[test]

@@ -134,6 +134,18 @@ async fn codex_gets_its_catalogue_with_a_stable_etag() {
         .await
         .unwrap();
     assert_eq!(stale.status, 200);
+    // `*`, a list and a weak tag match too (RFC 9110 13.1.2).
+    for condition in [
+        "*".to_string(),
+        format!("\"stale\", {etag}"),
+        format!("W/{etag}"),
+    ] {
+        let r = client
+            .send(codex(&client).header("if-none-match", &condition))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 304, "{condition}: {r}");
+    }
 
     // The User-Agent alone identifies Codex too.
     let by_agent = client

@@ -28,6 +28,54 @@ async fn the_document_is_served_without_a_key() {
     }
 }
 
+/// The document has an ETag: `If-None-Match` naming it (or `*`, a list, a
+/// weak tag) is a 304 without a body, and HEAD is GET's head alone.
+#[tokio::test]
+async fn the_document_has_an_etag_and_a_head() {
+    let stack = Stack::gateway_only();
+    let client = stack.client().with_key(None);
+    let reply = client.get("/openapi.json").await.unwrap();
+    let etag = reply.header("etag").expect("an ETag").to_string();
+    for condition in [
+        etag.clone(),
+        "*".to_string(),
+        format!("\"stale\", {etag}"),
+        format!("W/{etag}"),
+    ] {
+        let r = client
+            .send(
+                client
+                    .request(Method::GET, "/openapi.json")
+                    .header("if-none-match", &condition),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 304, "{condition}: {r}");
+        assert!(r.body.is_empty());
+        assert_eq!(r.header("etag"), Some(etag.as_str()));
+    }
+    let stale = client
+        .send(
+            client
+                .request(Method::GET, "/openapi.json")
+                .header("if-none-match", "\"stale\""),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stale.text(), IN_TREE);
+    let head = client
+        .send(client.request(Method::HEAD, "/openapi.json"))
+        .await
+        .unwrap();
+    assert_eq!(head.status, 200, "{head}");
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("etag"), Some(etag.as_str()));
+    assert_eq!(
+        head.header("content-length"),
+        Some(IN_TREE.len().to_string().as_str())
+    );
+}
+
 /// A 405 names the methods the path takes in `Allow` (RFC 9110; found by
 /// schemathesis's `unsupported_method` check).
 #[tokio::test]
@@ -35,7 +83,7 @@ async fn a_405_carries_allow() {
     let stack = Stack::gateway_only();
     let client = stack.client();
     for (method, path, allowed) in [
-        (Method::POST, "/openapi.json", "GET"),
+        (Method::POST, "/openapi.json", "GET, HEAD"),
         (Method::TRACE, "/chat/completions", "POST"),
         (Method::PUT, "/models", "GET"),
         (Method::PATCH, "/responses/resp_1", "GET, DELETE"),

@@ -154,6 +154,9 @@ impl WorkerService {
         if state.drain.is_draining() {
             return Err(self.reject(status::draining()));
         }
+        // Before anything costs in proportion to them (engines of every kind).
+        let stops = request.sampling.as_ref().map_or(&[][..], |s| &s.stop[..]);
+        crate::pipeline::stop::check(stops).map_err(|s| self.reject(s))?;
         // Hashed before the engine takes the request, for the cache report.
         let prompt_blocks: Arc<[u64]> = inference_proto::prefix::prompt_blocks(&request).into();
         let mut counted = state
@@ -375,6 +378,24 @@ mod tests {
         assert_eq!(u.prompt_tokens + u.completion_tokens, 100);
         assert_eq!(f.reason(), pb::finished::Reason::Length);
         assert_eq!(svc.state.counters.snapshot().rejected, 2);
+    }
+
+    /// Whatever gateway sent them, stop strings over the protocol's bounds
+    /// (the audit's were 4,000,000 characters) are refused up front.
+    #[tokio::test]
+    async fn over_long_stop_strings_are_refused() {
+        let svc = service("base", None, 1, 1);
+        let mut req = request("hello", 10);
+        if let Some(s) = req.sampling.as_mut() {
+            s.stop = vec!["q".repeat(4_000_000), "x".into()];
+        }
+        let err = svc
+            .generate(Request::new(req))
+            .await
+            .expect_err("a 4 MB stop string");
+        assert_eq!(status::reason_of(&err), Some("INVALID_REQUEST"));
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(svc.state.counters.snapshot().rejected, 1);
     }
 
     #[tokio::test]

@@ -2,8 +2,10 @@
 //! spells them. Nothing here knows about workers; `translate::chat` maps
 //! these to and from the worker protocol.
 
+use super::bounds;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// The request body. Unknown top-level fields are rejected
 /// (`unknown_parameter`); the accepted set is the full public parameter set
@@ -12,7 +14,7 @@ use serde_json::Value;
 #[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
-    /// At most [`super::bounds::MAX_MESSAGES`], counted while parsing.
+    /// At most [`bounds::MAX_MESSAGES`], counted while parsing.
     #[serde(default, deserialize_with = "deserialize_messages")]
     pub messages: Option<Vec<ChatMessage>>,
     pub stream: Option<bool>,
@@ -22,7 +24,10 @@ pub struct ChatCompletionRequest {
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub stop: Option<StopSequences>,
+    /// At most [`bounds::MAX_TOOLS`].
+    #[serde(default, deserialize_with = "bounds::tools")]
     pub tools: Option<Vec<ChatTool>>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<ResponseFormat>,
@@ -30,29 +35,39 @@ pub struct ChatCompletionRequest {
     pub n: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub logit_bias: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
     pub user: Option<String>,
     pub service_tier: Option<String>,
     pub store: Option<bool>,
-    pub metadata: Option<Value>,
+    /// Checked while parsing (`bounds::metadata`), then ignored.
+    #[serde(default, deserialize_with = "bounds::metadata")]
+    pub metadata: Option<BTreeMap<String, String>>,
     pub reasoning_effort: Option<String>,
+    #[serde(default, deserialize_with = "bounds::list")]
     pub modalities: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub audio: Option<Value>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub prediction: Option<Value>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub web_search_options: Option<Value>,
     pub verbosity: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
     /// Deprecated predecessors of `tools`/`tool_choice`; accepted, then refused
     /// with a clear message by validation.
+    #[serde(default, deserialize_with = "bounds::json")]
     pub functions: Option<Value>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub function_call: Option<Value>,
     // ---- extensions of the spec -------------------------------------------
     pub enable_thinking: Option<bool>,
     pub thinking_budget: Option<i64>,
     pub planner_mode: Option<bool>,
+    #[serde(default, deserialize_with = "bounds::list")]
     pub agents: Option<Vec<String>>,
 }
 
@@ -62,12 +77,53 @@ pub struct StreamOptions {
     pub include_obfuscation: Option<bool>,
 }
 
-/// `stop`: one string or up to four.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+/// `stop`: one string or up to [`bounds::MAX_STOPS`], each of at most
+/// [`bounds::MAX_STOP_CHARS`] characters, checked while parsing (a
+/// hand-written `Deserialize`: `untagged` would copy every string before
+/// trying a variant, and lose the index of the culprit, `stop.2`).
+#[derive(Debug, Clone)]
 pub enum StopSequences {
     One(String),
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for StopSequences {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = StopSequences;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<StopSequences, E> {
+                serde::de::Visitor::visit_str(stop_string(), v).map(StopSequences::One)
+            }
+            fn visit_seq<A>(self, mut seq: A) -> Result<StopSequences, A::Error>
+            where
+                A: serde::de::SeqAccess<'de>,
+            {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element_seed(stop_string())? {
+                    if out.len() == bounds::MAX_STOPS {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "'stop' takes at most {} sequences",
+                            bounds::MAX_STOPS
+                        )));
+                    }
+                    out.push(s);
+                }
+                Ok(StopSequences::Many(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn stop_string() -> bounds::BoundedString {
+    bounds::BoundedString {
+        max: bounds::MAX_STOP_CHARS,
+        what: "stop string",
+    }
 }
 
 impl StopSequences {
@@ -88,12 +144,13 @@ pub struct ChatMessage {
     pub content: Option<MessageContent>,
     pub name: Option<String>,
     pub tool_call_id: Option<String>,
+    #[serde(default, deserialize_with = "bounds::list")]
     pub tool_calls: Option<Vec<ToolCall>>,
     pub reasoning_content: Option<String>,
     pub refusal: Option<String>,
 }
 
-/// `messages`: an array of at most [`super::bounds::MAX_MESSAGES`] (null is
+/// `messages`: an array of at most [`bounds::MAX_MESSAGES`] (null is
 /// `None`), refused as soon as the count is passed.
 fn deserialize_messages<'de, D>(d: D) -> Result<Option<Vec<ChatMessage>>, D::Error>
 where
@@ -115,7 +172,7 @@ where
         where
             A: serde::de::SeqAccess<'de>,
         {
-            super::bounds::bounded_seq(seq, super::bounds::MAX_MESSAGES, "messages").map(Some)
+            bounds::bounded_seq(seq, bounds::MAX_MESSAGES, "messages").map(Some)
         }
     }
     d.deserialize_any(MessagesVisitor)
@@ -155,7 +212,7 @@ where
             A: serde::de::SeqAccess<'de>,
         {
             let parts =
-                super::bounds::bounded_seq(seq, super::bounds::MAX_CONTENT_PARTS, "content parts")?;
+                bounds::bounded_tagged_seq(seq, bounds::MAX_CONTENT_PARTS, "content parts")?;
             Ok(Some(MessageContent::Parts(parts)))
         }
     }
@@ -211,6 +268,8 @@ pub struct ChatTool {
 pub struct FunctionDefinition {
     pub name: Option<String>,
     pub description: Option<String>,
+    /// A JSON Schema, bounded while parsing (`bounds::schema`).
+    #[serde(default, deserialize_with = "bounds::schema")]
     pub parameters: Option<Value>,
     pub strict: Option<bool>,
 }
@@ -227,6 +286,8 @@ pub struct ResponseFormat {
 pub struct JsonSchemaFormat {
     pub name: Option<String>,
     pub description: Option<String>,
+    /// A JSON Schema, bounded while parsing (`bounds::schema`).
+    #[serde(default, deserialize_with = "bounds::schema")]
     pub schema: Option<Value>,
     pub strict: Option<bool>,
 }

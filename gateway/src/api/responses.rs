@@ -2,6 +2,7 @@
 //! exactly as the public API spells them. Nothing here knows about workers
 //! or the store; `translate::responses` maps these to the worker protocol.
 
+use super::bounds;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -17,28 +18,38 @@ pub struct CreateResponseRequest {
     pub input: Option<Input>,
     pub instructions: Option<String>,
     pub stream: Option<bool>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub stream_options: Option<Value>,
     pub background: Option<bool>,
     pub store: Option<bool>,
     pub previous_response_id: Option<String>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub conversation: Option<Value>,
     pub max_output_tokens: Option<i64>,
     pub max_tool_calls: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_logprobs: Option<i64>,
+    /// At most [`bounds::MAX_TOOLS`].
+    #[serde(default, deserialize_with = "bounds::tools")]
     pub tools: Option<Vec<ResponseTool>>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub text: Option<TextParam>,
     /// The chat-completions spelling; `text.format` wins when both are given.
     pub response_format: Option<FormatParam>,
     pub reasoning: Option<ReasoningParam>,
-    pub metadata: Option<BTreeMap<String, Value>>,
+    /// Checked while parsing (`bounds::metadata`).
+    #[serde(default, deserialize_with = "bounds::metadata")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "bounds::list")]
     pub include: Option<Vec<String>>,
     pub prompt_cache_key: Option<String>,
     pub prompt_cache_retention: Option<String>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub prompt: Option<Value>,
+    #[serde(default, deserialize_with = "bounds::json")]
     pub client_metadata: Option<Value>,
     pub truncation: Option<String>,
     pub service_tier: Option<String>,
@@ -64,7 +75,8 @@ impl<'de> Deserialize<'de> for Input {
             Input::Text,
             Input::Items,
             "a string or an array of input items",
-            (super::bounds::MAX_MESSAGES, "input items"),
+            (bounds::MAX_MESSAGES, "input items"),
+            false,
         )
     }
 }
@@ -92,9 +104,17 @@ pub struct InputItem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
     /// `function_call_output.output`: a string (or, rarely, content parts).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "bounds::json",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub output: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "bounds::list",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub summary: Option<Vec<SummaryPart>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encrypted_content: Option<String>,
@@ -115,7 +135,8 @@ impl<'de> Deserialize<'de> for ItemContent {
             ItemContent::Text,
             ItemContent::Parts,
             "a string or an array of content parts",
-            (super::bounds::MAX_CONTENT_PARTS, "content parts"),
+            (bounds::MAX_CONTENT_PARTS, "content parts"),
+            true,
         )
     }
 }
@@ -123,25 +144,29 @@ impl<'de> Deserialize<'de> for ItemContent {
 /// A string or an array, without `untagged` (which would hide the inner
 /// error and its path: `input.2.content.0.type` must stay exact). The
 /// array holds at most `bound.0` elements (`bound.1` names them), counted
-/// while parsing.
+/// while parsing; `tagged` elements (an internally tagged enum, which serde
+/// would buffer whole) are read as bounded JSON first
+/// ([`bounds::bounded_tagged_seq`]).
 fn string_or_seq<'de, D, T, E>(
     d: D,
     text: fn(String) -> T,
     seq: fn(Vec<E>) -> T,
     expecting: &'static str,
     bound: (usize, &'static str),
+    tagged: bool,
 ) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
-    E: Deserialize<'de>,
+    E: serde::de::DeserializeOwned,
 {
     struct V<T, E> {
         text: fn(String) -> T,
         seq: fn(Vec<E>) -> T,
         expecting: &'static str,
         bound: (usize, &'static str),
+        tagged: bool,
     }
-    impl<'de, T, E: Deserialize<'de>> serde::de::Visitor<'de> for V<T, E> {
+    impl<'de, T, E: serde::de::DeserializeOwned> serde::de::Visitor<'de> for V<T, E> {
         type Value = T;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str(self.expecting)
@@ -153,7 +178,12 @@ where
             Ok((self.text)(v))
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<T, A::Error> {
-            let items = super::bounds::bounded_seq(a, self.bound.0, self.bound.1)?;
+            let (limit, what) = self.bound;
+            let items = if self.tagged {
+                bounds::bounded_tagged_seq(a, limit, what)?
+            } else {
+                bounds::bounded_seq(a, limit, what)?
+            };
             Ok((self.seq)(items))
         }
     }
@@ -162,6 +192,7 @@ where
         seq,
         expecting,
         bound,
+        tagged,
     })
 }
 
@@ -194,6 +225,8 @@ pub struct ResponseTool {
     pub kind: Option<String>,
     pub name: Option<String>,
     pub description: Option<String>,
+    /// A JSON Schema, bounded while parsing (`bounds::schema`).
+    #[serde(default, deserialize_with = "bounds::schema")]
     pub parameters: Option<Value>,
     pub strict: Option<bool>,
     pub function: Option<NestedFunction>,
@@ -203,6 +236,8 @@ pub struct ResponseTool {
 pub struct NestedFunction {
     pub name: Option<String>,
     pub description: Option<String>,
+    /// A JSON Schema, bounded while parsing (`bounds::schema`).
+    #[serde(default, deserialize_with = "bounds::schema")]
     pub parameters: Option<Value>,
     pub strict: Option<bool>,
 }
@@ -222,6 +257,8 @@ pub struct FormatParam {
     pub kind: Option<String>,
     pub name: Option<String>,
     pub description: Option<String>,
+    /// A JSON Schema, bounded while parsing (`bounds::schema`).
+    #[serde(default, deserialize_with = "bounds::schema")]
     pub schema: Option<Value>,
     pub strict: Option<bool>,
     pub json_schema: Option<Box<FormatParam>>,

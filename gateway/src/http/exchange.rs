@@ -189,6 +189,33 @@ impl Exchange {
         let _ = self.session.write_response_body(body, true).await;
     }
 
+    /// Sends a representation with its `etag`: 304 without a body when the
+    /// request's `If-None-Match` names it ([`if_none_match`]), the head alone
+    /// for HEAD, else the whole body.
+    pub async fn send_cacheable(&mut self, content_type: &str, etag: &str, body: Bytes) {
+        let etag = ("etag", etag.to_owned());
+        let not_modified = self
+            .header("if-none-match")
+            .is_some_and(|v| if_none_match(v, &etag.1));
+        if not_modified || *self.method() == http::Method::HEAD {
+            let (status, headers) = if not_modified {
+                (304, vec![etag])
+            } else {
+                // What GET would send, without the body.
+                (200, vec![("content-length", body.len().to_string()), etag])
+            };
+            if self
+                .write_head(status, content_type, &headers)
+                .await
+                .is_ok()
+            {
+                let _ = self.session.write_response_body(Bytes::new(), true).await;
+            }
+            return;
+        }
+        self.send(200, content_type, &[etag], body).await;
+    }
+
     pub async fn send_json<T: Serialize>(
         &mut self,
         status: u16,
@@ -251,6 +278,18 @@ impl Exchange {
             }
         }
     }
+}
+
+/// Whether an `If-None-Match` value matches `etag` (RFC 9110 13.1.2): `*`
+/// matches any current representation; otherwise it is a list of entity
+/// tags compared weakly, so `W/"x"` matches `"x"`.
+pub fn if_none_match(header: &[u8], etag: &str) -> bool {
+    let Ok(value) = std::str::from_utf8(header) else {
+        return false;
+    };
+    let weak = |t: &str| t.strip_prefix("W/").unwrap_or(t).to_owned();
+    let ours = weak(etag);
+    value.trim() == "*" || value.split(',').any(|t| weak(t.trim()) == ours)
 }
 
 /// Whether a `Content-Type` announces a JSON body: `application/json` or a

@@ -42,7 +42,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         ["v1", "openapi.json"] => {
             ex.route = "openapi";
-            allow(ex, &[Method::GET], &path)?;
+            allow(ex, &[Method::GET, Method::HEAD], &path)?;
             openapi::serve(ex).await
         }
         ["v1", "models"] => {

@@ -54,18 +54,7 @@ fn is_codex(ex: &Exchange) -> bool {
 pub async fn list(catalog: &Catalog, ex: &mut Exchange) -> Result<(), ApiError> {
     if is_codex(ex) {
         let (body, etag) = codex_catalogue(catalog);
-        if ex.header("if-none-match") == Some(etag.as_bytes()) {
-            ex.send(
-                304,
-                "application/json",
-                &[("etag", etag.clone())],
-                Bytes::new(),
-            )
-            .await;
-            return Ok(());
-        }
-        ex.send(200, "application/json", &[("etag", etag)], body)
-            .await;
+        ex.send_cacheable("application/json", &etag, body).await;
     } else {
         ex.send(200, "application/json", &[], model_list(catalog))
             .await;

@@ -46,6 +46,10 @@ const DOC_ONLY: &[(&str, &str)] = &[
     ),
     ("Input", "api::responses::Input, a hand-written Deserialize"),
     (
+        "StopSequences",
+        "api::chat::StopSequences, a hand-written Deserialize",
+    ),
+    (
         "ChatToolChoice",
         "a serde_json::Value checked by validate::chat",
     ),

@@ -17,6 +17,13 @@ use bytes::BytesMut;
 use inference_proto::v1 as pb;
 use serde_json::Value;
 
+// What the gateway accepts, every worker accepts: a worker refuses stop
+// strings over the protocol's bounds (a character is at most 4 bytes).
+const _: () = assert!(
+    crate::api::bounds::MAX_STOPS <= inference_proto::limits::MAX_STOPS
+        && crate::api::bounds::MAX_STOP_CHARS * 4 <= inference_proto::limits::MAX_STOP_BYTES
+);
+
 /// Builds the worker request from a validated chat request.
 pub fn to_worker(
     req: &ChatCompletionRequest,

@@ -9,7 +9,7 @@
 //! | field | what happens |
 //! |---|---|
 //! | `model`, `messages` | required; unknown model → 404 `model_not_found` |
-//! | `temperature` 0..2, `top_p` 0..1, `seed`, `presence_penalty`/`frequency_penalty` -2..2, `stop` (≤ 4) | honoured by the worker |
+//! | `temperature` 0..2, `top_p` 0..1, `seed`, `presence_penalty`/`frequency_penalty` -2..2, `stop` (≤ 4, each ≤ 256 characters, checked while parsing) | honoured by the worker |
 //! | `max_tokens`, `max_completion_tokens` ≥ 1 | honoured; the latter wins when both are set |
 //! | `tools`, `tool_choice`, `parallel_tool_calls`, `response_format` | honoured (see `common`) |
 //! | `stream`, `stream_options` | honoured; `stream_options` needs `stream: true` |
@@ -23,7 +23,7 @@
 //! | `functions`, `function_call` (deprecated) | 400 `unsupported_parameter`: use `tools`/`tool_choice` |
 //! | `planner_mode: true` | needs the `x-session-id` header (400 `missing_required_parameter`, param `x-session-id`); routes to the planner. There a JSON `response_format`, `stop` and reasoning are 400 `unsupported_parameter` (the planner's answer is text it composes itself); `tool_choice` `required` or a named function makes the plan call a tool; tool messages are checked against the session's paused plan, not the history |
 //! | `agents` | at most 16 addresses, each an `http(s)://` URL or a directory id (`[A-Za-z0-9._-]`, ≤ 64), else 400 `invalid_value` naming `agents.N`; only with `planner_mode: true` (400 naming `agents` otherwise) |
-//! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction` | checked, then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
+//! | `user`, `safety_identifier`, `metadata`, `store`, `service_tier`, `prediction` | checked (`metadata` while parsing), then ignored: none changes the reply (chat completions are not stored; `service_tier` is always `default`) |
 
 use super::common::{
     self, check_at_least, check_range, check_tool_type, FormatKind, FormatSpec, FunctionSpec,
@@ -111,16 +111,11 @@ pub fn validate(
         (Some(v), _) => (Some(v), "max_completion_tokens"),
         (None, v) => (v, "max_tokens"),
     };
+    // Count and length are bounded while parsing (`api::bounds`).
     let stop = match &req.stop {
         None => Vec::new(),
         Some(s) => s.clone().into_vec(),
     };
-    if stop.len() > 4 {
-        return Err(ApiError::invalid_value(
-            "stop",
-            format!("'stop' takes at most 4 sequences, got {}.", stop.len()),
-        ));
-    }
     if let Some(i) = stop.iter().position(String::is_empty) {
         return Err(ApiError::invalid_value(
             if matches!(req.stop, Some(crate::api::chat::StopSequences::One(_))) {
@@ -187,9 +182,6 @@ pub fn validate(
             "agents",
             "'agents' lists agents for the planner: it is only allowed with 'planner_mode': true.",
         ));
-    }
-    if let Some(m) = &req.metadata {
-        common::check_metadata("metadata", m)?;
     }
     if let Some(tier) = req.service_tier.as_deref() {
         common::check_service_tier(tier)?;

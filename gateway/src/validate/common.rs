@@ -20,7 +20,8 @@
 //!
 //! API for the responses side (all return `Result<_, ApiError>`):
 //! - bounds: [`check_range`], [`check_at_least`], [`check_thinking_budget`];
-//! - [`check_metadata`] (≤ 16 string pairs, keys ≤ 64 chars, values ≤ 512);
+//! - (`metadata`, ≤ 16 string pairs, keys ≤ 64 chars, values ≤ 512, is
+//!   checked while parsing: `api::bounds::metadata`);
 //! - [`check_reasoning_effort`];
 //! - tools: [`check_function_tool`] (name, schema, strict rules) and
 //!   [`check_tool_type`];
@@ -34,10 +35,6 @@ use serde_json::{Map, Value};
 
 /// Largest `thinking_budget` (spec 8).
 pub const MAX_THINKING_BUDGET: i64 = 16_384;
-/// `metadata` limits: pairs, key length, value length (in characters).
-pub const MAX_METADATA_PAIRS: usize = 16;
-pub const MAX_METADATA_KEY_CHARS: usize = 64;
-pub const MAX_METADATA_VALUE_CHARS: usize = 512;
 /// Longest function or schema name, as in the public API.
 pub const MAX_NAME_CHARS: usize = 64;
 /// The allowed `reasoning.effort` / `reasoning_effort` values (spec 2.6).
@@ -92,51 +89,6 @@ pub fn check_thinking_budget(param: &str, v: i64) -> Result<u32, ApiError> {
         ));
     }
     Ok(v as u32)
-}
-
-/// `metadata`: an object of at most 16 string→string pairs, keys up to 64
-/// characters, values up to 512. `null` is the same as absent.
-pub fn check_metadata(param: &str, v: &Value) -> Result<(), ApiError> {
-    let map = match v {
-        Value::Null => return Ok(()),
-        Value::Object(m) => m,
-        _ => {
-            return Err(ApiError::invalid_type(
-                param,
-                format!("'{param}' must be an object of string keys and string values."),
-            ))
-        }
-    };
-    if map.len() > MAX_METADATA_PAIRS {
-        return Err(ApiError::invalid_value(
-            param,
-            format!(
-                "'{param}' takes at most {MAX_METADATA_PAIRS} pairs, got {}.",
-                map.len()
-            ),
-        ));
-    }
-    for (k, val) in map {
-        if k.chars().count() > MAX_METADATA_KEY_CHARS {
-            return Err(ApiError::invalid_value(
-                param,
-                format!("'{param}' keys are at most {MAX_METADATA_KEY_CHARS} characters; '{k}' is longer."),
-            ));
-        }
-        let Value::String(s) = val else {
-            return Err(ApiError::invalid_type(
-                format!("{param}.{k}"),
-                format!("'{param}.{k}' must be a string."),
-            ));
-        };
-        if s.chars().count() > MAX_METADATA_VALUE_CHARS {
-            return Err(ApiError::invalid_value(
-                format!("{param}.{k}"),
-                format!("'{param}.{k}' is longer than {MAX_METADATA_VALUE_CHARS} characters."),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `service_tier`: one of the public API's values (both endpoints accept
@@ -336,8 +288,16 @@ pub fn check_format(f: &FormatSpec<'_>) -> Result<FormatKind, ApiError> {
 /// Checking costs tens of microseconds per schema, and clients resend the
 /// same tools and formats on every turn, so outcomes are remembered by the
 /// schema's content (see [`crate::schema_cache`]).
+///
+/// A schema that certainly admits no value is refused too: a model held
+/// to it could only fail the output check, a 500 a client would retry in
+/// vain ([`super::satisfiable`]).
 pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
-    compiled_schema(schema).map(|_| ())
+    compiled_schema(schema)?;
+    match super::satisfiable::unsatisfiable(schema) {
+        None => Ok(()),
+        Some(why) => Err(format!("it admits no value: {why}")),
+    }
 }
 
 /// The strict-mode rules of the public API, at every object level: an
@@ -714,32 +674,6 @@ mod tests {
         assert_eq!(
             check_format(&missing_object).unwrap_err().param.as_deref(),
             Some("response_format.json_schema")
-        );
-    }
-
-    #[test]
-    fn metadata_limits() {
-        assert!(check_metadata("metadata", &json!({"a": "b"})).is_ok());
-        assert!(check_metadata("metadata", &Value::Null).is_ok());
-        let many: Map<String, Value> = (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
-        assert_eq!(
-            check_metadata("metadata", &Value::Object(many))
-                .unwrap_err()
-                .param
-                .as_deref(),
-            Some("metadata")
-        );
-        let e = check_metadata("metadata", &json!({"a": 1})).unwrap_err();
-        assert_eq!(
-            (e.code.as_ref(), e.param.as_deref()),
-            ("invalid_type", Some("metadata.a"))
-        );
-        let e = check_metadata("metadata", &json!({"a": "x".repeat(513)})).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("metadata.a"));
-        assert!(check_metadata("metadata", &json!({"k".repeat(65): "v"})).is_err());
-        assert_eq!(
-            check_metadata("metadata", &json!([])).unwrap_err().code,
-            "invalid_type"
         );
     }
 

@@ -45,6 +45,15 @@ fn chat_messages(model: &str, messages: &str) -> Vec<u8> {
     format!(r#"{{"model":"{model}","messages":{messages}}}"#).into_bytes()
 }
 
+/// A valid object schema whose compact JSON is `bytes` long, give or take
+/// a few bytes (a long `description`).
+fn big_schema(bytes: usize) -> String {
+    format!(
+        r#"{{"type":"object","description":"{}"}}"#,
+        "d".repeat(bytes.saturating_sub(34))
+    )
+}
+
 fn tool(name: &str, parameters: &str, strict: bool) -> String {
     format!(
         r#"{{"type":"function","function":{{"name":"{name}","description":"d","parameters":{parameters},"strict":{strict}}}}}"#
@@ -217,7 +226,21 @@ pub fn chat_cases() -> Vec<Case> {
             "stop",
         ),
         iv("empty stop string", chat(r#""stop":["a",""]"#), "stop.1"),
-        it("stop not strings", chat(r#""stop":[1]"#), "stop"),
+        it("stop not strings", chat(r#""stop":[1]"#), "stop.0"),
+        ok(
+            "stop strings of 256 characters",
+            chat(&format!(r#""stop":["{}","b"]"#, "é".repeat(256))),
+        ),
+        iv(
+            "stop string over 256 characters",
+            chat(&format!(r#""stop":["a","b","{}"]"#, "x".repeat(257))),
+            "stop.2",
+        ),
+        iv(
+            "one stop string over 256 characters",
+            chat(&format!(r#""stop":"{}""#, "x".repeat(257))),
+            "stop",
+        ),
         // ---- reasoning -------------------------------------------------------
         ok(
             "thinking budget on base",
@@ -563,6 +586,14 @@ pub fn chat_cases() -> Vec<Case> {
             "tools.0.function.name",
         ),
         bad(
+            "response format that admits no value",
+            chat(
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","minLength":3,"maxLength":1}},"required":["s"]}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("response_format.json_schema.schema"),
+        ),
+        bad(
             "invalid JSON Schema",
             chat(&format!(
                 r#""tools":[{}]"#,
@@ -575,6 +606,39 @@ pub fn chat_cases() -> Vec<Case> {
             "parameters not an object",
             chat(r#""tools":[{"type":"function","function":{"name":"f","parameters":"object"}}]"#),
             "tools.0.function.parameters",
+        ),
+        bad(
+            "parameters over 256 KiB",
+            chat(&format!(
+                r#""tools":[{},{}]"#,
+                tool("a", OPEN, false),
+                tool("b", &big_schema((256 << 10) + 1), false)
+            )),
+            "schema_too_large",
+            Some("tools.1.function.parameters"),
+        ),
+        bad(
+            "schemas over 512 KiB together",
+            chat(&format!(
+                r#""tools":[{},{},{}],"response_format":{{"type":"json_schema","json_schema":{{"name":"a","schema":{}}}}}"#,
+                tool("a", &big_schema(200 << 10), false),
+                tool("b", &big_schema(200 << 10), false),
+                tool("c", OPEN, false),
+                big_schema(200 << 10)
+            )),
+            "schema_too_large",
+            Some("response_format.json_schema.schema"),
+        ),
+        iv(
+            "more than 128 tools",
+            chat(&format!(
+                r#""tools":[{}]"#,
+                (0..129)
+                    .map(|i| tool(&format!("f{i}"), "{}", false))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+            "tools",
         ),
         bad(
             "strict without additionalProperties false",
@@ -1077,6 +1141,32 @@ pub fn responses_cases() -> Vec<Case> {
                 r#""text":{{"format":{{"type":"json_schema","schema":{CLOSED}}}}}"#
             )),
             "text.format.name",
+        ),
+        bad(
+            "text.format schema over 256 KiB",
+            resp(&format!(
+                r#""text":{{"format":{{"type":"json_schema","name":"a","schema":{}}}}}"#,
+                big_schema(300 << 10)
+            )),
+            "schema_too_large",
+            Some("text.format.schema"),
+        ),
+        bad(
+            "flat tool parameters over 256 KiB",
+            resp(&format!(
+                r#""tools":[{}]"#,
+                flat_tool("f", &big_schema((256 << 10) + 1), false)
+            )),
+            "schema_too_large",
+            Some("tools.0.parameters"),
+        ),
+        bad(
+            "text.format schema that admits no value",
+            resp(
+                r#""text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":5,"maximum":1}},"required":["n"]}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("text.format.schema"),
         ),
         bad(
             "text.format invalid schema",

@@ -8,6 +8,7 @@ pub mod common;
 #[cfg(test)]
 pub mod contract_cases;
 pub mod responses;
+mod satisfiable;
 
 #[cfg(test)]
 mod contract_tests;

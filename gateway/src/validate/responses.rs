@@ -232,7 +232,8 @@ pub fn validate(
 
     let tools = check_tools(req)?;
     let (format, text) = check_format(req)?;
-    let metadata = check_metadata(req.metadata.as_ref())?;
+    // Checked while parsing (`api::bounds::metadata`).
+    let metadata = req.metadata.clone().unwrap_or_default();
     // Input that cannot fit the window whatever the tokenizer (spec 8).
     // Items of `previous_response_id` are counted by the worker.
     super::common::check_context_window(
@@ -549,21 +550,6 @@ fn check_format(req: &CreateResponseRequest) -> Result<(OutputFormat, Value), Ap
         echo["verbosity"] = Value::String(v);
     }
     Ok((out, echo))
-}
-
-/// The shared metadata rules (16 string pairs, bounded keys and values),
-/// then the pairs as strings for the stored object.
-fn check_metadata(
-    metadata: Option<&BTreeMap<String, Value>>,
-) -> Result<BTreeMap<String, String>, ApiError> {
-    let Some(m) = metadata else {
-        return Ok(BTreeMap::new());
-    };
-    let as_value = Value::Object(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-    super::common::check_metadata("metadata", &as_value)?;
-    Ok(m.iter()
-        .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
-        .collect())
 }
 
 #[cfg(test)]

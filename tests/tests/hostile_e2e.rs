@@ -1,0 +1,239 @@
+//! What one request may cost (issue 41): the audit's hostile bodies,
+//! through the real gateway, each refused with its status, `code` and
+//! `param` before it is built whole, and the gateway's resident memory
+//! (`/proc/<pid>/status`) bounded across all of them. Before the bounds
+//! one 16 MiB body of tool parameters took a fresh gateway from 29 to
+//! 1,271 MiB, and forty 1 MB `json_schema` formats left it at 1,112 MiB.
+
+use harness::procfs;
+use harness::{assert_error, json, Client, Reply, Stack, Value, WorkerOpts};
+use inference_proto::v1 as pb;
+
+const MIB: u64 = 1024;
+
+async fn post(client: &Client, path: &str, body: String) -> Reply {
+    client
+        .send(
+            client
+                .request(reqwest::Method::POST, path)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
+        .unwrap()
+}
+
+/// Sends `body` and checks the 400's `code` and `param`.
+async fn refused(client: &Client, path: &str, body: String, code: &str, param: &str) {
+    let r = post(client, path, body).await;
+    let e = assert_error(&r, 400, code);
+    assert_eq!(e["param"], param, "{r}");
+    assert_eq!(e["type"], "invalid_request_error", "{r}");
+}
+
+/// A chat body with one user message and `extra` top-level fields.
+fn chat(extra: &str) -> String {
+    format!(r#"{{"model":"base","messages":[{{"role":"user","content":"hi"}}],{extra}}}"#)
+}
+
+fn rss_mib(pid: u32) -> u64 {
+    procfs::rss_kib(pid).unwrap() / MIB
+}
+
+/// `{"type":"string","x-id":i,"x-junk":[{},{},…]}` of about `bytes`.
+fn junk_schema(i: usize, bytes: usize) -> String {
+    format!(
+        r#"{{"type":"string","x-id":{i},"x-junk":[{}{{}}]}}"#,
+        "{},".repeat(bytes / 3)
+    )
+}
+
+#[tokio::test]
+async fn hostile_bodies_are_refused_and_the_gateway_stays_small() {
+    let stack = Stack::single(WorkerOpts::default());
+    let client = stack.client();
+    let pid = stack.gateway.pid().expect("the gateway's pid");
+    // One ordinary request first, so the baseline has its allocations.
+    let r = client
+        .post_json(
+            "/chat/completions",
+            &json!({"model":"base","messages":[{"role":"user","content":"hi"}],
+                    "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let before = rss_mib(pid);
+
+    // 1a. One 16 MiB body whose tool `parameters` holds 8.3M zeros.
+    let zeros = chat(&format!(
+        r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","x":[{}0]}}}}}}]"#,
+        "0,".repeat(8_300_000)
+    ));
+    assert!(zeros.len() > 15 << 20 && zeros.len() < 16 << 20);
+    let (c, p) = ("schema_too_large", "tools.0.function.parameters");
+    refused(&client, "/chat/completions", zeros, c, p).await;
+    let after_zeros = rss_mib(pid);
+
+    // 1b. Forty distinct 1 MB `json_schema` formats (chat), and the same
+    // on the Responses API's `text.format` and a flat tool.
+    for i in 0..40 {
+        let body = chat(&format!(
+            r#""response_format":{{"type":"json_schema","json_schema":{{"name":"a","schema":{}}}}}"#,
+            junk_schema(i, 1 << 20)
+        ));
+        let p = "response_format.json_schema.schema";
+        refused(&client, "/chat/completions", body, c, p).await;
+    }
+    for i in 0..10 {
+        let body = format!(
+            r#"{{"model":"base","input":"hi","text":{{"format":{{"type":"json_schema","name":"a","schema":{}}}}}}}"#,
+            junk_schema(100 + i, 1 << 20)
+        );
+        refused(&client, "/responses", body, c, "text.format.schema").await;
+        let body = format!(
+            r#"{{"model":"base","input":"hi","tools":[{{"type":"function","name":"f","parameters":{}}}]}}"#,
+            junk_schema(200 + i, 1 << 20)
+        );
+        refused(&client, "/responses", body, c, "tools.0.parameters").await;
+    }
+    let after_schemas = rss_mib(pid);
+
+    // 2. Four stop strings of 4,000,000 characters; one of 257.
+    let stops: Vec<String> = ["q", "x", "y", "z"]
+        .iter()
+        .map(|c| c.repeat(4_000_000))
+        .collect();
+    let body = chat(&format!(r#""stop":{}"#, json!(stops)));
+    refused(
+        &client,
+        "/chat/completions",
+        body,
+        "invalid_value",
+        "stop.0",
+    )
+    .await;
+    let body = chat(&format!(r#""stop":["a","b","{}"]"#, "é".repeat(257)));
+    refused(
+        &client,
+        "/chat/completions",
+        body,
+        "invalid_value",
+        "stop.2",
+    )
+    .await;
+
+    // 3. 614k empty content parts in 16 MB (600 messages of 1,024, each
+    // within its own bound): three values a part, the request's 65,536
+    // run out in the 22nd message.
+    let part = r#"{"type":"text","text":""}"#;
+    let message = format!(
+        r#"{{"role":"user","content":[{}]}}"#,
+        vec![part; 1024].join(",")
+    );
+    let parts = format!(
+        r#"{{"model":"base","messages":[{}]}}"#,
+        vec![message.as_str(); 600].join(",")
+    );
+    assert!(parts.len() > 15 << 20 && parts.len() < 16 << 20);
+    let cpu = stack.gateway.cpu_micros().unwrap();
+    let p = "messages.21.content";
+    refused(&client, "/chat/completions", parts, "invalid_value", p).await;
+    let cpu_ms = (stack.gateway.cpu_micros().unwrap() - cpu) / 1000;
+    println!("gateway CPU to refuse 614,400 empty content parts: {cpu_ms} ms");
+    assert!(cpu_ms < 750, "{cpu_ms} ms of CPU");
+
+    // `metadata` values of 5.3M `{}`: refused at their first byte.
+    let metadata = format!(
+        r#"{{"model":"base","input":"hi","metadata":{{"a":[{}{{}}]}}}}"#,
+        "{},".repeat(5_300_000)
+    );
+    refused(
+        &client,
+        "/responses",
+        metadata,
+        "invalid_type",
+        "metadata.a",
+    )
+    .await;
+
+    let after = rss_mib(pid);
+    let peak = procfs::peak_rss_kib(pid).unwrap() / MIB;
+    println!(
+        "gateway resident memory: {before} MiB before, {after_zeros} after the zeros, \
+         {after_schemas} after 60 schemas, {after} at the end (peak {peak} MiB)"
+    );
+    assert!(
+        after < before + 100,
+        "resident memory grew from {before} to {after} MiB"
+    );
+
+    // Still serving.
+    let r = client
+        .post_json(
+            "/chat/completions",
+            &json!({"model":"base","messages":[{"role":"user","content":"hi"}],"stop":["END"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+}
+
+/// A worker defends itself whatever gateway sends to it: the audit's four
+/// 4,000,000-character stop strings sent straight to its gRPC port are
+/// refused (INVALID_REQUEST), and it keeps serving.
+#[tokio::test]
+async fn a_worker_refuses_over_long_stop_strings_from_any_gateway() {
+    let stack = Stack::single(WorkerOpts::default());
+    let worker = stack.worker("base");
+    let mut grpc = worker.grpc().await.unwrap();
+    let request = |stop: Vec<String>| pb::GenerateRequest {
+        request_id: "hostile".into(),
+        model: "base".into(),
+        messages: vec![pb::Message {
+            role: "user".into(),
+            content: vec![pb::ContentPart {
+                part: Some(pb::content_part::Part::Text("hi".into())),
+            }],
+            ..Default::default()
+        }],
+        sampling: Some(pb::Sampling {
+            max_tokens: 8,
+            stop,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let stops: Vec<String> = ["q", "x", "y", "z"]
+        .iter()
+        .map(|c| c.repeat(4_000_000))
+        .collect();
+    let err = grpc.generate(request(stops)).await.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let reason = err
+        .metadata()
+        .get(pb::ERROR_REASON_METADATA)
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(reason, Some("INVALID_REQUEST"), "{err:?}");
+    // A stop string at the bound is served.
+    let mut events = grpc
+        .generate(request(vec!["é".repeat(512)]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut finished = false;
+    while let Some(ev) = events.message().await.unwrap() {
+        finished |= matches!(ev.event, Some(pb::generate_event::Event::Finished(_)));
+    }
+    assert!(finished);
+    let r = stack
+        .client()
+        .post_json(
+            "/chat/completions",
+            &json!({"model":"base","messages":[{"role":"user","content":"hi"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let _: Value = r.json();
+}
