@@ -93,17 +93,19 @@ fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<gateway::config::Age
 }
 
 /// The sampling the reference model's card recommends (temperature 0.2,
-/// top_p 0.9 for SmolLM2-135M-Instruct; its GGUF carries none), by file
-/// name; other files keep their metadata's or the engine's.
-fn model_card_sampling(file: &std::path::Path) -> (Option<f64>, Option<f64>) {
+/// top_p 0.9 for SmolLM2-135M-Instruct; its GGUF carries none), plus
+/// llama.cpp's classic repetition penalty (1.1), without which it loops at
+/// that temperature on a few prompts in ten; by file name; other files
+/// keep their metadata's or the engine's.
+fn model_card_sampling(file: &std::path::Path) -> (Option<f64>, Option<f64>, Option<f64>) {
     let name = file
         .file_name()
         .map(|n| n.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
     if name.starts_with("smollm2-135m-instruct") {
-        (Some(0.2), Some(0.9))
+        (Some(0.2), Some(0.9), Some(1.1))
     } else {
-        (None, None)
+        (None, None, None)
     }
 }
 
@@ -134,6 +136,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             let defaults = [
                 ("--default-temperature", args.default_temperature.or(card.0)),
                 ("--default-top-p", args.default_top_p.or(card.1)),
+                ("--default-repeat-penalty", card.2),
             ];
             for (flag, value) in defaults {
                 if let Some(v) = value {

@@ -29,8 +29,9 @@ fn shared_head() -> String {
 /// Two workers that each run one generation and queue none. With one busy,
 /// prefix affinity still prefers it for the same prefix; it answers
 /// OVERLOADED and the gateway retries on the other worker before any token:
-/// the client sees plain success. With both busy: 503 `server_overloaded`
-/// with `retry-after`.
+/// the client sees plain success. With both busy: it waits in the
+/// gateway's queue (here 300 ms), then 503 `server_overloaded` with
+/// `retry-after`.
 #[tokio::test]
 async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
     bounded(40, async {
@@ -40,7 +41,10 @@ async fn overloaded_worker_is_retried_on_another_before_the_first_token() {
             ..WorkerOpts::default()
         };
         let workers = start_workers("base", &[one_slot.clone(), one_slot]);
-        let gateway = gateway_over(&workers, "[models.base]\npolicy = \"prefix_affinity\"\n");
+        let gateway = gateway_over(
+            &workers,
+            "[models.base]\npolicy = \"prefix_affinity\"\nqueue_timeout_ms = 300\n",
+        );
         let client = gateway.client();
         let head = shared_head();
 

@@ -299,6 +299,11 @@ struct ServeArgs {
     /// `general.sampling.top_p` (llama), else the engine's own (1).
     #[arg(long)]
     default_top_p: Option<f64>,
+    /// llama: repetition penalty over the last 64 tokens for every request
+    /// (1 = none; not an API field). Default: the model file's
+    /// `general.sampling.penalty_repeat`, else none.
+    #[arg(long)]
+    default_repeat_penalty: Option<f64>,
     /// Require this token from callers (`authorization: Bearer <token>`,
     /// sent by gateways with GATEWAY_WORKER_TOKEN); unauthenticated calls
     /// fail with UNAUTHENTICATED. grpc.health.v1 stays open for probes.
@@ -572,6 +577,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .overridden_by(SamplingDefaults {
             temperature: args.default_temperature,
             top_p: args.default_top_p,
+            repeat_penalty: args.default_repeat_penalty,
         })
         .validated()?;
     let cache_report = CacheReport::new(

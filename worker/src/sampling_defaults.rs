@@ -11,6 +11,9 @@ use inference_proto::v1 as pb;
 pub struct SamplingDefaults {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// llama.cpp's repetition penalty (1 = none): what keeps a small model
+    /// at a low temperature out of a loop.
+    pub repeat_penalty: Option<f64>,
 }
 
 impl SamplingDefaults {
@@ -20,12 +23,13 @@ impl SamplingDefaults {
         Self {
             temperature: over.temperature.or(self.temperature),
             top_p: over.top_p.or(self.top_p),
+            repeat_penalty: over.repeat_penalty.or(self.repeat_penalty),
         }
     }
 
     /// Fills the fields the request left unset.
     pub fn apply(&self, request: &mut pb::GenerateRequest) {
-        if self.temperature.is_none() && self.top_p.is_none() {
+        if *self == Self::default() {
             return;
         }
         let sampling = request.sampling.get_or_insert_with(Default::default);
@@ -35,6 +39,9 @@ impl SamplingDefaults {
         if sampling.top_p.is_none() {
             sampling.top_p = self.top_p;
         }
+        if sampling.repeat_penalty.is_none() {
+            sampling.repeat_penalty = self.repeat_penalty;
+        }
     }
 
     /// As reported in `Info`.
@@ -42,6 +49,7 @@ impl SamplingDefaults {
         pb::SamplingDefaults {
             temperature: self.temperature,
             top_p: self.top_p,
+            repeat_penalty: self.repeat_penalty,
         }
     }
 
@@ -85,6 +93,7 @@ mod tests {
         let d = SamplingDefaults {
             temperature: Some(0.2),
             top_p: Some(0.9),
+            repeat_penalty: None,
         };
         let mut unset = request(None, None);
         d.apply(&mut unset);
@@ -104,29 +113,36 @@ mod tests {
         let gguf = SamplingDefaults {
             temperature: Some(0.6),
             top_p: Some(0.95),
+            repeat_penalty: Some(1.05),
         };
         let flags = SamplingDefaults {
             temperature: Some(0.2),
             top_p: None,
+            repeat_penalty: None,
         };
         assert_eq!(
             gguf.overridden_by(flags),
             SamplingDefaults {
                 temperature: Some(0.2),
-                top_p: Some(0.95)
+                top_p: Some(0.95),
+                repeat_penalty: Some(1.05),
             }
         );
-        assert!(SamplingDefaults {
-            temperature: Some(3.0),
-            top_p: None
+        for bad in [
+            SamplingDefaults {
+                temperature: Some(3.0),
+                ..Default::default()
+            },
+            SamplingDefaults {
+                top_p: Some(1.5),
+                ..Default::default()
+            },
+            SamplingDefaults {
+                repeat_penalty: Some(0.0),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validated().is_err(), "{bad:?}");
         }
-        .validated()
-        .is_err());
-        assert!(SamplingDefaults {
-            temperature: None,
-            top_p: Some(1.5)
-        }
-        .validated()
-        .is_err());
     }
 }

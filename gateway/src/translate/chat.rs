@@ -92,6 +92,8 @@ pub fn to_worker(
             seed: req.seed.map(|s| s as u64),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
+            // The worker's model default; no public field sets it.
+            repeat_penalty: None,
         }),
         response_format: req.response_format.as_ref().map(|f| {
             let schema = f.json_schema.as_ref();

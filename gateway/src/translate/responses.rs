@@ -166,6 +166,8 @@ pub fn to_worker(
             seed: req.seed.map(|s| s as u64),
             presence_penalty: None,
             frequency_penalty: None,
+            // The worker's model default; no public field sets it.
+            repeat_penalty: None,
         }),
         response_format: match &valid.format {
             OutputFormat::Text => None,

@@ -271,6 +271,7 @@ impl LlamaEngine {
         SamplingDefaults {
             temperature: number("general.sampling.temp"),
             top_p: number("general.sampling.top_p"),
+            repeat_penalty: number("general.sampling.penalty_repeat"),
         }
     }
 }
@@ -436,10 +437,22 @@ struct DecodeLoop<'m> {
     clock: Arc<StepClock>,
 }
 
-fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>) -> LlamaSampler {
-    let mut chain = Vec::with_capacity(4);
+/// Tokens the repetition penalty looks back over (llama.cpp's default).
+const PENALTY_LAST_N: i32 = 64;
+
+fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>, n_vocab: i32) -> LlamaSampler {
+    let mut chain = Vec::with_capacity(5);
     if let Some(m) = matcher {
         chain.push(LlamaSampler::from(m));
+    }
+    if let Some(p) = sampling.repeat_penalty.filter(|p| *p > 0.0 && *p != 1.0) {
+        chain.push(LlamaSampler::penalties(
+            n_vocab,
+            PENALTY_LAST_N,
+            p,
+            0.0,
+            0.0,
+        ));
     }
     // The API's default temperature is 1.
     let temperature = sampling.temperature.unwrap_or(1.0);
@@ -589,7 +602,7 @@ impl<'m> DecodeLoop<'m> {
             slot.last_used = self.admitted;
             slot.active = Some(Active {
                 tx: job.tx,
-                sampler: sampler(&job.sampling, job.matcher),
+                sampler: sampler(&job.sampling, job.matcher, self.model.n_vocab()),
                 pending: job.prompt[reuse..].iter().copied().collect(),
                 cached: reuse as u32,
                 slot: seq,

@@ -177,6 +177,7 @@ pub fn plan(req: &pb::GenerateRequest, images: bool) -> Result<RequestPlan, Stat
             temperature: sampling.temperature.map(|t| t as f32),
             top_p: sampling.top_p.map(|p| p as f32),
             seed: sampling.seed,
+            repeat_penalty: sampling.repeat_penalty.map(|p| p as f32),
         },
         stop: sampling.stop,
         max_tokens: sampling.max_tokens,

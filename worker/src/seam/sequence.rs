@@ -54,6 +54,9 @@ pub struct SamplingParams {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<u64>,
+    /// Multiplicative penalty on tokens among the last 64 generated (1 or
+    /// none: off); the model's default, never the client's.
+    pub repeat_penalty: Option<f32>,
 }
 
 /// What the output must match, enforced while decoding.
