@@ -98,7 +98,7 @@ Images cost 85 tokens (detail=low) or 765 (high/auto), counted in prompt_tokens.
 SIGTERM drains: health NOT_SERVING, new requests fail with DRAINING, running ones
 get --grace-period-seconds to finish, then the process exits 0."
     )]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Fetch a weights file into a directory, verified (init containers).
     #[command(
         long_about = "Fetch one weights file into --dest, verified by its sha256.
@@ -115,7 +115,7 @@ DEST/NAME. A wrong checksum deletes the download and exits 1 naming both digests
 already at DEST/NAME with the right checksum exits 0 at once, without a request. One
 fetch per directory at a time (an advisory lock on DEST). Prints the file's path."
     )]
-    FetchWeights(FetchArgs),
+    FetchWeights(Box<FetchArgs>),
 }
 
 #[derive(Parser, Debug)]
@@ -347,8 +347,8 @@ struct ServeArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
-        Command::Serve(args) => args,
-        Command::FetchWeights(args) => return fetch_weights(args),
+        Command::Serve(args) => *args,
+        Command::FetchWeights(args) => return fetch_weights(*args),
     };
     let mut telemetry = telemetry::init(&telemetry::Options {
         service_name: &args.service_name,
