@@ -190,23 +190,30 @@ impl Members {
         *guard = Arc::new(next);
     }
 
-    /// Requests the workers can start now: the free slots of the workers
-    /// in selection. Unbounded (nothing to queue for) when a worker has not
-    /// said its capacity, or when none is selectable: the call then fails
-    /// at once rather than after a wait.
+    /// Requests the workers can start now: the free slots of the workers a
+    /// call would try (those in selection; with every circuit open, the
+    /// panic mode's: every healthy one). Unbounded (nothing to queue for)
+    /// when one of them has not said its capacity, or when there is none:
+    /// the call then fails at once rather than after a wait.
     fn free_slots(&self) -> u32 {
         let endpoints = self.snapshot();
+        let mut candidates: Vec<&Arc<WorkerEndpoint>> =
+            endpoints.iter().filter(|e| e.is_available()).collect();
+        if candidates.is_empty() {
+            candidates = endpoints
+                .iter()
+                .filter(|e| e.is_selectable_ignoring_circuit())
+                .collect();
+        }
+        if candidates.is_empty() {
+            return u32::MAX;
+        }
         let mut free = 0u32;
-        let mut selectable = false;
-        for e in endpoints.iter().filter(|e| e.is_available()) {
-            selectable = true;
+        for e in candidates {
             match e.free_slots() {
                 Some(n) => free = free.saturating_add(n),
                 None => return u32::MAX,
             }
-        }
-        if !selectable && !endpoints.iter().any(|e| e.is_selectable_ignoring_circuit()) {
-            return u32::MAX;
         }
         free
     }
