@@ -7,6 +7,9 @@ max_tokens, no temperature), N times, one after another, against
 Usage: python3 scripts/first-touch.py N stream|body [MODEL]
 """
 import json, time, sys, urllib.request
+
+# The client's patience per request, in seconds (an impatient SDK user's).
+TIMEOUT = 15
 N=int(sys.argv[1]); stream = sys.argv[2]=="stream"; model=sys.argv[3] if len(sys.argv)>3 else "base"
 res=[]
 for i in range(N):
@@ -15,7 +18,7 @@ for i in range(N):
     req=urllib.request.Request("http://127.0.0.1:8080/v1/chat/completions", data=json.dumps(body).encode(), headers={"Authorization":"Bearer sk-local-dev","Content-Type":"application/json"})
     t=time.time(); fin=None; toks=None; text=""
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
             if stream:
                 for line in r:
                     line=line.decode().strip()
