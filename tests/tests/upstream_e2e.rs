@@ -26,8 +26,11 @@ async fn upstream_stack(parallel: u32, max_concurrency: Option<u32>) -> (Stack, 
     (Stack::single(opts), server)
 }
 
-/// Eight streams on a two-slot engine: two run, six wait inside the
-/// engine, and the worker reports exactly the engine's counts.
+/// Eight streams on a two-slot engine: five through the gateway (whose
+/// queue hands the engine at most its two slots) and three straight at the
+/// engine, as another tenant of a shared engine sends them. The engine runs
+/// two and defers the rest, and the worker reports exactly the engine's
+/// counts, not its own.
 #[tokio::test]
 async fn the_reported_load_follows_the_engine_under_eight_streams() {
     let (stack, server) = upstream_stack(2, Some(16)).await;
@@ -35,7 +38,7 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
     // Opened at once: a request the engine defers has no first token (and
     // no response head) until a slot frees.
     let mut streams = tokio::task::JoinSet::new();
-    for i in 0..8 {
+    for i in 0..5 {
         let client = stack.client();
         streams.spawn(async move {
             let body = chat::long_story(
@@ -44,6 +47,19 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
             );
             let mut stream = client.stream("/chat/completions", &body).await?;
             while stream.next_frame().await?.is_some() {}
+            anyhow::Ok(())
+        });
+    }
+    let direct = reqwest::Client::new();
+    for i in 5..8 {
+        let (direct, url) = (direct.clone(), format!("{}/v1/chat/completions", server.url()));
+        streams.spawn(async move {
+            let body = chat::long_story(
+                &format!("Tell me a very long story about dragon number {i}."),
+                i,
+            );
+            let mut reply = direct.post(url).json(&body).send().await?;
+            while reply.chunk().await?.is_some() {}
             anyhow::Ok(())
         });
     }

@@ -54,8 +54,9 @@ impl SamplingDefaults {
     }
 
     /// Checks the values are in the API's ranges (temperature 0..=2, top_p
-    /// 0..=1): a typo in a flag or odd metadata must not reach every
-    /// request.
+    /// 0..=1) and the penalty in llama.cpp's useful one (above 0, at most
+    /// 2; 0 would divide by zero): a typo in a flag or odd metadata must
+    /// not reach every request.
     pub fn validated(self) -> anyhow::Result<Self> {
         if let Some(t) = self.temperature {
             anyhow::ensure!(
@@ -67,6 +68,12 @@ impl SamplingDefaults {
             anyhow::ensure!(
                 (0.0..=1.0).contains(&p),
                 "default top_p {p} is outside 0..=1"
+            );
+        }
+        if let Some(r) = self.repeat_penalty {
+            anyhow::ensure!(
+                r > 0.0 && r <= 2.0,
+                "default repeat penalty {r} is outside (0, 2]"
             );
         }
         Ok(self)

@@ -346,8 +346,10 @@ async fn events_of(
 }
 
 /// `batch_events` (a non-streaming caller): the same reply, usage and
-/// finish, in one text event instead of one per token; with a paced engine
-/// it still takes as long as generating every token.
+/// finish, in few text events instead of one per token (the first output at
+/// once, so the gateway knows the generation started, then the rest once a
+/// second); with a paced engine it still takes as long as generating every
+/// token.
 #[tokio::test]
 async fn batch_events_merges_the_reply_without_changing_it() {
     use pb::generate_event::Event;
@@ -374,7 +376,11 @@ async fn batch_events_merges_the_reply_without_changing_it() {
     let batched = events_of(&mut c, batched_request).await;
     let took = started.elapsed();
     assert_eq!(one_by_one.len(), 21, "20 text events and finished");
-    assert_eq!(batched.len(), 2, "one text event and finished: {batched:?}");
+    assert_eq!(
+        batched.len(),
+        3,
+        "the first output, the rest of a 0.2 s reply in one event, finished: {batched:?}"
+    );
     assert_eq!(text_of(&batched), text_of(&one_by_one));
     let ((reason, usage), (reason_once, usage_once)) = (usage_of(&batched), usage_of(&one_by_one));
     let (usage, usage_once) = (usage.expect("usage"), usage_once.expect("usage"));
