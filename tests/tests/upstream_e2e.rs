@@ -52,7 +52,10 @@ async fn the_reported_load_follows_the_engine_under_eight_streams() {
     }
     let direct = reqwest::Client::new();
     for i in 5..8 {
-        let (direct, url) = (direct.clone(), format!("{}/v1/chat/completions", server.url()));
+        let (direct, url) = (
+            direct.clone(),
+            format!("{}/v1/chat/completions", server.url()),
+        );
         streams.spawn(async move {
             let body = chat::long_story(
                 &format!("Tell me a very long story about dragon number {i}."),
