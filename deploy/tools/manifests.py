@@ -256,7 +256,7 @@ SECTION_KEYS = {
     # gateway/src/config.rs PlannerConfig (allowed_networks: #29).
     "planner": {"connect_timeout_ms", "first_byte_timeout_ms", "idle_timeout_ms", "step_timeout_ms",
                 "hedge_after_ms", "run_timeout_ms", "synthesis_timeout_ms", "max_steps", "max_replans",
-                "max_run_tokens", "max_plan_tokens", "max_step_tokens", "max_response_bytes", "max_card_bytes",
+                "max_run_tokens", "max_plan_tokens", "max_step_tokens", "max_answer_tokens", "max_response_bytes", "max_card_bytes",
                 "max_step_output_bytes", "card_ttl_seconds", "session_ttl_seconds", "keepalive_ms",
                 "allow_private_addresses", "allow_link_local", "allow_request_urls", "max_discovered",
                 "allowed_networks", "agents"},

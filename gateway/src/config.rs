@@ -143,6 +143,10 @@ pub struct PlannerConfig {
     /// later prompts, so far shorter than an answer (a small model left
     /// unbounded runs on to the cap).
     pub max_step_tokens: u32,
+    /// Output tokens of the answer when the request sets no `max_tokens`:
+    /// a planner answer summarises what was gathered, and a small model
+    /// left unbounded can run on until the synthesis deadline.
+    pub max_answer_tokens: u32,
     /// Largest agent response body (or event stream) read; beyond, the
     /// step fails.
     pub max_response_bytes: usize,
@@ -194,6 +198,7 @@ impl Default for PlannerConfig {
             max_run_tokens: 200_000,
             max_plan_tokens: 2_048,
             max_step_tokens: 512,
+            max_answer_tokens: 1_024,
             max_response_bytes: 1024 * 1024,
             max_card_bytes: 256 * 1024,
             max_step_output_bytes: 16 * 1024,

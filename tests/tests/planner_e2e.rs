@@ -967,6 +967,47 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
     .await
 }
 
+/// An answer the request set no `max_tokens` for ends at the planner's
+/// `max_answer_tokens` (a small model left unbounded ran on to the
+/// synthesis deadline, two minutes); a request's own `max_tokens` wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_max_tokens_ends_at_the_planner_s_cap() {
+    bounded(60, async {
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
+        let p = plan(vec![agent_step("s1", "good", &[], &[])]);
+        let stack = stack(
+            &["base-mini"],
+            &format!("{}max_answer_tokens = 16
+", planner_toml()),
+        );
+        let ask = |reply_tokens: u32| {
+            format!(
+                "Tell me everything. synthetic:reply_tokens={reply_tokens} synthetic:json_replies={p}"
+            )
+        };
+        let reply = post(
+            &stack.client(),
+            &session(),
+            &body("base-mini", &ask(400), &[good.url()]),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
+        let words = chat::content(&r).split_whitespace().count();
+        assert!((1..=16).contains(&words), "{words} words: {r}");
+
+        let mut own = body("base-mini", &ask(30), &[good.url()]);
+        own["max_tokens"] = json!(100);
+        let reply = post(&stack.client(), &session(), &own).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let r = reply.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert!(chat::content(&r).split_whitespace().count() > 16, "{r}");
+    })
+    .await
+}
+
 /// Without a scripted plan the simulator writes what the plan's grammar
 /// offers (one step per target), so the agents a request names are asked:
 /// each receives the request.

@@ -76,9 +76,28 @@ pub enum Event {
 /// How a run ended.
 #[derive(Debug, Clone)]
 pub enum Ending {
-    Answer(String),
+    Answer(Answer),
     /// The plan waits for the caller's function tools.
     Pause(Vec<PendingCall>),
+}
+
+/// The run's answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub text: String,
+    /// Cut at its output cap (`finish_reason: "length"`).
+    pub at_length: bool,
+}
+
+impl Answer {
+    /// The answer's `finish_reason`.
+    pub fn finish_reason(&self) -> &'static str {
+        if self.at_length {
+            "length"
+        } else {
+            "stop"
+        }
+    }
 }
 
 /// A call of a caller's function tool the plan waits for.

@@ -54,6 +54,8 @@ pub struct Call {
 pub struct Reply {
     pub text: String,
     pub output_tokens: u32,
+    /// The call ended at its `max_tokens` (or the window), not by itself.
+    pub at_length: bool,
 }
 
 impl<'a> ModelCalls<'a> {
@@ -194,10 +196,15 @@ impl<'a> ModelCalls<'a> {
             .as_ref()
             .and_then(|f| f.usage)
             .map_or(0, |u| u.completion_tokens);
+        let at_length = collect
+            .finished
+            .as_ref()
+            .is_some_and(|f| f.reason == pb::finished::Reason::Length as i32);
         match end {
             End::Finished(_) => Ok(Reply {
                 text: collect.text,
                 output_tokens,
+                at_length,
             }),
             End::NotStarted(e) | End::Failed(e) => Err(e),
             End::Gone => Err(ApiError::internal("the model call was abandoned")),

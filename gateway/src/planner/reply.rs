@@ -33,7 +33,10 @@ pub fn completion(
     executable_data: Vec<Value>,
 ) -> ChatCompletion {
     let (content, tool_calls, finish) = match ending {
-        Ending::Answer(text) => (Some(text), Vec::new(), "stop"),
+        Ending::Answer(answer) => {
+            let finish = answer.finish_reason();
+            (Some(answer.text), Vec::new(), finish)
+        }
         Ending::Pause(calls) => (None, tool_calls(&calls), "tool_calls"),
     };
     ChatCompletion {
@@ -274,7 +277,10 @@ mod tests {
             "chatcmpl-2".into(),
             "base",
             "sess",
-            Ending::Answer("hi".into()),
+            Ending::Answer(crate::planner::Answer {
+                text: "hi".into(),
+                at_length: false,
+            }),
             ChatUsage::default(),
             vec!["Plan: x".into()],
             vec![ToolThought {

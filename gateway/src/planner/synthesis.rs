@@ -7,7 +7,7 @@ use super::input::Turn;
 use super::model::{Call, ModelCalls};
 use super::state::RunState;
 use super::text::clip;
-use super::{Event, Planner};
+use super::{Answer, Event, Planner};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
@@ -24,14 +24,17 @@ impl Planner {
         calls: &ModelCalls<'_>,
         state: &RunState,
         events: &UnboundedSender<Event>,
-    ) -> String {
+    ) -> Answer {
         let mut messages = vec![Turn::new("system", SYNTHESIS_PROMPT)];
         messages.extend(state.conversation.iter().cloned());
         messages.push(Turn::new("user", synthesis_request(state)));
         let call = Call {
             messages,
             schema: None,
-            max_tokens: state.max_tokens,
+            max_tokens: match state.max_tokens {
+                0 => self.config.max_answer_tokens,
+                asked => asked,
+            },
             deadline: Instant::now() + Duration::from_millis(self.config.synthesis_timeout_ms),
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -44,13 +47,16 @@ impl Planner {
             any
         };
         let answer = async {
-            let r = calls.call(call, Some(&tx)).await;
+            let r = calls.call_counted(call, Some(&tx)).await;
             drop(tx);
             r
         };
         let (result, streamed) = tokio::join!(answer, forward);
         match result {
-            Ok(text) => text,
+            Ok(reply) => Answer {
+                text: reply.text,
+                at_length: reply.at_length,
+            },
             Err(e) => {
                 let _ = events.send(Event::Thought(format!(
                     "The model could not write the answer ({}); listing what was gathered instead.",
@@ -58,7 +64,10 @@ impl Planner {
                 )));
                 let text = gathered_list(state, streamed);
                 let _ = events.send(Event::Answer(text.clone()));
-                text
+                Answer {
+                    text,
+                    at_length: false,
+                }
             }
         }
     }

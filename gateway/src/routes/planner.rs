@@ -202,8 +202,8 @@ pub async fn create(
                         frames.finish(out, "tool_calls", &usage_of(&calls));
                         None
                     }
-                    Ok(Ending::Answer(_)) => {
-                        frames.finish(out, "stop", &usage_of(&calls));
+                    Ok(Ending::Answer(answer)) => {
+                        frames.finish(out, answer.finish_reason(), &usage_of(&calls));
                         None
                     }
                     Err(e) => {

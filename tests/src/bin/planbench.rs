@@ -36,11 +36,12 @@ struct Args {
     /// The model every request asks.
     #[arg(long, default_value = "base")]
     model: String,
-    /// Output cap of the answers (the planner's synthesis, the plain chat).
+    /// Output cap of the answers (the planner's synthesis, the plain chat);
+    /// 0 sends none, as a newcomer does.
     #[arg(long, default_value_t = 32)]
     max_tokens: u32,
-    /// Print the first timed reply's `thought` and `tool_thought` (where
-    /// the time went: plan tokens, steps, repairs).
+    /// Print each timed reply's `thought`, `tool_thought`, usage and answer
+    /// length (where the time went: plan tokens, steps, repairs, synthesis).
     #[arg(long)]
     show: bool,
     /// The GGUF `gateway up` serves (default: its own, SmolLM2).
@@ -163,9 +164,11 @@ fn planner_body(
     let mut b = json!({
         "model": model,
         "planner_mode": true,
-        "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": ask}],
     });
+    if max_tokens > 0 {
+        b["max_tokens"] = json!(max_tokens);
+    }
     if !agents.is_empty() {
         b["agents"] = json!(agents);
     }
@@ -265,13 +268,16 @@ async fn main() -> Result<()> {
         let t = Instant::now();
         let reply = post(&client, Some(&session), &body).await?;
         planner.push(t.elapsed());
-        if args.show && planner.len() == 1 {
+        if args.show {
             println!(
-                "first timed reply ({} ms): thought {:#}\ntool_thought {:#}\nusage {}",
+                "timed reply {} ({} ms): thought {:#}\ntool_thought {:#}\nusage {}, answer {} chars, finish_reason {}",
+                planner.len(),
                 t.elapsed().as_millis(),
                 reply["thought"],
                 reply["tool_thought"],
-                reply["usage"]
+                reply["usage"],
+                reply["choices"][0]["message"]["content"].as_str().map_or(0, str::len),
+                reply["choices"][0]["finish_reason"]
             );
         }
         let asked = reply["tool_thought"].as_array().is_some_and(|a| {
@@ -281,8 +287,11 @@ async fn main() -> Result<()> {
         if !asked {
             bail!("the agent was not asked: {}", reply["tool_thought"]);
         }
-        let chat = json!({"model": args.model, "max_tokens": args.max_tokens,
-                          "messages": [{"role": "user", "content": ask}]});
+        let mut chat = json!({"model": args.model,
+                              "messages": [{"role": "user", "content": ask}]});
+        if args.max_tokens > 0 {
+            chat["max_tokens"] = json!(args.max_tokens);
+        }
         let t = Instant::now();
         post(&client, None, &chat).await?;
         plain.push(t.elapsed());
