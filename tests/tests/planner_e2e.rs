@@ -970,6 +970,7 @@ async fn step_and_token_budgets_end_execution_early_with_an_answer() {
 /// An answer the request set no `max_tokens` for ends at the planner's
 /// `max_answer_tokens` (a small model left unbounded ran on to the
 /// synthesis deadline, two minutes); a request's own `max_tokens` wins.
+/// The reply echoes the tier its model calls were queued at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_without_max_tokens_ends_at_the_planner_s_cap() {
     bounded(60, async {
@@ -999,11 +1000,13 @@ async fn an_answer_without_max_tokens_ends_at_the_planner_s_cap() {
 
         let mut own = body("base-mini", &ask(30), &[good.url()]);
         own["max_tokens"] = json!(100);
+        own["service_tier"] = json!("flex");
         let reply = post(&stack.client(), &session(), &own).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let r = reply.json();
         assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
         assert!(chat::content(&r).split_whitespace().count() > 16, "{r}");
+        assert_eq!(r["service_tier"], "flex", "{r}");
     })
     .await
 }

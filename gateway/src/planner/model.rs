@@ -7,7 +7,7 @@
 //! (`translate::planner::to_worker`), like chat's and the Responses'.
 
 use super::input::Turn;
-use crate::accounts::Account;
+use crate::accounts::{Account, ServiceTier};
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::{End, Generation, Gone, Sink};
@@ -36,6 +36,9 @@ pub struct ModelCalls<'a> {
     pub first: Mutex<Option<Reservation>>,
     /// Usage of every call so far.
     pub usage: Mutex<pb::Usage>,
+    /// The tier every call of the run queues at (the request's, capped by
+    /// the plan).
+    pub tier: ServiceTier,
     calls: AtomicU32,
 }
 
@@ -80,8 +83,15 @@ impl<'a> ModelCalls<'a> {
             session_id,
             first: Mutex::new(Some(first)),
             usage: Mutex::new(pb::Usage::default()),
+            tier: account.plan.service_tier(None),
             calls: AtomicU32::new(0),
         }
+    }
+
+    /// Calls queued at `tier` rather than the plan's default.
+    pub fn with_tier(mut self, tier: ServiceTier) -> Self {
+        self.tier = tier;
+        self
     }
 
     /// Tokens of every call so far (input plus output).
@@ -175,7 +185,7 @@ impl<'a> ModelCalls<'a> {
             trace: self.trace,
             deadline: call.deadline,
             timed_from: None,
-            tier: self.account.plan.service_tier(None),
+            tier: self.tier,
         };
         let mut collect = Collect {
             text: String::new(),

@@ -77,7 +77,8 @@ pub async fn create(
         ex.request_id.clone(),
         session.clone(),
         reservation,
-    );
+    )
+    .with_tier(account.plan.service_tier(req.service_tier.as_deref()));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let run = app.planner.run(&calls, lock.key().to_owned(), start, &tx);
     tokio::pin!(run);
@@ -108,7 +109,7 @@ pub async fn create(
                 Event::Answer(_) => {}
             }
         }
-        let completion = reply::completion(
+        let mut completion = reply::completion(
             id,
             valid.model.id,
             &session,
@@ -118,6 +119,7 @@ pub async fn create(
             tool_thought,
             data,
         );
+        completion.service_tier = calls.tier.as_str();
         ex.send_json(200, &completion, &[]).await;
         return Ok(());
     }
