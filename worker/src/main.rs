@@ -370,6 +370,7 @@ fn main() -> anyhow::Result<()> {
         otlp_endpoint: args.otlp_endpoint.as_deref(),
         default_log_filter: "warn",
         export_targets: &["worker"],
+        demoted: &[],
     })?;
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
