@@ -320,6 +320,10 @@ pub struct RatePlanConfig {
     /// (default 1).
     #[serde(default)]
     pub weight: Option<u32>,
+    /// The most bytes of stored responses (`store: true`) the organisation
+    /// may keep; 0: no cap.
+    #[serde(default)]
+    pub max_stored_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
