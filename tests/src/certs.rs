@@ -10,6 +10,9 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 
+/// A date: (year, month, day).
+type Ymd = (i32, u8, u8);
+
 /// A CA and the directory its files go to.
 pub struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -111,7 +114,7 @@ impl TestCa {
         stem: &str,
         names: &[&str],
         usage: ExtendedKeyUsagePurpose,
-        validity: Option<((i32, u8, u8), (i32, u8, u8))>,
+        validity: Option<(Ymd, Ymd)>,
     ) -> Result<CertFiles> {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names.clone())?;
