@@ -436,8 +436,9 @@ async fn attempt(
     if let Some(e) = cut {
         return Err(Failed::Retry(e));
     }
+    // The whole file is what the server declared, else what `--size` says.
     let len = file_len(part);
-    match total {
+    match limit {
         Some(total) if len < total => Err(Failed::Retry(anyhow::anyhow!(
             "the body ended at byte {len} of {total}"
         ))),
