@@ -137,6 +137,9 @@ enum PlansCommand {
         /// Its organisations' share of a saturated pool within a tier.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
         weight: u32,
+        /// The most bytes of stored responses an organisation may keep (0 = no cap).
+        #[arg(long, default_value_t = 0)]
+        max_stored_bytes: u64,
     },
     Show {
         name: String,
@@ -304,6 +307,7 @@ impl PlansArgs {
                     default_max_tokens,
                     max_service_tier,
                     weight,
+                    max_stored_bytes,
                 } => {
                     let plan = RatePlan {
                         rpm,
@@ -313,6 +317,7 @@ impl PlansArgs {
                         max_service_tier: ServiceTier::parse(&max_service_tier)
                             .unwrap_or(ServiceTier::Default),
                         weight,
+                        max_stored_bytes,
                     };
                     store.set_plan(&name, &plan).await?;
                     println!("plan {name}: {plan:?}");

@@ -88,6 +88,15 @@ pub struct ListenerTlsConfig {
     pub cert_file: std::path::PathBuf,
     /// Its private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: std::path::PathBuf,
+    /// How long a client has from connecting to finishing its TLS
+    /// handshake before the connection is closed (Pingora's own limit is
+    /// 60 s).
+    #[serde(default = "default_handshake_timeout_seconds")]
+    pub handshake_timeout_seconds: u64,
+}
+
+fn default_handshake_timeout_seconds() -> u64 {
+    10
 }
 
 /// TLS to the workers (`[worker_tls]`), whose addresses are then reached
@@ -316,6 +325,10 @@ pub struct RatePlanConfig {
     /// (default 1).
     #[serde(default)]
     pub weight: Option<u32>,
+    /// The most bytes of stored responses (`store: true`) the organisation
+    /// may keep; 0: no cap.
+    #[serde(default)]
+    pub max_stored_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -27,6 +27,9 @@ impl From<StoreError> for ApiError {
                 ApiError::internal(format!("A stored response could not be read ({what})."))
             }
             StoreError::Encode => ApiError::internal("could not encode a stored response"),
+            StoreError::QuotaExceeded { used, needed, cap } => {
+                ApiError::storage_quota_exceeded(used, needed, cap)
+            }
         }
     }
 }
@@ -142,6 +145,14 @@ mod tests {
         }
         let e = ApiError::from(StoreError::Corrupt { what: "object" });
         assert_eq!(e.status, 500);
+        let e = ApiError::from(StoreError::QuotaExceeded {
+            used: 900,
+            needed: 200,
+            cap: 1000,
+        });
+        assert_eq!((e.status, &*e.code), (403, "storage_quota_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("store"));
+        assert!(!e.retryable());
     }
 
     #[test]

@@ -103,5 +103,12 @@ fn init_telemetry(
         otlp_endpoint: settings.otlp_endpoint.as_deref(),
         default_log_filter: DEFAULT_LOG_FILTER,
         export_targets: &["gateway"],
+        // A failed or timed-out TLS handshake (a scanner, a client that
+        // gave up, a wrong name) is the client's business, not an error of
+        // ours; Pingora logs it at ERROR.
+        demoted: &[telemetry::Demoted {
+            target: "pingora_core::services::listening",
+            message_prefix: "Downstream handshake",
+        }],
     })
 }

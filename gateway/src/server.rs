@@ -35,6 +35,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let admin_listen = config.admin_listen.clone();
     // A certificate that does not load stops the gateway here, before it
     // listens: never a plain-text fallback.
+    let config_tls_timeout = config
+        .tls
+        .as_ref()
+        .map(|t| Duration::from_secs(t.handshake_timeout_seconds.max(1)));
     let certificate = match &config.tls {
         Some(tls) => Some(Arc::new(ReloadingCert::load(
             &tls.cert_file,
@@ -56,8 +60,20 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
 
     let admin_app = AdminApp(app.shutdown.clone());
-    let mut public = Service::new("public".into(), PublicApp(app));
+    let handshakes = config_tls_timeout.map(crate::tls::handshake::HandshakeDeadline::new);
+    let mut public = Service::new(
+        "public".into(),
+        PublicApp {
+            app,
+            handshakes: handshakes.clone(),
+        },
+    );
     public.add_listener(public_listener(&listen, certificate.clone())?);
+    if let Some(handshakes) = handshakes {
+        public
+            .endpoints()
+            .set_pre_tls_callback(Arc::new(crate::tls::handshake::Hook(handshakes)));
+    }
     let mut admin = Service::new("admin".into(), admin_app);
     admin.threads = Some(1);
     admin.add_tcp(&admin_listen);

@@ -2,6 +2,7 @@
 //! OpenSSL): the Kubernetes API client and Redis over TLS (here), the public
 //! listener's certificate (`listener`), the channels to workers (`worker`).
 
+pub mod handshake;
 pub mod listener;
 pub mod worker;
 

@@ -10,8 +10,10 @@
 //!   ([`TRACEPARENT`]), whether or not anything is exported, so that the
 //!   logs of both sides correlate on one trace id.
 
+mod demote;
 mod traceparent;
 
+pub use demote::Demoted;
 pub use traceparent::TraceParent;
 
 use anyhow::Context as _;
@@ -24,7 +26,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 /// gRPC metadata key (and HTTP header) of the W3C trace context.
@@ -56,6 +57,9 @@ pub struct Options<'a> {
     /// above. Keeping the exporter's own dependencies (tonic, hyper, h2) out
     /// of this list keeps its work out of the traces.
     pub export_targets: &'a [&'a str],
+    /// `log` records of dependencies passed on at DEBUG rather than at the
+    /// level they were logged at.
+    pub demoted: &'a [Demoted],
 }
 
 /// Keeps the exporter alive; [`Telemetry::shutdown`] (or drop) flushes it.
@@ -113,7 +117,8 @@ pub fn init(options: &Options<'_>) -> anyhow::Result<Telemetry> {
         .map(str::trim)
         .filter(|e| !e.is_empty());
     let Some(endpoint) = endpoint else {
-        tracing_subscriber::registry().with(logs).try_init()?;
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(logs))?;
+        demote::install(options.demoted)?;
         return Ok(Telemetry {
             provider: None,
             runtime_stop: None,
@@ -169,10 +174,8 @@ pub fn init(options: &Options<'_>) -> anyhow::Result<Telemetry> {
         .with_tracer(tracer)
         .with_threads(false)
         .with_filter(targets);
-    tracing_subscriber::registry()
-        .with(logs)
-        .with(spans)
-        .try_init()?;
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(logs).with(spans))?;
+    demote::install(options.demoted)?;
     EXPORTING.store(true, Ordering::Relaxed);
     tracing::info!(
         endpoint,

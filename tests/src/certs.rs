@@ -10,6 +10,9 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 
+/// A date: (year, month, day).
+type Ymd = (i32, u8, u8);
+
 /// A CA and the directory its files go to.
 pub struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -70,6 +73,26 @@ impl TestCa {
         self.issue(stem, names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A server certificate that expired in 2001.
+    pub fn expired_server(&self, stem: &str, names: &[&str]) -> Result<CertFiles> {
+        self.issue_valid(
+            stem,
+            names,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            Some(((2000, 1, 1), (2001, 1, 1))),
+        )
+    }
+
+    /// A server certificate valid from 2100 on.
+    pub fn future_server(&self, stem: &str, names: &[&str]) -> Result<CertFiles> {
+        self.issue_valid(
+            stem,
+            names,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            Some(((2100, 1, 1), (2101, 1, 1))),
+        )
+    }
+
     /// A client certificate with common name `name`.
     pub fn client(&self, stem: &str, name: &str) -> Result<CertFiles> {
         self.issue(stem, &[name], ExtendedKeyUsagePurpose::ClientAuth)
@@ -81,8 +104,24 @@ impl TestCa {
         names: &[&str],
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<CertFiles> {
+        self.issue_valid(stem, names, usage, None)
+    }
+
+    /// `validity`: (not before, not after) as (year, month, day); rcgen's
+    /// default without.
+    fn issue_valid(
+        &self,
+        stem: &str,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+        validity: Option<(Ymd, Ymd)>,
+    ) -> Result<CertFiles> {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names.clone())?;
+        if let Some(((y0, m0, d0), (y1, m1, d1))) = validity {
+            params.not_before = rcgen::date_time_ymd(y0, m0, d0);
+            params.not_after = rcgen::date_time_ymd(y1, m1, d1);
+        }
         if let Some(first) = names.first() {
             params.distinguished_name.push(DnType::CommonName, first);
         }

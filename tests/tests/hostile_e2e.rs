@@ -237,3 +237,93 @@ async fn a_worker_refuses_over_long_stop_strings_from_any_gateway() {
     assert_eq!(r.status, 200, "{r}");
     let _: Value = r.json();
 }
+
+/// A gateway whose org `capped` is on a plan storing at most `cap` bytes
+/// of responses, beside `free` on the default plan; on Redis or in process.
+fn quota_stack(cap: u64, redis: bool) -> (Stack, Client, Client) {
+    let capped = harness::TestKey::random(&format!("org-capped-{}", harness::random_hex(6)));
+    let free = harness::TestKey::random(&format!("org-free-{}", harness::random_hex(6)));
+    let mut gw = harness::GatewayOpts::default();
+    gw.keys.push(free.clone());
+    let extra = format!(
+        "[plans.small]\nmax_stored_bytes = {cap}\n\n[[keys]]\nsha256 = \"{}\"\norg = \"{}\"\nname = \"capped\"\nplan = \"small\"\n",
+        harness::hash_key(&capped.key),
+        capped.org
+    );
+    let mut builder = Stack::builder()
+        .models(&["base"])
+        .gateway_opts(gw)
+        .extra_toml(&extra);
+    if redis {
+        builder = builder.redis();
+    }
+    let stack = builder.start().expect("stack starts");
+    let base = stack.client();
+    let (capped, free) = (
+        base.with_key(Some(&capped.key)),
+        base.with_key(Some(&free.key)),
+    );
+    (stack, capped, free)
+}
+
+/// Issue 41, item 4: one organisation fills its plan's cap on stored
+/// responses and gets a 403 `storage_quota_exceeded` (param `store`);
+/// another organisation is not affected; `store: false` still works, and
+/// a delete makes room again.
+async fn stored_responses_are_capped(redis: bool) {
+    // Each stored response counts its input twice (its items and its
+    // conversation): about 9 KB here, so two fit in 20,000 bytes.
+    let input = "x".repeat(4000);
+    let (_stack, capped, free) = quota_stack(20_000, redis);
+    let create = |client: &Client, store: bool| {
+        let client = client.clone();
+        let body = json!({"model": "base", "input": input, "store": store, "max_output_tokens": 8});
+        async move { client.post_json("/responses", &body).await.unwrap() }
+    };
+    let mut stored = Vec::new();
+    let refusal = loop {
+        let r = create(&capped, true).await;
+        if r.status != 200 {
+            break r;
+        }
+        stored.push(r.json()["id"].as_str().unwrap().to_owned());
+        assert!(stored.len() < 10, "the cap never refused a response");
+    };
+    assert_eq!(stored.len(), 2, "two responses fit: {refusal}");
+    let e = assert_error(&refusal, 403, "storage_quota_exceeded");
+    assert_eq!(e["param"], "store", "{refusal}");
+    assert_eq!(e["type"], "permission_error", "{refusal}");
+    assert!(
+        refusal.headers.get("retry-after").is_none(),
+        "waiting does not help"
+    );
+
+    // Another organisation stores as much as it likes.
+    for _ in 0..4 {
+        let r = create(&free, true).await;
+        assert_eq!(r.status, 200, "{r}");
+    }
+    // Unstored responses are not capped.
+    let r = create(&capped, false).await;
+    assert_eq!(r.status, 200, "{r}");
+    // A delete gives its bytes back.
+    let r = capped
+        .delete(&format!("/responses/{}", stored[0]))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let r = create(&capped, true).await;
+    assert_eq!(r.status, 200, "{r}");
+    let r = create(&capped, true).await;
+    assert_error(&r, 403, "storage_quota_exceeded");
+}
+
+#[tokio::test]
+async fn stored_responses_are_capped_per_organisation_in_process() {
+    stored_responses_are_capped(false).await;
+}
+
+#[tokio::test]
+async fn stored_responses_are_capped_per_organisation_on_redis() {
+    stored_responses_are_capped(true).await;
+}

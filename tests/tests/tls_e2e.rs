@@ -222,12 +222,73 @@ async fn https_listener_renews_its_certificate_without_dropping_an_open_stream()
     );
     let log = gateway.log_tail();
     assert!(
-        log.contains("do not load") && log.contains("still serving the previous certificate"),
+        log.contains("were refused") && log.contains("still serving the previous certificate"),
         "the refused pair is logged:\n{log}"
     );
     // The watcher is still at work after a bad pair.
     publish(&secret, "v4", &third.cert_file, &third.key_file);
     wait_for_certificate(&gateway, ca.ca_file(), &third).await;
+
+    // An expired certificate (issue 41) is refused too: every client would
+    // refuse it, while the one served is still good.
+    let expired = ca.expired_server("expired", &names).expect("cert");
+    publish(&secret, "v5", &expired.cert_file, &expired.key_file);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (status, served) = models_over_new_connection(&gateway, ca.ca_file()).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        served == third.der,
+        "an expired pair keeps the previous certificate"
+    );
+    let log = gateway.log_tail();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("expired")),
+        "the expired pair is logged at warn:\n{log}"
+    );
+}
+
+/// Issue 41: a client that connects and never finishes its TLS handshake
+/// is dropped after `[tls] handshake_timeout_seconds` (Pingora's own limit
+/// is 60 s), and failed handshakes are not logged as errors.
+#[tokio::test]
+async fn an_unfinished_handshake_is_dropped_in_time_and_not_logged_as_an_error() {
+    let ca = TestCa::new("slow").expect("CA");
+    let cert = ca
+        .server("edge", &["localhost", "127.0.0.1"])
+        .expect("cert");
+    let gateway = Gateway::start(GatewayOpts {
+        tls: Some(cert),
+        extra_toml: "[tls]\nhandshake_timeout_seconds = 1\n".into(),
+        ..GatewayOpts::default()
+    })
+    .expect("gateway with [tls]");
+    // Silent: not a byte of a ClientHello.
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(gateway.addr()).await.expect("connect");
+    let mut buf = [0u8; 64];
+    let ended = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+    assert!(
+        matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
+        "the connection is closed: {ended:?}"
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "closed after {took:?}");
+    // A handshake that fails (not TLS at all).
+    let mut junk = TcpStream::connect(gateway.addr()).await.expect("connect");
+    junk.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let _ = tokio::time::timeout(Duration::from_secs(5), junk.read(&mut buf)).await;
+    // The listener still serves a real client.
+    let (status, _) = models_over_new_connection(&gateway, ca.ca_file()).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let log = gateway.log_tail();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("handshake")),
+        "failed handshakes are not errors:\n{log}"
+    );
 }
 
 /// `[worker_tls]` naming `ca`, the workers' certificate name, and the

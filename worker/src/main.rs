@@ -110,7 +110,11 @@ from the environment as a bearer token when set).
 
 The file is written to DEST/NAME.part; a cut connection resumes with a Range request
 (backing off from --retry-backoff-ms, doubling up to 30 s; --retries attempts in a row
-without progress end it). The whole file's sha256 is checked, then it is renamed to
+without progress (under 1 MiB each) end it, and so does --deadline-seconds). Never more
+is written than the server declared and --size says; NAME.part is never written through
+a symbolic link. Redirects may not go from https to http, to another host (but the Hub's
+CDN, AWS's S3 endpoints and --allow-redirect-host), nor to a loopback, private or
+link-local address unless the source's own host is one. The whole file's sha256 is checked, then it is renamed to
 DEST/NAME. A wrong checksum deletes the download and exits 1 naming both digests. A file
 already at DEST/NAME with the right checksum exits 0 at once, without a request. One
 fetch per directory at a time (an advisory lock on DEST). Prints the file's path."
@@ -174,6 +178,17 @@ struct FetchArgs {
     /// A PEM bundle of further trusted CAs (a private object store).
     #[arg(long)]
     ca_file: Option<std::path::PathBuf>,
+    /// The file's size in bytes, when known: never more is written, and a
+    /// server declaring another size is refused.
+    #[arg(long)]
+    size: Option<u64>,
+    /// The longest the whole fetch may take, every attempt and wait included.
+    #[arg(long, default_value_t = 86_400)]
+    deadline_seconds: u64,
+    /// A further host redirects may go to (`cdn.example`, or `.example`
+    /// for every host under it); repeatable.
+    #[arg(long)]
+    allow_redirect_host: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -355,6 +370,7 @@ fn main() -> anyhow::Result<()> {
         otlp_endpoint: args.otlp_endpoint.as_deref(),
         default_log_filter: "warn",
         export_targets: &["worker"],
+        demoted: &[],
     })?;
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -418,6 +434,9 @@ fn fetch_weights(args: FetchArgs) -> anyhow::Result<()> {
         connect_timeout: Duration::from_secs(args.connect_timeout_seconds.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
         ca_file: args.ca_file,
+        expected_size: args.size,
+        deadline: Duration::from_secs(args.deadline_seconds.max(1)),
+        redirect_hosts: args.allow_redirect_host,
     };
     let path = tokio::runtime::Builder::new_current_thread()
         .enable_all()

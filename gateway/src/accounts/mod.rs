@@ -34,6 +34,9 @@ pub struct RatePlan {
     /// Its organisation's share of a saturated model pool, against other
     /// organisations waiting in the same tier (1 = one share).
     pub weight: u32,
+    /// The most bytes of stored responses its organisation may keep (the
+    /// store counts them); 0: no cap.
+    pub max_stored_bytes: u64,
 }
 
 impl Default for RatePlan {
@@ -45,6 +48,7 @@ impl Default for RatePlan {
             default_max_tokens: 0,
             max_service_tier: ServiceTier::Default,
             weight: 1,
+            max_stored_bytes: 0,
         }
     }
 }
@@ -77,6 +81,7 @@ impl From<&RatePlanConfig> for RatePlan {
                 .and_then(ServiceTier::parse)
                 .unwrap_or(ServiceTier::Default),
             weight: p.weight.unwrap_or(1).max(1),
+            max_stored_bytes: p.max_stored_bytes,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! <prefix>keys                 set   every key digest (for `keys list` and `keys revoke`)
 //! <prefix>org:{<org>}          hash  blocked, reason, budget_nano
 //! <prefix>plan:{<name>}        hash  rpm, tpm, max_concurrent, default_max_tokens,
-//!                                    max_service_tier, weight
+//!                                    max_service_tier, weight, max_stored_bytes
 //! <prefix>accounts:invalidate  pub/sub channel: `key:<hex>` or `all`
 //! ```
 //!
@@ -273,6 +273,7 @@ impl AccountStore {
                         plan.max_service_tier.as_str().to_owned(),
                     ),
                     ("weight", plan.weight.to_string()),
+                    ("max_stored_bytes", plan.max_stored_bytes.to_string()),
                 ],
             )
             .await?;
@@ -318,6 +319,7 @@ fn plan_from_hash(h: &HashMap<String, String>) -> Option<RatePlan> {
             .and_then(|t| ServiceTier::parse(t))
             .unwrap_or(ServiceTier::Default),
         weight: (num("weight") as u32).max(1),
+        max_stored_bytes: num("max_stored_bytes"),
     })
 }
 
@@ -405,6 +407,7 @@ mod tests {
             tpm: 1000,
             max_concurrent: 2,
             default_max_tokens: 64,
+            max_stored_bytes: 1 << 20,
             ..RatePlan::default()
         };
         store.set_plan("pro", &plan).await.unwrap();

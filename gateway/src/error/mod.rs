@@ -201,6 +201,20 @@ impl ApiError {
         Self::new(409, code, message)
     }
 
+    /// 403: storing this response would take the organisation past its
+    /// plan's cap on stored bytes. Not a 429: waiting does not help, only
+    /// deleting stored responses (or `store: false`) does.
+    pub fn storage_quota_exceeded(used: u64, needed: u64, cap: u64) -> Self {
+        Self::new(
+            403,
+            "storage_quota_exceeded",
+            format!(
+                "Storing this response ({needed} bytes) would exceed your organization's limit of {cap} bytes of stored responses ({used} in use). Delete stored responses, or send 'store': false."
+            ),
+        )
+        .with_param("store")
+    }
+
     pub fn rate_limited(message: impl Into<String>, retry_after_secs: u64) -> Self {
         Self::new(429, "rate_limit_exceeded", message).with_retry_after(retry_after_secs)
     }

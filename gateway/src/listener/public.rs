@@ -14,7 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
-pub struct PublicApp(pub Arc<App>);
+pub struct PublicApp {
+    pub app: Arc<App>,
+    /// With `[tls]`: the handshake watchdogs this connection stops.
+    pub handshakes: Option<Arc<crate::tls::handshake::HandshakeDeadline>>,
+}
 
 #[async_trait]
 impl HttpServerApp for PublicApp {
@@ -23,7 +27,10 @@ impl HttpServerApp for PublicApp {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        let app = &self.0;
+        let app = &self.app;
+        if let Some(handshakes) = &self.handshakes {
+            handshakes.reached_http(session.client_addr().and_then(|a| a.as_inet()));
+        }
         // Requests sent before the previous answer was read (HTTP/1.1
         // pipelining) are served in order: Pingora keeps the bytes read
         // past a request and hands them to the next session on this

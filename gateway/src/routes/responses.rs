@@ -89,6 +89,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
                 input_items: &input_items,
                 context: &context,
                 run_timeout: app.request_timeout(),
+                max_stored_bytes: account.plan.max_stored_bytes,
             },
         )
         .await;

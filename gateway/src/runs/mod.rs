@@ -388,6 +388,7 @@ mod tests {
                     input_items: &[],
                     context: &[],
                     lease_until_ms: Some(lease_until_ms),
+                    max_stored_bytes: 0,
                 })
                 .await
                 .unwrap();

@@ -54,6 +54,8 @@ pub struct NewRun<'a> {
     /// The request deadline: the heartbeat renews the lease until it, plus
     /// one lease, has passed.
     pub run_timeout: Duration,
+    /// The organisation's cap on stored bytes (its plan's; 0: none).
+    pub max_stored_bytes: u64,
 }
 
 /// The run is over for its owner: it ended elsewhere (cancel, sweeper,
@@ -84,6 +86,7 @@ impl StoredRun {
                 input_items: new.input_items,
                 context: new.context,
                 lease_until_ms: Some(runs.lease_until_ms()),
+                max_stored_bytes: new.max_stored_bytes,
             })
             .await?;
         Ok(runs.own(&new.object.id, new.run_timeout))
@@ -266,6 +269,7 @@ mod tests {
                 input_items: &[],
                 context: &[],
                 run_timeout: Duration::from_secs(60),
+                max_stored_bytes: 0,
             },
         )
         .await

@@ -4,8 +4,8 @@
 //! followers wake as soon as events arrive.
 
 use super::{
-    EndedBy, EventFollower, NewResponse, ResponseStore, StoreResult, StoredConversation,
-    WriteOutcome,
+    stored_bytes_of, EndedBy, EventFollower, NewResponse, ResponseStore, StoreError, StoreResult,
+    StoredConversation, WriteOutcome,
 };
 use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent, ResponseStatus};
@@ -26,6 +26,8 @@ struct Entry {
     /// The terminal status is a sweeper's: its owner's final write may
     /// replace it.
     swept: bool,
+    /// Bytes counted against its organisation's cap (0: none was set).
+    charged: u64,
     /// Bumped on every append; followers wait on it.
     appended: watch::Sender<usize>,
 }
@@ -34,6 +36,8 @@ struct Entry {
 struct State {
     responses: HashMap<String, Entry>,
     leases: HashMap<String, u64>,
+    /// When expired responses were last dropped (see [`State::purge`]).
+    purged: Option<Instant>,
 }
 
 pub struct MemoryStore {
@@ -50,6 +54,9 @@ impl MemoryStore {
         }
     }
 }
+
+/// How often a create drops expired responses.
+const PURGE_EVERY: Duration = Duration::from_secs(1);
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // A panic while holding the lock leaves plain data behind; keep serving.
@@ -72,6 +79,30 @@ impl State {
     fn owned(&mut self, org: &str, id: &str) -> Option<&mut Entry> {
         self.live(id).filter(|e| e.org == org)
     }
+
+    /// Drops every expired response, at most once per [`PURGE_EVERY`]:
+    /// one nobody reads again would otherwise stay in memory for ever.
+    fn purge(&mut self) {
+        let now = Instant::now();
+        if self.purged.is_some_and(|at| now < at + PURGE_EVERY) {
+            return;
+        }
+        self.purged = Some(now);
+        self.responses.retain(|_, e| e.expires_at > now);
+    }
+
+    /// The bytes `org`'s live responses count against its cap. A walk over
+    /// every response, under the lock, so the check and the insert that
+    /// follows are one step: this store serves one machine, whose stored
+    /// responses are bounded by its memory.
+    fn charged(&self, org: &str) -> u64 {
+        let now = Instant::now();
+        self.responses
+            .values()
+            .filter(|e| e.org == org && e.expires_at > now)
+            .map(|e| e.charged)
+            .sum()
+    }
 }
 
 fn append(entry: &mut Entry, events: &[EncodedEvent]) {
@@ -86,7 +117,22 @@ fn append(entry: &mut Entry, events: &[EncodedEvent]) {
 #[async_trait]
 impl ResponseStore for MemoryStore {
     async fn create(&self, new: NewResponse<'_>) -> StoreResult<()> {
+        let charged = match new.max_stored_bytes {
+            0 => 0,
+            _ => stored_bytes_of(&new)?,
+        };
         let mut state = lock(&self.state);
+        state.purge();
+        if new.max_stored_bytes > 0 {
+            let used = state.charged(new.org);
+            if used.saturating_add(charged) > new.max_stored_bytes {
+                return Err(StoreError::QuotaExceeded {
+                    used,
+                    needed: charged,
+                    cap: new.max_stored_bytes,
+                });
+            }
+        }
         let (appended, _) = watch::channel(0);
         state.responses.insert(
             new.object.id.clone(),
@@ -98,6 +144,7 @@ impl ResponseStore for MemoryStore {
                 events: Vec::new(),
                 expires_at: Instant::now() + self.window,
                 swept: false,
+                charged,
                 appended,
             },
         );

@@ -12,6 +12,12 @@
 //! - Everything of a response expires after the storage window; after that
 //!   it is gone (404), exactly like a deleted one.
 //! - A response is visible only to the organisation that created it.
+//! - With a cap (`NewResponse::max_stored_bytes`, the plan's
+//!   `max_stored_bytes`), a create that would take the organisation's
+//!   stored bytes past it is refused ([`StoreError::QuotaExceeded`]);
+//!   a delete gives the bytes back, and so does expiry (the in-process
+//!   store exactly; Redis when the usage bucket of the hour, or so, the
+//!   response was stored in expires: see `redis.rs`).
 //! - The terminal status is written once: every write that can end a run is
 //!   a compare-and-set against "not yet terminal", and the event log takes
 //!   no event after the terminal one.
@@ -35,6 +41,9 @@ pub enum StoreError {
     Corrupt { what: &'static str },
     /// A value could not be encoded for storage.
     Encode,
+    /// Storing this response (`needed` bytes) would take its organisation
+    /// past its plan's cap on stored bytes; `used` are stored already.
+    QuotaExceeded { used: u64, needed: u64, cap: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -43,6 +52,10 @@ impl std::fmt::Display for StoreError {
             Self::Unavailable { op } => write!(f, "the response store did not answer ({op})"),
             Self::Corrupt { what } => write!(f, "a stored response could not be read ({what})"),
             Self::Encode => f.write_str("a response could not be encoded for storage"),
+            Self::QuotaExceeded { used, needed, cap } => write!(
+                f,
+                "storing {needed} bytes would take the organisation's {used} stored bytes past its cap of {cap}"
+            ),
         }
     }
 }
@@ -63,6 +76,30 @@ pub struct NewResponse<'a> {
     pub context: &'a [InputItem],
     /// Register a run lease until this Unix time in milliseconds.
     pub lease_until_ms: Option<u64>,
+    /// The organisation's cap on stored bytes (its plan's); 0: none, and
+    /// the response is not counted.
+    pub max_stored_bytes: u64,
+}
+
+/// The bytes a new response puts in the store, as its cap counts them:
+/// the encoded object, input items and conversation (the bulk of it: the
+/// conversation repeats the chain's input). A run's event log and its
+/// final output are not counted; they are bounded per response by its
+/// output tokens.
+pub fn stored_bytes(object: &str, input_items: &str, context: &str) -> u64 {
+    (object.len() + input_items.len() + context.len()) as u64
+}
+
+/// [`stored_bytes`] of a new response, encoding it.
+pub fn stored_bytes_of(new: &NewResponse<'_>) -> StoreResult<u64> {
+    Ok(encoded_len(new.object)? + encoded_len(new.input_items)? + encoded_len(new.context)?)
+}
+
+/// The length of a value's JSON encoding (what the stores write).
+fn encoded_len<T: serde::Serialize + ?Sized>(v: &T) -> StoreResult<u64> {
+    serde_json::to_vec(v)
+        .map(|v| v.len() as u64)
+        .map_err(|_| StoreError::Encode)
 }
 
 /// What a run's owner learns when it writes.
@@ -267,6 +304,15 @@ pub mod suite {
     }
 
     async fn create(store: &dyn ResponseStore, org: &str, obj: &ResponseObject) {
+        create_capped(store, org, obj, 0).await.unwrap();
+    }
+
+    async fn create_capped(
+        store: &dyn ResponseStore,
+        org: &str,
+        obj: &ResponseObject,
+        max_stored_bytes: u64,
+    ) -> StoreResult<()> {
         let items = [item("msg_a", "hello"), item("msg_b", "again")];
         store
             .create(NewResponse {
@@ -275,9 +321,23 @@ pub mod suite {
                 input_items: &items,
                 context: &items,
                 lease_until_ms: None,
+                max_stored_bytes,
             })
             .await
-            .unwrap();
+    }
+
+    /// The bytes one response of [`create`] counts.
+    fn one_response(obj: &ResponseObject) -> u64 {
+        let items = [item("msg_a", "hello"), item("msg_b", "again")];
+        stored_bytes_of(&NewResponse {
+            org: "",
+            object: obj,
+            input_items: &items,
+            context: &items,
+            lease_until_ms: None,
+            max_stored_bytes: 0,
+        })
+        .unwrap()
     }
 
     /// Runs every case against `store`.
@@ -288,6 +348,53 @@ pub mod suite {
         the_owners_final_write_replaces_a_sweep(store).await;
         follow_sees_live_events(store).await;
         leases_expire(store).await;
+        stored_bytes_are_capped_per_org(store).await;
+    }
+
+    /// Two responses fit the cap, a third does not; another organisation
+    /// is not affected; a delete makes room again.
+    async fn stored_bytes_are_capped_per_org(store: &dyn ResponseStore) {
+        // Organisations of their own: the Redis suite shares one server.
+        let (org, other) = (new_id(), new_id());
+        let ids: Vec<String> = (0..3).map(|_| new_id()).collect();
+        let size = one_response(&object(&ids[0], false));
+        let cap = size * 2 + size / 2;
+        for id in &ids[..2] {
+            create_capped(store, &org, &object(id, false), cap)
+                .await
+                .unwrap();
+        }
+        let refused = create_capped(store, &org, &object(&ids[2], false), cap).await;
+        assert_eq!(
+            refused,
+            Err(StoreError::QuotaExceeded {
+                used: 2 * size,
+                needed: size,
+                cap
+            })
+        );
+        assert_eq!(
+            store.get(&org, &ids[2]).await.unwrap(),
+            None,
+            "nothing stored"
+        );
+        let elsewhere = new_id();
+        create_capped(store, &other, &object(&elsewhere, false), cap)
+            .await
+            .unwrap();
+        // Another org's delete gives nothing back; the owner's does.
+        assert!(!store.delete(&other, &ids[0]).await.unwrap());
+        assert!(create_capped(store, &org, &object(&ids[2], false), cap)
+            .await
+            .is_err());
+        assert!(store.delete(&org, &ids[0]).await.unwrap());
+        create_capped(store, &org, &object(&ids[2], false), cap)
+            .await
+            .unwrap();
+        for id in &ids[1..] {
+            store.delete(&org, id).await.unwrap();
+        }
+        store.delete(&other, &elsewhere).await.unwrap();
     }
 
     async fn put_get_delete_and_org_scope(store: &dyn ResponseStore) {

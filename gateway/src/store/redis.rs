@@ -7,7 +7,16 @@
 //!   are `0-<sequence_number + 1>`, so `starting_after=N` is an `XRANGE`
 //!   from `0-<N + 2>` and replicas agree on numbering without a counter;
 //! - `<p>runs:{leases}`: sorted set of running response ids scored by lease
-//!   deadline (milliseconds), renewed in one `ZADD` per replica heartbeat.
+//!   deadline (milliseconds), renewed in one `ZADD` per replica heartbeat;
+//! - `<p>quota:{org}:stored:<n>`: the bytes of `org`'s responses stored in
+//!   the `n`th period of a storage window cut in [`QUOTA_BUCKETS`] (about
+//!   22 hours of a 30-day window), counted only under a plan with a cap.
+//!   A bucket expires when the last response it counts does, so expiry
+//!   gives the bytes back at most one period late; a delete gives them back
+//!   at once (the response's hash names its bucket: `qkey`, `qbytes`). The
+//!   buckets of an org share its `{org}` tag: the check-and-add is one
+//!   script in one slot, apart from the response's own slot (so a create
+//!   refused by the store after its bytes were added gives them back).
 //!
 //! A response's keys share its `{id}` hash tag, so every script and
 //! transaction over them stays in one Redis Cluster slot; the leases set is
@@ -141,12 +150,47 @@ return 0
 const OUT_OF_SEQUENCE: i64 = -2;
 
 /// Deletes a response if it belongs to the org. KEYS: hash, events. ARGV: org.
+/// Returns {deleted (0/1), its usage bucket or '', its counted bytes}.
 static DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
-if redis.call('HGET', KEYS[1], 'org') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'org') ~= ARGV[1] then return {0, '', '0'} end
+local q = redis.call('HMGET', KEYS[1], 'qkey', 'qbytes')
 redis.call('DEL', KEYS[1], KEYS[2])
-return 1
+return {1, q[1] or '', q[2] or '0'}
+"#,
+    )
+});
+
+/// Periods of a storage window that stored bytes are counted in.
+pub const QUOTA_BUCKETS: u64 = 32;
+
+/// Adds a new response's bytes to its org's usage unless that passes the
+/// cap. KEYS: the org's live buckets, the current one last. ARGV: bytes,
+/// cap, the current bucket's time to live (ms). Returns {added (0/1), the
+/// bytes counted before}.
+static CHARGE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local used = 0
+for i = 1, #KEYS do
+  used = used + math.max(0, tonumber(redis.call('GET', KEYS[i])) or 0)
+end
+if used + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return {0, used} end
+redis.call('INCRBY', KEYS[#KEYS], ARGV[1])
+redis.call('PEXPIRE', KEYS[#KEYS], ARGV[3])
+return {1, used}
+"#,
+    )
+});
+
+/// Gives bytes back to a usage bucket, unless it already expired (which
+/// gave back everything it counted). KEYS: bucket. ARGV: bytes.
+static REFUND: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('DECRBY', KEYS[1], ARGV[1])
 "#,
     )
 });
@@ -176,6 +220,63 @@ impl RedisStore {
         self.redis.key("runs", "leases", "")
     }
 
+    /// `org`'s usage buckets that may count live responses at `now_ms`
+    /// (oldest first, the current one last), and the current one's time to
+    /// live: until the last response it may count expires.
+    fn quota_buckets(&self, org: &str, now_ms: u64) -> (Vec<String>, u64) {
+        let window = self.window.as_millis() as u64;
+        let period = (window / QUOTA_BUCKETS).max(1000);
+        let current = now_ms / period;
+        let live = window.div_ceil(period);
+        let keys = (current.saturating_sub(live)..=current)
+            .map(|n| self.redis.key("quota", org, &format!(":stored:{n}")))
+            .collect();
+        let ttl = (current + 1) * period + window - now_ms;
+        (keys, ttl)
+    }
+
+    /// Counts `bytes` against `org`'s cap: the bucket it was counted in,
+    /// or the refusal.
+    async fn charge(
+        &self,
+        conn: &mut RedisConn,
+        org: &str,
+        bytes: u64,
+        cap: u64,
+    ) -> StoreResult<String> {
+        let (keys, ttl) = self.quota_buckets(org, super::now_ms());
+        let mut script = CHARGE.prepare_invoke();
+        for key in &keys {
+            script.key(key);
+        }
+        let (added, used): (i64, u64) = script
+            .arg(bytes)
+            .arg(cap)
+            .arg(ttl)
+            .invoke_async(conn)
+            .await
+            .map_err(unavailable("create"))?;
+        if added != 1 {
+            return Err(StoreError::QuotaExceeded {
+                used,
+                needed: bytes,
+                cap,
+            });
+        }
+        // Never empty: the range of buckets includes the current one.
+        Ok(keys.last().cloned().unwrap_or_default())
+    }
+
+    /// Gives `bytes` back to a usage bucket; a failure only logs (the
+    /// bucket's expiry gives them back later).
+    async fn refund(&self, conn: &mut RedisConn, bucket: &str, bytes: u64) {
+        let refunded: Result<i64, _> = REFUND.key(bucket).arg(bytes).invoke_async(conn).await;
+        if let Err(e) = refunded {
+            tracing::warn!("response store: giving back stored bytes failed: {e}");
+            crate::metrics::redis_error("store", "refund");
+        }
+    }
+
     async fn conn(&self) -> StoreResult<RedisConn> {
         self.redis.conn().await.map_err(unavailable("connect"))
     }
@@ -202,6 +303,59 @@ impl RedisStore {
             return Ok(None);
         }
         Ok(values.into_iter().skip(1).collect())
+    }
+
+    /// The lease and the response's keys (`create` after the cap).
+    async fn store_new(
+        &self,
+        conn: &mut RedisConn,
+        new: &NewResponse<'_>,
+        key: &str,
+        [object, items, context]: [String; 3],
+        bucket: Option<&str>,
+        bytes: u64,
+    ) -> StoreResult<()> {
+        // The lease first, then the response: the two keys are in different
+        // Redis Cluster slots (one transaction cannot span them), and in
+        // this order a connection lost part way never leaves a running
+        // response without the lease that lets a sweeper end it. A lease
+        // whose response never landed is harmless: the sweeper finds no
+        // response (`Gone`) and drops it.
+        if let Some(until) = new.lease_until_ms {
+            redis::cmd("ZADD")
+                .arg(self.leases())
+                .arg(until)
+                .arg(&new.object.id)
+                .query_async::<()>(conn)
+                .await
+                .map_err(unavailable("create"))?;
+        }
+        // One transaction over the response's own keys (one slot).
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HSET")
+            .arg(key)
+            .arg("org")
+            .arg(new.org)
+            .arg("status")
+            .arg(new.object.status.as_str())
+            .arg("obj")
+            .arg(object)
+            .arg("items")
+            .arg(items)
+            .arg("ctx")
+            .arg(context);
+        if let Some(bucket) = bucket {
+            pipe.arg("qkey").arg(bucket).arg("qbytes").arg(bytes);
+        }
+        pipe.ignore()
+            .cmd("PEXPIRE")
+            .arg(key)
+            .arg(self.window.as_millis() as u64)
+            .ignore();
+        pipe.query_async::<()>(conn)
+            .await
+            .map_err(unavailable("create"))
     }
 }
 
@@ -294,44 +448,32 @@ impl ResponseStore for RedisStore {
         let _rt = RoundTrip::start("create");
         let mut conn = self.conn().await?;
         let key = self.hash(&new.object.id);
-        // The lease first, then the response: the two keys are in different
-        // Redis Cluster slots (one transaction cannot span them), and in
-        // this order a connection lost part way never leaves a running
-        // response without the lease that lets a sweeper end it. A lease
-        // whose response never landed is harmless: the sweeper finds no
-        // response (`Gone`) and drops it.
-        if let Some(until) = new.lease_until_ms {
-            redis::cmd("ZADD")
-                .arg(self.leases())
-                .arg(until)
-                .arg(&new.object.id)
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(unavailable("create"))?;
+        let (object, items, context) = (
+            to_json(new.object)?,
+            to_json(&new.input_items)?,
+            to_json(&new.context)?,
+        );
+        // The cap before anything is written: a refused response leaves
+        // nothing behind.
+        let bytes = super::stored_bytes(&object, &items, &context);
+        let bucket = match new.max_stored_bytes {
+            0 => None,
+            cap => Some(self.charge(&mut conn, new.org, bytes, cap).await?),
+        };
+        let stored = self
+            .store_new(
+                &mut conn,
+                &new,
+                &key,
+                [object, items, context],
+                bucket.as_deref(),
+                bytes,
+            )
+            .await;
+        if let (Err(_), Some(bucket)) = (&stored, &bucket) {
+            self.refund(&mut conn, bucket, bytes).await;
         }
-        // One transaction over the response's own keys (one slot).
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HSET")
-            .arg(&key)
-            .arg("org")
-            .arg(new.org)
-            .arg("status")
-            .arg(new.object.status.as_str())
-            .arg("obj")
-            .arg(to_json(new.object)?)
-            .arg("items")
-            .arg(to_json(&new.input_items)?)
-            .arg("ctx")
-            .arg(to_json(&new.context)?)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(self.window.as_millis() as u64)
-            .ignore();
-        pipe.query_async::<()>(&mut conn)
-            .await
-            .map_err(unavailable("create"))
+        stored
     }
 
     async fn get(&self, org: &str, id: &str) -> StoreResult<Option<ResponseObject>> {
@@ -381,13 +523,16 @@ impl ResponseStore for RedisStore {
     async fn delete(&self, org: &str, id: &str) -> StoreResult<bool> {
         let _rt = RoundTrip::start("delete");
         let mut conn = self.conn().await?;
-        let deleted: i64 = DELETE
+        let (deleted, bucket, bytes): (i64, String, u64) = DELETE
             .key(self.hash(id))
             .key(self.events(id))
             .arg(org)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("delete"))?;
+        if deleted == 1 && !bucket.is_empty() && bytes > 0 {
+            self.refund(&mut conn, &bucket, bytes).await;
+        }
         Ok(deleted == 1)
     }
 
@@ -683,6 +828,8 @@ mod tests {
                     input_items: &[],
                     context: &[],
                     lease_until_ms: Some(1),
+                    // The usage buckets of one org share a slot of their own.
+                    max_stored_bytes: 1 << 30,
                 })
                 .await
                 .unwrap();

@@ -3,7 +3,10 @@
 //! (Kubernetes swaps a mounted Secret's symlink; cert-manager renews) is
 //! served to new connections without a restart. Open connections keep the
 //! session they negotiated. A new pair that does not load (half written, a
-//! key of another certificate) is logged once and the old one kept.
+//! key of another certificate) or whose certificate is outside its validity
+//! period (expired, or not yet valid: a clock or a renewal gone wrong) is
+//! logged once at warn and the old one kept: every client would refuse it,
+//! while the old one may still be good.
 
 use anyhow::Context;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -38,11 +41,19 @@ pub enum Reload {
 
 impl ReloadingCert {
     /// Loads the pair; an unusable pair at start-up is an error (the
-    /// gateway refuses to start rather than serve without TLS).
+    /// gateway refuses to start rather than serve without TLS). One outside
+    /// its validity period is served with a warning: there is nothing
+    /// better to serve yet, and a renewal will be picked up.
     pub fn load(cert_file: &Path, key_file: &Path) -> anyhow::Result<Self> {
         let (cert_pem, key_pem) = read_pair(cert_file, key_file)?;
         let key = super::certified_key(&cert_pem, &key_pem)
             .with_context(|| format!("tls: {} with {}", cert_file.display(), key_file.display()))?;
+        if let Err(why) = check_validity(&key, std::time::SystemTime::now()) {
+            tracing::warn!(
+                cert_file = %cert_file.display(),
+                "tls: {why:#}; serving it until a renewed certificate is installed"
+            );
+        }
         Ok(Self {
             cert_file: cert_file.to_owned(),
             key_file: key_file.to_owned(),
@@ -63,7 +74,11 @@ impl ReloadingCert {
         if *lock(&self.last_seen) == seen {
             return Reload::Unchanged;
         }
-        match super::certified_key(&cert_pem, &key_pem) {
+        let usable = super::certified_key(&cert_pem, &key_pem).and_then(|key| {
+            check_validity(&key, std::time::SystemTime::now())?;
+            Ok(key)
+        });
+        match usable {
             Ok(key) => {
                 *lock(&self.last_seen) = seen;
                 match self.current.write() {
@@ -97,10 +112,10 @@ impl ReloadingCert {
                     cert_file = %self.cert_file.display(),
                     "tls: new certificate loaded; new connections get it"
                 ),
-                Reload::Refused(why) => tracing::error!(
+                Reload::Refused(why) => tracing::warn!(
                     cert_file = %self.cert_file.display(),
                     key_file = %self.key_file.display(),
-                    "tls: the changed certificate files do not load ({why}); still serving the previous certificate"
+                    "tls: the changed certificate files were refused ({why}); still serving the previous certificate"
                 ),
             }
         }
@@ -131,6 +146,26 @@ impl std::fmt::Debug for ReloadingCert {
 
 fn lock(m: &Mutex<[u8; 32]>) -> std::sync::MutexGuard<'_, [u8; 32]> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The leaf certificate is within its validity period at `now`.
+fn check_validity(key: &CertifiedKey, now: std::time::SystemTime) -> anyhow::Result<()> {
+    let der = key
+        .end_entity_cert()
+        .map_err(|e| anyhow::anyhow!("the certificate file holds no leaf certificate: {e}"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| anyhow::anyhow!("the certificate cannot be read: {e}"))?;
+    let validity = cert.validity();
+    let now = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if now > validity.not_after.timestamp() {
+        anyhow::bail!("the certificate expired on {}", validity.not_after);
+    }
+    if now < validity.not_before.timestamp() {
+        anyhow::bail!("the certificate is not valid until {}", validity.not_before);
+    }
+    Ok(())
 }
 
 fn read_pair(cert_file: &Path, key_file: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
@@ -205,6 +240,39 @@ mod tests {
             matches!(cert.reload_if_changed(), Reload::Refused(why) if why.contains("no certificate"))
         );
         assert_eq!(served_der(&cert), second.der);
+    }
+
+    #[test]
+    fn an_expired_or_not_yet_valid_certificate_is_refused_on_reload() {
+        let ca = TestCa::new("unit").unwrap();
+        let good = ca.server("good", &["localhost"]).unwrap();
+        let expired = ca.expired_server("expired", &["localhost"]).unwrap();
+        let early = ca.future_server("early", &["localhost"]).unwrap();
+        let live = (ca.dir().join("live.crt"), ca.dir().join("live.key"));
+        let install = |files: &harness::certs::CertFiles| {
+            std::fs::copy(&files.cert_file, &live.0).unwrap();
+            std::fs::copy(&files.key_file, &live.1).unwrap();
+        };
+        install(&good);
+        let cert = ReloadingCert::load(&live.0, &live.1).unwrap();
+
+        install(&expired);
+        assert!(
+            matches!(cert.reload_if_changed(), Reload::Refused(why) if why.contains("expired")),
+            "an expired pair is refused"
+        );
+        assert_eq!(served_der(&cert), good.der, "the old pair stays");
+        assert_eq!(cert.reload_if_changed(), Reload::Unchanged, "logged once");
+
+        install(&early);
+        assert!(
+            matches!(cert.reload_if_changed(), Reload::Refused(why) if why.contains("not valid until"))
+        );
+        assert_eq!(served_der(&cert), good.der);
+
+        // At start-up there is nothing older to keep: it is served.
+        let started = ReloadingCert::load(&expired.cert_file, &expired.key_file).unwrap();
+        assert_eq!(served_der(&started), expired.der);
     }
 
     #[test]

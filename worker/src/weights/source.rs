@@ -96,6 +96,31 @@ impl Source {
         }
     }
 
+    /// Hosts besides its own that the source is known to redirect to: the
+    /// Hub's CDN (`cdn-lfs.hf.co`, `cas-bridge.xethub.hf.co`, ...) when
+    /// the endpoint is the Hub itself, and AWS's regional S3 endpoints for
+    /// a bucket on AWS. A mirror or another store names its own with
+    /// `--allow-redirect-host`.
+    pub fn redirect_hosts(&self) -> Vec<String> {
+        let host_of = |url: &str| {
+            url.parse::<Uri>()
+                .ok()
+                .and_then(|u| u.host().map(str::to_ascii_lowercase))
+                .unwrap_or_default()
+        };
+        let under =
+            |host: &str, domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
+        match self {
+            Source::HuggingFace { endpoint, .. } if under(&host_of(endpoint), "huggingface.co") => {
+                vec![".huggingface.co".into(), ".hf.co".into()]
+            }
+            Source::S3 { endpoint, .. } if under(&host_of(endpoint), "amazonaws.com") => {
+                vec![".amazonaws.com".into()]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The request of one attempt: its URL and headers (authorization
     /// included; never logged).
     pub fn request(&self) -> anyhow::Result<(Uri, HeaderMap)> {
