@@ -46,7 +46,6 @@ fn body(text: &str, agents: &[String]) -> Value {
     b
 }
 
-
 /// The reply is an answer (not a pause): `stop`, or `length` where the
 /// request's `max_tokens` cut it.
 fn answered(reply: &Value) -> bool {
