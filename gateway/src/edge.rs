@@ -110,10 +110,11 @@ impl From<SessionError> for ApiError {
                     "The planner's session store is unavailable; retry shortly.",
                 )
             }
-            SessionError::Busy => ApiError::conflict(
+            SessionError::Busy { retry_after } => ApiError::conflict(
                 "session_busy",
                 "Another request is using this session ('x-session-id'); retry when it has finished.",
-            ),
+            )
+            .with_retry_after(retry_after.as_secs().clamp(1, 60)),
             SessionError::NotPending { index, call_id } => ApiError::invalid_value(
                 format!("messages.{index}.tool_call_id"),
                 format!(

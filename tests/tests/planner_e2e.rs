@@ -613,11 +613,91 @@ async fn a_second_request_on_a_busy_session_gets_409() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let second = post(&client, &s, &b).await;
         harness::assert_error(&second, 409, "session_busy");
+        // When to come back: at most the lock's lease.
+        let retry_after: u64 = second
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .expect("a retry-after on the 409");
+        assert!((1..=15).contains(&retry_after), "{retry_after}");
         let first = first.await.unwrap();
         assert_eq!(first.status, 200, "{}", first.text());
         // Free again once the first request ended.
         let third = post(&client, &s, &b).await;
         assert_eq!(third.status, 200, "{}", third.text());
+    })
+    .await
+}
+
+/// A replica that dies mid-request cannot unlock its session (neither can
+/// one whose Redis was away at the end, and the lock survives a restart on
+/// AOF): the lock is a lease its holder renews, so the session is free
+/// again within the lease (15 s), not after the run's whole deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_replica_died_mid_request_is_free_within_the_lease() {
+    bounded(90, async {
+        let slow = TestAgent::start(
+            "slow",
+            "Takes a long while",
+            Behavior::Good {
+                delay: Duration::from_secs(30),
+            },
+        )
+        .await;
+        let good = TestAgent::start("good", "Answers anything", Behavior::good()).await;
+        let toml = planner::config("allow_private_addresses = true\nhedge_after_ms = 60000\n")
+            .replace("step_timeout_ms = 4000", "step_timeout_ms = 60000")
+            .replace("run_timeout_ms = 6000", "run_timeout_ms = 60000")
+            .replace(
+                "first_byte_timeout_ms = 1500",
+                "first_byte_timeout_ms = 60000",
+            );
+        let mut stack = Stack::builder()
+            .models(&["base-mini"])
+            .redis()
+            .extra_toml(&toml)
+            .start()
+            .expect("stack");
+        let mut b_gateway =
+            harness::Gateway::start(stack.gateway.opts().clone()).expect("a second replica");
+        let (a, b) = (stack.client(), b_gateway.client());
+        let s = session();
+        let slow_body = body(
+            "base-mini",
+            &scripted("Slowly.", &[plan(vec![agent_step("s1", "slow", &[], &[])])]),
+            &[slow.url()],
+        );
+        let held = {
+            let (a, s) = (a.clone(), s.clone());
+            tokio::spawn(async move { post(&a, &s, &slow_body).await })
+        };
+        let quick = body(
+            "base-mini",
+            &scripted(
+                "Quickly.",
+                &[plan(vec![agent_step("s1", "good", &[], &[])])],
+            ),
+            &[good.url()],
+        );
+        // (Polling with requests of the same session would race the first
+        // for the lock.)
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let busy = post(&b, &s, &quick).await;
+        harness::assert_error(&busy, 409, "session_busy");
+        stack.gateway.kill();
+        let killed = Instant::now();
+        held.abort();
+        harness::wait_until(
+            "the session to be free on the other replica",
+            Duration::from_secs(25),
+            || async { post(&b, &s, &quick).await.status == 200 },
+        )
+        .await;
+        let freed = killed.elapsed();
+        assert!(
+            freed <= Duration::from_secs(17),
+            "free {freed:?} after its holder died (lease 15 s)"
+        );
+        b_gateway.kill();
     })
     .await
 }

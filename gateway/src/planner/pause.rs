@@ -30,11 +30,22 @@ pub enum Start {
 /// A stored run, opaque outside the planner.
 pub struct RunStateBox(pub(super) RunState);
 
-/// The session's lock, held for the request; released when dropped.
+/// How long a session's lock lasts unless renewed: what a lock left by a
+/// replica that died, or could not unlock while Redis was away (it
+/// survives a restart on AOF), keeps the session busy for at most.
+const LOCK_LEASE: Duration = Duration::from_secs(15);
+
+/// How often the holder renews its lock: a few renewals fit in a lease,
+/// so one late or failed renewal does not free a session still in use.
+const LOCK_RENEW_EVERY: Duration = Duration::from_secs(5);
+
+/// The session's lock, held for the request and renewed while it runs;
+/// released when dropped.
 pub struct SessionLock {
     sessions: Arc<dyn SessionStore>,
     key: String,
     token: String,
+    renewer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl SessionLock {
@@ -46,6 +57,9 @@ impl SessionLock {
     /// Releases the session now (before the reply's last byte, so the
     /// caller's next request finds it free).
     pub async fn release(mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
         let token = std::mem::take(&mut self.token);
         if let Err(e) = self.sessions.unlock(&self.key, &token).await {
             tracing::warn!("planner session unlock failed: {e}");
@@ -55,6 +69,9 @@ impl SessionLock {
 
 impl Drop for SessionLock {
     fn drop(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
         if self.token.is_empty() {
             return;
         }
@@ -77,14 +94,30 @@ pub struct Begun {
     pub start: Start,
 }
 
-impl Planner {
-    /// How long a request may hold its session.
-    fn lock_ttl(&self) -> Duration {
-        Duration::from_millis(
-            self.config.run_timeout_ms + self.config.synthesis_timeout_ms + 30_000,
-        )
-    }
+/// Renews the lock every [`LOCK_RENEW_EVERY`] until aborted (the lock's
+/// release or drop) or until the lock is no longer this holder's.
+fn renew_while_held(
+    sessions: Arc<dyn SessionStore>,
+    key: String,
+    token: String,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(LOCK_RENEW_EVERY).await;
+            match sessions.renew(&key, &token, LOCK_LEASE).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!("a planner session's lock lapsed while its request ran");
+                    return;
+                }
+                // The store is away: try again; the lease bounds the rest.
+                Err(e) => tracing::warn!("planner session lock renewal failed: {e}"),
+            }
+        }
+    })
+}
 
+impl Planner {
     /// Takes the session and decides how the request starts: trailing
     /// `tool` messages resume the session's paused plan (each must answer
     /// a pending call: 400 naming `messages.N.tool_call_id` otherwise);
@@ -99,12 +132,24 @@ impl Planner {
     ) -> Result<Begun, SessionError> {
         let key = session::session_key(org, session_id);
         let token = crate::ids::new_id("lock_");
-        if !self.sessions.lock(&key, &token, self.lock_ttl()).await? {
-            return Err(SessionError::Busy);
+        if !self.sessions.lock(&key, &token, LOCK_LEASE).await? {
+            let retry_after = self
+                .sessions
+                .lock_left(&key)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(Duration::from_secs(1));
+            return Err(SessionError::Busy { retry_after });
         }
         let lock = SessionLock {
             sessions: self.sessions.clone(),
             key: key.clone(),
+            renewer: Some(renew_while_held(
+                self.sessions.clone(),
+                key.clone(),
+                token.clone(),
+            )),
             token,
         };
         let trailing: Vec<(usize, &ChatMessage)> = messages

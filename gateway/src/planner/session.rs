@@ -31,8 +31,9 @@ pub enum SessionError {
     Redis(redis::RedisError),
     /// The in-process store's mutex was poisoned by a panic.
     Poisoned,
-    /// Another request holds the session's lock.
-    Busy,
+    /// Another request holds the session's lock, for at most this long
+    /// unless its holder renews it.
+    Busy { retry_after: Duration },
     /// The trailing `tool` message at `index` answers no pending call of
     /// the session's paused plan.
     NotPending { index: usize, call_id: String },
@@ -48,7 +49,7 @@ impl std::fmt::Display for SessionError {
         match self {
             SessionError::Redis(e) => write!(f, "redis: {e}"),
             SessionError::Poisoned => f.write_str("the in-process session store is poisoned"),
-            SessionError::Busy => f.write_str("the session is busy"),
+            SessionError::Busy { .. } => f.write_str("the session is busy"),
             SessionError::NotPending { index, call_id } => write!(
                 f,
                 "messages.{index}: no pending tool call with id '{call_id}'"
@@ -76,6 +77,10 @@ pub trait SessionStore: Send + Sync {
     async fn lock(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool>;
     /// Drops the lock if `token` still holds it.
     async fn unlock(&self, key: &str, token: &str) -> SessionResult<()>;
+    /// Extends the lock to `ttl` from now if `token` still holds it.
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool>;
+    /// How long the lock is held for yet (`None`: free).
+    async fn lock_left(&self, key: &str) -> SessionResult<Option<Duration>>;
     /// The paused plan's state (JSON), if any.
     async fn load(&self, key: &str) -> SessionResult<Option<String>>;
     async fn save(&self, key: &str, state: &str, ttl: Duration) -> SessionResult<()>;
@@ -109,6 +114,14 @@ end
 return 0
 "#;
 
+/// Extends the lock only if the caller still holds it.
+const RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
 #[async_trait]
 impl SessionStore for RedisSessions {
     async fn lock(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool> {
@@ -132,6 +145,27 @@ impl SessionStore for RedisSessions {
             .invoke_async(&mut conn)
             .await?;
         Ok(())
+    }
+
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool> {
+        let mut conn = self.redis.conn().await?;
+        let renewed: i64 = redis::Script::new(RENEW)
+            .key(self.lock_key(key))
+            .arg(token)
+            .arg(ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn lock_left(&self, key: &str) -> SessionResult<Option<Duration>> {
+        let mut conn = self.redis.conn().await?;
+        let left: i64 = redis::cmd("PTTL")
+            .arg(self.lock_key(key))
+            .query_async(&mut conn)
+            .await?;
+        // -2: no key; -1: no expiry (not written by this code).
+        Ok(u64::try_from(left).ok().map(Duration::from_millis))
     }
 
     async fn load(&self, key: &str) -> SessionResult<Option<String>> {
@@ -200,6 +234,29 @@ impl SessionStore for MemorySessions {
         Ok(())
     }
 
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> SessionResult<bool> {
+        let now = Instant::now();
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
+        inner.sweep(now);
+        match inner.locks.get_mut(key) {
+            Some((held_by, until)) if held_by == token => {
+                *until = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn lock_left(&self, key: &str) -> SessionResult<Option<Duration>> {
+        let now = Instant::now();
+        let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
+        inner.sweep(now);
+        Ok(inner
+            .locks
+            .get(key)
+            .map(|(_, until)| until.saturating_duration_since(now)))
+    }
+
     async fn load(&self, key: &str) -> SessionResult<Option<String>> {
         let mut inner = self.inner.lock().map_err(|_| SessionError::Poisoned)?;
         inner.sweep(Instant::now());
@@ -243,7 +300,19 @@ mod tests {
             .lock(&key, "t3", Duration::from_secs(5))
             .await
             .unwrap());
+        // Only the holder renews; the lease says how long it is held.
+        assert!(!store
+            .renew(&key, "t2", Duration::from_secs(60))
+            .await
+            .unwrap());
+        assert!(store
+            .renew(&key, "t1", Duration::from_secs(60))
+            .await
+            .unwrap());
+        let left = store.lock_left(&key).await.unwrap().expect("held");
+        assert!(left > Duration::from_secs(50), "{left:?}");
         store.unlock(&key, "t1").await.unwrap();
+        assert_eq!(store.lock_left(&key).await.unwrap(), None);
         assert!(store
             .lock(&key, "t3", Duration::from_millis(50))
             .await
