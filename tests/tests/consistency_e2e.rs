@@ -400,3 +400,74 @@ async fn a_replica_killed_while_cut_off_leaves_no_run_running() {
     })
     .await;
 }
+
+/// A follower that loses the store mid-replay ends with an `error` event
+/// whose number is the last one it showed, never one a real event takes:
+/// a client that resumes after it, on another replica, misses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_loses_the_store_ends_where_a_resume_continues() {
+    bounded(90, async {
+        let r = Replicas::start(WorkerOpts::paced(0, 100), SHORT_LEASES).expect("replicas");
+        let (a, b) = (r.a.client(), r.b.client());
+        // The run belongs to B; A only follows it.
+        let created = b
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "synthetic:reply_tokens=300 go", "background": true}),
+            )
+            .await
+            .expect("create");
+        assert_eq!(created.status, 200, "{created}");
+        let id = created.json()["id"].as_str().expect("an id").to_owned();
+        let path = |after: Option<u64>| match after {
+            Some(n) => format!("/responses/{id}?stream=true&starting_after={n}"),
+            None => format!("/responses/{id}?stream=true"),
+        };
+        let mut live = a
+            .open_stream(a.request(reqwest::Method::GET, &path(None)))
+            .await
+            .expect("follow on A");
+        let mut seen: Vec<SseFrame> = Vec::new();
+        let deltas = |frames: &[SseFrame]| {
+            frames
+                .iter()
+                .filter(|f| f.event.as_deref() == Some("response.output_text.delta"))
+                .count()
+        };
+        while deltas(&seen) < 5 {
+            seen.push(live.next_frame().await.expect("a frame").expect("more"));
+        }
+        r.link_a.refuse(true);
+        r.link_a.drop_connections();
+        seen.extend(live.collect().await.expect("the rest of A's stream"));
+        let last = seen.last().expect("an event");
+        assert_eq!(last.event.as_deref(), Some("error"), "{seen:?}");
+        let error_seq = last.json()["sequence_number"].as_u64().expect("a number");
+        let shown_before = seen
+            .iter()
+            .rev()
+            .nth(1)
+            .and_then(|f| f.json()["sequence_number"].as_u64());
+        assert_eq!(Some(error_seq), shown_before, "{seen:?}");
+
+        let resumed = b
+            .open_stream(b.request(reqwest::Method::GET, &path(Some(error_seq))))
+            .await
+            .expect("resume on B")
+            .collect()
+            .await
+            .expect("B's stream");
+        let events: Vec<(String, Value)> = seen
+            .iter()
+            .chain(resumed.iter())
+            .filter(|f| f.event.as_deref() != Some("error"))
+            .map(|f| (f.event.clone().unwrap_or_default(), f.json()))
+            .collect();
+        let told = streamed_text(events.iter().map(|(n, v)| (n.as_str(), v)));
+        let stored = b.get(&format!("/responses/{id}")).await.expect("retrieve");
+        let object = stored.json();
+        assert_eq!(object["status"], "completed", "{object}");
+        assert_eq!(told, output_text(&object), "resumed after the error's number");
+    })
+    .await
+}

@@ -363,9 +363,11 @@ async fn follow(
         return Ok(());
     }
     let mut status_was_terminal = false;
-    // The sequence number an in-band error event takes: after the last
-    // event this follower wrote.
-    let mut next_seq = after.map_or(0, |n| n + 1);
+    // The sequence number an in-band error event takes: the last one this
+    // stream showed (the client's own `starting_after` before any), so a
+    // client that resumes after it misses nothing; the next number belongs
+    // to the run's next real event.
+    let mut last_seq = after.unwrap_or(0);
     loop {
         let batch = tokio::select! {
             batch = follower.next_batch(FOLLOW_WAIT) => batch,
@@ -387,7 +389,7 @@ async fn follow(
                         // Deleted (or expired) under the follower: it would
                         // never see a terminal event, so say why it ends.
                         let e = not_found(id);
-                        error_event(reply.buf(), &e, next_seq);
+                        error_event(reply.buf(), &e, last_seq);
                         let _ = reply.write().await;
                         reply.end_failed(e.status).await;
                         return Ok(());
@@ -399,7 +401,7 @@ async fn follow(
                 let mut done = false;
                 for f in &frames {
                     sse::event(reply.buf(), &f.name, &f.data);
-                    next_seq = f.seq + 1;
+                    last_seq = f.seq;
                     if f.is_terminal() {
                         done = true;
                         break;
@@ -415,7 +417,7 @@ async fn follow(
             }
             Err(e) => {
                 let e = ApiError::from(e);
-                error_event(reply.buf(), &e, next_seq);
+                error_event(reply.buf(), &e, last_seq);
                 let _ = reply.write().await;
                 reply.end_failed(e.status).await;
                 return Ok(());
@@ -428,8 +430,8 @@ async fn follow(
 
 /// `event: error` with `{type:"error", code, message, param, status,
 /// sequence_number}`: the HTTP status travels in the body, as on every
-/// streamed failure (spec 6.1 rule 5), and the sequence number continues
-/// the stream's.
+/// streamed failure (spec 6.1 rule 5); the sequence number is the last
+/// one the stream showed, never one a real event will take.
 fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
     let data = serde_json::json!({
         "type": "error",
