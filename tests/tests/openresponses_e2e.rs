@@ -372,6 +372,24 @@ async fn foreground_objects_and_events_validate() {
         )
     );
 
+    // A worker failing mid-run: `response.failed` streamed, and the stored
+    // failed object.
+    let events = stream(
+        &client,
+        "worker failure",
+        json!({"model":"base","input":"x synthetic:reply_tokens=20 synthetic:fail_after=3"}),
+    )
+    .await;
+    let failed = terminal(&events);
+    assert_eq!(failed["status"], "failed");
+    assert!(failed["completed_at"].is_u64());
+    retrieve(
+        &client,
+        "worker failure (retrieved)",
+        &responses::id(failed),
+    )
+    .await;
+
     // Not stored: the object still validates (and is not retrievable).
     let unstored = create(
         &client,
@@ -449,5 +467,31 @@ async fn background_retrieve_replay_and_cancel_validate() {
     assert_eq!(got["status"], "cancelled");
     let replayed = assert_events("cancelled replay", &responses::replay(&client, &id).await);
     assert_eq!(terminal(&replayed)["status"], "cancelled");
+
+    // A run deleted under its follower: the stream ends with `error`.
+    let long = create(
+        &client,
+        "background to delete",
+        json!({"model":"base","input":"bg synthetic:reply_tokens=400 synthetic:slow_ms=50","background":true}),
+    )
+    .await;
+    let id = responses::id(&long);
+    responses::wait_for_status(&client, &id, &["in_progress"], Duration::from_secs(5)).await;
+    let mut live = client
+        .open_stream(client.request(
+            reqwest::Method::GET,
+            &format!("/responses/{id}?stream=true"),
+        ))
+        .await
+        .expect("follow");
+    let mut frames = vec![live.next_frame().await.expect("a frame").expect("a frame")];
+    let deleted = client
+        .delete(&format!("/responses/{id}"))
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status, 200, "{deleted}");
+    frames.extend(live.collect().await.expect("frames"));
+    let events = assert_events("deleted under its follower", &frames);
+    assert_eq!(events.last().expect("events")["type"], "error");
     report();
 }

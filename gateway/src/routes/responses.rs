@@ -430,6 +430,8 @@ async fn follow(
 /// streamed failure (spec 6.1 rule 5), and the sequence number continues
 /// the stream's.
 fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
+    // Flat for the OpenAI SDKs' error event, and again under `error` for
+    // Open Responses' `ErrorStreamingEvent`: one event satisfies both.
     let data = serde_json::json!({
         "type": "error",
         "code": e.code,
@@ -437,6 +439,12 @@ fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
         "param": e.param,
         "status": e.status,
         "sequence_number": seq,
+        "error": {
+            "type": e.error_type(),
+            "code": e.code,
+            "message": e.message,
+            "param": e.param,
+        },
     });
     sse::event(out, "error", &data.to_string());
 }
