@@ -29,6 +29,8 @@ pub struct CreateResponseRequest {
     pub max_tool_calls: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
     pub top_logprobs: Option<i64>,
     /// At most [`bounds::MAX_TOOLS`].
     #[serde(default, deserialize_with = "bounds::tools")]
@@ -305,7 +307,25 @@ pub struct ResponseObject {
     /// tiers were echoed).
     #[serde(default = "default_service_tier")]
     pub service_tier: String,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
+    /// Unix seconds at which it reached a terminal status; null before.
+    /// Set only by [`Self::end`]. Every field from here on has a serde
+    /// default, so objects stored by an older gateway still read.
+    #[serde(default)]
+    pub completed_at: Option<u64>,
+    /// The effective penalties: the request's, else 0 (the API default).
+    #[serde(default)]
+    pub presence_penalty: f64,
+    #[serde(default)]
+    pub frequency_penalty: f64,
+    /// Always 0: any other value is refused (no logprobs here).
+    #[serde(default)]
+    pub top_logprobs: u32,
+    #[serde(default)]
+    pub max_tool_calls: Option<u32>,
+    #[serde(default)]
+    pub safety_identifier: Option<String>,
+    /// Null when not sent (the Open Responses document requires the field).
+    #[serde(default)]
     pub prompt_cache_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub user: Option<String>,
@@ -320,6 +340,20 @@ impl ResponseObject {
     pub fn is_terminal(&self) -> bool {
         self.status.is_terminal()
     }
+
+    /// Moves it to `status`, stamping `completed_at` when that status ends
+    /// the run: one place, so no path that ends a run forgets the stamp.
+    pub fn end(&mut self, status: ResponseStatus) {
+        self.status = status;
+        self.completed_at = status.is_terminal().then(unix_now);
+    }
+}
+
+/// Seconds since the epoch (0 on a clock before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A response's status. Code compares variants; the words exist only where
@@ -468,11 +502,12 @@ pub enum OutputItem {
         summary: Vec<SummaryPart>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         status: Option<String>,
-        /// Always `null`: reasoning is returned in clear in `summary`, never
+        /// Always absent: reasoning is returned in clear in `summary`, never
         /// encrypted, so `include: ["reasoning.encrypted_content"]` (the
         /// Codex CLI's default with `store: false`) is answered truthfully
-        /// with nothing to carry between turns.
-        #[serde(default)]
+        /// with nothing to carry between turns. Omitted rather than `null`:
+        /// Open Responses types it as a string when present.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         encrypted_content: Option<String>,
     },
 }
@@ -821,6 +856,48 @@ mod tests {
             .map(ResponseStatus::as_str)
             .collect();
         assert_eq!(ended, ["completed", "failed", "cancelled", "incomplete"]);
+    }
+
+    /// An object stored before `completed_at`, the penalties and the
+    /// other Open Responses fields existed reads with their defaults.
+    #[test]
+    fn objects_stored_by_an_older_gateway_still_read() {
+        let old = r#"{"id":"resp_1","object":"response","created_at":5,"status":"completed",
+            "background":false,"error":null,"incomplete_details":null,"instructions":null,
+            "max_output_tokens":null,"model":"base","output":[],"parallel_tool_calls":true,
+            "previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":true,
+            "temperature":null,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],
+            "top_p":null,"truncation":"disabled","usage":null,"metadata":{}}"#;
+        let o: ResponseObject = serde_json::from_str(old).unwrap();
+        assert_eq!(o.completed_at, None);
+        assert_eq!((o.presence_penalty, o.frequency_penalty), (0.0, 0.0));
+        assert_eq!((o.top_logprobs, o.max_tool_calls), (0, None));
+        assert_eq!(o.service_tier, "default");
+        let v = serde_json::to_value(&o).unwrap();
+        for field in [
+            "completed_at",
+            "safety_identifier",
+            "prompt_cache_key",
+            "max_tool_calls",
+        ] {
+            assert_eq!(v[field], Value::Null, "{field} is present as null");
+        }
+        assert!(v.get("prompt_cache_key").is_some());
+    }
+
+    #[test]
+    fn ending_stamps_completed_at_only_for_a_terminal_status() {
+        let mut o: ResponseObject = serde_json::from_value(serde_json::json!({
+            "id":"r","object":"response","created_at":5,"status":"queued","background":true,
+            "error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,
+            "model":"base","output":[],"parallel_tool_calls":true,"previous_response_id":null,
+            "reasoning":{},"store":true,"temperature":1.0,"text":{},"tool_choice":"auto",
+            "tools":[],"top_p":1.0,"truncation":"disabled","usage":null,"metadata":{}}))
+        .unwrap();
+        o.end(ResponseStatus::InProgress);
+        assert_eq!(o.completed_at, None);
+        o.end(ResponseStatus::Cancelled);
+        assert!(o.completed_at.is_some_and(|t| t >= 5));
     }
 
     #[test]

@@ -433,6 +433,8 @@ async fn follow(
 /// streamed failure (spec 6.1 rule 5); the sequence number is the last
 /// one the stream showed, never one a real event will take.
 fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
+    // Flat for the OpenAI SDKs' error event, and again under `error` for
+    // Open Responses' `ErrorStreamingEvent`: one event satisfies both.
     let data = serde_json::json!({
         "type": "error",
         "code": e.code,
@@ -440,6 +442,12 @@ fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
         "param": e.param,
         "status": e.status,
         "sequence_number": seq,
+        "error": {
+            "type": e.error_type(),
+            "code": e.code,
+            "message": e.message,
+            "param": e.param,
+        },
     });
     sse::event(out, "error", &data.to_string());
 }

@@ -115,7 +115,7 @@ impl Runs {
             return Ok(Cancel::NotCancellable(object));
         }
         let mut cancelled = object;
-        cancelled.status = ResponseStatus::Cancelled;
+        cancelled.end(ResponseStatus::Cancelled);
         match self
             .store
             .terminate(id, &mut cancelled, EndedBy::Cancel)
@@ -313,7 +313,7 @@ impl Runs {
         if object.is_terminal() {
             return Ok(false);
         }
-        object.status = ResponseStatus::Failed;
+        object.end(ResponseStatus::Failed);
         let message = if object.background {
             message
         } else {

@@ -176,7 +176,7 @@ impl StoredRun {
     /// A foreground client went away: its generation stopped, so the run
     /// ends `cancelled` (recorded as [`Self::finish`] does).
     pub async fn cancel(self, mut object: ResponseObject, in_flight: InFlight) {
-        object.status = ResponseStatus::Cancelled;
+        object.end(ResponseStatus::Cancelled);
         self.finish(object, in_flight).await;
     }
 

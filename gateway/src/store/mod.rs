@@ -276,6 +276,12 @@ pub mod suite {
             usage: None,
             metadata: BTreeMap::new(),
             service_tier: "default".into(),
+            completed_at: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            top_logprobs: 0,
+            max_tool_calls: None,
+            safety_identifier: None,
             prompt_cache_key: None,
             user: None,
         }

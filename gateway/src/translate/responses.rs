@@ -71,6 +71,13 @@ pub fn new_object(
         usage: None,
         metadata: valid.metadata.clone(),
         service_tier: "default".to_owned(),
+        completed_at: None,
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        // Validation refuses any other value.
+        top_logprobs: 0,
+        max_tool_calls: req.max_tool_calls.and_then(|n| u32::try_from(n).ok()),
+        safety_identifier: req.safety_identifier.clone(),
         prompt_cache_key: req.prompt_cache_key.clone(),
         user: req.user.clone(),
     }
@@ -164,8 +171,8 @@ pub fn to_worker(
             max_tokens: valid.max_output_tokens,
             stop: Vec::new(),
             seed: req.seed.map(|s| s as u64),
-            presence_penalty: None,
-            frequency_penalty: None,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
             // The worker's model default; no public field sets it.
             repeat_penalty: None,
         }),
@@ -660,7 +667,7 @@ impl ResponseEncoder {
         self.close_open(if length { "incomplete" } else { "completed" }, out);
         self.object.usage = Some(usage(&f.usage.unwrap_or_default()));
         if length {
-            self.object.status = ResponseStatus::Incomplete;
+            self.object.end(ResponseStatus::Incomplete);
             self.object.incomplete_details = Some(IncompleteDetails {
                 reason: "max_output_tokens".into(),
             });
@@ -685,7 +692,7 @@ impl ResponseEncoder {
                 return;
             }
         }
-        self.object.status = ResponseStatus::Completed;
+        self.object.end(ResponseStatus::Completed);
         let snapshot = self.object.clone();
         self.emit(
             out,
@@ -698,7 +705,7 @@ impl ResponseEncoder {
     /// Ends the run with `response.failed` carrying `response.error`.
     pub fn fail(&mut self, e: &ApiError, out: &mut Vec<EncodedEvent>) {
         self.close_open("incomplete", out);
-        self.object.status = ResponseStatus::Failed;
+        self.object.end(ResponseStatus::Failed);
         self.object.error = Some(ResponseError {
             code: e.code.to_string(),
             message: e.message.clone(),

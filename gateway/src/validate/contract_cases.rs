@@ -869,6 +869,20 @@ pub fn responses_cases() -> Vec<Case> {
     let image_input = r#"[{"role":"user","content":[{"type":"input_text","text":"what is this?"},{"type":"input_image","image_url":"https://example.com/a.png"}]}]"#;
     vec![
         ok("minimal request", resp("")),
+        ok(
+            "penalties at their bounds",
+            resp(r#""presence_penalty":2,"frequency_penalty":-2"#),
+        ),
+        iv(
+            "presence_penalty above 2",
+            resp(r#""presence_penalty":2.5"#),
+            "presence_penalty",
+        ),
+        iv(
+            "frequency_penalty below -2",
+            resp(r#""frequency_penalty":-2.5"#),
+            "frequency_penalty",
+        ),
         bad(
             "malformed JSON",
             b"{\"model\":\"base\",".to_vec(),

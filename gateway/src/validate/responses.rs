@@ -113,6 +113,19 @@ pub fn validate(
             ));
         }
     }
+    for (param, value) in [
+        ("presence_penalty", req.presence_penalty),
+        ("frequency_penalty", req.frequency_penalty),
+    ] {
+        if let Some(v) = value {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::invalid_value(
+                    param,
+                    format!("'{param}' must be between -2 and 2, got {v}."),
+                ));
+            }
+        }
+    }
     let max_output_tokens = match req.max_output_tokens {
         None => 0,
         Some(v) if v < 1 => {
@@ -352,8 +365,8 @@ fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
 /// `reasoning.encrypted_content` is accepted, not refused: the Codex CLI
 /// sends it on every request with reasoning and `store: false`, and
 /// refusing it would break Codex. Reasoning is returned in clear summary
-/// items, whose `encrypted_content` is always `null` (nothing is
-/// encrypted); docs/request-contract.md says so.
+/// items, which never carry `encrypted_content` (nothing is encrypted);
+/// docs/request-contract.md says so.
 const INCLUDE_NO_EFFECT: [&str; 7] = [
     "reasoning.encrypted_content",
     "file_search_call.results",
@@ -761,6 +774,18 @@ mod tests {
                 400,
                 "invalid_type",
                 "temperature",
+            ),
+            (
+                r#"{"model":"base","input":"x","presence_penalty":2.5}"#,
+                400,
+                "invalid_value",
+                "presence_penalty",
+            ),
+            (
+                r#"{"model":"base","input":"x","frequency_penalty":-3}"#,
+                400,
+                "invalid_value",
+                "frequency_penalty",
             ),
             (
                 r#"{"model":"base","input":"x","top_logprobs":5}"#,
