@@ -12,7 +12,10 @@
 //! counter of those already active, so idling earns no credit. Requests of
 //! one organisation keep their arrival order. A request waits at most the
 //! pool's `queue_timeout_ms`, and no more than `queue_max_depth` wait: then
-//! it is refused (503 `server_overloaded` with `Retry-After`).
+//! it is refused (503 `server_overloaded` with `Retry-After`). A full queue
+//! makes room for a higher tier: the newest request of the lowest tier
+//! below it is refused instead, so a flood of `flex` work cannot keep
+//! `priority` requests out.
 //!
 //! Counters are this replica's: each gateway replica orders its own
 //! waiting requests. Capacity is the workers' (what they report, plus what
@@ -102,7 +105,8 @@ struct Waiter {
     id: u64,
     ticket: Ticket,
     since: Instant,
-    grant: oneshot::Sender<()>,
+    /// `true`: its turn; `false`: refused to make room for a higher tier.
+    grant: oneshot::Sender<bool>,
 }
 
 impl PoolQueue {
@@ -141,10 +145,18 @@ impl PoolQueue {
                 return Ok(Turn::new(self, ticket));
             }
             if st.depth() >= self.limits.max_depth {
-                st.deactivate(&ticket.org);
-                drop(st);
-                self.count_shed(Shed::Full);
-                return Err(Shed::Full);
+                match st.newest_below(tier) {
+                    // Its `Waiting` counts the shed and leaves the org.
+                    Some(displaced) => {
+                        let _ = displaced.grant.send(false);
+                    }
+                    None => {
+                        st.deactivate(&ticket.org);
+                        drop(st);
+                        self.count_shed(Shed::Full);
+                        return Err(Shed::Full);
+                    }
+                }
             }
             let (tx, rx) = oneshot::channel();
             let id = st.next_id;
@@ -194,7 +206,7 @@ impl PoolQueue {
             let t = &waiter.ticket;
             st.charge(&self.model, &t.org, t.input_tokens as f64, t.weight);
             st.granted += 1;
-            if waiter.grant.send(()).is_err() {
+            if waiter.grant.send(true).is_err() {
                 st.granted -= 1;
                 continue;
             }
@@ -239,6 +251,16 @@ impl PoolQueue {
 impl State {
     fn depth(&self) -> usize {
         self.waiting.iter().map(VecDeque::len).sum()
+    }
+
+    /// Takes out the newest waiter of the lowest tier below `tier` that has
+    /// any: the one a full queue refuses to make room for `tier`.
+    fn newest_below(&mut self, tier: ServiceTier) -> Option<Waiter> {
+        ServiceTier::BY_PRECEDENCE
+            .iter()
+            .rev()
+            .filter(|t| **t < tier)
+            .find_map(|t| self.waiting[*t as usize].pop_back())
     }
 
     /// The next waiter to serve: the best tier with anyone waiting; in it,
@@ -310,7 +332,7 @@ struct Waiting {
     queue: Arc<PoolQueue>,
     id: u64,
     org: Arc<str>,
-    rx: oneshot::Receiver<()>,
+    rx: oneshot::Receiver<bool>,
     done: bool,
 }
 
@@ -318,9 +340,13 @@ impl Waiting {
     async fn wait(mut self, ticket: Ticket, max_wait: Duration) -> Result<Turn, Shed> {
         let granted = tokio::time::timeout(max_wait, &mut self.rx).await;
         match granted {
-            Ok(Ok(())) => {
+            Ok(Ok(true)) => {
                 self.done = true;
                 Ok(Turn::new(&self.queue, ticket))
+            }
+            Ok(Ok(false)) => {
+                self.queue.count_shed(Shed::Full);
+                Err(Shed::Full)
             }
             // Timed out (or the queue dropped the sender, which it does not
             // do while the waiter is in it).
@@ -350,7 +376,7 @@ impl Drop for Waiting {
             // Granted, but nobody took the turn: hand back what it was
             // promised, to the next in line.
             self.rx.close();
-            if self.rx.try_recv().is_ok() {
+            if matches!(self.rx.try_recv(), Ok(true)) {
                 st.granted = st.granted.saturating_sub(1);
                 handed_back = true;
             }
@@ -603,6 +629,35 @@ mod tests {
         drop(turn);
         // The worker is free again: nothing is held for the ones refused.
         let _next = run(&q, &endpoint, ticket("d", ServiceTier::Default)).await;
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_the_newest_of_a_lower_tier_to_take_a_higher_one() {
+        let (q, endpoint) = queue(1, 2, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Flex)).await;
+        let enter = |org: &'static str, tier| {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move { q.enter(ticket(org, tier)).await.map(|_turn| ()) })
+        };
+        let older_flex = enter("a", ServiceTier::Flex);
+        settle().await;
+        let newer_flex = enter("a", ServiceTier::Flex);
+        settle().await;
+        assert_eq!(q.depth(), 2);
+        // A priority request finds the queue full: the newest flex makes room.
+        let priority = enter("b", ServiceTier::Priority);
+        settle().await;
+        assert_eq!(newer_flex.await.unwrap().err(), Some(Shed::Full));
+        assert_eq!(q.depth(), 2);
+        // A flex request at a queue full of equal or higher tiers is refused.
+        let late_flex = q.enter(ticket("c", ServiceTier::Flex)).await.err();
+        assert_eq!(late_flex, Some(Shed::Full));
+        // The priority request goes first, then the older flex.
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert!(priority.await.unwrap().is_ok());
+        assert!(older_flex.await.unwrap().is_ok());
     }
 
     #[tokio::test]
