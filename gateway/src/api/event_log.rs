@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn finished_items_are_taken_whole_and_later_ones_fold_from_deltas() {
         let done_reasoning = json!({"type": "reasoning", "id": "rs_1",
-            "summary": [{"type": "summary_text", "text": "think"}], "encrypted_content": null});
+            "summary": [{"type": "summary_text", "text": "think"}]});
         let events = vec![
             ev(
                 0,
