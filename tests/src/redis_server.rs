@@ -12,6 +12,8 @@ use std::time::Duration;
 pub struct RedisServer {
     port: u16,
     process: ChildProcess,
+    /// How it was started (the same again revives it on its data).
+    spec: Spec,
     _dir: TempDir,
 }
 
@@ -58,7 +60,7 @@ impl RedisServer {
             .map(String::from),
         );
         args.push(dir.0.to_string_lossy().into_owned());
-        let (process, _) = ChildProcess::start(&Spec {
+        let spec = Spec {
             name: name.into(),
             program: "redis-server".into(),
             args,
@@ -66,13 +68,24 @@ impl RedisServer {
             env_remove: Vec::new(),
             ready_prefix: "Ready to accept connections".into(),
             ready_timeout: Duration::from_secs(10),
-        })
-        .context("redis-server (tests/run.sh installs it)")?;
+        };
+        let (process, _) =
+            ChildProcess::start(&spec).context("redis-server (tests/run.sh installs it)")?;
         Ok(RedisServer {
             port,
             process,
+            spec,
             _dir: dir,
         })
+    }
+
+    /// The same server again, on the same port and directory (a cluster
+    /// node rejoins with its `nodes.conf`), after [`Self::kill`].
+    pub fn revive(&mut self) -> Result<()> {
+        self.process.kill();
+        let (process, _) = ChildProcess::start(&self.spec).context("redis-server again")?;
+        self.process = process;
+        Ok(())
     }
 
     pub fn port(&self) -> u16 {
@@ -275,6 +288,31 @@ impl RedisCluster {
         node.kill();
         self.killed.push(port);
         Ok(())
+    }
+
+    /// Starts a [`Self::kill`]ed node again on its data: a primary whose
+    /// replica took over rejoins as that replica's replica. Returns once
+    /// the node reports itself a replica in sync with its primary.
+    pub fn revive(&mut self, port: u16, within: Duration) -> Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .with_context(|| format!("no node of the cluster on port {port}"))?;
+        node.revive()?;
+        self.killed.retain(|p| *p != port);
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let info = self.command(port, &["INFO", "replication"])?;
+            if info.contains("role:slave") && info.contains("master_link_status:up") {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "node {port} did not rejoin as a replica within {within:?}:\n{info}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The hash slot of `key`, as the cluster computes it.

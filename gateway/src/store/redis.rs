@@ -79,6 +79,18 @@ return 0
     )
 });
 
+/// A new response's hash and its time to live, in one step. KEYS: hash.
+/// ARGV: time to live (ms), then field/value pairs.
+static STORE_NEW: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 0
+"#,
+    )
+});
+
 /// Closes a running response's event log to its owner before an outside
 /// terminal write (the owner's next WRITE answers "terminal"), so the log
 /// read next is the whole log. KEYS: hash. Returns 0 closed (or already
@@ -330,11 +342,15 @@ impl RedisStore {
                 .await
                 .map_err(unavailable("create"))?;
         }
-        // One transaction over the response's own keys (one slot).
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HSET")
-            .arg(key)
+        // One script over the response's own keys (one slot): a script is
+        // one command, so a cluster client follows a `MOVED` for it (and
+        // fetches the slot map again) as for any other; inside MULTI/EXEC a
+        // `MOVED` aborts the transaction and is followed by nothing, which
+        // failed creates for minutes after a failover whose old primary
+        // came back as a replica.
+        let mut invocation = STORE_NEW.key(key);
+        invocation
+            .arg(self.window.as_millis() as u64)
             .arg("org")
             .arg(new.org)
             .arg("status")
@@ -346,14 +362,10 @@ impl RedisStore {
             .arg("ctx")
             .arg(context);
         if let Some(bucket) = bucket {
-            pipe.arg("qkey").arg(bucket).arg("qbytes").arg(bytes);
+            invocation.arg("qkey").arg(bucket).arg("qbytes").arg(bytes);
         }
-        pipe.ignore()
-            .cmd("PEXPIRE")
-            .arg(key)
-            .arg(self.window.as_millis() as u64)
-            .ignore();
-        pipe.query_async::<()>(conn)
+        invocation
+            .invoke_async::<()>(conn)
             .await
             .map_err(unavailable("create"))
     }
