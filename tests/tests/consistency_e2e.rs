@@ -240,11 +240,13 @@ async fn stored_as_told_after(cut: CutOff) {
     .await;
 }
 
-/// The audit's fifth defect: a stall of the store link just under one
-/// lease, while the peer sweeps. Leases carry a heartbeat of slack, so no
-/// run is taken for lost; every one completes.
+/// The tolerated store stall is one whole lease (the process contract's
+/// bound), tested at the bound: a stall of the store link of exactly one
+/// lease, while the peer sweeps. Leases carry a heartbeat of slack and the
+/// owner retries its writes for as long as the lease may hold, so no run is
+/// taken for lost; every one completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_stall_just_under_a_lease_loses_no_run() {
+async fn a_store_stall_of_one_whole_lease_loses_no_run() {
     bounded(90, async {
         let leases =
             "[store]\nlease_millis = 3000\nheartbeat_millis = 1000\nsweep_interval_millis = 200\n";
@@ -254,12 +256,12 @@ async fn a_store_stall_just_under_a_lease_loses_no_run() {
         for _ in 0..6 {
             ids.push(create_background(&client, 900).await);
         }
-        // Two stalls of 0.9 of a lease, at unrelated points of the
-        // heartbeat's cycle.
+        // Two stalls of one lease, at unrelated points of the heartbeat's
+        // cycle.
         for pause in [700, 1300] {
             tokio::time::sleep(Duration::from_millis(pause)).await;
-            r.link_a.stall(Duration::from_millis(2700));
-            tokio::time::sleep(Duration::from_millis(2700)).await;
+            r.link_a.stall(Duration::from_millis(3000));
+            tokio::time::sleep(Duration::from_millis(3000)).await;
         }
         for id in &ids {
             let object = terminal(&r, id, Duration::from_secs(30)).await;

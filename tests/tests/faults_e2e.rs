@@ -194,7 +194,8 @@ async fn a_background_run_behind_slow_store_writes_ends_by_its_deadline() {
 }
 
 /// Redis away for longer than a lease: the owners give up, and once Redis
-/// is back every run ends `failed` (by the sweeper) — none stays running.
+/// is back every run ends `failed` (by the sweeper) within the contract's
+/// bound — none stays running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_runs_end_failed_after_a_redis_partition_longer_than_the_lease() {
     bounded(60, async {
@@ -204,7 +205,16 @@ async fn background_runs_end_failed_after_a_redis_partition_longer_than_the_leas
         proxy.partition();
         tokio::time::sleep(Duration::from_secs(4)).await;
         proxy.heal();
+        let healed = Instant::now();
         let objects = wait_terminal(&stack, &ids, Duration::from_secs(20)).await;
+        // The process contract's bound: every run terminal within lease +
+        // heartbeat + sweep interval of Redis coming back (1.5 + 0.3 + 0.2
+        // s here), with 1.5 s for reconnecting and polling.
+        let ended_after = healed.elapsed();
+        assert!(
+            ended_after < Duration::from_millis(1500 + 300 + 200 + 1500),
+            "every run terminal {ended_after:?} after Redis came back"
+        );
         for (id, o) in ids.iter().zip(&objects) {
             // Either the owner finished after the heal or the sweeper failed
             // it; never both, never neither.

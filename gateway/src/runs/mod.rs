@@ -77,9 +77,17 @@ impl Runs {
     /// plus one heartbeat of slack. The next renewal may come up to a
     /// heartbeat late (it was due just as the store stalled), so without the
     /// slack a stall shorter than a lease could still outlast it; with it,
-    /// a run survives any store stall shorter than `lease`.
+    /// a run survives any store stall of up to `lease`.
     pub fn lease_until_ms(&self) -> u64 {
-        now_ms() + (self.lease + self.heartbeat).as_millis() as u64
+        now_ms() + self.lease_span().as_millis() as u64
+    }
+
+    /// How long a lease written now holds: one lease and one heartbeat.
+    /// No lease renewed before now can hold past now plus this, so it is
+    /// also how long an owner keeps retrying a write the store does not
+    /// answer: past it the run may be another replica's to end.
+    pub fn lease_span(&self) -> Duration {
+        self.lease + self.heartbeat
     }
 
     fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -332,9 +340,10 @@ impl Runs {
 }
 
 /// Retries a store call of run `id` with pauses doubling from `first` to
-/// `max` until the store answers (any outcome) or the next pause would end
-/// past `give_up`; then its last error. The owners' writes are idempotent,
-/// so a retry of a write that landed is success.
+/// `max` until the store answers (any outcome) or `give_up` has passed; the
+/// last try is made at `give_up` itself (a pause is cut short to it), so a
+/// store back by then is always tried. Then its last error. The owners'
+/// writes are idempotent, so a retry of a write that landed is success.
 async fn retry_store<T, F, Fut>(
     id: &str,
     give_up: tokio::time::Instant,
@@ -349,9 +358,9 @@ where
     let mut backoff = first;
     loop {
         match attempt().await {
-            Err(e) if tokio::time::Instant::now() + backoff < give_up => {
+            Err(e) if tokio::time::Instant::now() < give_up => {
                 tracing::warn!(response_id = %id, "store write failed, retrying: {e}");
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep_until(give_up.min(tokio::time::Instant::now() + backoff)).await;
                 backoff = (backoff * 2).min(max);
             }
             answered => return answered,
@@ -451,6 +460,35 @@ mod tests {
             store.status(fresh).await.unwrap(),
             Some(ResponseStatus::Queued)
         );
+    }
+
+    /// A store that answers again exactly when the owner's patience ends
+    /// is still tried: the last retry is made at `give_up`, not a backoff
+    /// before it (the stall tolerance was 0.9 of a lease).
+    #[tokio::test]
+    async fn a_store_back_at_the_give_up_instant_is_tried() {
+        let back_at = tokio::time::Instant::now() + Duration::from_millis(700);
+        let tries = std::cell::Cell::new(0);
+        let answered = retry_store(
+            "resp_x",
+            back_at,
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+            || {
+                tries.set(tries.get() + 1);
+                let up = tokio::time::Instant::now() >= back_at;
+                async move {
+                    if up {
+                        Ok(())
+                    } else {
+                        Err(crate::store::StoreError::Unavailable { op: "write" })
+                    }
+                }
+            },
+        )
+        .await;
+        assert!(answered.is_ok(), "the try at the give-up instant");
+        assert!(tries.get() > 3, "retried with backoff: {}", tries.get());
     }
 
     /// The memory store, with lease sweeps that take far longer than a

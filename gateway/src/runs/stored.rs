@@ -109,8 +109,10 @@ impl StoredRun {
     /// The owner's write of a background run: `events`, and `object` when
     /// given (a terminal one ends the run). A store failure is retried
     /// (writes are idempotent, so a retry of a write that landed is
-    /// success) for up to one lease while the heartbeat keeps the lease;
-    /// then the owner gives up and leaves the run to the sweeper.
+    /// success) for as long as the run's lease may hold (one lease and a
+    /// heartbeat, [`Runs::lease_span`]), so a store stall of up to one lease
+    /// loses no run; then the owner gives up and leaves the run to the
+    /// sweeper.
     pub async fn write(
         &mut self,
         object: Option<&ResponseObject>,
@@ -121,7 +123,7 @@ impl StoredRun {
         }
         let id = self.id.as_str();
         let store = &self.runs.store;
-        let give_up = tokio::time::Instant::now() + self.runs.lease;
+        let give_up = tokio::time::Instant::now() + self.runs.lease_span();
         let written = super::retry_store(id, give_up, WRITE_RETRY_FIRST, WRITE_RETRY_MAX, || {
             store.write(id, object, events)
         })
