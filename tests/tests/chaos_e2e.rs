@@ -742,9 +742,10 @@ async fn sigterm_on_a_worker_drains_it_out_of_selection() {
     .await;
 }
 
-/// A stream that outlives its worker's drain grace period: the worker exits
-/// and the stream ends with an in-band 502 frame (partial output was sent,
-/// so never a retryable 503), without `[DONE]`.
+/// A stream that outlives its worker's drain grace period: the worker stops
+/// it with `DRAINING` and exits, and the stream ends with an in-band 502
+/// frame that says the worker was shut down for a restart (partial output
+/// was sent, so never a retryable 503), without `[DONE]`.
 #[tokio::test]
 async fn a_stream_outliving_the_worker_grace_period_ends_with_502() {
     bounded(30, async {
@@ -775,6 +776,9 @@ async fn a_stream_outliving_the_worker_grace_period_ends_with_502() {
             StreamEnd::Error { error, .. } => {
                 assert_eq!(error["status"], 502, "{error}");
                 assert_eq!(error["code"], "upstream_error", "{error}");
+                // Said as a drain, not as a failed worker.
+                let message = error["message"].as_str().unwrap_or_default();
+                assert!(message.contains("shut down for a restart"), "{error}");
             }
             end => panic!("expected an error frame, got {end:?}"),
         }

@@ -3,23 +3,51 @@
 //! Health turns NOT_SERVING and `Info.draining` true so the gateway stops
 //! picking this worker; new Generate calls fail with `DRAINING` (the gateway
 //! retries them elsewhere); generations already running or queued get up to
-//! the grace period to finish. Then the server stops and the process exits 0.
+//! the grace period to finish. Those still open when it ends are stopped
+//! and end with `DRAINING` (the gateway tells their clients the worker shut
+//! down, not that it failed). Then the server stops and the process exits 0.
 
 use crate::admission::Admission;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::sync::watch;
 
-/// The shared "we are draining" flag.
-#[derive(Debug, Default)]
-pub struct DrainFlag(AtomicBool);
+/// The shared drain state: "we are draining", then "the grace period is
+/// over".
+#[derive(Debug)]
+pub struct DrainFlag {
+    draining: AtomicBool,
+    grace_over: watch::Sender<bool>,
+}
+
+impl Default for DrainFlag {
+    fn default() -> Self {
+        Self {
+            draining: AtomicBool::new(false),
+            grace_over: watch::Sender::new(false),
+        }
+    }
+}
 
 impl DrainFlag {
     pub fn start(&self) {
-        self.0.store(true, Ordering::Release);
+        self.draining.store(true, Ordering::Release);
     }
 
     pub fn is_draining(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Stops every generation still open (see [`Self::grace_over`]).
+    pub fn end_grace(&self) {
+        self.grace_over.send_replace(true);
+    }
+
+    /// Resolves once the grace period is over.
+    pub async fn grace_over(&self) {
+        let mut over = self.grace_over.subscribe();
+        // The sender lives as long as `self`: an error cannot happen here.
+        let _ = over.wait_for(|over| *over).await;
     }
 }
 

@@ -743,8 +743,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(
             running = state.admission.running(),
             queued = state.admission.queued(),
-            "grace period over; stopping with generations still open"
+            "grace period over; stopping the generations still open"
         );
+        // Each ends its stream with DRAINING, so its client learns the
+        // worker shut down; a moment for those last statuses to be sent.
+        state.drain.end_grace();
+        drain::wait_idle(&state.admission, Duration::from_secs(1)).await;
     }
     let _ = stop_tx.send(());
     // Let open connections close; do not wait on a client that keeps one.

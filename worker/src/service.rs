@@ -16,7 +16,7 @@ use crate::counters::Counters;
 use crate::drain::DrainFlag;
 use crate::model::ModelProfile;
 use crate::sampling_defaults::SamplingDefaults;
-use crate::seam::{CacheHit, EventSink, Started};
+use crate::seam::{CacheHit, EventSink, Outcome, Started};
 use crate::status;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
@@ -207,7 +207,21 @@ impl WorkerService {
         tokio::spawn(
             async move {
                 let _slot = slot;
-                let outcome = started.run(EventSink::new(tx)).await;
+                let stop = tx.clone();
+                let outcome = tokio::select! {
+                    outcome = started.run(EventSink::new(tx)) => outcome,
+                    // The drain's grace period ended first: the generation
+                    // is dropped (stopping the engine's sequence) and the
+                    // stream ends saying why.
+                    () = state.drain.grace_over() => {
+                        let _ = tokio::time::timeout(
+                            DRAINED_SEND_WAIT,
+                            stop.send(Err(status::drained())),
+                        )
+                        .await;
+                        Outcome::Failed { tokens: 0 }
+                    }
+                };
                 tracing::debug!(%request_id, ?outcome, "generation ended");
                 state.counters.finished(outcome);
             }
@@ -216,6 +230,10 @@ impl WorkerService {
         Response::new(EventStream::new(rx, Arc::clone(&self.state)))
     }
 }
+
+/// How long a generation stopped by the end of a drain waits to hand its
+/// last status to a gateway that is not reading (then the stream just ends).
+const DRAINED_SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[tonic::async_trait]
 impl pb::worker_server::Worker for WorkerService {

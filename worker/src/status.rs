@@ -60,6 +60,16 @@ pub fn draining() -> Status {
     )
 }
 
+/// The worker shut down with this generation still open: its drain's grace
+/// period ended first.
+pub fn drained() -> Status {
+    with_reason(
+        Code::Unavailable,
+        ErrorReason::Draining,
+        "the worker shut down before this generation finished (its drain grace period ended)",
+    )
+}
+
 /// The engine failed while generating.
 pub fn engine_failure(message: impl Into<String>) -> Status {
     with_reason(Code::Internal, ErrorReason::EngineFailure, message)

@@ -8,7 +8,7 @@
 
 use super::{End, Sink};
 use crate::error::ApiError;
-use crate::pool::{classify, CallGuard, WorkerCall};
+use crate::pool::{classify, CallGuard, PoolError, WorkerCall};
 use futures::FutureExt;
 use inference_proto::v1 as pb;
 use std::time::{Duration, Instant};
@@ -210,7 +210,15 @@ async fn failed<S: Sink>(
 /// connection), it is a 502 upstream failure (or a 504 timeout), never a
 /// 503 that invites a blind retry.
 fn mid_stream_error(status: &Status) -> ApiError {
-    let classified = ApiError::from(classify(status).error);
+    let pool_error = classify(status).error;
+    if pool_error == PoolError::Draining {
+        // A drain outlasted its grace period: not a worker failure, and the
+        // client should know its reply was cut by a restart.
+        return ApiError::upstream(
+            "The model worker was shut down for a restart before this reply finished; retry.",
+        );
+    }
+    let classified = ApiError::from(pool_error);
     if classified.status == 502 || classified.status == 504 {
         classified
     } else {
