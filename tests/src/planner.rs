@@ -36,6 +36,11 @@ pub fn body(model: &str, text: &str, agents: &[String]) -> Value {
 
 /// Posts a chat completion in `session`.
 pub async fn post(client: &Client, session: &str, body: &Value) -> Reply {
+    try_post(client, session, body).await.expect("request")
+}
+
+/// [`post`], with a transport error returned rather than a panic.
+pub async fn try_post(client: &Client, session: &str, body: &Value) -> anyhow::Result<Reply> {
     client
         .send(
             client
@@ -44,7 +49,45 @@ pub async fn post(client: &Client, session: &str, body: &Value) -> Reply {
                 .json(body),
         )
         .await
-        .expect("request")
+}
+
+/// A user message whose plan calls get `plans` in turn (scripted through
+/// the simulator) and whose answer echoes the synthesis prompt.
+pub fn scripted(ask: &str, plans: &[Value]) -> String {
+    let values: Vec<String> = plans.iter().map(Value::to_string).collect();
+    format!(
+        "{ask} synthetic:echo synthetic:json_replies={}",
+        values.join(" ")
+    )
+}
+
+/// The caller's `get_time` function tool.
+pub fn time_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"], "additionalProperties": false}}}])
+}
+
+/// A plan that asks `agent`, then pauses on the caller's `get_time`
+/// ([`time_tool`]), then summarises.
+pub fn tool_pause_plan(agent: &str) -> Value {
+    json!({"thought": "a scripted plan", "steps": [
+        {"id": 1, "kind": "agent", "target": agent, "instruction": "Do part s1.", "depends_on": [], "alternates": []},
+        {"id": 2, "kind": "function", "target": "get_time", "instruction": "Get the time.",
+         "arguments": {"tz": "UTC"}, "depends_on": [1]},
+        {"id": 3, "kind": "llm", "target": "model", "instruction": "Summarise.", "depends_on": [2]}
+    ]})
+}
+
+/// The messages that answer a paused reply's tool call `call_id` with
+/// `result`, after the user's `text`.
+pub fn resume_messages(text: &str, paused: &Value, call_id: &str, result: &str) -> Value {
+    let mut calls = paused["choices"][0]["message"]["tool_calls"].clone();
+    calls[0]["id"] = json!(call_id);
+    json!([
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": call_id, "content": result}
+    ])
 }
 
 /// Posts `body` in a fresh session; panics unless it is a 200 (with every

@@ -6,7 +6,7 @@
 //! the synthesis prompt itself, so a test can see what was gathered.
 
 use harness::a2a_agents::{Behavior, TestAgent};
-use harness::planner::{self, body, outcomes, post, session};
+use harness::planner::{self, body, outcomes, post, resume_messages, scripted, session, time_tool};
 use harness::{bounded, chat, hash_key, json, GatewayOpts, Stack, TestKey, Value, MODELS};
 use std::time::{Duration, Instant};
 
@@ -61,16 +61,6 @@ fn plan(steps: Vec<Value>) -> Value {
         })
         .collect();
     json!({"thought": "a scripted plan", "steps": steps})
-}
-
-/// A user message whose plan calls get `plans` in turn and whose answer
-/// echoes the synthesis prompt.
-fn scripted(ask: &str, plans: &[Value]) -> String {
-    let values: Vec<String> = plans.iter().map(Value::to_string).collect();
-    format!(
-        "{ask} synthetic:echo synthetic:json_replies={}",
-        values.join(" ")
-    )
 }
 
 /// Warms the gateway's worker channels so timings measure the planner.
@@ -464,29 +454,8 @@ run_timeout_ms = 1200
     .await
 }
 
-fn time_tool() -> Value {
-    json!([{"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"], "additionalProperties": false}}}])
-}
-
 fn tool_plan() -> Value {
-    plan(vec![
-        agent_step("s1", "good", &[], &[]),
-        json!({"id": "s2", "kind": "function", "target": "get_time", "instruction": "Get the time.",
-               "arguments": {"tz": "UTC"}, "depends_on": ["s1"]}),
-        llm_step("s3", &["s2"]),
-    ])
-}
-
-/// The messages that answer a paused reply's tool call.
-fn resume_messages(text: &str, paused: &Value, call_id: &str, result: &str) -> Value {
-    let mut calls = paused["choices"][0]["message"]["tool_calls"].clone();
-    calls[0]["id"] = json!(call_id);
-    json!([
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": null, "tool_calls": calls},
-        {"role": "tool", "tool_call_id": call_id, "content": result}
-    ])
+    planner::tool_pause_plan("good")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

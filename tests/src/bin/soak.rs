@@ -1,21 +1,31 @@
-//! `soak`: mixed traffic at a fixed rate for a long time, with a network
-//! fault every interval, then an audit of what is stored.
+//! `soak`: mixed traffic at a fixed rate for a long time, with a fault every
+//! interval, then an audit of what is stored.
 //!
-//! It starts a gateway on Redis and three synthetic `base` workers, each
-//! behind a [`FaultProxy`] (and one in front of Redis), and sends chat
-//! completions (streaming and not), stored responses, background runs and
-//! cancels of running ones. Every `--fault-every` seconds the next fault of
-//! a fixed rotation hits a link (Redis stall and partition, a worker link
-//! partitioned, slowed or refusing, every connection dropped) and heals.
+//! Two gateways share three synthetic `base` workers, each worker behind a
+//! [`FaultProxy`]: gateway A keeps its state in a persistent Redis (AOF,
+//! fsync always) behind a proxy of its own, gateway B in a Redis Cluster
+//! of three primaries with a replica each. Traffic alternates between them:
+//! chat completions (streaming and not), stored responses, background runs
+//! and cancels of running ones; on A, planner sessions also pause on a
+//! caller's tool call and are resumed half a minute later. Every
+//! `--fault-every` seconds the next fault of a fixed rotation hits: A's
+//! Redis stalled for exactly one lease (the tolerated bound), partitioned,
+//! restarted on its data (under paused planner sessions) or its
+//! connections dropped; a worker link partitioned, slowed or refusing; a
+//! primary of B's cluster killed and, once its replica took over, started
+//! again (it returns as a replica).
+//!
 //! Runs get a short request deadline (`--run-timeout-secs`), so the
 //! contract "every run ends by its deadline plus a lease" is checked while
-//! the traffic runs: every 15 s a monitor reads, straight from Redis, the
-//! status of every run older than that bound and reports (and describes)
-//! any still going. At the end it waits for every run to end (bounded by
-//! `--drain-secs`) and reports the answers by kind and status, every
-//! background run that is not terminal (the figure that must be zero),
-//! every run that was ever seen overdue, and every event log that does not
-//! end in exactly one terminal event.
+//! the traffic runs: every 15 s a monitor reads, straight from each store,
+//! the status of every run older than that bound and reports (and
+//! describes) any still going. At the end it waits for every run to end
+//! (bounded by `--drain-secs`) and reports the answers by kind and status,
+//! every background run that is not terminal (the figure that must be
+//! zero), every run that was ever seen overdue, every event log that does
+//! not end in exactly one terminal event, every stored response that
+//! differs from what its client got, and every planner session whose
+//! paused plan was lost, never resumed, or stayed locked past its lease.
 //!
 //! ```text
 //! cargo run --release -p tests --bin soak -- --minutes 30 --rate 500
@@ -24,15 +34,16 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use harness::planner;
 use harness::replicas::{output_text, streamed_text};
-use harness::{FaultProxy, Gateway, GatewayOpts, RedisScope, WorkerOpts};
+use harness::{FaultProxy, Gateway, GatewayOpts, PersistentRedis, RedisCluster, WorkerOpts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
-#[command(about = "Mixed traffic with a network fault every interval; audits stored runs")]
+#[command(about = "Mixed traffic with a fault every interval; audits what is stored")]
 struct Args {
     /// How long to send traffic.
     #[arg(long, default_value_t = 30.0)]
@@ -54,18 +65,89 @@ struct Args {
     /// going count as stranded (at least the deadline plus a lease).
     #[arg(long, default_value_t = 90)]
     drain_secs: u64,
+    /// How long a planner session stays paused on its tool call before the
+    /// caller answers it.
+    #[arg(long, default_value_t = 30)]
+    pause_secs: u64,
 }
 
 const LEASE_MILLIS: u64 = 3000;
-const LEASES: &str =
-    "[store]\nlease_millis = 3000\nheartbeat_millis = 500\nsweep_interval_millis = 500\n";
+const LEASES: &str = "lease_millis = 3000\nheartbeat_millis = 500\nsweep_interval_millis = 500\n";
 
-/// Background runs created so far, with when their create was answered.
-type Runs = Arc<Mutex<Vec<(String, Instant)>>>;
+/// A planner session's lock lease: a session must be free this long (and
+/// a little) after whatever held it, even across a Redis restart.
+const SESSION_LOCK_LEASE: Duration = Duration::from_secs(15);
 
-/// Foreground stored responses as their clients got them: id, status and
-/// output text, checked against the store at the end.
-type Told = Arc<Mutex<Vec<(String, String, String)>>>;
+/// Where one gateway keeps its state, read directly (never through the
+/// gateway it audits, nor through a faulty link).
+struct Store {
+    name: &'static str,
+    prefix: String,
+    reader: Reader,
+}
+
+enum Reader {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Store {
+    fn connection(&self) -> Result<Box<dyn redis::ConnectionLike + Send>> {
+        Ok(match &self.reader {
+            Reader::Single(c) => Box::new(c.get_connection()?),
+            Reader::Cluster(c) => Box::new(c.get_connection()?),
+        })
+    }
+
+    /// A response's hash (`suffix` ""), or its event log (":events").
+    fn key(&self, id: &str, suffix: &str) -> String {
+        format!("{}resp:{{{id}}}{suffix}", self.prefix)
+    }
+
+    /// `field` of each response's hash: pipelined in batches on one server,
+    /// one command each on a cluster (a pipeline there goes to one node).
+    fn fields(&self, ids: &[String], field: &str) -> Result<Vec<Option<String>>> {
+        let mut conn = self.connection()?;
+        let mut out = Vec::with_capacity(ids.len());
+        match self.reader {
+            Reader::Single(_) => {
+                for chunk in ids.chunks(1000) {
+                    let mut pipe = redis::pipe();
+                    for id in chunk {
+                        pipe.cmd("HGET").arg(self.key(id, "")).arg(field);
+                    }
+                    let got: Vec<Option<String>> = pipe.query(&mut *conn)?;
+                    out.extend(got);
+                }
+            }
+            Reader::Cluster(_) => {
+                for id in ids {
+                    out.push(
+                        redis::cmd("HGET")
+                            .arg(self.key(id, ""))
+                            .arg(field)
+                            .query(&mut *conn)?,
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One gateway under test and the store it keeps its state in.
+struct Target {
+    client: harness::Client,
+    store: Arc<Store>,
+}
+
+/// Background runs created so far: the target, the id and when its create
+/// was answered.
+type Runs = Arc<Mutex<Vec<(usize, String, Instant)>>>;
+
+/// Foreground stored responses as their clients got them: target, id,
+/// status and output text, checked against the store at the end.
+type Told = Arc<Mutex<Vec<(usize, String, String, String)>>>;
 
 /// Answers by (kind, outcome).
 type Tally = Arc<Mutex<BTreeMap<(&'static str, String), u64>>>;
@@ -76,42 +158,97 @@ fn count(tally: &Tally, kind: &'static str, outcome: impl Into<String>) {
     }
 }
 
+/// What the faults act on.
+struct Faulty {
+    redis_link: FaultProxy,
+    redis: Arc<Mutex<PersistentRedis>>,
+    cluster: Arc<Mutex<RedisCluster>>,
+    workers: Vec<FaultProxy>,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let scope =
-        Arc::new(RedisScope::new().context("the Redis on TEST_REDIS_URL or 127.0.0.1:6379")?);
-    let redis_proxy = FaultProxy::start(scope.addr()?)?;
+    let redis = PersistentRedis::start(None).context("a persistent redis-server")?;
+    let redis_link = FaultProxy::start(redis.addr())?;
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(3))
+        .await?
+        .context("a Redis Cluster of 3 primaries and 3 replicas")?;
     let opts = WorkerOpts::paced(0, 2000);
     let workers = harness::start_workers("base", &[opts.clone(), opts.clone(), opts]);
-    let worker_proxies: Vec<FaultProxy> = workers
+    let worker_links: Vec<FaultProxy> = workers
         .iter()
         .map(|w| FaultProxy::start(w.addr().parse()?))
         .collect::<Result<_>>()?;
-    let mut opts = GatewayOpts {
-        redis: Some((redis_proxy.redis_url(), scope.prefix().to_string())),
-        extra_toml: format!(
-            "request_timeout_seconds = {}\n{LEASES}",
-            args.run_timeout_secs
-        ),
-        ..GatewayOpts::default()
+    let agent = harness::a2a_agents::TestAgent::start(
+        "good",
+        "Answers anything",
+        harness::a2a_agents::Behavior::good(),
+    )
+    .await;
+
+    let run = harness::random_hex(6);
+    let (prefix_a, prefix_b) = (format!("soak:{run}:a:"), format!("soak:{run}:b:"));
+    let gateway_opts = |url: String, prefix: &str, store_toml: &str, more: &str| {
+        let mut opts = GatewayOpts {
+            redis: Some((url, prefix.to_owned())),
+            extra_toml: format!(
+                "request_timeout_seconds = {}\n[store]\n{store_toml}{LEASES}{more}",
+                args.run_timeout_secs
+            ),
+            ..GatewayOpts::default()
+        };
+        opts.workers.insert(
+            "base".into(),
+            worker_links.iter().map(|p| p.addr().to_string()).collect(),
+        );
+        opts
     };
-    opts.workers.insert(
-        "base".into(),
-        worker_proxies
-            .iter()
-            .map(|p| p.addr().to_string())
-            .collect(),
-    );
-    let gateway = Gateway::start(opts)?;
-    let client = gateway.client();
+    let gateway_a = Gateway::start(gateway_opts(
+        redis_link.redis_url(),
+        &prefix_a,
+        "",
+        &planner::config("allow_private_addresses = true\nhedge_after_ms = 400\n"),
+    ))?;
+    let gateway_b = Gateway::start(gateway_opts(
+        cluster.urls(),
+        &prefix_b,
+        "redis_cluster = true\n",
+        "",
+    ))?;
+    let cluster_urls: Vec<String> = cluster.urls().split(',').map(str::to_owned).collect();
+    let targets = Arc::new(vec![
+        Target {
+            client: gateway_a.client(),
+            store: Arc::new(Store {
+                name: "A (Redis)",
+                prefix: prefix_a,
+                reader: Reader::Single(redis::Client::open(redis.url())?),
+            }),
+        },
+        Target {
+            client: gateway_b.client(),
+            store: Arc::new(Store {
+                name: "B (cluster)",
+                prefix: prefix_b,
+                reader: Reader::Cluster(redis::cluster::ClusterClient::new(cluster_urls)?),
+            }),
+        },
+    ]);
+    let faulty = Faulty {
+        redis_link,
+        redis: Arc::new(Mutex::new(redis)),
+        cluster: Arc::new(Mutex::new(cluster)),
+        workers: worker_links,
+    };
+
     let tally: Tally = Arc::default();
     let runs: Runs = Arc::default();
     let told: Told = Arc::default();
     // A run still going past this bound broke the contract.
     let bound =
         Duration::from_secs(args.run_timeout_secs + 5) + Duration::from_millis(LEASE_MILLIS);
-    let overdue = tokio::spawn(monitor(scope.clone(), runs.clone(), tally.clone(), bound));
+    let overdue = tokio::spawn(monitor(targets.clone(), runs.clone(), tally.clone(), bound));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
 
     println!(
@@ -123,6 +260,12 @@ async fn main() -> Result<()> {
     );
     let started = Instant::now();
     let duration = Duration::from_secs_f64(args.minutes * 60.0);
+    let sessions = tokio::spawn(planner_sessions(
+        targets[0].client.clone(),
+        agent.url(),
+        started + duration,
+        Duration::from_secs(args.pause_secs),
+    ));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut next_fault = started + Duration::from_secs(args.fault_every);
@@ -131,7 +274,7 @@ async fn main() -> Result<()> {
     while started.elapsed() < duration {
         tick.tick().await;
         if Instant::now() >= next_fault {
-            inject(faults, &redis_proxy, &worker_proxies);
+            inject(faults, &faulty);
             faults += 1;
             next_fault += Duration::from_secs(args.fault_every);
         }
@@ -140,16 +283,16 @@ async fn main() -> Result<()> {
             count(&tally, "skipped", "max in flight");
             continue;
         };
-        let (client, tally, runs, told) =
-            (client.clone(), tally.clone(), runs.clone(), told.clone());
+        let (targets, tally, runs, told) =
+            (targets.clone(), tally.clone(), runs.clone(), told.clone());
         tokio::spawn(async move {
-            one_request(n, &client, &tally, &runs, &told).await;
+            one_request(n, &targets, &tally, &runs, &told).await;
             drop(permit);
         });
     }
     println!("traffic done after {n} requests, {faults} faults; healing and waiting");
-    redis_proxy.heal();
-    for p in &worker_proxies {
+    faulty.redis_link.heal();
+    for p in &faulty.workers {
         p.heal();
     }
     // Requests still running, then a lease and a few sweeps.
@@ -158,23 +301,28 @@ async fn main() -> Result<()> {
         in_flight.acquire_many(args.max_in_flight as u32),
     )
     .await;
+    let sessions = sessions.await.unwrap_or_else(|e| {
+        let mut broken = Sessions::default();
+        broken.violated("the session driver failed", "-", &e.to_string());
+        broken
+    });
     // Background runs go on after their create answered: wait until every
     // one ended (each is bounded by the request deadline, and a lost one by
     // its lease plus a sweep), then audit.
-    let ids: Vec<String> = runs
+    let runs: Vec<(usize, String)> = runs
         .lock()
-        .map(|r| r.iter().map(|(id, _)| id.clone()).collect())
+        .map(|r| r.iter().map(|(t, id, _)| (*t, id.clone())).collect())
         .unwrap_or_default();
     let drain_started = Instant::now();
     let drain_limit = Duration::from_secs(args.drain_secs);
     let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
-    let mut pending = ids.clone();
+    let mut pending = runs.clone();
     loop {
-        let statuses = statuses(&scope, &pending)?;
+        let statuses = statuses(&targets, &pending)?;
         let mut still = Vec::new();
-        for (id, status) in pending.into_iter().zip(statuses) {
+        for (run, status) in pending.into_iter().zip(statuses) {
             if matches!(status.as_str(), "queued" | "in_progress") {
-                still.push(id);
+                still.push(run);
             } else {
                 *by_status.entry(status).or_default() += 1;
             }
@@ -192,20 +340,20 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     let stranded = pending;
-    for status in statuses(&scope, &stranded)? {
+    for status in statuses(&targets, &stranded)? {
         *by_status.entry(status).or_default() += 1;
     }
     overdue.abort();
     let ever_overdue = OVERDUE_SEEN.load(std::sync::atomic::Ordering::Relaxed);
-    let (bad_logs, replay_mismatches) = audit_logs(&scope, &ids)?;
+    let (bad_logs, replay_mismatches) = audit_logs(&targets, &runs)?;
     // Final writes deferred by a fault land within their retries: give them
     // a minute, then every stored response must say what its client got.
     let told = told.lock().map(|t| t.clone()).unwrap_or_default();
-    let mut told_mismatches = audit_told(&scope, &told)?;
+    let mut told_mismatches = audit_told(&targets, &told)?;
     let settle_started = Instant::now();
     while told_mismatches > 0 && settle_started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        told_mismatches = audit_told(&scope, &told)?;
+        told_mismatches = audit_told(&targets, &told)?;
     }
 
     println!("\nanswers by kind and outcome:");
@@ -214,14 +362,14 @@ async fn main() -> Result<()> {
             println!("  {kind:<12} {outcome:<28} {n}");
         }
     }
-    println!("\nbackground runs by final status ({} runs):", ids.len());
+    println!("\nbackground runs by final status ({} runs):", runs.len());
     for (s, n) in &by_status {
         println!("  {s:<12} {n}");
     }
     println!("event logs not ending in exactly one terminal event: {bad_logs}");
     println!(
         "runs whose replayed text differs from their stored output: {replay_mismatches} of {}",
-        ids.len()
+        runs.len()
     );
     println!(
         "stored responses differing from what their client got: {told_mismatches} of {}",
@@ -236,31 +384,46 @@ async fn main() -> Result<()> {
         drain_started.elapsed().as_secs_f64(),
         stranded.len()
     );
-    for id in stranded.iter().take(10) {
-        println!("  {}", describe(&scope, id));
+    for (t, id) in stranded.iter().take(10) {
+        println!("  {}", describe(&targets[*t].store, id));
     }
+    println!(
+        "\nplanner sessions (paused on a tool call, resumed {} s later):",
+        args.pause_secs
+    );
+    for (outcome, n) in &sessions.outcomes {
+        println!("  {outcome:<40} {n}");
+    }
+    println!(
+        "  longest a session stayed busy: {:.1} s (lock lease {} s)",
+        sessions.longest_busy.as_secs_f64(),
+        SESSION_LOCK_LEASE.as_secs()
+    );
+    println!("planner session violations: {}", sessions.violations);
     println!("load average at end: {}", load_average());
     if !stranded.is_empty()
         || bad_logs > 0
         || ever_overdue > 0
         || replay_mismatches > 0
         || told_mismatches > 0
+        || sessions.violations > 0
     {
-        anyhow::bail!("stranded or overdue runs, bad event logs, or a store that disagrees with what clients were told");
+        anyhow::bail!("stranded or overdue runs, bad event logs, a store that disagrees with what clients were told, or planner sessions lost or stuck");
     }
     Ok(())
 }
 
 /// The fault rotation; each heals itself after a while.
-fn inject(i: usize, redis: &FaultProxy, workers: &[FaultProxy]) {
+fn inject(i: usize, faulty: &Faulty) {
     let at = chrono_like_now();
-    match i % 6 {
+    let (redis, workers) = (&faulty.redis_link, &faulty.workers);
+    match i % 9 {
         0 => {
-            println!("[{at}] fault: Redis stall 1 s");
-            redis.stall(Duration::from_secs(1));
+            println!("[{at}] fault: A's Redis stalled for one lease ({LEASE_MILLIS} ms)");
+            redis.stall(Duration::from_millis(LEASE_MILLIS));
         }
         1 => {
-            println!("[{at}] fault: Redis partition 5 s");
+            println!("[{at}] fault: A's Redis partitioned 5 s");
             redis.partition();
             heal_later(redis, Duration::from_secs(5));
         }
@@ -270,21 +433,65 @@ fn inject(i: usize, redis: &FaultProxy, workers: &[FaultProxy]) {
             heal_later(&workers[0], Duration::from_secs(10));
         }
         3 => {
+            println!("[{at}] fault: A's Redis killed, restarted on its data 2 s later");
+            let server = faulty.redis.clone();
+            tokio::task::spawn_blocking(move || {
+                let restarted = server
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))
+                    .and_then(|mut s| s.restart(Duration::from_secs(2)));
+                if let Err(e) = restarted {
+                    println!("  the restart failed: {e}");
+                }
+            });
+        }
+        4 => {
             println!("[{at}] fault: worker 1 link +50 ms for 20 s");
             workers[1].set_latency(Duration::from_millis(50));
             heal_later(&workers[1], Duration::from_secs(20));
         }
-        4 => {
+        5 | 8 => {
+            let slot = if i % 9 == 5 { 0 } else { 16383 };
+            println!("[{at}] fault: B's cluster primary of slot {slot} killed; back as a replica after the failover");
+            let cluster = faulty.cluster.clone();
+            tokio::task::spawn_blocking(move || {
+                let failed_over = cluster
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))
+                    .and_then(|mut c| failover(&mut c, slot));
+                match failed_over {
+                    Ok(took) => {
+                        println!("  slot {slot} failed over, old primary back after {took:?}")
+                    }
+                    Err(e) => println!("  the failover failed: {e}"),
+                }
+            });
+        }
+        6 => {
             println!("[{at}] fault: worker 2 refuses new connections and drops its own for 10 s");
             workers[2].refuse(true);
             workers[2].drop_connections();
             heal_later(&workers[2], Duration::from_secs(10));
         }
         _ => {
-            println!("[{at}] fault: every Redis connection dropped");
+            println!("[{at}] fault: every connection to A's Redis dropped");
             redis.drop_connections();
         }
     }
+}
+
+/// Kills the primary serving `slot`, waits for its replica to take over and
+/// starts it again (it returns as the new primary's replica); how long it
+/// all took.
+fn failover(cluster: &mut RedisCluster, slot: u16) -> Result<Duration> {
+    let started = Instant::now();
+    let primary = cluster
+        .primary_of(slot)?
+        .context("no primary serves the slot")?;
+    cluster.kill(primary)?;
+    cluster.wait_for_failover(primary, slot, Duration::from_secs(30))?;
+    cluster.revive(primary, Duration::from_secs(30))?;
+    Ok(started.elapsed())
 }
 
 /// Heals `proxy` after `after` (the proxy handle is shared by address: a
@@ -315,8 +522,11 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
-/// One request of the mix, chosen by its number.
-async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Runs, told: &Told) {
+/// One request of the mix, chosen by its number, to one of the targets in
+/// turn (twenty requests each).
+async fn one_request(n: u64, targets: &[Target], tally: &Tally, runs: &Runs, told: &Told) {
+    let target = (n / 20) as usize % targets.len();
+    let client = &targets[target].client;
     match n % 20 {
         // 45%: chat, half of it streaming.
         0..=8 => {
@@ -361,7 +571,7 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Run
                         (object["id"].as_str(), object["status"].as_str())
                     {
                         if let Ok(mut told) = told.lock() {
-                            told.push((id.into(), status.into(), output_text(&object)));
+                            told.push((target, id.into(), status.into(), output_text(&object)));
                         }
                     }
                 }
@@ -380,19 +590,21 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Run
                 if reply.status == 200 {
                     if let Some(id) = reply.json()["id"].as_str() {
                         if let Ok(mut runs) = runs.lock() {
-                            runs.push((id.to_string(), Instant::now()));
+                            runs.push((target, id.to_string(), Instant::now()));
                         }
                     }
                 }
             }
             count(tally, "background", status_of(&r));
         }
-        // 5%: cancel the latest background run.
+        // 5%: cancel the latest background run of this target.
         _ => {
-            let last = runs
-                .lock()
-                .ok()
-                .and_then(|r| r.last().map(|(id, _)| id.clone()));
+            let last = runs.lock().ok().and_then(|r| {
+                r.iter()
+                    .rev()
+                    .find(|(t, _, _)| *t == target)
+                    .map(|(_, id, _)| id.clone())
+            });
             let Some(id) = last else { return };
             let r = client
                 .post_json(&format!("/responses/{id}/cancel"), &json!({}))
@@ -402,27 +614,189 @@ async fn one_request(n: u64, client: &harness::Client, tally: &Tally, runs: &Run
     }
 }
 
+/// What became of the planner sessions.
+#[derive(Debug, Default)]
+struct Sessions {
+    /// Answers by outcome.
+    outcomes: BTreeMap<String, u64>,
+    /// The longest a session answered `session_busy`.
+    longest_busy: Duration,
+    /// Paused plans lost, sessions never resumed or busy past their lease,
+    /// a 409 without `retry-after`.
+    violations: u64,
+}
+
+impl Sessions {
+    fn saw(&mut self, outcome: impl Into<String>) {
+        *self.outcomes.entry(outcome.into()).or_default() += 1;
+    }
+
+    fn violated(&mut self, what: &str, session: &str, detail: &str) {
+        self.violations += 1;
+        self.saw(format!("VIOLATION {what}"));
+        if self.violations <= 10 {
+            println!("  planner session {session}: {what}: {detail}");
+        }
+    }
+}
+
+/// A session paused on its caller's tool call, waiting to be answered.
+struct Paused {
+    session: String,
+    text: String,
+    reply: Value,
+    at: Instant,
+}
+
+/// Until `until`: once a second, a new planner session on `client` that
+/// pauses on the caller's `get_time`; each is answered `pause` later (so
+/// that faults, Redis restarts among them, hit sessions while paused).
+/// After `until` the rest are answered. Every paused plan must resume.
+async fn planner_sessions(
+    client: harness::Client,
+    agent_url: String,
+    until: Instant,
+    pause: Duration,
+) -> Sessions {
+    let mut report = Sessions::default();
+    let mut paused: std::collections::VecDeque<Paused> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    while Instant::now() < until {
+        tick.tick().await;
+        let session = planner::session();
+        let text = planner::scripted("What time is it?", &[planner::tool_pause_plan("good")]);
+        let mut body = planner::body("base", &text, std::slice::from_ref(&agent_url));
+        body["tools"] = planner::time_tool();
+        match planner::try_post(&client, &session, &body).await {
+            Ok(r)
+                if r.status == 200
+                    && json_of(&r)["choices"][0]["finish_reason"] == "tool_calls" =>
+            {
+                report.saw("paused");
+                paused.push_back(Paused {
+                    session,
+                    text,
+                    reply: json_of(&r),
+                    at: Instant::now(),
+                });
+            }
+            Ok(r) => report.saw(format!("not paused: {}", status_of(&Ok(r)))),
+            Err(_) => report.saw("not paused: transport error"),
+        }
+        while paused.front().is_some_and(|p| p.at.elapsed() >= pause) {
+            if let Some(p) = paused.pop_front() {
+                resume(&client, p, &mut report).await;
+            }
+        }
+    }
+    for p in paused {
+        resume(&client, p, &mut report).await;
+    }
+    report
+}
+
+/// Answers a paused session's tool call until it resumes (retrying through
+/// faults for up to 90 s). A `session_busy` must carry `retry-after` and
+/// clear within the lock's lease; "no paused plan waits" is a lost plan,
+/// unless an earlier try may have resumed it (its answer lost in a fault).
+async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
+    let call_id = p.reply["choices"][0]["message"]["tool_calls"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mut body = planner::body("base", &p.text, &[]);
+    body["messages"] = planner::resume_messages(&p.text, &p.reply, &call_id, "12:00 UTC");
+    body["tools"] = planner::time_tool();
+    let started = Instant::now();
+    let mut busy_since: Option<Instant> = None;
+    let mut maybe_resumed = false;
+    while started.elapsed() < Duration::from_secs(90) {
+        let reply = planner::try_post(client, &p.session, &body).await;
+        let code = reply
+            .as_ref()
+            .ok()
+            .and_then(|r| json_of(r)["error"]["code"].as_str().map(str::to_owned));
+        match (&reply, code.as_deref()) {
+            (Ok(r), _) if r.status == 200 => {
+                let content = json_of(&r)["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if content.contains("12:00 UTC") {
+                    report.saw("resumed");
+                } else {
+                    report.violated("resumed without the tool's result", &p.session, &content);
+                }
+                return;
+            }
+            (Ok(r), Some("session_busy")) => {
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                report.longest_busy = report.longest_busy.max(since.elapsed());
+                if since.elapsed() > SESSION_LOCK_LEASE + Duration::from_secs(2) {
+                    report.violated("busy past the lock's lease", &p.session, &r.text());
+                    return;
+                }
+                let Some(wait) = r.header("retry-after").and_then(|v| v.parse::<u64>().ok()) else {
+                    report.violated(
+                        "409 session_busy without retry-after",
+                        &p.session,
+                        &r.text(),
+                    );
+                    return;
+                };
+                report.saw("409 session_busy (retried after retry-after)");
+                tokio::time::sleep(Duration::from_secs(wait.min(5))).await;
+            }
+            (Ok(_), Some("invalid_value")) if maybe_resumed => {
+                report.saw("resumed (its answer lost in a fault)");
+                return;
+            }
+            (Ok(r), Some("invalid_value")) => {
+                report.violated("paused plan lost", &p.session, &r.text());
+                return;
+            }
+            (Ok(r), _) if r.status >= 500 || r.status == 429 => {
+                // A 502/504 may have resumed the plan before it failed.
+                maybe_resumed |= r.status != 503 && r.status != 429;
+                report.saw(format!("{} (retried)", status_of(&reply)));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            (Ok(r), _) => {
+                report.violated("unexpected answer", &p.session, &r.text());
+                return;
+            }
+            (Err(_), _) => {
+                maybe_resumed = true;
+                report.saw("transport error (retried)");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    report.violated("never resumed within 90 s", &p.session, "");
+}
+
+/// A reply's JSON body, or null (a planner answer is read, never trusted).
+fn json_of(reply: &harness::Reply) -> Value {
+    serde_json::from_slice(&reply.body).unwrap_or(Value::Null)
+}
+
 /// Runs seen going past their bound, all monitor passes together.
 static OVERDUE_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The stored status of each run (`"absent"` for none), read straight from
-/// Redis in pipelined batches: the audit must not wait on the gateway it
-/// audits, nor take minutes over a hundred thousand runs.
-fn statuses(scope: &RedisScope, ids: &[String]) -> Result<Vec<String>> {
-    let mut conn = scope.connection()?;
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(1000) {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("HGET")
-                .arg(format!("{}resp:{{{id}}}", scope.prefix()))
-                .arg("status");
+/// its store: the audit must not wait on the gateway it audits.
+fn statuses(targets: &[Target], runs: &[(usize, String)]) -> Result<Vec<String>> {
+    let mut out = vec![String::new(); runs.len()];
+    for (t, target) in targets.iter().enumerate() {
+        let (at, ids): (Vec<usize>, Vec<String>) = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, (rt, _))| *rt == t)
+            .map(|(i, (_, id))| (i, id.clone()))
+            .unzip();
+        for (i, status) in at.into_iter().zip(target.store.fields(&ids, "status")?) {
+            out[i] = status.unwrap_or_else(|| "absent".into());
         }
-        let got: Vec<Option<String>> = pipe.query(&mut conn)?;
-        out.extend(
-            got.into_iter()
-                .map(|s| s.unwrap_or_else(|| "absent".into())),
-        );
     }
     Ok(out)
 }
@@ -430,26 +804,27 @@ fn statuses(scope: &RedisScope, ids: &[String]) -> Result<Vec<String>> {
 /// Every 15 s while the traffic runs: answers since the last pass that were
 /// not a 200, and every run older than `bound` that is still going (each
 /// counted once and described when first seen).
-async fn monitor(scope: Arc<RedisScope>, runs: Runs, tally: Tally, bound: Duration) {
+async fn monitor(targets: Arc<Vec<Target>>, runs: Runs, tally: Tally, bound: Duration) {
     let mut known_done: std::collections::HashSet<String> = Default::default();
     let mut reported: std::collections::HashSet<String> = Default::default();
     let mut last_tally: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
-    let client_less = scope.clone();
     loop {
         tokio::time::sleep(Duration::from_secs(15)).await;
         let now = Instant::now();
-        let old: Vec<String> = runs
+        let old: Vec<(usize, String)> = runs
             .lock()
             .map(|r| {
                 r.iter()
-                    .filter(|(id, at)| now.duration_since(*at) > bound && !known_done.contains(id))
-                    .map(|(id, _)| id.clone())
+                    .filter(|(_, id, at)| {
+                        now.duration_since(*at) > bound && !known_done.contains(id)
+                    })
+                    .map(|(t, id, _)| (*t, id.clone()))
                     .collect()
             })
             .unwrap_or_default();
-        let scope = client_less.clone();
+        let readers = targets.clone();
         let checked = tokio::task::spawn_blocking(move || {
-            let statuses = statuses(&scope, &old)?;
+            let statuses = statuses(&readers, &old)?;
             Ok::<_, anyhow::Error>(old.into_iter().zip(statuses).collect::<Vec<_>>())
         })
         .await;
@@ -461,13 +836,13 @@ async fn monitor(scope: Arc<RedisScope>, runs: Runs, tally: Tally, bound: Durati
             continue;
         };
         let mut going = 0;
-        for (id, status) in checked {
+        for ((t, id), status) in checked {
             if matches!(status.as_str(), "queued" | "in_progress") {
                 going += 1;
                 if reported.insert(id.clone()) {
                     OVERDUE_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if reported.len() <= 10 {
-                        println!("  overdue: {}", describe(&client_less, &id));
+                        println!("  overdue: {}", describe(&targets[t].store, &id));
                     }
                 }
             } else {
@@ -513,15 +888,15 @@ fn status_of(r: &Result<harness::Reply>) -> String {
 }
 
 /// What is stored of a stranded run: status, error, age, event log and
-/// lease (straight from Redis).
-fn describe(scope: &RedisScope, id: &str) -> String {
-    let Ok(mut conn) = scope.connection() else {
+/// lease (straight from its store).
+fn describe(store: &Store, id: &str) -> String {
+    let Ok(mut conn) = store.connection() else {
         return format!("{id}: no Redis connection");
     };
     let obj: Option<String> = redis::cmd("HGET")
-        .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+        .arg(store.key(id, ""))
         .arg("obj")
-        .query(&mut conn)
+        .query(&mut *conn)
         .unwrap_or(None);
     let object: Value = obj
         .and_then(|o| serde_json::from_str(&o).ok())
@@ -530,25 +905,25 @@ fn describe(scope: &RedisScope, id: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let age = object["created_at"].as_u64().map(|c| now.saturating_sub(c));
-    let key = format!("{}resp:{{{id}}}:events", scope.prefix());
     let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(&key)
+        .arg(store.key(id, ":events"))
         .arg("-")
         .arg("+")
-        .query(&mut conn)
+        .query(&mut *conn)
         .unwrap_or_default();
     let last = entries
         .last()
         .and_then(|(_, f)| f.get(1).cloned())
         .unwrap_or_default();
     let lease: Option<f64> = redis::cmd("ZSCORE")
-        .arg(format!("{}runs:{{leases}}", scope.prefix()))
+        .arg(format!("{}runs:{{leases}}", store.prefix))
         .arg(id)
-        .query(&mut conn)
+        .query(&mut *conn)
         .unwrap_or(None);
     let lease_in = lease.map(|l| (l as i64 - now as i64 * 1000) as f64 / 1000.0);
     format!(
-        "{id}: status {} error {} age {age:?} s, {} events (last {last:?}), lease ends in {lease_in:?} s, output tokens {}",
+        "{} {id}: status {} error {} age {age:?} s, {} events (last {last:?}), lease ends in {lease_in:?} s, output tokens {}",
+        store.name,
         object["status"],
         object["error"]["code"],
         entries.len(),
@@ -557,19 +932,15 @@ fn describe(scope: &RedisScope, id: &str) -> String {
 }
 
 /// Stored responses whose status or output text differ from what their
-/// client was told (read from Redis directly, in pipelined batches).
-fn audit_told(scope: &RedisScope, told: &[(String, String, String)]) -> Result<usize> {
-    let mut conn = scope.connection()?;
+/// client was told (read from each store directly).
+fn audit_told(targets: &[Target], told: &[(usize, String, String, String)]) -> Result<usize> {
     let mut differ = 0;
-    for chunk in told.chunks(1000) {
-        let mut pipe = redis::pipe();
-        for (id, _, _) in chunk {
-            pipe.cmd("HGET")
-                .arg(format!("{}resp:{{{id}}}", scope.prefix()))
-                .arg("obj");
-        }
-        let stored: Vec<Option<String>> = pipe.query(&mut conn)?;
-        for ((id, status, text), obj) in chunk.iter().zip(stored) {
+    for (t, target) in targets.iter().enumerate() {
+        let mine: Vec<&(usize, String, String, String)> =
+            told.iter().filter(|(tt, ..)| *tt == t).collect();
+        let ids: Vec<String> = mine.iter().map(|(_, id, _, _)| id.clone()).collect();
+        let stored = target.store.fields(&ids, "obj")?;
+        for ((_, id, status, text), obj) in mine.into_iter().zip(stored) {
             let object: Value = obj
                 .and_then(|o| serde_json::from_str(&o).ok())
                 .unwrap_or(Value::Null);
@@ -577,8 +948,8 @@ fn audit_told(scope: &RedisScope, told: &[(String, String, String)]) -> Result<u
                 differ += 1;
                 if differ <= 10 {
                     println!(
-                        "  told {status} but stored {} ({}): {id}",
-                        object["status"], object["error"]["code"]
+                        "  {}: told {status} but stored {} ({}): {id}",
+                        target.store.name, object["status"], object["error"]["code"]
                     );
                 }
             }
@@ -588,23 +959,26 @@ fn audit_told(scope: &RedisScope, told: &[(String, String, String)]) -> Result<u
 }
 
 /// Event logs that do not end in exactly one terminal event, and runs whose
-/// replayed text is not their stored object's output (read from Redis
-/// directly, not through the proxy).
-fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<(usize, usize)> {
-    let mut conn = scope.connection()?;
+/// replayed text is not their stored object's output (read from each store
+/// directly, not through a proxy).
+fn audit_logs(targets: &[Target], runs: &[(usize, String)]) -> Result<(usize, usize)> {
+    let mut conns = targets
+        .iter()
+        .map(|t| t.store.connection())
+        .collect::<Result<Vec<_>>>()?;
     let mut bad = 0;
     let mut mismatched = 0;
-    for id in ids {
-        let key = format!("{}resp:{{{id}}}:events", scope.prefix());
+    for (t, id) in runs {
+        let (store, conn) = (&targets[*t].store, &mut conns[*t]);
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-            .arg(&key)
+            .arg(store.key(id, ":events"))
             .arg("-")
             .arg("+")
-            .query(&mut conn)?;
+            .query(&mut **conn)?;
         let obj: Option<String> = redis::cmd("HGET")
-            .arg(format!("{}resp:{{{id}}}", scope.prefix()))
+            .arg(store.key(id, ""))
             .arg("obj")
-            .query(&mut conn)?;
+            .query(&mut **conn)?;
         let object: Value = obj
             .and_then(|o| serde_json::from_str(&o).ok())
             .unwrap_or(Value::Null);
@@ -622,8 +996,8 @@ fn audit_logs(scope: &RedisScope, ids: &[String]) -> Result<(usize, usize)> {
             mismatched += 1;
             if mismatched <= 10 {
                 println!(
-                    "  replay differs from the stored object ({} {}): {id}",
-                    object["status"], object["error"]["code"]
+                    "  {}: replay differs from the stored object ({} {}): {id}",
+                    store.name, object["status"], object["error"]["code"]
                 );
             }
         }
