@@ -8,7 +8,8 @@
 //! Objects validate against `ResponseResource`; an event against the schema
 //! its `type` selects among the `oneOf` of `POST /responses`'
 //! `text/event-stream`, which is the whole of that `oneOf` (the types are
-//! distinct constants). Where our spec deliberately differs (image parts
+//! distinct constants); `POST /responses/compact`'s answer validates
+//! against `CompactResource`. Where our spec deliberately differs (image parts
 //! are a 400 here; `docs/request-contract.md`, "Open Responses") no
 //! scenario is run.
 
@@ -24,6 +25,8 @@ use std::time::Duration;
 /// The document and a validator per schema name.
 struct OpenResponses {
     objects: Validator,
+    /// `POST /responses/compact`'s answer.
+    compacted: Validator,
     /// Event `type` → the validator of its schema.
     events: BTreeMap<String, (String, Validator)>,
 }
@@ -73,6 +76,7 @@ impl OpenResponses {
         );
         OpenResponses {
             objects: validator("ResponseResource"),
+            compacted: validator("CompactResource"),
             events,
         }
     }
@@ -493,5 +497,130 @@ async fn background_retrieve_replay_and_cancel_validate() {
     frames.extend(live.collect().await.expect("frames"));
     let events = assert_events("deleted under its follower", &frames);
     assert_eq!(events.last().expect("events")["type"], "error");
+    report();
+}
+
+/// The summary sealed in a compaction item (the gateway's own encoding:
+/// `igw.c1.` then base64url without padding), read here to check what the
+/// next turn's worker received.
+fn sealed_summary(item: &Value) -> String {
+    use base64::Engine as _;
+    let content = item["encrypted_content"]
+        .as_str()
+        .expect("encrypted_content");
+    let encoded = content.strip_prefix("igw.c1.").expect("the gateway's seal");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .expect("base64url");
+    String::from_utf8(bytes).expect("UTF-8")
+}
+
+/// `POST /responses/compact` (Open Responses 2026-04-24): the answer
+/// validates against `CompactResource`, keeps the conversation's user
+/// messages (the chain of `previous_response_id`, then `input`) and ends in
+/// one `compaction` item; sent back as input, that item reaches the worker
+/// as the summary. Bad compaction input and bad bodies get the spec's
+/// errors.
+#[tokio::test]
+async fn a_compacted_conversation_validates_and_carries_its_summary_into_the_next_turn() {
+    let stack = Stack::builder().models(&["base"]).start().expect("stack");
+    let client = stack.client();
+    let first = create(
+        &client,
+        "first turn",
+        json!({"model":"base","input":"My name is Ada. synthetic:reply_tokens=6"}),
+    )
+    .await;
+    let reply = client
+        .post_json(
+            "/responses/compact",
+            &json!({"model":"base","previous_response_id": responses::id(&first),
+                    "input":[{"role":"user","content":"I like tea."}]}),
+        )
+        .await
+        .expect("compact");
+    assert_eq!(reply.status, 200, "{reply}");
+    let compacted = reply.json();
+    assert_valid(
+        &OpenResponses::get().compacted,
+        "CompactResource",
+        "compacted conversation",
+        &compacted,
+    );
+    assert_eq!(compacted["object"], "response.compaction");
+    let output = compacted["output"].as_array().expect("output").clone();
+    let texts: Vec<&str> = output
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .map(|i| {
+            assert_eq!(i["role"], "user", "only the user's messages are kept: {i}");
+            i["content"][0]["text"].as_str().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["My name is Ada. synthetic:reply_tokens=6", "I like tea."]
+    );
+    let item = output.last().expect("a last item");
+    assert_eq!(item["type"], "compaction", "{item}");
+    assert!(item["id"].as_str().is_some_and(|id| id.starts_with("cmp_")));
+    let summary = sealed_summary(item);
+    assert!(!summary.is_empty());
+    assert!(compacted["usage"]["input_tokens"].as_u64() > Some(0));
+    assert!(compacted["usage"]["output_tokens"].as_u64() > Some(0));
+
+    // The next turn, on the compacted items: the worker gets the user's
+    // messages and the summary as a message.
+    let mut input = output.clone();
+    input.push(json!({"role":"user","content":"What is my name? synthetic:echo_messages"}));
+    let next = create(
+        &client,
+        "after compaction",
+        json!({"model":"base","input": input}),
+    )
+    .await;
+    let seen = responses::output_text(&next);
+    assert!(seen.contains("user: My name is Ada."), "{seen}");
+    assert!(
+        seen.contains(&format!(
+            "user: Summary of the earlier conversation:\n{summary}"
+        )),
+        "{seen}"
+    );
+
+    // What is refused, and how.
+    let foreign = client
+        .post_json(
+            "/responses",
+            &json!({"model":"base","input":[{"type":"compaction","encrypted_content":"gAAAAABpM0Yj-="}]}),
+        )
+        .await
+        .unwrap();
+    let e = harness::assert_error(&foreign, 400, "invalid_value");
+    assert_eq!(e["param"], "input.0.encrypted_content");
+    let unknown = client
+        .post_json(
+            "/responses/compact",
+            &json!({"model":"base","input":"x","stream":true}),
+        )
+        .await
+        .unwrap();
+    let e = harness::assert_error(&unknown, 400, "unknown_parameter");
+    assert_eq!(e["param"], "stream");
+    let missing = client
+        .post_json(
+            "/responses/compact",
+            &json!({"model":"base","previous_response_id":"resp_nope"}),
+        )
+        .await
+        .unwrap();
+    let e = harness::assert_error(&missing, 404, "previous_response_not_found");
+    assert_eq!(e["param"], "previous_response_id");
+    let nothing = client
+        .post_json("/responses/compact", &json!({"model":"base"}))
+        .await
+        .unwrap();
+    let e = harness::assert_error(&nothing, 400, "missing_required_parameter");
+    assert_eq!(e["param"], "input");
     report();
 }

@@ -63,6 +63,31 @@ pub struct CreateResponseRequest {
     pub thinking_budget: Option<i64>,
 }
 
+/// The body of `POST /v1/responses/compact` (Open Responses'
+/// `CompactResponseMethodPublicBody`). Unknown fields are rejected
+/// (`unknown_parameter`), as on create.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactRequest {
+    pub model: Option<String>,
+    pub input: Option<Input>,
+    pub previous_response_id: Option<String>,
+    pub instructions: Option<String>,
+    pub prompt_cache_key: Option<String>,
+}
+
+/// A compacted conversation (`object: "response.compaction"`): the user's
+/// messages and one `compaction` item that holds the rest as a summary.
+/// Not stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompactedConversation {
+    pub id: String,
+    pub object: &'static str,
+    pub created_at: u64,
+    pub output: Vec<InputItem>,
+    pub usage: ResponseUsage,
+}
+
 /// `input`: one string (a user message) or a list of items.
 #[derive(Debug, Clone)]
 pub enum Input {

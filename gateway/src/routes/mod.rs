@@ -4,6 +4,7 @@
 //! is a 404 in the standard envelope.
 
 pub mod chat;
+pub mod compact;
 pub mod models;
 pub mod openapi;
 pub mod planner;
@@ -62,6 +63,13 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             allow(ex, &[Method::POST], &path)?;
             let account = authorize(app, ex, Scope::ResponsesWrite).await?;
             let route = Box::pin(responses::create(app, ex, account));
+            route.await
+        }
+        ["v1", "responses", "compact"] => {
+            ex.route = "responses.compact";
+            allow(ex, &[Method::POST], &path)?;
+            let account = authorize(app, ex, Scope::ResponsesWrite).await?;
+            let route = Box::pin(compact::compact(app, ex, account));
             route.await
         }
         ["v1", "responses", id] => {

@@ -202,7 +202,7 @@ async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &ResponseEncoder
 
 /// The conversation a `previous_response_id` continues: its context and
 /// its output. Missing, expired or another org's → 404; unfinished → 409.
-async fn previous_conversation(
+pub(super) async fn previous_conversation(
     app: &App,
     principal: &Principal,
     prev: &str,
@@ -238,7 +238,10 @@ async fn previous_conversation(
 /// This request's items as stored and listed: typed, with ids, string
 /// content as parts, and item references replaced by the items they name
 /// (looked up in the conversation being continued).
-fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<InputItem>, ApiError> {
+pub(super) fn resolve_items(
+    items: &[InputItem],
+    context: &[InputItem],
+) -> Result<Vec<InputItem>, ApiError> {
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let kind = item.kind.as_deref().unwrap_or("message");
@@ -287,6 +290,9 @@ fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<Input
             "function_call_output" => {
                 item.id.get_or_insert_with(|| new_id("fco_"));
                 item.status.get_or_insert_with(|| "completed".into());
+            }
+            "compaction" => {
+                item.id.get_or_insert_with(|| new_id("cmp_"));
             }
             _ => {
                 item.id.get_or_insert_with(|| new_id("rs_"));

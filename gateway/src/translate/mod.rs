@@ -3,6 +3,7 @@
 //! frames are framed by `crate::sse`.
 
 pub mod chat;
+pub mod compaction;
 pub mod planner;
 pub mod responses;
 

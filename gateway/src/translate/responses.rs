@@ -142,6 +142,17 @@ pub fn to_worker(
                     pending_reasoning.push_str(&s.text);
                 }
             }
+            // Validation let only a summary this gateway sealed through.
+            "compaction" => {
+                if let Some(summary) = item
+                    .encrypted_content
+                    .as_deref()
+                    .and_then(super::compaction::open)
+                {
+                    let text = super::compaction::as_message_text(&summary);
+                    messages.push(message("user", vec![text_part(text)]));
+                }
+            }
             _ => {}
         }
     }

@@ -353,9 +353,21 @@ fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
         }
         "item_reference" => need("id", item.id.is_some()),
         "reasoning" => Ok(()),
+        "compaction" => {
+            let content = item.encrypted_content.as_deref().ok_or_else(|| {
+                ApiError::missing_parameter(format!("input.{i}.encrypted_content"))
+            })?;
+            match crate::translate::compaction::open(content) {
+                Some(_) => Ok(()),
+                None => Err(ApiError::invalid_value(
+                    format!("input.{i}.encrypted_content"),
+                    "This compaction item was not written by this service; send the items POST /v1/responses/compact returned here.",
+                )),
+            }
+        }
         other => Err(ApiError::invalid_value(
             format!("input.{i}.type"),
-            format!("Unsupported input item type '{other}'; expected message, function_call, function_call_output, item_reference or reasoning."),
+            format!("Unsupported input item type '{other}'; expected message, function_call, function_call_output, item_reference, reasoning or compaction."),
         )),
     }
 }

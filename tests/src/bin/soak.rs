@@ -265,6 +265,7 @@ async fn main() -> Result<()> {
         agent.url(),
         started + duration,
         Duration::from_secs(args.pause_secs),
+        Duration::from_secs(args.run_timeout_secs),
     ));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -657,6 +658,7 @@ async fn planner_sessions(
     agent_url: String,
     until: Instant,
     pause: Duration,
+    request_deadline: Duration,
 ) -> Sessions {
     let mut report = Sessions::default();
     let mut paused: std::collections::VecDeque<Paused> = Default::default();
@@ -685,21 +687,28 @@ async fn planner_sessions(
         }
         while paused.front().is_some_and(|p| p.at.elapsed() >= pause) {
             if let Some(p) = paused.pop_front() {
-                resume(&client, p, &mut report).await;
+                resume(&client, p, request_deadline, &mut report).await;
             }
         }
     }
     for p in paused {
-        resume(&client, p, &mut report).await;
+        resume(&client, p, request_deadline, &mut report).await;
     }
     report
 }
 
 /// Answers a paused session's tool call until it resumes (retrying through
 /// faults for up to 90 s). A `session_busy` must carry `retry-after` and
-/// clear within the lock's lease; "no paused plan waits" is a lost plan,
+/// clear within the lock's lease of the last request that held the session
+/// (or that request's deadline, while one went unanswered); "no paused plan
+/// waits" is a lost plan,
 /// unless an earlier try may have resumed it (its answer lost in a fault).
-async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
+async fn resume(
+    client: &harness::Client,
+    p: Paused,
+    request_deadline: Duration,
+    report: &mut Sessions,
+) {
     let call_id = p.reply["choices"][0]["message"]["tool_calls"][0]["id"]
         .as_str()
         .unwrap_or_default()
@@ -710,7 +719,12 @@ async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
     let started = Instant::now();
     let mut busy_since: Option<Instant> = None;
     let mut maybe_resumed = false;
-    while started.elapsed() < Duration::from_secs(90) {
+    // How long the session may answer `session_busy`: one lock lease after
+    // the last request that held it ended; while a try of ours went
+    // unanswered (a transport error, a 502/504), that request may still
+    // be running, up to its deadline.
+    let mut busy_bound = SESSION_LOCK_LEASE + Duration::from_secs(2);
+    while started.elapsed() < Duration::from_secs(90) + request_deadline {
         let reply = planner::try_post(client, &p.session, &body).await;
         let code = reply
             .as_ref()
@@ -732,7 +746,7 @@ async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
             (Ok(r), Some("session_busy")) => {
                 let since = *busy_since.get_or_insert_with(Instant::now);
                 report.longest_busy = report.longest_busy.max(since.elapsed());
-                if since.elapsed() > SESSION_LOCK_LEASE + Duration::from_secs(2) {
+                if since.elapsed() > busy_bound {
                     report.violated("busy past the lock's lease", &p.session, &r.text());
                     return;
                 }
@@ -757,7 +771,10 @@ async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
             }
             (Ok(r), _) if r.status >= 500 || r.status == 429 => {
                 // A 502/504 may have resumed the plan before it failed.
-                maybe_resumed |= r.status != 503 && r.status != 429;
+                if r.status != 503 && r.status != 429 {
+                    maybe_resumed = true;
+                    busy_bound = SESSION_LOCK_LEASE + request_deadline;
+                }
                 report.saw(format!("{} (retried)", status_of(&reply)));
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -767,12 +784,13 @@ async fn resume(client: &harness::Client, p: Paused, report: &mut Sessions) {
             }
             (Err(_), _) => {
                 maybe_resumed = true;
+                busy_bound = SESSION_LOCK_LEASE + request_deadline;
                 report.saw("transport error (retried)");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }
-    report.violated("never resumed within 90 s", &p.session, "");
+    report.violated("never resumed", &p.session, "");
 }
 
 /// A reply's JSON body, or null (a planner answer is read, never trusted).

@@ -1,0 +1,71 @@
+//! Compaction (`POST /v1/responses/compact`): the model's summary of a
+//! conversation goes back to the client as an opaque `compaction` item
+//! (`encrypted_content`), and a later request that sends the item back has
+//! the summary in its prompt as a message. The content is sealed only
+//! against misreading, not encrypted: the client wrote the conversation it
+//! summarises, so there is nothing in it to hide from that client
+//! (docs/request-contract.md says so).
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+
+/// Marks (and versions) the gateway's compaction content.
+const SEAL: &str = "igw.c1.";
+
+/// The system instructions of a compaction pass when the request gives
+/// none (the Codex CLI sends its own).
+pub const DEFAULT_INSTRUCTIONS: &str = "You compact conversations. Write a summary of the \
+conversation so far that lets it continue without the earlier messages: the user's goals and \
+constraints, decisions made, facts and results established (file names, commands, values), \
+and what remains to be done. Be concise; write only the summary.";
+
+/// The last user turn of a compaction pass: the conversation is the
+/// context, this is the ask.
+pub const ASK: &str =
+    "Summarise the conversation above for a handoff, as your instructions say. Reply with the summary only.";
+
+/// The most tokens a summary may take.
+pub const MAX_SUMMARY_TOKENS: i64 = 1024;
+
+/// How a summary reads in a later prompt.
+pub fn as_message_text(summary: &str) -> String {
+    format!("Summary of the earlier conversation:\n{summary}")
+}
+
+/// The `encrypted_content` of a compaction item holding `summary`.
+pub fn seal(summary: &str) -> String {
+    format!("{SEAL}{}", URL_SAFE_NO_PAD.encode(summary.as_bytes()))
+}
+
+/// The summary in a compaction item's `encrypted_content`; `None` if this
+/// gateway did not write it.
+pub fn open(content: &str) -> Option<String> {
+    let encoded = content.strip_prefix(SEAL)?;
+    let bytes = URL_SAFE_NO_PAD.decode(encoded).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_summary_opens_to_itself() {
+        let summary = "User wants a landing page; index.html written. Ünïcode ✓";
+        let sealed = seal(summary);
+        assert!(sealed.starts_with(SEAL));
+        assert!(!sealed.contains("landing"), "not readable as is");
+        assert_eq!(open(&sealed).as_deref(), Some(summary));
+    }
+
+    #[test]
+    fn content_this_gateway_did_not_write_does_not_open() {
+        assert_eq!(open("gAAAAABpM0Yj-...="), None, "another provider's");
+        assert_eq!(open("igw.c1.!!!"), None, "not base64");
+        assert_eq!(
+            open(&format!("{SEAL}{}", URL_SAFE_NO_PAD.encode([0xff, 0xfe]))),
+            None,
+            "not UTF-8"
+        );
+    }
+}
