@@ -1,0 +1,470 @@
+//! `agentbench`: a coding agent's loop on the real model, the way Codex
+//! drives the Responses API, over three transports of the gateway and the
+//! same loop through vLLM's Agentic API (`agentic-api` on PyPI, its Rust
+//! Responses server) as the yardstick, every arm in front of one fresh
+//! llama-server (cold per arm).
+//!
+//! A turn is one response: a long system prompt (the agent's rules), the
+//! conversation so far, a `run_shell` function tool. When the model calls
+//! the tool the client answers with a canned output; otherwise it sends
+//! the next step as a user message. The arms:
+//!
+//! - `http-full`: `POST /v1/responses` streamed, `store: false`, the whole
+//!   conversation every turn (what Codex does over HTTP);
+//! - `http-chain`: streamed, stored, `previous_response_id` and the new
+//!   items only;
+//! - `ws`: `GET /v1/responses` upgraded to a WebSocket, `store: false` and
+//!   `previous_response_id` from the connection's own state (Codex with
+//!   `supports_websockets = true`);
+//! - `agentic-full`, `agentic-chain`, `agentic-ws`: the same three against
+//!   agentic-server (skipped, with the reason, when it does not run).
+//!
+//! Per turn it prints the time, the prompt tokens the response reports,
+//! the prompt tokens the engine actually prefilled (llama-server's own
+//! `llamacpp:prompt_tokens_total`, read before and after) and so the share
+//! of the prompt served from the engine's cache; then each arm's total.
+//!
+//! ```text
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) AGENTIC_SERVER=$(bash scripts/agentic-api.sh) \
+//!   cargo run --release -p tests --bin agentbench -- --turns 20
+//! ```
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use harness::llama_server::{LlamaServer, LlamaServerOpts};
+use harness::process::{free_port, ChildProcess, Spec};
+use harness::{websocket, Client, Gateway, GatewayOpts, WorkerOpts};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "A coding agent's loop over HTTP+SSE and WebSocket, beside vLLM's Agentic API")]
+struct Args {
+    /// Turns per arm.
+    #[arg(long, default_value_t = 20)]
+    turns: usize,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 24)]
+    max_output_tokens: u32,
+    /// Words of the agent's system prompt (about 1.3 tokens each).
+    #[arg(long, default_value_t = 1200)]
+    system_words: usize,
+    /// The GGUF file (default: IGW_MODEL_FILE).
+    #[arg(long, env = "IGW_MODEL_FILE")]
+    model_file: PathBuf,
+    /// agentic-server's binary (`bash scripts/agentic-api.sh` prints it);
+    /// without it the yardstick is skipped.
+    #[arg(long, env = "AGENTIC_SERVER")]
+    agentic_server: Option<PathBuf>,
+    /// Engine threads.
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// Only these arms (comma-separated).
+    #[arg(long)]
+    arms: Option<String>,
+}
+
+/// How a loop talks to its front.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Transport {
+    HttpFull,
+    HttpChain,
+    WebSocket,
+}
+
+/// Which front the loop goes through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Front {
+    Gateway,
+    Agentic,
+}
+
+struct Arm {
+    name: &'static str,
+    front: Front,
+    transport: Transport,
+}
+
+const ARMS: [Arm; 6] = [
+    Arm {
+        name: "http-full",
+        front: Front::Gateway,
+        transport: Transport::HttpFull,
+    },
+    Arm {
+        name: "http-chain",
+        front: Front::Gateway,
+        transport: Transport::HttpChain,
+    },
+    Arm {
+        name: "ws",
+        front: Front::Gateway,
+        transport: Transport::WebSocket,
+    },
+    Arm {
+        name: "agentic-full",
+        front: Front::Agentic,
+        transport: Transport::HttpFull,
+    },
+    Arm {
+        name: "agentic-chain",
+        front: Front::Agentic,
+        transport: Transport::HttpChain,
+    },
+    Arm {
+        name: "agentic-ws",
+        front: Front::Agentic,
+        transport: Transport::WebSocket,
+    },
+];
+
+/// One turn as measured.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    seconds: f64,
+    /// The prompt's tokens, as the response's `usage` says.
+    input_tokens: u64,
+    /// What the engine prefilled for it (its counter's increase).
+    prefilled: u64,
+    tool_call: bool,
+}
+
+impl Turn {
+    fn cached_share(&self) -> f64 {
+        if self.input_tokens == 0 {
+            return 0.0;
+        }
+        1.0 - (self.prefilled as f64 / self.input_tokens as f64).min(1.0)
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let wanted: Option<Vec<String>> = args
+        .arms
+        .as_ref()
+        .map(|a| a.split(',').map(str::to_owned).collect());
+    println!(
+        "agentbench: {} turns per arm, replies of at most {} tokens, a system prompt of {} words; load average {}",
+        args.turns,
+        args.max_output_tokens,
+        args.system_words,
+        load_average()
+    );
+    let mut totals = Vec::new();
+    for arm in &ARMS {
+        if wanted
+            .as_ref()
+            .is_some_and(|w| !w.iter().any(|n| n == arm.name))
+        {
+            continue;
+        }
+        if arm.front == Front::Agentic && args.agentic_server.is_none() {
+            println!("\n{}: skipped (no AGENTIC_SERVER)", arm.name);
+            continue;
+        }
+        match run_arm(&args, arm).await {
+            Ok(turns) => totals.push((arm.name, turns)),
+            Err(e) => println!("\n{}: did not run: {e:#}", arm.name),
+        }
+    }
+    println!("\n| arm | turns | tool calls | total s | s per turn (mean) | prompt tokens (last turn) | cached after turn 1 (mean) | turns after the first ≥ 90 % cached |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, turns) in &totals {
+        let total: f64 = turns.iter().map(|t| t.seconds).sum();
+        let later = &turns[1.min(turns.len())..];
+        let cached = later.iter().map(Turn::cached_share).sum::<f64>() / later.len().max(1) as f64;
+        let warm = later.iter().filter(|t| t.cached_share() >= 0.9).count();
+        println!(
+            "| {name} | {} | {} | {total:.1} | {:.2} | {} | {:.1} % | {warm} of {} |",
+            turns.len(),
+            turns.iter().filter(|t| t.tool_call).count(),
+            total / turns.len().max(1) as f64,
+            turns.last().map_or(0, |t| t.input_tokens),
+            cached * 100.0,
+            later.len()
+        );
+    }
+    let total_of = |name: &str| {
+        totals
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t.iter().map(|t| t.seconds).sum::<f64>())
+    };
+    if let (Some(full), Some(ws)) = (total_of("http-full"), total_of("ws")) {
+        println!(
+            "\nws vs http-full end to end: {:.2}x the time ({:.0} % faster)",
+            ws / full,
+            (1.0 - ws / full) * 100.0
+        );
+    }
+    println!("load average at end: {}", load_average());
+    Ok(())
+}
+
+/// Starts a fresh engine and front, runs the loop, stops them.
+async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
+    let mut opts = LlamaServerOpts::new(8192, 1);
+    opts.threads = args.threads;
+    let engine = LlamaServer::start_with(&args.model_file, &opts)
+        .await
+        .context("llama-server")?;
+    let (client, key, _gateway, _workers, _agentic) = match arm.front {
+        Front::Gateway => {
+            let workers = harness::start_workers(
+                "base",
+                &[WorkerOpts::upstream(engine.url(), "llama-server")],
+            );
+            let mut gopts = GatewayOpts::default();
+            gopts
+                .workers
+                .insert("base".into(), vec![workers[0].addr().to_string()]);
+            let gateway = Gateway::start(gopts)?;
+            let key = gateway.api_key().to_owned();
+            (gateway.client(), key, Some(gateway), workers, None)
+        }
+        Front::Agentic => {
+            let (process, url) = start_agentic(args, engine.url())?;
+            (
+                Client::new(&url, Some("unused")),
+                "unused".to_owned(),
+                None,
+                Vec::new(),
+                Some(process),
+            )
+        }
+    };
+    let model = match arm.front {
+        Front::Gateway => "base".to_owned(),
+        Front::Agentic => engine_model(&engine).await?,
+    };
+    println!("\n{} ({:?} over {:?})", arm.name, arm.front, arm.transport);
+    println!("| turn | s | prompt tokens | prefilled | cached | tool call |");
+    println!("|---|---|---|---|---|---|");
+    let mut ws = match arm.transport {
+        Transport::WebSocket => Some(
+            websocket::connect(&client.url(""), &key)
+                .await
+                .context("the WebSocket")?,
+        ),
+        _ => None,
+    };
+    let mut conversation: Vec<Value> = Vec::new();
+    let mut previous: Option<String> = None;
+    let mut pending: Vec<Value> = vec![user(&step(0))];
+    let mut turns = Vec::new();
+    for n in 0..args.turns {
+        let mut body = json!({
+            "model": model,
+            "instructions": system_prompt(args.system_words),
+            "tools": [{"type": "function", "name": "run_shell",
+                "description": "Run a shell command in the repository and return its output.",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                    "required": ["cmd"], "additionalProperties": false}}],
+            "max_output_tokens": args.max_output_tokens,
+            "temperature": 0,
+            "store": arm.transport == Transport::HttpChain,
+        });
+        conversation.extend(pending.iter().cloned());
+        match arm.transport {
+            Transport::HttpFull => body["input"] = json!(conversation),
+            Transport::HttpChain | Transport::WebSocket => {
+                body["input"] = json!(pending);
+                if let Some(prev) = &previous {
+                    body["previous_response_id"] = json!(prev);
+                }
+            }
+        }
+        let before = prompt_tokens_total(&engine).await?;
+        let started = Instant::now();
+        let response = match &mut ws {
+            Some(ws) => {
+                let events = ws.create(&body).await?;
+                terminal_response(&events)?
+            }
+            None => {
+                body["stream"] = json!(true);
+                let stream = client.stream("/responses", &body).await?;
+                if stream.status != 200 {
+                    bail!("turn {n}: HTTP {}", stream.status);
+                }
+                let events: Vec<Value> = stream
+                    .collect()
+                    .await?
+                    .iter()
+                    .filter_map(|f| serde_json::from_str(&f.data).ok())
+                    .collect();
+                terminal_response(&events)?
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        let prefilled = prompt_tokens_total(&engine).await?.saturating_sub(before);
+        let output = response["output"].as_array().cloned().unwrap_or_default();
+        let call = output.iter().find(|i| i["type"] == "function_call").cloned();
+        let turn = Turn {
+            seconds,
+            input_tokens: response["usage"]["input_tokens"].as_u64().unwrap_or(0),
+            prefilled,
+            tool_call: call.is_some(),
+        };
+        println!(
+            "| {} | {:.2} | {} | {} | {:.0} % | {} |",
+            n + 1,
+            turn.seconds,
+            turn.input_tokens,
+            turn.prefilled,
+            turn.cached_share() * 100.0,
+            if turn.tool_call { "yes" } else { "" }
+        );
+        turns.push(turn);
+        previous = response["id"].as_str().map(str::to_owned);
+        // What the conversation holds now, as input items.
+        for item in &output {
+            conversation.push(as_input(item));
+        }
+        pending = match call {
+            Some(call) => vec![json!({"type": "function_call_output",
+                "call_id": call["call_id"], "output": tool_output(n)})],
+            None => vec![user(&step(n + 1))],
+        };
+    }
+    Ok(turns)
+}
+
+/// The response a stream or a WebSocket reply ended with.
+fn terminal_response(events: &[Value]) -> Result<Value> {
+    let last = events.last().context("no events")?;
+    match last["type"].as_str() {
+        Some("response.completed" | "response.incomplete") => Ok(last["response"].clone()),
+        _ => bail!("the turn did not complete: {last}"),
+    }
+}
+
+/// An output item as the next request's input item.
+fn as_input(item: &Value) -> Value {
+    match item["type"].as_str() {
+        Some("message") => {
+            let text: String = item["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["text"].as_str())
+                .collect();
+            json!({"role": "assistant", "content": text})
+        }
+        Some("function_call") => json!({"type": "function_call", "call_id": item["call_id"],
+            "name": item["name"], "arguments": item["arguments"]}),
+        _ => json!({"role": "assistant", "content": ""}),
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+/// The agent's next instruction.
+fn step(n: usize) -> String {
+    const STEPS: [&str; 5] = [
+        "List the files in src/ and tell me which one parses the config.",
+        "Open that file and find where the port is read.",
+        "Change the default port to 8080 and show the diff.",
+        "Run the tests and tell me whether they pass.",
+        "Summarise what you changed in one sentence.",
+    ];
+    format!("Step {}: {}", n + 1, STEPS[n % STEPS.len()])
+}
+
+/// A command's output, as the client's tool answers it.
+fn tool_output(n: usize) -> String {
+    format!(
+        "exit 0\nsrc/main.rs\nsrc/config.rs\nsrc/server.rs\ntests/config_test.rs\n(step {} output, 12 lines omitted)",
+        n + 1
+    )
+}
+
+/// A coding agent's rules, `words` words long (deterministic).
+fn system_prompt(words: usize) -> String {
+    const RULES: [&str; 8] = [
+        "You are a coding agent working in a git repository on the user's machine.",
+        "Use the run_shell tool to inspect files and run commands before you answer.",
+        "Keep changes minimal and focused on the task; do not reformat unrelated code.",
+        "Never commit secrets, and never print the contents of environment files.",
+        "When tests fail, read the failure, fix the cause, and run them again.",
+        "Explain each change briefly, naming the files and functions you touched.",
+        "Prefer the project's existing libraries and conventions to new dependencies.",
+        "Ask before destructive operations such as deleting files or rewriting history.",
+    ];
+    let mut out = String::new();
+    let mut count = 0;
+    let mut i = 0;
+    while count < words {
+        let rule = RULES[i % RULES.len()];
+        out.push_str(&format!("Rule {}: {rule}\n", i + 1));
+        count += rule.split_whitespace().count() + 2;
+        i += 1;
+    }
+    out
+}
+
+/// llama-server's count of prompt tokens it processed (not served from its
+/// cache), from its Prometheus exposition.
+async fn prompt_tokens_total(engine: &LlamaServer) -> Result<u64> {
+    let text = reqwest::get(format!("{}/metrics", engine.url()))
+        .await?
+        .text()
+        .await?;
+    text.lines()
+        .find(|l| l.starts_with("llamacpp:prompt_tokens_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .context("llamacpp:prompt_tokens_total in /metrics (llama-server --metrics)")
+}
+
+/// The model id llama-server reports (what agentic-server forwards).
+async fn engine_model(engine: &LlamaServer) -> Result<String> {
+    let models: Value = reqwest::get(format!("{}/v1/models", engine.url()))
+        .await?
+        .json()
+        .await?;
+    models["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .context("a model in llama-server's /v1/models")
+}
+
+/// agentic-server in front of `engine_url`, on a free port with its own
+/// SQLite file; its base URL (`.../v1`).
+fn start_agentic(args: &Args, engine_url: &str) -> Result<(ChildProcess, String)> {
+    let binary = args.agentic_server.clone().context("AGENTIC_SERVER")?;
+    let port = free_port()?;
+    let db = std::env::temp_dir().join(format!("agentbench-{port}.db"));
+    let spec = Spec {
+        name: "agentic-server".into(),
+        program: binary,
+        args: vec![
+            "--llm-api-base".into(),
+            format!("{engine_url}/v1"),
+            "--gateway-host".into(),
+            "127.0.0.1".into(),
+            "--gateway-port".into(),
+            port.to_string(),
+            "--db-url".into(),
+            format!("sqlite://{}?mode=rwc", db.display()),
+        ],
+        env: Vec::new(),
+        env_remove: Vec::new(),
+        ready_prefix: "gateway listening on".into(),
+        ready_timeout: Duration::from_secs(60),
+    };
+    let (process, _) = ChildProcess::start(&spec)?;
+    Ok((process, format!("http://127.0.0.1:{port}/v1")))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
