@@ -4,7 +4,7 @@
 //! daily usage log lives in Redis only (`gateway usage` reads it there).
 
 use super::slots::concurrency_retry_ms;
-use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
+use super::store::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use async_trait::async_trait;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
