@@ -57,6 +57,17 @@ impl TokenUsage {
     }
 }
 
+/// Cost in nano-dollars (exact: every price is a whole number of
+/// nano-dollars per token). Cached input at the cached rate, the rest of
+/// the input at the input rate, output (reasoning included) at the output rate.
+pub fn cost_nano(model: &ModelSpec, u: &TokenUsage) -> i64 {
+    let nano = |usd_per_million: f64| (usd_per_million * 1000.0).round() as i64;
+    let fresh = u.input.saturating_sub(u.cached_input) as i64;
+    fresh * nano(model.price.input)
+        + u.cached_input as i64 * nano(model.price.cached_input)
+        + u.output as i64 * nano(model.price.output)
+}
+
 /// Records a finished generation's tokens.
 pub fn record(model: &ModelSpec, usage: &TokenUsage) {
     let Some(series) = model_series(model.id) else {
@@ -237,6 +248,29 @@ mod tests {
         );
         assert_eq!(parse_day("2026-13-01"), None);
         assert_eq!(parse_day("yesterday"), None);
+    }
+
+    #[test]
+    fn cost_in_nano_dollars_matches_the_price_table() {
+        let base = crate::catalog::Catalog::default().find("base").unwrap();
+        let u = TokenUsage {
+            input: 1_000_000,
+            cached_input: 400_000,
+            output: 200_000,
+            reasoning: 50_000,
+        };
+        // 600k * 0.50 + 400k * 0.05 + 200k (reasoning included) * 1.90 = 0.70 USD
+        assert_eq!(cost_nano(base, &u), 700_000_000);
+        let mini = crate::catalog::Catalog::default()
+            .find("base-mini")
+            .unwrap();
+        let one_each = TokenUsage {
+            input: 2,
+            cached_input: 1,
+            output: 1,
+            reasoning: 0,
+        };
+        assert_eq!(cost_nano(mini, &one_each), 180 + 18 + 450);
     }
 
     #[test]

@@ -12,10 +12,13 @@ use worker::auth::RequireToken;
 use worker::cache_report::CacheReport;
 use worker::counters::Counters;
 use worker::drain::{self, DrainFlag};
-use worker::engine::synthetic::{SyntheticConfig, SyntheticEngine};
-use worker::model::ModelProfile;
+use worker::engine::llama_args::LlamaArgs;
+use worker::engine::synthetic::args::SyntheticArgs;
+use worker::engine::upstream::args::UpstreamArgs;
+use worker::engine::{Loaded, Serving};
 use worker::sampling_defaults::SamplingDefaults;
 use worker::service::{Engines, WorkerService, WorkerState};
+use worker::weights::args::FetchArgs;
 
 /// Largest accepted request: a full 1M-token context (~4 MB of text) plus
 /// `data:` images, above tonic's 4 MiB default.
@@ -122,75 +125,6 @@ fetch per directory at a time (an advisory lock on DEST). Prints the file's path
     FetchWeights(Box<FetchArgs>),
 }
 
-#[derive(Parser, Debug)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["url", "s3", "hf_repo"])))]
-struct FetchArgs {
-    /// The directory the file goes to (created if missing).
-    #[arg(long)]
-    dest: std::path::PathBuf,
-    /// The file's expected sha256 (64 hex digits).
-    #[arg(long)]
-    sha256: String,
-    /// The file's name in --dest (default: the source's last path segment).
-    #[arg(long)]
-    file: Option<String>,
-    /// An http:// or https:// URL.
-    #[arg(long)]
-    url: Option<String>,
-    /// An object of an S3-compatible bucket: s3://BUCKET/KEY.
-    #[arg(long, requires = "s3_endpoint")]
-    s3: Option<String>,
-    /// The S3 endpoint (`https://s3.eu-west-1.amazonaws.com`, a MinIO URL).
-    #[arg(long)]
-    s3_endpoint: Option<String>,
-    /// The bucket's region (signed into the request).
-    #[arg(long, default_value = "us-east-1")]
-    s3_region: String,
-    /// Address the bucket as BUCKET.ENDPOINT (virtual-host style) instead
-    /// of ENDPOINT/BUCKET (path style, what MinIO and most S3-compatible
-    /// stores take).
-    #[arg(long)]
-    s3_virtual_host: bool,
-    /// A Hugging Face model repository: ORG/NAME.
-    #[arg(long, requires = "hf_file")]
-    hf_repo: Option<String>,
-    /// The file in the repository (`model-q4_k_m.gguf`, `sub/dir/file`).
-    #[arg(long)]
-    hf_file: Option<String>,
-    /// A branch, tag or commit of the repository.
-    #[arg(long, default_value = "main")]
-    hf_revision: String,
-    /// The Hub (a mirror, or a test server).
-    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
-    hf_endpoint: String,
-    /// Attempts in a row without progress before giving up.
-    #[arg(long, default_value_t = 8)]
-    retries: u32,
-    /// The first wait between attempts, in milliseconds (doubling, at most 30 s).
-    #[arg(long, default_value_t = 500)]
-    retry_backoff_ms: u64,
-    #[arg(long, default_value_t = 30)]
-    connect_timeout_seconds: u64,
-    /// Longest silence of a response (head or body) before the connection
-    /// counts as cut.
-    #[arg(long, default_value_t = 60)]
-    idle_timeout_seconds: u64,
-    /// A PEM bundle of further trusted CAs (a private object store).
-    #[arg(long)]
-    ca_file: Option<std::path::PathBuf>,
-    /// The file's size in bytes, when known: never more is written, and a
-    /// server declaring another size is refused.
-    #[arg(long)]
-    size: Option<u64>,
-    /// The longest the whole fetch may take, every attempt and wait included.
-    #[arg(long, default_value_t = 86_400)]
-    deadline_seconds: u64,
-    /// A further host redirects may go to (`cdn.example`, or `.example`
-    /// for every host under it); repeatable.
-    #[arg(long)]
-    allow_redirect_host: Vec<String>,
-}
-
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum EngineKind {
     /// SIMULATED output (deterministic; for tests, benchmarks and load).
@@ -211,66 +145,10 @@ struct ServeArgs {
     /// The engine. `synthetic` is SIMULATED output, not a language model.
     #[arg(long, value_enum, default_value = "synthetic")]
     engine: EngineKind,
-    /// llama: the GGUF model file.
-    #[arg(long)]
-    model_file: Option<std::path::PathBuf>,
-    /// llama: a display name for the weights (default: the file name).
-    #[arg(long)]
-    model_name: Option<String>,
-    /// llama: context window of each sequence in tokens (default: the
-    /// model's training context).
-    #[arg(long, default_value_t = 0)]
-    n_ctx: u32,
-    /// llama: sequences decoded together (slots); the running capacity.
-    #[arg(long, default_value_t = 4)]
-    parallel: u32,
-    /// llama: CPU threads (default: the available cores).
-    #[arg(long)]
-    threads: Option<i32>,
-    /// upstream: the engine's base URL (`http://127.0.0.1:8000`).
-    #[arg(long)]
-    upstream_url: Option<String>,
-    /// upstream: which engine serves there (field mapping, tokenizer,
-    /// metrics).
-    #[arg(long, value_enum, default_value = "vllm")]
-    upstream_kind: worker::engine::upstream::kind::Kind,
-    /// upstream: the engine's model id (default: the first it lists).
-    #[arg(long)]
-    upstream_model: Option<String>,
-    /// upstream: enforce `tool_choice` required/named with a JSON schema of
-    /// the call (default: on for llama-server, off for the others).
-    #[arg(long)]
-    upstream_enforce_tools: Option<bool>,
-    /// upstream: the engine's API key, if it was started with one.
-    #[arg(long, env = "UPSTREAM_API_KEY", hide_env_values = true)]
-    upstream_api_key: Option<String>,
-    /// upstream: how long to wait for the engine at start-up.
-    #[arg(long, default_value_t = 600)]
-    upstream_startup_timeout_seconds: u64,
-    /// upstream: health and load scrape interval, in milliseconds.
-    #[arg(long, default_value_t = 250)]
-    upstream_scrape_ms: u64,
-    /// upstream: longest wait from sending a request to the engine's first
-    /// SSE event (prefill of a long prompt included), in milliseconds.
-    /// Past it the generation fails with DEADLINE_EXCEEDED (gateway: 504)
-    /// and the worker reports NOT_SERVING until the engine answers again.
-    #[arg(long, default_value_t = 60_000)]
-    upstream_first_byte_timeout_ms: u64,
-    /// upstream: longest silence between the engine's SSE events once the
-    /// reply streams, in milliseconds; past it, as the first-byte timeout.
-    #[arg(long, default_value_t = 15_000)]
-    upstream_idle_timeout_ms: u64,
-    /// upstream: largest SSE event accepted from the engine, in bytes; a
-    /// longer one (a line without its newline) fails the generation with
-    /// ENGINE_FAILURE instead of growing the worker's memory.
-    #[arg(long, default_value_t = 1024 * 1024)]
-    upstream_max_event_bytes: usize,
-    /// upstream llama-server: leave the choice of slot to the engine
-    /// instead of naming one per request (`id_slot`). Use it when other
-    /// clients share the engine: the worker's cache report is then an
-    /// estimate from what it sent.
-    #[arg(long)]
-    upstream_no_slot_pinning: bool,
+    #[command(flatten)]
+    llama: LlamaArgs,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -279,16 +157,8 @@ struct ServeArgs {
     /// absent = no metrics listener.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
-    /// Delay before the first event of a reply, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    ttft_ms: u64,
-    /// Output pace; 0 = as fast as possible.
-    #[arg(long, default_value_t = 0.0)]
-    tokens_per_second: f64,
-    /// Synthetic: prefill pace of prompt tokens not in its prefix cache,
-    /// added to --ttft-ms; 0 = prefill takes no time.
-    #[arg(long, default_value_t = 0.0)]
-    prefill_tokens_per_second: f64,
+    #[command(flatten)]
+    synthetic: SyntheticArgs,
     /// Generations running at once (synthetic and upstream; llama runs
     /// --parallel). Upstream: requests in flight to the engine, which
     /// queues them itself.
@@ -335,19 +205,6 @@ struct ServeArgs {
     /// signed by this CA (PEM). Needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
-    /// synthetic: merge up to N tokens into one event when they come
-    /// faster than the stream takes them (unpaced): fewer, larger deltas
-    /// for load tests. 1 = one token per event.
-    #[arg(long, default_value_t = 1)]
-    coalesce_tokens: u32,
-    /// The synthetic engine's simulated prefix cache: its capacity in
-    /// 64-token blocks.
-    #[arg(long, default_value_t = 65_536)]
-    prefix_cache_blocks: usize,
-    /// Chaos testing: every generation fails (INTERNAL, ENGINE_FAILURE)
-    /// after N completion tokens, like a worker with a broken device.
-    #[arg(long)]
-    fail_after_tokens: Option<u32>,
     /// OTLP/gRPC collector (`http://host:4317`) to export generation spans
     /// to, as children of the gateway's request spans; absent or empty =
     /// export nothing. The trace id from the gateway's `traceparent` is
@@ -381,63 +238,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn fetch_weights(args: FetchArgs) -> anyhow::Result<()> {
-    use worker::weights::source::{S3Credentials, Source};
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let source = if let Some(url) = args.url {
-        Source::Url(url)
-    } else if let Some(s3) = args.s3 {
-        let (bucket, key) = Source::parse_s3_url(&s3)?;
-        let credentials = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-            (Some(key), Some(secret)) => Some(S3Credentials {
-                key,
-                secret,
-                token: env("AWS_SESSION_TOKEN"),
-            }),
-            (None, None) => None,
-            _ => anyhow::bail!("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither (a public bucket)"),
-        };
-        Source::S3 {
-            bucket,
-            key,
-            endpoint: args.s3_endpoint.unwrap_or_default(),
-            region: args.s3_region,
-            virtual_host: args.s3_virtual_host,
-            credentials,
-        }
-    } else if let Some(repo) = args.hf_repo {
-        let valid = repo.split('/').count() == 2
-            && repo.split('/').all(|p| {
-                !p.is_empty()
-                    && p.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            });
-        if !valid {
-            anyhow::bail!("--hf-repo must be ORG/NAME, got '{repo}'");
-        }
-        Source::HuggingFace {
-            endpoint: args.hf_endpoint,
-            repo,
-            file: args.hf_file.unwrap_or_default(),
-            revision: args.hf_revision,
-            token: env("HF_TOKEN"),
-        }
-    } else {
-        anyhow::bail!("give one source: --url, --s3 or --hf-repo");
-    };
-    let opts = worker::weights::FetchOptions {
-        source,
-        dest: args.dest,
-        file_name: args.file,
-        sha256: args.sha256,
-        retries: args.retries,
-        backoff: Duration::from_millis(args.retry_backoff_ms.max(1)),
-        connect_timeout: Duration::from_secs(args.connect_timeout_seconds.max(1)),
-        idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
-        ca_file: args.ca_file,
-        expected_size: args.size,
-        deadline: Duration::from_secs(args.deadline_seconds.max(1)),
-        redirect_hosts: args.allow_redirect_host,
-    };
+    let opts = args.into_options()?;
     let path = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -446,146 +247,22 @@ fn fetch_weights(args: FetchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The engine, its name and description, its model profile and capacity.
-struct Loaded {
-    engine: Engines,
-    name: &'static str,
-    description: String,
-    model: ModelProfile,
-    capacity: u32,
-    /// Prompts the engine's cache holds at most (its slots), for the cache
-    /// report.
-    cache_slots: u32,
-    /// A held prefix serves concurrent sequences too (see `PrefixCache`).
-    concurrent_reuse: bool,
-    /// Readiness reported by the engine itself (upstream), when it has one.
-    ready: Option<tokio::sync::watch::Receiver<bool>>,
-    /// What the weights file says to sample with (llama's GGUF metadata).
-    model_sampling: SamplingDefaults,
-}
-
-async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    match args.engine {
-        EngineKind::Synthetic => {
-            let model = ModelProfile::for_serving(&args.model, args.context_window)?;
-            let engine = SyntheticEngine::new(
-                SyntheticConfig {
-                    ttft: Duration::from_millis(args.ttft_ms),
-                    prefill_tokens_per_second: args.prefill_tokens_per_second.max(0.0),
-                    tokens_per_second: args.tokens_per_second.max(0.0),
-                    coalesce_tokens: args.coalesce_tokens,
-                    fail_after_tokens: args.fail_after_tokens,
-                    prefix_cache_blocks: args.prefix_cache_blocks,
-                },
-                model.clone(),
-            );
-            // Load the BPE before taking traffic, so the first request is not slow.
-            let _ = worker::engine::synthetic::tokenizer::count("warm up");
-            Ok(Loaded {
-                engine: Engines::Sequence(Arc::new(engine)),
-                name: "synthetic",
-                description: worker::engine::synthetic::DESCRIPTION.to_owned(),
-                model,
-                capacity: args.max_concurrency,
-                cache_slots: args.max_concurrency,
-                concurrent_reuse: true,
-                ready: None,
-                model_sampling: SamplingDefaults::default(),
-            })
-        }
-        EngineKind::Llama => load_llama(args),
-        EngineKind::Upstream => load_upstream(args).await,
-    }
-}
-
-async fn load_upstream(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    use worker::engine::upstream::kind::Kind;
-    use worker::engine::upstream::{UpstreamConfig, UpstreamEngine};
-    use worker::seam::chat::ChatEngine;
-    let Some(url) = args.upstream_url.clone() else {
-        anyhow::bail!("--engine upstream needs --upstream-url http://HOST:PORT");
-    };
-    let kind = args.upstream_kind;
-    let scrape = Duration::from_millis(args.upstream_scrape_ms.max(10));
-    let engine = UpstreamEngine::connect(&UpstreamConfig {
-        url,
-        kind,
-        model: args.upstream_model.clone(),
+/// The engine `--engine` names, loaded from its own flags.
+async fn load_engine(args: &ServeArgs) -> anyhow::Result<Loaded<Engines>> {
+    let serving = Serving {
+        model: &args.model,
         context_window: args.context_window,
-        enforce_tools: args.upstream_enforce_tools,
-        api_key: args.upstream_api_key.clone(),
-        startup_timeout: Duration::from_secs(args.upstream_startup_timeout_seconds),
-        scrape_interval: scrape,
-        first_byte_timeout: Duration::from_millis(args.upstream_first_byte_timeout_ms),
-        idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
-        max_event_bytes: args.upstream_max_event_bytes,
-        pin_slots: !args.upstream_no_slot_pinning,
-    })
-    .await?;
-    let ready = engine.spawn_scraper(scrape);
-    let mut model = ModelProfile::new(&args.model, Some(engine.context_window()));
-    model.reasoning_budget = kind == Kind::Vllm;
-    // llama-server says its slots (`/props`); others: what we send at once.
-    let cache_slots = engine.capacity().unwrap_or(args.max_concurrency);
-    Ok(Loaded {
-        description: engine.description(),
-        engine: Engines::Chat(Arc::new(engine)),
-        name: "upstream",
-        model,
-        capacity: args.max_concurrency,
-        cache_slots,
-        // llama-server's slots each hold one sequence's cells; vLLM and
-        // SGLang page theirs and share a prefix across sequences.
-        concurrent_reuse: kind != Kind::LlamaServer,
-        ready: Some(ready),
-        model_sampling: SamplingDefaults::default(),
-    })
-}
-
-#[cfg(feature = "llama")]
-fn load_llama(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    use worker::engine::llama::{LlamaConfig, LlamaEngine};
-    use worker::seam::sequence::SequenceEngine;
-    let Some(file) = args.model_file.clone() else {
-        anyhow::bail!("--engine llama needs --model-file PATH (a GGUF file)");
+        max_concurrency: args.max_concurrency,
     };
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(2, |n| i32::try_from(n.get()).unwrap_or(2))
-    });
-    let engine = LlamaEngine::load(&LlamaConfig {
-        model_file: file.clone(),
-        n_ctx: args.n_ctx,
-        parallel: args.parallel,
-        threads,
-    })?;
-    let mut model = ModelProfile::new(&args.model, Some(engine.context_window()));
-    // A text-only model; the think section honours a budget.
-    model.image_input = false;
-    model.reasoning_budget = true;
-    let name = args.model_name.clone().unwrap_or_else(|| {
-        file.file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    });
-    let description = format!("{name}: {}", engine.description());
-    let model_sampling = engine.model_sampling();
-    Ok(Loaded {
-        engine: Engines::Sequence(Arc::new(engine)),
-        name: "llama",
-        description,
-        model,
-        capacity: args.parallel.max(1),
-        cache_slots: args.parallel.max(1),
-        // A busy slot's prefix is copied into a free one.
-        concurrent_reuse: true,
-        ready: None,
-        model_sampling,
+    Ok(match args.engine {
+        EngineKind::Synthetic => args.synthetic.load(&serving)?.map_engine(Engines::Sequence),
+        EngineKind::Llama => args.llama.load(&serving)?.map_engine(Engines::Sequence),
+        EngineKind::Upstream => args
+            .upstream
+            .load(&serving)
+            .await?
+            .map_engine(Engines::Chat),
     })
-}
-
-#[cfg(not(feature = "llama"))]
-fn load_llama(_: &ServeArgs) -> anyhow::Result<Loaded> {
-    anyhow::bail!("this worker was built without the `llama` feature")
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -3,7 +3,8 @@
 //! for tokens, in the form the widely used API sends (`1s`, `6m0s`, `12ms`).
 //! A limit the plan leaves unlimited gets no headers.
 
-use super::{Admission, RatePlan};
+use super::store::{Admission, Verdict};
+use crate::accounts::RatePlan;
 
 pub fn rate_limit_headers(plan: &RatePlan, a: &Admission) -> Vec<(&'static str, String)> {
     let mut h = Vec::with_capacity(6);
@@ -30,7 +31,7 @@ pub fn rate_limit_headers(plan: &RatePlan, a: &Admission) -> Vec<(&'static str, 
             format_duration_ms(a.reset_tokens_ms),
         ));
     }
-    if a.retry_after_ms > 0 && a.verdict != super::Verdict::Admitted {
+    if a.retry_after_ms > 0 && a.verdict != Verdict::Admitted {
         h.push(("retry-after-ms", int(a.retry_after_ms)));
     }
     h

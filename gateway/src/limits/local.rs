@@ -16,7 +16,9 @@
 //! local count could not be refunded when a request settles below its
 //! reservation.
 
-use super::{LocalRefusal, RatePlan, Verdict};
+use super::refusal::LocalRefusal;
+use super::store::Verdict;
+use crate::accounts::RatePlan;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};

@@ -4,7 +4,7 @@
 //! daily usage log lives in Redis only (`gateway usage` reads it there).
 
 use super::slots::concurrency_retry_ms;
-use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
+use super::store::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use async_trait::async_trait;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -73,7 +73,7 @@ impl MemoryLimits {
         let now = self.now_ms();
         let Ok(mut inner) = self.inner.lock() else {
             // A poisoned lock means a panic elsewhere; admit rather than wedge.
-            return admitted_without_state();
+            return Admission::unlimited();
         };
         let spent = inner.spend_nano.get(r.org).copied().unwrap_or(0);
         let w = inner
@@ -137,17 +137,6 @@ impl MemoryLimits {
             reset_tokens_ms: Window::reset_ms(w.tokens.back().map(|(t, _)| *t), now),
             retry_after_ms: retry,
         }
-    }
-}
-
-fn admitted_without_state() -> Admission {
-    Admission {
-        verdict: Verdict::Admitted,
-        used_requests: 0,
-        used_tokens: 0,
-        reset_requests_ms: 0,
-        reset_tokens_ms: 0,
-        retry_after_ms: 0,
     }
 }
 

@@ -18,7 +18,7 @@
 //! <prefix>usage:{<org>}:<YYYY-MM-DD>   hash  "<key id>|<model>|<counter>" -> n
 //! ```
 
-use super::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
+use super::store::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};
 use crate::metrics::redis_error;
 use crate::redis::cluster_pipe::ClusterPipe;
 use crate::redis::pipe::{Arg, PipeError, RedisPipe, Reply, RespCommand, Script};

@@ -18,7 +18,7 @@
 //! owner is alive and any slot may free at any moment: the answer is a
 //! short hint, [`LIVE_RETRY_MS`].
 
-use super::Holder;
+use super::store::Holder;
 use crate::config::Config;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

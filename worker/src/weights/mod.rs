@@ -18,6 +18,7 @@
 //! progress (one byte per attempt would otherwise go on for ever); and
 //! redirects are followed only within the rules of [`redirect`].
 
+pub mod args;
 pub mod redirect;
 pub mod source;
 

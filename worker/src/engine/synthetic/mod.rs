@@ -34,6 +34,7 @@
 //! sequence open after its end (the pipeline ends the gRPC stream only when
 //! the engine lets go of the sequence).
 
+pub mod args;
 pub mod controls;
 pub mod conversation;
 pub mod planner;

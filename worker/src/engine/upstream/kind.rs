@@ -122,6 +122,23 @@ impl Kind {
         matches!(self, Kind::Sglang)
     }
 
+    /// Whether a request's reasoning budget (`reasoning.budget_tokens`)
+    /// reaches the engine: only through a per-request budget field (vLLM's
+    /// `thinking_token_budget`, the table's "reasoning budget" row).
+    pub fn reasoning_budget(self) -> bool {
+        matches!(
+            self.reasoning(),
+            ReasoningField::TemplateKwargs { budget: true }
+        )
+    }
+
+    /// Whether a prefix the engine holds serves concurrent sequences too:
+    /// llama-server's slots each hold one sequence's cells; vLLM and SGLang
+    /// page theirs and share a prefix across sequences.
+    pub fn concurrent_reuse(self) -> bool {
+        !matches!(self, Kind::LlamaServer)
+    }
+
     /// The readiness probe path.
     pub fn health_path(self) -> &'static str {
         match self {

@@ -22,6 +22,7 @@
 //!   `max_tokens` ends with `length` ([`relay::Relay::with_limit`]); an SSE
 //!   event past its byte bound fails the generation ([`relay::SseDecoder`]).
 
+pub mod args;
 pub mod client;
 pub mod kind;
 pub mod liveness;

@@ -1,5 +1,17 @@
 //! Gateway configuration: a TOML file, then environment overrides.
 //! The keys and defaults are documented in `docs/process-contract.md`.
+//!
+//! [`Config::check`] is the one check of a loaded config; a section with
+//! rules of its own keeps them beside it (`planner.rs`: `[planner]`;
+//! `tls.rs`: `[tls]` and `[worker_tls]`) and the check calls them in turn.
+
+mod planner;
+#[cfg(test)]
+mod tests;
+mod tls;
+
+pub use planner::{valid_allowed_host, AgentEntryConfig, PlannerConfig};
+pub use tls::{ListenerTlsConfig, WorkerTlsConfig};
 
 use crate::catalog::{self, AddedModel, Catalog, Price};
 use anyhow::{bail, Context};
@@ -75,194 +87,6 @@ pub struct Config {
     #[serde(default)]
     pub worker_tls: Option<WorkerTlsConfig>,
     pub models: BTreeMap<String, ModelPool>,
-}
-
-/// The public listener's certificate (`[tls]`). Both files are PEM and
-/// read again whenever their contents change (checked every 2 s): new
-/// connections get the new certificate, open ones keep theirs, and a pair
-/// that does not load is logged and the previous one kept.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListenerTlsConfig {
-    /// The certificate chain, leaf first.
-    pub cert_file: std::path::PathBuf,
-    /// Its private key (PKCS#8, PKCS#1 or SEC1).
-    pub key_file: std::path::PathBuf,
-    /// How long a client has from connecting to finishing its TLS
-    /// handshake before the connection is closed (Pingora's own limit is
-    /// 60 s).
-    #[serde(default = "default_handshake_timeout_seconds")]
-    pub handshake_timeout_seconds: u64,
-}
-
-fn default_handshake_timeout_seconds() -> u64 {
-    10
-}
-
-/// TLS to the workers (`[worker_tls]`), whose addresses are then reached
-/// over `https` (`host:port` or `https://host:port`). Read at start-up.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerTlsConfig {
-    /// PEM of the CA(s) the workers' certificates must chain to.
-    pub ca_file: std::path::PathBuf,
-    /// The gateway's client certificate (PEM), for workers started with
-    /// `--tls-client-ca`; goes with `key_file`.
-    #[serde(default)]
-    pub cert_file: Option<std::path::PathBuf>,
-    #[serde(default)]
-    pub key_file: Option<std::path::PathBuf>,
-    /// The name checked on every worker's certificate instead of the
-    /// address's host (needed when `dns://`/`k8s://` resolve to IPs).
-    #[serde(default)]
-    pub server_name: Option<String>,
-}
-
-/// Planner mode (`[planner]`). Every duration is in milliseconds; the
-/// defaults are sized for real agents on the internet.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PlannerConfig {
-    /// Connecting to an agent (TCP and TLS).
-    pub connect_timeout_ms: u64,
-    /// From sending a request to an agent to the response head.
-    pub first_byte_timeout_ms: u64,
-    /// Longest silence inside an agent's response body or event stream.
-    pub idle_timeout_ms: u64,
-    /// One agent call, start to end.
-    pub step_timeout_ms: u64,
-    /// Soft deadline: a step still running after this starts its alternate
-    /// (a hedge); the first good answer wins, the other is cancelled.
-    pub hedge_after_ms: u64,
-    /// Wall clock of a plan's execution (plan, steps, re-plans); the
-    /// synthesis that follows has `synthesis_timeout_ms` more.
-    pub run_timeout_ms: u64,
-    pub synthesis_timeout_ms: u64,
-    /// Steps one run may execute (plans are capped at 8 steps each).
-    pub max_steps: u32,
-    /// Re-plans after failed steps.
-    pub max_replans: u32,
-    /// Tokens (input + output) of every model call of one run; past it no
-    /// further step or re-plan starts.
-    pub max_run_tokens: u64,
-    /// Output tokens of one plan or re-plan call (its grammar is sized to
-    /// fit).
-    pub max_plan_tokens: u32,
-    /// Output tokens of one `llm` step: an intermediate result quoted into
-    /// later prompts, so far shorter than an answer (a small model left
-    /// unbounded runs on to the cap).
-    pub max_step_tokens: u32,
-    /// Output tokens of the answer when the request sets no `max_tokens`:
-    /// a planner answer summarises what was gathered, and a small model
-    /// left unbounded can run on until the synthesis deadline.
-    pub max_answer_tokens: u32,
-    /// Largest agent response body (or event stream) read; beyond, the
-    /// step fails.
-    pub max_response_bytes: usize,
-    /// Largest agent card read.
-    pub max_card_bytes: usize,
-    /// Bytes of one step's output quoted into later prompts.
-    pub max_step_output_bytes: usize,
-    /// How long a fetched card is trusted (a failed fetch: a tenth of it,
-    /// at most 30 s).
-    pub card_ttl_seconds: u64,
-    /// How long a paused plan waits for its tool results.
-    pub session_ttl_seconds: u64,
-    /// Keep-alive comments on a planner stream while nothing else is sent.
-    pub keepalive_ms: u64,
-    /// Agents on loopback, RFC 1918, CGNAT and unique-local addresses.
-    /// Off by default: a request's `agents` could otherwise reach inside
-    /// the network.
-    pub allow_private_addresses: bool,
-    /// Link-local addresses, cloud metadata endpoints included
-    /// (169.254.169.254). Off by default; rarely right to turn on.
-    pub allow_link_local: bool,
-    /// Private addresses allowed without `allow_private_addresses`: CIDRs
-    /// or addresses (`10.0.0.0/8`, `fd00::/8`), host names
-    /// (`agents.ns.svc.cluster.local`) and `*.domain` patterns
-    /// (`*.svc.cluster.local`), whose resolved addresses may be private.
-    /// Never opens link-local or metadata addresses (`allow_link_local`)
-    /// nor the reserved ranges.
-    pub allowed_networks: Vec<String>,
-    /// Whether a request's `agents` may name URLs (not only directory ids).
-    pub allow_request_urls: bool,
-    /// Most agents discovered in the directory for one request.
-    pub max_discovered: usize,
-    /// Directory entries of this config (besides Redis, `gateway agents`).
-    pub agents: Vec<AgentEntryConfig>,
-}
-
-impl Default for PlannerConfig {
-    fn default() -> Self {
-        Self {
-            connect_timeout_ms: 3_000,
-            first_byte_timeout_ms: 30_000,
-            idle_timeout_ms: 30_000,
-            step_timeout_ms: 120_000,
-            hedge_after_ms: 15_000,
-            run_timeout_ms: 300_000,
-            synthesis_timeout_ms: 120_000,
-            max_steps: 16,
-            max_replans: 2,
-            max_run_tokens: 200_000,
-            max_plan_tokens: 2_048,
-            max_step_tokens: 512,
-            max_answer_tokens: 1_024,
-            max_response_bytes: 1024 * 1024,
-            max_card_bytes: 256 * 1024,
-            max_step_output_bytes: 16 * 1024,
-            card_ttl_seconds: 300,
-            session_ttl_seconds: 24 * 3600,
-            keepalive_ms: 10_000,
-            allow_private_addresses: false,
-            allow_link_local: false,
-            allowed_networks: Vec::new(),
-            allow_request_urls: true,
-            max_discovered: 4,
-            agents: Vec::new(),
-        }
-    }
-}
-
-/// One agent of the directory in the config file (`[[planner.agents]]`).
-/// Also the agent directory's stored form (`planner::directory::Entry`):
-/// one shape for an entry wherever it comes from.
-#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AgentEntryConfig {
-    /// Directory id (`[A-Za-z0-9._-]`, at most 64): what `agents` may name.
-    pub id: String,
-    /// The agent's base URL (its card at `/.well-known/agent-card.json`)
-    /// or the card's own URL.
-    pub url: String,
-    /// A header sent on every call to the agent (e.g. `authorization`)...
-    #[serde(default)]
-    pub auth_header: Option<String>,
-    /// ...whose value is read from this environment variable (a secret),
-    /// never from the file or Redis.
-    #[serde(default)]
-    pub auth_secret_env: Option<String>,
-    /// Hosts (`host` for any port, or `host:port`) besides the URL's own
-    /// origin that the agent's card may name as its endpoint. Empty: the
-    /// card must stay on the URL's origin (scheme, host and port), so the
-    /// auth header never goes to a host the operator did not name.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allowed_hosts: Vec<String>,
-    #[serde(default = "default_true")]
-    pub enabled: bool,
-}
-
-/// Whether `s` is a host (`name`, `1.2.3.4`, `[::1]`) with an optional
-/// `:port`: what `allowed_hosts` takes.
-pub fn valid_allowed_host(s: &str) -> bool {
-    let Ok(authority) = s.parse::<http::uri::Authority>() else {
-        return false;
-    };
-    !s.is_empty() && !s.contains('@') && authority.as_str() == s && !authority.host().is_empty()
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// Distributed tracing (`[telemetry]`). Every request gets a `tracing`
@@ -767,6 +591,8 @@ impl Config {
         Ok(Catalog::with_added(self.added_models()?))
     }
 
+    /// Every rule of the config, in order: the first broken one is the
+    /// error (the sections' own rules are their `check`).
     fn check(&self) -> anyhow::Result<()> {
         let added = self.added_models()?;
         for m in self.keys.iter().flat_map(|k| k.models.iter().flatten()) {
@@ -804,45 +630,7 @@ impl Config {
                 self.listen
             );
         }
-        let mut agent_ids = std::collections::BTreeSet::new();
-        for a in &self.planner.agents {
-            let id_ok = !a.id.is_empty()
-                && a.id.len() <= 64
-                && a.id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-            if !id_ok {
-                bail!(
-                    "planner.agents: id '{}' must be 1 to 64 of A-Z a-z 0-9 . _ -",
-                    a.id
-                );
-            }
-            if !agent_ids.insert(a.id.as_str()) {
-                bail!("planner.agents: id '{}' appears twice", a.id);
-            }
-            if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
-                bail!("planner.agents '{}': url must be http:// or https://", a.id);
-            }
-            if a.auth_header.is_some() != a.auth_secret_env.is_some() {
-                bail!(
-                    "planner.agents '{}': auth_header and auth_secret_env go together",
-                    a.id
-                );
-            }
-            if let Some(h) = a.allowed_hosts.iter().find(|h| !valid_allowed_host(h)) {
-                bail!(
-                    "planner.agents '{}': allowed_hosts entry '{h}' must be a host or host:port",
-                    a.id
-                );
-            }
-        }
-        // `planner.allowed_networks` is parsed by the planner when it is
-        // built (`planner::net::AddressPolicy::new`), which stops the start
-        // on a bad entry with the same message.
-        let p = &self.planner;
-        if p.step_timeout_ms == 0 || p.run_timeout_ms == 0 || p.first_byte_timeout_ms == 0 {
-            bail!("planner: step, run and first-byte timeouts must be above 0");
-        }
+        self.planner.check()?;
         if let Some(endpoint) = &self.telemetry.otlp_endpoint {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
                 bail!(
@@ -851,15 +639,7 @@ impl Config {
             }
         }
         if let Some(w) = &self.worker_tls {
-            if w.cert_file.is_some() != w.key_file.is_some() {
-                bail!("worker_tls: cert_file and key_file go together");
-            }
-            if w.server_name
-                .as_deref()
-                .is_some_and(|n| n.trim().is_empty())
-            {
-                bail!("worker_tls.server_name must not be empty");
-            }
+            w.check()?;
         }
         if self.store.redis_cluster && self.store.redis_url.is_none() {
             bail!("store.redis_cluster = true needs store.redis_url (the cluster's seed nodes)");
@@ -874,193 +654,5 @@ fn parse_bool(v: &str) -> anyhow::Result<bool> {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" | "" => Ok(false),
         other => bail!("expected true or false, got '{other}'"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn minimal_config_gets_defaults_and_env_overrides() {
-        let mut c: Config = toml::from_str("[models.base]\nworkers = [\"127.0.0.1:1\"]\n").unwrap();
-        assert_eq!(c.listen, "127.0.0.1:8080");
-        assert!(c.store.redis_url.is_none());
-        c.apply_env(|k| (k == "GATEWAY_REDIS_URL").then(|| "redis://127.0.0.1/".to_string()))
-            .unwrap();
-        assert_eq!(c.store.redis_url.as_deref(), Some("redis://127.0.0.1/"));
-        assert!(c.check().is_ok());
-        assert!(!c.store.redis_cluster);
-        c.apply_env(|k| (k == "GATEWAY_REDIS_CLUSTER").then(|| "true".to_string()))
-            .unwrap();
-        assert!(c.store.redis_cluster);
-        assert!(c
-            .apply_env(|k| (k == "GATEWAY_REDIS_CLUSTER").then(|| "maybe".to_string()))
-            .is_err());
-        let e = toml::from_str::<Config>(
-            "[store]\nredis_cluster = true\n[models.base]\nworkers = []\n",
-        )
-        .unwrap()
-        .check()
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("needs store.redis_url"), "{e}");
-        c.admin_listen = c.listen.clone();
-        let e = c.check().unwrap_err().to_string();
-        assert!(e.contains("must differ"), "{e}");
-    }
-
-    #[test]
-    fn telemetry_defaults_file_and_env() {
-        let mut c: Config = toml::from_str("[models.base]\nworkers = []\n").unwrap();
-        assert_eq!(c.telemetry.otlp_endpoint, None);
-        assert_eq!(c.telemetry.service_name, "gateway");
-        let mut c2: Config = toml::from_str(
-            "[telemetry]\notlp_endpoint = \"http://collector:4317\"\n[models.base]\nworkers = []\n",
-        )
-        .unwrap();
-        assert_eq!(
-            c2.telemetry.otlp_endpoint.as_deref(),
-            Some("http://collector:4317")
-        );
-        assert!(c2.check().is_ok());
-        // The env var overrides the file; empty turns export off.
-        c2.apply_env(|k| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(String::new))
-            .unwrap();
-        assert_eq!(c2.telemetry.otlp_endpoint, None);
-        c.apply_env(|k| match k {
-            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://10.0.0.1:4317".into()),
-            "OTEL_SERVICE_NAME" => Some("gw-eu".into()),
-            _ => None,
-        })
-        .unwrap();
-        assert_eq!(
-            c.telemetry.otlp_endpoint.as_deref(),
-            Some("http://10.0.0.1:4317")
-        );
-        assert_eq!(c.telemetry.service_name, "gw-eu");
-        c.telemetry.otlp_endpoint = Some("collector:4317".into());
-        assert!(c.check().is_err());
-    }
-
-    #[test]
-    fn planner_agents_are_checked() {
-        let base = "[models.base]\nworkers = []\n";
-        let ok: Config = toml::from_str(&format!(
-            "[planner]\nrun_timeout_ms = 5000\n[[planner.agents]]\nid = \"weather\"\nurl = \"https://w.example\"\n{base}"
-        ))
-        .unwrap();
-        assert!(ok.check().is_ok());
-        assert_eq!(ok.planner.run_timeout_ms, 5000);
-        assert_eq!(ok.planner.hedge_after_ms, 15_000, "defaults fill the rest");
-        for bad in [
-            "id = \"has space\"\nurl = \"https://w\"",
-            "id = \"w\"\nurl = \"ftp://w\"",
-            "id = \"w\"\nurl = \"https://w\"\nauth_header = \"authorization\"",
-        ] {
-            let c: Config = toml::from_str(&format!("[[planner.agents]]\n{bad}\n{base}")).unwrap();
-            assert!(c.check().is_err(), "{bad}");
-        }
-        assert!(toml::from_str::<Config>(&format!("[planner]\nbogus = 1\n{base}")).is_err());
-        let allowed: Config = toml::from_str(&format!(
-            "[planner]\nallowed_networks = [\"10.0.0.0/8\", \"*.svc.cluster.local\"]\n{base}"
-        ))
-        .unwrap();
-        assert!(allowed.check().is_ok());
-    }
-
-    #[test]
-    fn added_models_need_a_window_and_prices_and_a_good_name() {
-        let c: Config = toml::from_str(
-            "[models.llama-70b]\nworkers = []\ncontext_window = 8192\ninput_price = 0.6\noutput_price = 0.8\nimage_input = true\ndescription = \"Llama 3.3 70B\"\n[models.base]\nworkers = []\n",
-        )
-        .unwrap();
-        c.check().unwrap();
-        let added = c.added_models().unwrap();
-        assert_eq!(added.len(), 1);
-        let l = &added[0];
-        assert_eq!((l.id.as_str(), l.context_window), ("llama-70b", 8192));
-        assert!((l.price.cached_input - 0.06).abs() < 1e-12, "10 % of input");
-        assert!(l.image_input && !l.reasoning_budget);
-        let catalog = c.catalog().unwrap();
-        assert_eq!(catalog.models().len(), 4);
-        assert_eq!(
-            catalog.find("llama-70b").unwrap().description,
-            "Llama 3.3 70B"
-        );
-        let refused = |toml: &str| {
-            toml::from_str::<Config>(toml)
-                .unwrap()
-                .check()
-                .unwrap_err()
-                .to_string()
-        };
-        let e =
-            refused("[models.llama-70b]\nworkers = []\ninput_price = 1.0\noutput_price = 1.0\n");
-        assert!(
-            e.contains("models.llama-70b: context_window is required"),
-            "{e}"
-        );
-        let e =
-            refused("[models.llama-70b]\nworkers = []\ncontext_window = 8192\ninput_price = 1.0\n");
-        assert!(e.contains("output_price"), "{e}");
-        let e = refused("[models.x]\nworkers = []\ncontext_window = 8\ninput_price = -1.0\noutput_price = 1.0\n");
-        assert!(
-            e.contains("input_price must be a number of at least 0"),
-            "{e}"
-        );
-        let e = refused("[models.Llama]\nworkers = []\ncontext_window = 8192\ninput_price = 1.0\noutput_price = 1.0\n");
-        assert!(e.contains("'Llama'") && e.contains("a-z 0-9"), "{e}");
-        let e = refused("[models.base]\nworkers = []\ncontext_window = 8192\n");
-        assert!(e.contains("are the spec's for base"), "{e}");
-        let e = refused(&format!(
-            "[[keys]]\nsha256 = \"{}\"\nmodels = [\"llama-8b\"]\n[models.base]\nworkers = []\n",
-            "0".repeat(64)
-        ));
-        assert!(e.contains("keys[].models names 'llama-8b'"), "{e}");
-        let e = refused("[models.gpt]\nworkers = []\n");
-        assert!(
-            e.contains("does not offer") && e.contains("context_window"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn tls_sections_parse_and_worker_client_files_go_together() {
-        let base = "[models.base]\nworkers = []\n";
-        let c: Config = toml::from_str(&format!(
-            "[tls]\ncert_file = \"/s/tls.crt\"\nkey_file = \"/s/tls.key\"\n\
-             [worker_tls]\nca_file = \"/w/ca.crt\"\ncert_file = \"/w/c.crt\"\n\
-             key_file = \"/w/c.key\"\nserver_name = \"worker.ns.svc\"\n{base}"
-        ))
-        .unwrap();
-        assert!(c.check().is_ok());
-        assert_eq!(c.tls.unwrap().key_file, Path::new("/s/tls.key"));
-        assert_eq!(
-            c.worker_tls.unwrap().server_name.as_deref(),
-            Some("worker.ns.svc")
-        );
-        let plain: Config = toml::from_str(base).unwrap();
-        assert!(plain.tls.is_none() && plain.worker_tls.is_none());
-        let half: Config = toml::from_str(&format!(
-            "[worker_tls]\nca_file = \"/w/ca.crt\"\ncert_file = \"/w/c.crt\"\n{base}"
-        ))
-        .unwrap();
-        let e = half.check().unwrap_err().to_string();
-        assert!(e.contains("go together"), "{e}");
-        assert!(toml::from_str::<Config>(&format!("[tls]\ncert_file = \"x\"\n{base}")).is_err());
-        assert!(toml::from_str::<Config>(&format!(
-            "[tls]\ncert_file = \"x\"\nkey_file = \"y\"\nca = 1\n{base}"
-        ))
-        .is_err());
-    }
-
-    #[test]
-    fn unknown_model_and_bad_hash_are_rejected() {
-        let c: Config = toml::from_str("[models.gpt]\nworkers = []\n").unwrap();
-        assert!(c.check().is_err());
-        let c: Config =
-            toml::from_str("[[keys]]\nsha256 = \"abc\"\n[models.base]\nworkers = []\n").unwrap();
-        assert!(c.check().is_err());
     }
 }

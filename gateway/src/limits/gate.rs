@@ -1,0 +1,138 @@
+//! Admission: [`Limiter::admit_request`], the gate the request path
+//! calls. The local stage first ([`super::local`]), then the global count
+//! (a [`super::store::LimitStore`]); an admitted request leaves with a
+//! [`Reservation`], a refused one with a [`Refusal`], and both with the
+//! `x-ratelimit-*` headers ([`super::headers`]).
+
+use super::headers;
+use super::limiter::Limiter;
+use super::refusal::{RateLimited, Refusal};
+use super::reservation::Reservation;
+use super::store::{Admission, AdmitRequest, Holder, Verdict};
+use crate::accounts::Account;
+use crate::catalog::ModelSpec;
+use crate::metrics::LimitStage;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Output tokens reserved when neither the request nor the plan says.
+pub const FALLBACK_MAX_TOKENS: u32 = 4096;
+
+impl Limiter {
+    /// Admits a request of `account` to `model` or refuses it: 429
+    /// `rate_limit_exceeded` (with `retry-after`), 402 over budget, or 503
+    /// when Redis is down under `fail_closed`. Returns the `x-ratelimit-*`
+    /// headers either way, for every later response to carry.
+    /// `input_estimate` is the prompt's token estimate
+    /// ([`estimate_input_tokens`]); `max_tokens` 0 means the request set none.
+    pub async fn admit_request(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        model: &'static ModelSpec,
+        request_id: String,
+        input_estimate: u64,
+        max_tokens: u32,
+    ) -> (Result<Reservation, Refusal>, Vec<(&'static str, String)>) {
+        let plan = account.plan;
+        let output_allowance = match (max_tokens, plan.default_max_tokens) {
+            (0, 0) => FALLBACK_MAX_TOKENS,
+            (0, d) => d,
+            (m, _) => m,
+        };
+        let tokens = input_estimate + u64::from(output_allowance);
+        let org = &account.principal.org;
+
+        // Stage 1: this process.
+        let local = self.local.entry(org, model.id, &plan);
+        if let Err(refusal) = local.check(&plan, self.now_ms()) {
+            count_decision(model, LimitStage::Local, refusal.verdict);
+            let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
+            return (Err(refusal.into_refusal(tokens, &plan)), headers);
+        }
+
+        // Stage 2: the global count (nothing to count for an unlimited plan
+        // without a budget: no round trip).
+        let req = AdmitRequest {
+            org,
+            model: model.id,
+            request_id: &request_id,
+            tokens,
+            plan,
+            budget_nano: account.org.budget_nano,
+            slot_lease_ms: self.slots.lease_ms(),
+            renew_every_ms: self.slots.renew_every_ms(),
+        };
+        let asked = if plan.is_unlimited() && req.budget_nano.is_none() {
+            let holder = if self.global.is_some() {
+                Holder::Global
+            } else {
+                Holder::Memory
+            };
+            Ok((Admission::unlimited(), holder))
+        } else {
+            self.ask_store(&req).await
+        };
+        let (admission, holder) = match asked {
+            Ok(a) => a,
+            Err(e) => {
+                local.release();
+                return (Err(e), Vec::new());
+            }
+        };
+        count_decision(model, holder.stage(), admission.verdict);
+        if admission.verdict == Verdict::Requests {
+            local.requests_full_for(self.now_ms(), admission.retry_after_ms);
+        }
+        let headers = headers::rate_limit_headers(&plan, &admission);
+        let result = match admission.verdict {
+            Verdict::Admitted => Ok(Reservation {
+                limiter: self.clone(),
+                account: account.clone(),
+                model,
+                // Only a plan with a concurrency limit takes a slot.
+                slot: (plan.max_concurrent > 0).then(|| {
+                    self.live.hold(
+                        org,
+                        model.id,
+                        &request_id,
+                        holder,
+                        Instant::now() + self.slots.max_hold,
+                    )
+                }),
+                request_id,
+                input_estimate,
+                reserved_tokens: if plan.tpm > 0 { tokens } else { 0 },
+                holder,
+                local,
+                output_seen: 0,
+                started: false,
+                done: false,
+            }),
+            verdict => {
+                local.release();
+                Err(match verdict {
+                    Verdict::OverBudget => Refusal::OverBudget,
+                    _ => Refusal::RateLimited(RateLimited::new(
+                        verdict,
+                        tokens,
+                        &plan,
+                        admission.retry_after_ms,
+                    )),
+                })
+            }
+        };
+        (result, headers)
+    }
+}
+
+fn count_decision(model: &ModelSpec, stage: LimitStage, verdict: Verdict) {
+    if let Some(series) = crate::metrics::model_series(model.id) {
+        series.limiter_decision(stage, verdict.decision()).inc();
+    }
+}
+
+/// A cheap upper-side estimate of a prompt's tokens from its JSON body:
+/// about four bytes per token. Settling corrects it to the real count.
+pub fn estimate_input_tokens(body_len: usize) -> u64 {
+    (body_len as u64).div_ceil(4).max(1)
+}
