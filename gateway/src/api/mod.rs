@@ -4,6 +4,7 @@
 
 pub mod bounds;
 pub mod chat;
+pub mod compaction;
 pub mod event_log;
 pub mod models;
 pub mod responses;

@@ -96,7 +96,7 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     output.push(InputItem {
         kind: Some("compaction".into()),
         id: Some(new_id("cmp_")),
-        encrypted_content: Some(compaction::seal(&summary)),
+        encrypted_content: Some(crate::api::compaction::seal(&summary)),
         ..Default::default()
     });
     let compacted = CompactedConversation {

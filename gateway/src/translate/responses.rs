@@ -147,7 +147,7 @@ pub fn to_worker(
                 if let Some(summary) = item
                     .encrypted_content
                     .as_deref()
-                    .and_then(super::compaction::open)
+                    .and_then(crate::api::compaction::open)
                 {
                     let text = super::compaction::as_message_text(&summary);
                     messages.push(message("user", vec![text_part(text)]));

@@ -357,7 +357,7 @@ fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
             let content = item.encrypted_content.as_deref().ok_or_else(|| {
                 ApiError::missing_parameter(format!("input.{i}.encrypted_content"))
             })?;
-            match crate::translate::compaction::open(content) {
+            match crate::api::compaction::open(content) {
                 Some(_) => Ok(()),
                 None => Err(ApiError::invalid_value(
                     format!("input.{i}.encrypted_content"),
