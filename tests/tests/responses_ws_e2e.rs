@@ -97,17 +97,27 @@ async fn sequential_turns_on_one_connection_stream_their_events_in_order() {
         ids.dedup();
         assert_eq!(ids.len(), 3, "a new response each turn: {ids:?}");
 
-        // Each response counts as a request of its own, as POST's do.
-        let (_, metrics) = stack.gateway.admin_get("/metrics").await.unwrap();
-        let created = metrics
-            .lines()
-            .find(|l| {
-                l.starts_with("gateway_requests_total")
-                    && l.contains("route=\"responses.create\"")
-                    && l.contains("status=\"200\"")
-            })
-            .unwrap_or_else(|| panic!("per-response metrics:\n{metrics}"));
-        assert!(created.ends_with(" 3"), "{created}");
+        // Each response counts as a request of its own, as POST's do (once
+        // its last event is out: polled).
+        let counted = |metrics: &str| {
+            metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with("gateway_requests_total")
+                        && l.contains("route=\"responses.create\"")
+                        && l.contains("status=\"200\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        };
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let metrics = loop {
+            let (_, metrics) = stack.gateway.admin_get("/metrics").await.unwrap();
+            if counted(&metrics) == Some(3) || Instant::now() > deadline {
+                break metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(counted(&metrics), Some(3), "per-response metrics:\n{metrics}");
         assert!(
             metrics.contains("gateway_websocket_connections 1"),
             "{metrics}"
