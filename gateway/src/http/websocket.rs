@@ -371,40 +371,36 @@ mod tests {
         assert_eq!(pipe.output, b"xy");
     }
 
-    /// Frames a client would send (masked), through the server's protocol
-    /// layer as `recv` drives it: a fragmented text message reassembled, a
-    /// ping answered with a pong, a close answered.
+    /// Frames a client would send (masked: a client-role context writes
+    /// them), through the server's protocol layer as `recv` drives it: a
+    /// fragmented text message reassembled, a ping answered with a pong, a
+    /// close answered.
     #[test]
     fn the_protocol_layer_over_the_pipe() {
-        use tungstenite::protocol::frame::{Frame, FrameHeader};
-        let mut client = Vec::new();
-        let mut frame = |f: Frame| {
-            let mut f = f;
-            f.header_mut().set_random_mask();
-            f.format(&mut client).unwrap();
-        };
-        let mut first = Frame::message(
-            Bytes::from_static(b"{\"type\":"),
-            tungstenite::protocol::frame::coding::OpCode::Data(
-                tungstenite::protocol::frame::coding::Data::Text,
-            ),
-            false,
-        );
-        let _: &mut FrameHeader = first.header_mut();
-        frame(first);
-        frame(Frame::ping(Bytes::from_static(b"hi")));
-        frame(Frame::message(
-            Bytes::from_static(b"\"x\"}"),
-            tungstenite::protocol::frame::coding::OpCode::Data(
-                tungstenite::protocol::frame::coding::Data::Continue,
-            ),
-            true,
-        ));
-        frame(Frame::close(None));
+        use tungstenite::protocol::frame::coding::{Data, OpCode};
+        use tungstenite::protocol::frame::Frame;
+        let mut client = WebSocketContext::new(Role::Client, None);
+        let mut wire = Pipe::default();
+        for message in [
+            Message::Frame(Frame::message(
+                Bytes::from_static(b"{\"type\":"),
+                OpCode::Data(Data::Text),
+                false,
+            )),
+            Message::Ping(Bytes::from_static(b"hi")),
+            Message::Frame(Frame::message(
+                Bytes::from_static(b"\"x\"}"),
+                OpCode::Data(Data::Continue),
+                true,
+            )),
+        ] {
+            client.write(&mut wire, message).unwrap();
+        }
+        client.close(&mut wire, None).unwrap();
 
         let mut ws = WebSocketContext::new(Role::Server, None);
         let mut pipe = Pipe::default();
-        pipe.input.extend_from_slice(&client);
+        pipe.input.extend_from_slice(&wire.output);
         // The ping between the fragments comes first, and is answered.
         assert!(matches!(ws.read(&mut pipe).unwrap(), Message::Ping(_)));
         ws.flush(&mut pipe).unwrap();
