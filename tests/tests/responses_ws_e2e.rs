@@ -48,7 +48,9 @@ fn check_events(events: &[Value]) -> Value {
         .count();
     assert_eq!(terminal, 1, "{events:?}");
     let id = &events[0]["response"]["id"];
-    assert!(events.iter().all(|e| e.get("response").is_none_or(|r| &r["id"] == id)));
+    assert!(events
+        .iter()
+        .all(|e| e.get("response").is_none_or(|r| &r["id"] == id)));
     last["response"].clone()
 }
 
@@ -59,7 +61,12 @@ fn assert_error_event(events: &[Value], status: u16, code: &str) -> Value {
     assert_eq!(e["type"], "error", "{e}");
     assert_eq!(e["status"], status, "{e}");
     assert_eq!(e["error"]["code"], code, "{e}");
-    assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{e}"
+    );
     e.clone()
 }
 
@@ -117,7 +124,11 @@ async fn sequential_turns_on_one_connection_stream_their_events_in_order() {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        assert_eq!(counted(&metrics), Some(3), "per-response metrics:\n{metrics}");
+        assert_eq!(
+            counted(&metrics),
+            Some(3),
+            "per-response metrics:\n{metrics}"
+        );
         assert!(
             metrics.contains("gateway_websocket_connections 1"),
             "{metrics}"
@@ -169,7 +180,10 @@ async fn store_false_chains_from_the_connection_and_never_reaches_the_store() {
             .find(first_text.trim())
             .unwrap_or_else(|| panic!("the first output reached the worker: {seen}"));
         let new_input = seen.find("what did I say").expect("the new input");
-        assert!(first_input < first_output && first_output < new_input, "{seen}");
+        assert!(
+            first_input < first_output && first_output < new_input,
+            "{seen}"
+        );
 
         // And a third turn chains to the second (the latest is kept).
         let third = check_events(
@@ -250,7 +264,11 @@ async fn a_warm_up_without_generation_can_be_chained_from() {
         let names: Vec<&str> = warm.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["response.created", "response.in_progress", "response.completed"]
+            [
+                "response.created",
+                "response.in_progress",
+                "response.completed"
+            ]
         );
         let warm = check_events(&warm);
         assert_eq!(warm["output"], json!([]));
@@ -307,14 +325,20 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
         ws.send_text("{not json").await.unwrap();
         assert_error_event(&ws.reply().await.unwrap(), 400, "invalid_json");
 
-        ws.send_json(&json!({"type": "response.cancel"})).await.unwrap();
+        ws.send_json(&json!({"type": "response.cancel"}))
+            .await
+            .unwrap();
         let e = assert_error_event(&ws.reply().await.unwrap(), 400, "invalid_value");
         assert_eq!(e["error"]["param"], "type");
 
         ws.send_json(&json!({"model": "base", "input": "x"}))
             .await
             .unwrap();
-        let e = assert_error_event(&ws.reply().await.unwrap(), 400, "missing_required_parameter");
+        let e = assert_error_event(
+            &ws.reply().await.unwrap(),
+            400,
+            "missing_required_parameter",
+        );
         assert_eq!(e["error"]["param"], "type");
 
         let events = ws
@@ -345,10 +369,7 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
         let e = assert_error_event(&events, 400, "unsupported_value");
         assert_eq!(e["error"]["param"], "background");
 
-        ws.ws
-            .send(Message::binary(vec![1u8, 2, 3]))
-            .await
-            .unwrap();
+        ws.ws.send(Message::binary(vec![1u8, 2, 3])).await.unwrap();
         assert_error_event(&ws.reply().await.unwrap(), 400, "invalid_message");
 
         // Codex's acknowledgement of a response is taken without a reply:
@@ -357,7 +378,9 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
             .await
             .unwrap();
         let ok = ws
-            .create(&json!({"model": "base", "input": "fine synthetic:reply_tokens=3", "store": false}))
+            .create(
+                &json!({"model": "base", "input": "fine synthetic:reply_tokens=3", "store": false}),
+            )
             .await
             .unwrap();
         check_events(&ok);
@@ -438,10 +461,7 @@ async fn the_key_is_checked_before_the_upgrade() {
             .await
             .unwrap();
         assert_eq!(other_version.status(), 426);
-        assert_eq!(
-            other_version.headers()["sec-websocket-version"],
-            "13"
-        );
+        assert_eq!(other_version.headers()["sec-websocket-version"], "13");
     })
     .await;
 }
@@ -479,7 +499,10 @@ async fn closing_the_socket_mid_response_cancels_the_generation() {
                 .wait_counters(Duration::from_secs(3), |c| c.cancelled > before.cancelled)
                 .await
                 .unwrap();
-            assert!(c.cancelled > before.cancelled, "{how}: cancelled on the worker: {c:?}");
+            assert!(
+                c.cancelled > before.cancelled,
+                "{how}: cancelled on the worker: {c:?}"
+            );
             assert!(
                 left.elapsed() < Duration::from_secs(2),
                 "{how}: freed quickly: {:?}",
@@ -534,7 +557,10 @@ async fn pings_keep_the_connection_and_the_idle_timeout_ends_it() {
         let mut ws = connect(&stack).await;
         let opened = Instant::now();
         // The client's ping is answered.
-        ws.ws.send(Message::Ping(b"hi".to_vec().into())).await.unwrap();
+        ws.ws
+            .send(Message::Ping(b"hi".to_vec().into()))
+            .await
+            .unwrap();
         let pong = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
                 match ws.ws.next().await {
@@ -681,7 +707,10 @@ async fn a_codex_shaped_create_is_served() {
             .await
             .unwrap();
         let response = check_events(&events);
-        assert_eq!(response["prompt_cache_key"], "0199a213-81c0-7800-8aa1-bbab2a035a53");
+        assert_eq!(
+            response["prompt_cache_key"],
+            "0199a213-81c0-7800-8aa1-bbab2a035a53"
+        );
     })
     .await;
 }

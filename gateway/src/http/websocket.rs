@@ -103,7 +103,10 @@ impl Handshake {
         if ex.session.req_header().version != http::Version::HTTP_11 || ex.session.is_http2() {
             return Err(bad("A WebSocket upgrade needs HTTP/1.1."));
         }
-        if !ex.header("connection").is_some_and(|v| has_token(v, "upgrade")) {
+        if !ex
+            .header("connection")
+            .is_some_and(|v| has_token(v, "upgrade"))
+        {
             return Err(bad("A WebSocket upgrade needs 'Connection: Upgrade'."));
         }
         if !Self::requested(ex) {
@@ -404,7 +407,11 @@ mod tests {
         // The ping between the fragments comes first, and is answered.
         assert!(matches!(ws.read(&mut pipe).unwrap(), Message::Ping(_)));
         ws.flush(&mut pipe).unwrap();
-        assert_eq!(&pipe.output[..4], &[0x8a, 2, b'h', b'i'], "an unmasked pong");
+        assert_eq!(
+            &pipe.output[..4],
+            &[0x8a, 2, b'h', b'i'],
+            "an unmasked pong"
+        );
         match ws.read(&mut pipe).unwrap() {
             Message::Text(t) => assert_eq!(t.as_str(), "{\"type\":\"x\"}"),
             other => panic!("{other:?}"),

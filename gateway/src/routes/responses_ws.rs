@@ -115,14 +115,12 @@ impl ClientEvent {
         match head.kind.as_deref() {
             Some("response.create") => {}
             Some("response.processed") => return Ok(ClientEvent::Processed),
-            Some(other) => {
-                return Err(ApiError::invalid_value(
-                    "type",
-                    format!(
-                        "Unknown client event type '{other}'; this connection takes 'response.create'."
-                    ),
-                ))
-            }
+            Some(other) => return Err(ApiError::invalid_value(
+                "type",
+                format!(
+                    "Unknown client event type '{other}'; this connection takes 'response.create'."
+                ),
+            )),
             None => return Err(ApiError::missing_parameter("type")),
         }
         let members: Members = serde_json::from_str(text)
@@ -647,7 +645,10 @@ mod tests {
         let e = ClientEvent::parse("{not json").unwrap_err();
         assert_eq!((e.status, e.code.as_ref()), (400, "invalid_json"));
         let e = ClientEvent::parse(r#"{"type":"response.cancel"}"#).unwrap_err();
-        assert_eq!((e.code.as_ref(), e.param.as_deref()), ("invalid_value", Some("type")));
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("type"))
+        );
         let e = ClientEvent::parse(r#"{"model":"base"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("type"));
         let e = ClientEvent::parse(r#"[1]"#).unwrap_err();
