@@ -628,8 +628,10 @@ async fn a_message_over_the_body_limit_closes_with_1009() {
 #[tokio::test]
 async fn sigterm_lets_the_running_response_finish_then_closes_with_1001() {
     bounded(60, async {
-        let mut gw = harness::GatewayOpts::default();
-        gw.grace_period_seconds = Some(10);
+        let gw = harness::GatewayOpts {
+            grace_period_seconds: Some(10),
+            ..Default::default()
+        };
         let stack = Stack::builder()
             .models(&["base"])
             .gateway_opts(gw)
