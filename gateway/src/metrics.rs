@@ -561,6 +561,23 @@ fn push_model(models: &mut Vec<&'static ModelSeries>, model: &'static str) {
 }
 
 /// Gives a catalogue model its series (once per id; later calls are no-ops).
+/// Counts one open thing (a stream, a WebSocket) on a gauge while it
+/// lives, so a dropped reply future cannot leave the gauge high.
+pub struct GaugeGuard(&'static IntGauge);
+
+impl GaugeGuard {
+    pub fn new(gauge: &'static IntGauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Counts one request and observes its duration: by the listener for each
 /// HTTP request, and for each response of a WebSocket connection.
 pub fn record_request(

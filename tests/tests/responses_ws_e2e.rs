@@ -18,6 +18,19 @@ async fn bounded<F: Future<Output = ()>>(secs: u64, test: F) {
         .expect("the test finished in time");
 }
 
+/// A one-worker `base` stack and a connection to it.
+async fn open() -> (Stack, WsClient) {
+    let stack = Stack::single(WorkerOpts::default());
+    let ws = connect(&stack).await;
+    (stack, ws)
+}
+
+/// Runs one response to its end; returns its final object, its events
+/// checked ([`check_events`]).
+async fn turn(ws: &mut WsClient, body: Value) -> Value {
+    check_events(&ws.create(&body).await.expect("a reply"))
+}
+
 async fn connect(stack: &Stack) -> WsClient {
     websocket::connect(&stack.gateway.base_url(), stack.gateway.api_key())
         .await
@@ -77,8 +90,7 @@ fn text_of(response: &Value) -> String {
 #[tokio::test]
 async fn sequential_turns_on_one_connection_stream_their_events_in_order() {
     bounded(60, async {
-        let stack = Stack::single(WorkerOpts::default());
-        let mut ws = connect(&stack).await;
+        let (stack, mut ws) = open().await;
         let mut ids = Vec::new();
         for turn in 0..3 {
             let events = ws
@@ -118,7 +130,11 @@ async fn sequential_turns_on_one_connection_stream_their_events_in_order() {
         };
         let deadline = Instant::now() + Duration::from_secs(3);
         let metrics = loop {
-            let (_, metrics) = stack.gateway.admin_get("/metrics").await.unwrap();
+            // A scrape that fails under load is tried again.
+            let metrics = match stack.gateway.admin_get("/metrics").await {
+                Ok((_, metrics)) => metrics,
+                Err(e) => format!("{e}"),
+            };
             if counted(&metrics) == Some(3) || Instant::now() > deadline {
                 break metrics;
             }
@@ -143,32 +159,32 @@ async fn store_false_chains_from_the_connection_and_never_reaches_the_store() {
         let stack = Stack::single(WorkerOpts::default());
         let client = stack.client();
         let mut ws = connect(&stack).await;
-        let first = check_events(
-            &ws.create(&json!({
+        let first = turn(
+            &mut ws,
+            json!({
                 "model": "base",
                 "instructions": "be brief",
                 "input": "remember the apples synthetic:reply_tokens=4",
                 "store": false,
-            }))
-            .await
-            .unwrap(),
-        );
+            }),
+        )
+        .await;
         let first_id = first["id"].as_str().unwrap().to_owned();
         let first_text = text_of(&first);
         assert!(!first_text.is_empty());
 
         // Only the new input, chained to the first response.
-        let second = check_events(
-            &ws.create(&json!({
+        let second = turn(
+            &mut ws,
+            json!({
                 "model": "base",
                 "instructions": "be brief",
                 "previous_response_id": first_id,
                 "input": [{"role": "user", "content": "what did I say? synthetic:echo_messages"}],
                 "store": false,
-            }))
-            .await
-            .unwrap(),
-        );
+            }),
+        )
+        .await;
         assert_eq!(second["previous_response_id"], first_id.as_str());
         // The worker received the whole conversation: the first input, the
         // first output, then the new input.
@@ -186,16 +202,16 @@ async fn store_false_chains_from_the_connection_and_never_reaches_the_store() {
         );
 
         // And a third turn chains to the second (the latest is kept).
-        let third = check_events(
-            &ws.create(&json!({
+        let third = turn(
+            &mut ws,
+            json!({
                 "model": "base",
                 "previous_response_id": second["id"],
                 "input": "and now? synthetic:echo_messages",
                 "store": false,
-            }))
-            .await
-            .unwrap(),
-        );
+            }),
+        )
+        .await;
         assert!(text_of(&third).contains("remember the apples"), "{third}");
 
         // Never stored: the store does not know the ids, on any path.
@@ -225,15 +241,15 @@ async fn a_stored_response_chains_across_transports() {
         )
         .await;
         let mut ws = connect(&stack).await;
-        let over_ws = check_events(
-            &ws.create(&json!({
+        let over_ws = turn(
+            &mut ws,
+            json!({
                 "model": "base",
                 "previous_response_id": posted["id"],
                 "input": "echo synthetic:echo_messages",
-            }))
-            .await
-            .unwrap(),
-        );
+            }),
+        )
+        .await;
         assert!(text_of(&over_ws).contains("the pears"), "{over_ws}");
         // `store` defaults to true: this one is stored too, and retrievable.
         let id = over_ws["id"].as_str().unwrap();
@@ -274,17 +290,17 @@ async fn a_warm_up_without_generation_can_be_chained_from() {
         assert_eq!(warm["output"], json!([]));
         let after = stack.worker("base").counters().await.unwrap();
         assert_eq!(after.started, before.started, "no worker call");
-        let next = check_events(
-            &ws.create(&json!({
+        let next = turn(
+            &mut ws,
+            json!({
                 "model": "base",
                 "instructions": "you are terse",
                 "previous_response_id": warm["id"],
                 "input": "go synthetic:echo_messages",
                 "store": false,
-            }))
-            .await
-            .unwrap(),
-        );
+            }),
+        )
+        .await;
         assert!(text_of(&next).contains("the plums"), "{next}");
     })
     .await;
@@ -293,8 +309,7 @@ async fn a_warm_up_without_generation_can_be_chained_from() {
 #[tokio::test]
 async fn an_unknown_previous_response_is_an_error_event_and_the_connection_goes_on() {
     bounded(60, async {
-        let stack = Stack::single(WorkerOpts::default());
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) = open().await;
         let events = ws
             .create(&json!({
                 "model": "base",
@@ -319,8 +334,7 @@ async fn an_unknown_previous_response_is_an_error_event_and_the_connection_goes_
 #[tokio::test]
 async fn bad_messages_get_error_events_and_the_connection_stays_open() {
     bounded(60, async {
-        let stack = Stack::single(WorkerOpts::default());
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) = open().await;
 
         ws.send_text("{not json").await.unwrap();
         assert_error_event(&ws.reply().await.unwrap(), 400, "invalid_json");
@@ -391,8 +405,7 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
 #[tokio::test]
 async fn one_response_at_a_time_a_second_create_meanwhile_is_a_409() {
     bounded(60, async {
-        let stack = Stack::single(WorkerOpts::default());
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) = open().await;
         let mut slow = json!({
             "type": "response.create",
             "model": "base",
@@ -685,8 +698,7 @@ async fn sigterm_lets_the_running_response_finish_then_closes_with_1001() {
 #[tokio::test]
 async fn a_codex_shaped_create_is_served() {
     bounded(60, async {
-        let stack = Stack::single(WorkerOpts::default());
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) = open().await;
         let events = ws
             .create(&json!({
                 "model": "base",

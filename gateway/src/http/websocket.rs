@@ -22,7 +22,7 @@
 use super::exchange::Exchange;
 use super::ClientGone;
 use crate::error::ApiError;
-use crate::metrics::METRICS;
+use crate::metrics::{GaugeGuard, METRICS};
 use bytes::{Bytes, BytesMut};
 use std::io::{self, Read, Write};
 use std::time::Duration;
@@ -169,23 +169,6 @@ impl Write for Pipe {
     }
 }
 
-/// Counts an open WebSocket (the `gateway_websocket_connections` gauge)
-/// while it lives.
-struct OpenSocket;
-
-impl OpenSocket {
-    fn new() -> Self {
-        METRICS.websocket_connections.inc();
-        OpenSocket
-    }
-}
-
-impl Drop for OpenSocket {
-    fn drop(&mut self) {
-        METRICS.websocket_connections.dec();
-    }
-}
-
 /// A WebSocket on an upgraded exchange (server role).
 pub struct WebSocket<'a> {
     ex: &'a mut Exchange,
@@ -195,7 +178,8 @@ pub struct WebSocket<'a> {
     closed: Option<Close>,
     /// How the client broke the protocol, once it did.
     broken: Option<Close>,
-    _open: OpenSocket,
+    /// The `gateway_websocket_connections` gauge, counted while it lives.
+    _open: GaugeGuard,
 }
 
 impl<'a> WebSocket<'a> {
@@ -234,7 +218,7 @@ impl<'a> WebSocket<'a> {
             pipe: Pipe::default(),
             closed: None,
             broken: None,
-            _open: OpenSocket::new(),
+            _open: GaugeGuard::new(&METRICS.websocket_connections),
         })
     }
 

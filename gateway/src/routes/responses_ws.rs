@@ -115,12 +115,14 @@ impl ClientEvent {
         match head.kind.as_deref() {
             Some("response.create") => {}
             Some("response.processed") => return Ok(ClientEvent::Processed),
-            Some(other) => return Err(ApiError::invalid_value(
-                "type",
-                format!(
+            Some(other) => {
+                return Err(ApiError::invalid_value(
+                    "type",
+                    format!(
                     "Unknown client event type '{other}'; this connection takes 'response.create'."
                 ),
-            )),
+                ))
+            }
             None => return Err(ApiError::missing_parameter("type")),
         }
         let members: Members = serde_json::from_str(text)
@@ -442,9 +444,15 @@ impl Connection<'_, '_> {
             ws: &mut self.ws,
             encoder: ResponseEncoder::new(object, valid.format.clone()),
             frames: Vec::new(),
+            terminal: None,
+            hold_terminal: run.is_some(),
         };
         let end = generation.run(reservation, &mut events).await;
-        let mut encoder = events.encoder;
+        let WsEvents {
+            mut encoder,
+            terminal,
+            ..
+        } = events;
         let status = match end {
             End::NotStarted(e) => {
                 encoder.fail(&e, &mut Vec::new());
@@ -460,7 +468,13 @@ impl Connection<'_, '_> {
             End::Finished(_) => encoder.failure().map_or(200, |e| e.status),
             End::Failed(e) => e.status,
         };
+        // A stored response's terminal event goes out once the store holds
+        // its end: a client that retrieves it right after reads what it was
+        // told.
         responses::end_stored(app, run, &encoder).await;
+        if let Some(terminal) = terminal {
+            self.ws.queue_text(terminal);
+        }
         let mut items = context;
         items.extend(encoder.object.output.iter().map(output_as_input));
         self.last = Some(Chain {
@@ -541,12 +555,21 @@ struct WsEvents<'w, 'x> {
     ws: &'w mut WebSocket<'x>,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
+    /// The terminal event, held back (see `hold_terminal`).
+    terminal: Option<String>,
+    /// Whether the terminal event waits for the caller (a stored response:
+    /// it goes out after the store's write of the end).
+    hold_terminal: bool,
 }
 
 impl WsEvents<'_, '_> {
     fn take_frames(&mut self) {
         for f in self.frames.drain(..) {
-            self.ws.queue_text(f.data);
+            if self.hold_terminal && f.is_terminal() {
+                self.terminal = Some(f.data);
+            } else {
+                self.ws.queue_text(f.data);
+            }
         }
     }
 }
