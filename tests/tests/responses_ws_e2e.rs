@@ -20,7 +20,16 @@ async fn bounded<F: Future<Output = ()>>(secs: u64, test: F) {
 
 /// A one-worker `base` stack and a connection to it.
 async fn open() -> (Stack, WsClient) {
-    let stack = Stack::single(WorkerOpts::default());
+    open_with("").await
+}
+
+/// [`open`], the gateway's config extended with `toml`.
+async fn open_with(toml: &str) -> (Stack, WsClient) {
+    let stack = Stack::builder()
+        .models(&["base"])
+        .extra_toml(toml)
+        .start()
+        .expect("stack starts");
     let ws = connect(&stack).await;
     (stack, ws)
 }
@@ -562,12 +571,8 @@ async fn a_connection_s_turns_stay_on_one_worker() {
 #[tokio::test]
 async fn pings_keep_the_connection_and_the_idle_timeout_ends_it() {
     bounded(60, async {
-        let stack = Stack::builder()
-            .models(&["base"])
-            .extra_toml("[websocket]\nping_interval_seconds = 1\nidle_timeout_seconds = 3\n")
-            .start()
-            .expect("stack starts");
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) =
+            open_with("[websocket]\nping_interval_seconds = 1\nidle_timeout_seconds = 3\n").await;
         let opened = Instant::now();
         // The client's ping is answered.
         ws.ws
@@ -612,12 +617,7 @@ async fn pings_keep_the_connection_and_the_idle_timeout_ends_it() {
 #[tokio::test]
 async fn a_message_over_the_body_limit_closes_with_1009() {
     bounded(60, async {
-        let stack = Stack::builder()
-            .models(&["base"])
-            .extra_toml("max_body_bytes = 4096\n")
-            .start()
-            .expect("stack starts");
-        let mut ws = connect(&stack).await;
+        let (_stack, mut ws) = open_with("max_body_bytes = 4096\n").await;
         // Under the bound: a response.
         let ok = ws
             .create(&json!({"model": "base", "input": "a".repeat(2000), "store": false}))
