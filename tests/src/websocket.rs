@@ -33,6 +33,37 @@ pub async fn connect_with(
     key: Option<&str>,
     headers: &[(&'static str, &str)],
 ) -> std::result::Result<WsClient, WsError> {
+    let (ws, _) = tokio_tungstenite::connect_async(request(base_url, key, headers)?).await?;
+    Ok(WsClient { ws })
+}
+
+/// [`connect`] over a socket whose receive buffer is fixed at `bytes` (no
+/// autotuning): a client that stops reading stalls the server's writes
+/// after a few megabytes rather than tens.
+pub async fn connect_small_buffer(base_url: &str, key: &str, bytes: u32) -> Result<WsClient> {
+    let addr = base_url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .context("a base URL with a host")?;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_recv_buffer_size(bytes)?;
+    let stream = socket.connect(addr.parse()?).await?;
+    let (ws, _) = tokio_tungstenite::client_async(
+        request(base_url, Some(key), &[])?,
+        MaybeTlsStream::Plain(stream),
+    )
+    .await?;
+    Ok(WsClient { ws })
+}
+
+/// The upgrade request: the URL, `Authorization` when a key is given, and
+/// `headers`.
+fn request(
+    base_url: &str,
+    key: Option<&str>,
+    headers: &[(&'static str, &str)],
+) -> std::result::Result<tokio_tungstenite::tungstenite::handshake::client::Request, WsError> {
     let mut request = url(base_url).into_client_request()?;
     if let Some(key) = key {
         request.headers_mut().insert(
@@ -45,8 +76,7 @@ pub async fn connect_with(
             .headers_mut()
             .insert(*name, HeaderValue::from_str(value).expect("a header value"));
     }
-    let (ws, _) = tokio_tungstenite::connect_async(request).await?;
-    Ok(WsClient { ws })
+    Ok(request)
 }
 
 /// Opens a connection with `key`, as the Codex CLI does (its beta header).

@@ -728,3 +728,73 @@ async fn a_codex_shaped_create_is_served() {
     })
     .await;
 }
+
+/// Backpressure: a client that stops reading loses its connection after
+/// `write_timeout_seconds` (the gateway buffers one batch, never the
+/// response): the worker's call is cancelled and the organisation's one
+/// concurrency slot is free again.
+#[tokio::test]
+async fn a_client_that_stops_reading_loses_its_connection_after_the_write_timeout() {
+    bounded(60, async {
+        // `base-ultra` (a 1M-token window): a reply of megabytes more than
+        // the sockets buffer (the gateway's send buffer grows to 4 MiB).
+        let stack = Stack::builder()
+            .models(&["base-ultra"])
+            .extra_toml("write_timeout_seconds = 2\n[plans.default]\nmax_concurrent = 1\n")
+            .start()
+            .expect("stack starts");
+        // A receive buffer of its own (loopback autotunes one to 32 MiB).
+        let mut ws = websocket::connect_small_buffer(
+            &stack.gateway.base_url(),
+            stack.gateway.api_key(),
+            64 << 10,
+        )
+        .await
+        .unwrap();
+        let worker = stack.worker("base-ultra");
+        let before = worker.counters().await.unwrap();
+        ws.send_json(&json!({
+            "type": "response.create",
+            "model": "base-ultra",
+            "input": "Go on. synthetic:reply_tokens=600000",
+            "store": false,
+        }))
+        .await
+        .unwrap();
+        let first = ws.next_json().await.unwrap();
+        assert_eq!(first["type"], "response.created", "{first}");
+        // Read no more: the socket fills, then a write stalls.
+        let started = Instant::now();
+        let gauge = |metrics: &str| {
+            metrics
+                .lines()
+                .find(|l| l.starts_with("gateway_websocket_connections "))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        let dropped_after = loop {
+            if let Ok((_, metrics)) = stack.gateway.admin_get("/metrics").await {
+                if gauge(&metrics) == Some(0.0) {
+                    break started.elapsed();
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "never dropped");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(dropped_after >= Duration::from_secs(2), "{dropped_after:?}");
+        // Nothing runs on the worker any more (its call was dropped; a fast
+        // worker may have finished into the gRPC buffers first).
+        let load = worker.load().await.unwrap();
+        assert_eq!(load.running + load.queued, 0, "{load:?}");
+        let c = worker.counters().await.unwrap();
+        assert_eq!(c.started, before.started + 1, "{c:?}");
+        // The one concurrency slot is free: another connection is served.
+        let mut again = connect(&stack).await;
+        turn(
+            &mut again,
+            json!({"model": "base-ultra", "input": "hi synthetic:reply_tokens=2", "store": false}),
+        )
+        .await;
+        drop(ws);
+    })
+    .await;
+}
