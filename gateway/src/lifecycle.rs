@@ -18,6 +18,9 @@ pub struct Shutdown {
     in_flight: AtomicUsize,
     /// Woken when the last unit of work in flight ends.
     idle: Notify,
+    /// Woken when draining begins: long-lived connections (WebSockets)
+    /// close rather than hold the drain for its whole grace period.
+    drain_started: Notify,
 }
 
 impl Shutdown {
@@ -29,6 +32,22 @@ impl Shutdown {
 
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        self.drain_started.notify_waiters();
+    }
+
+    /// Resolves once draining has begun (at once if it already has).
+    pub async fn draining(&self) {
+        loop {
+            // Registered before the flag is read, so a start in between
+            // still wakes this waiter.
+            let woken = self.drain_started.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.is_draining() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     pub fn in_flight(&self) -> usize {
@@ -91,5 +110,23 @@ mod tests {
         drop(work);
         assert!(waiter.await.unwrap());
         assert_eq!(shutdown.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn draining_wakes_its_waiters() {
+        let shutdown = Arc::new(Shutdown::default());
+        let waiter = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.draining().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        shutdown.start_draining();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        // Once draining, at once.
+        shutdown.draining().await;
     }
 }

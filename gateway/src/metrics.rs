@@ -44,6 +44,8 @@ pub struct Metrics {
     /// worker's).
     pub worker_errors: IntCounterVec,
     pub open_streams: IntGauge,
+    /// Responses WebSocket connections currently open.
+    pub websocket_connections: IntGauge,
     /// 1 while a worker is selectable (healthy, not draining, circuit closed).
     pub worker_up: IntGaugeVec,
     /// 1 while a worker's circuit breaker is open.
@@ -215,6 +217,11 @@ impl Metrics {
             open_streams: register_int_gauge_with_registry!(
                 "gateway_open_streams",
                 "Streaming responses currently open.",
+                registry
+            )?,
+            websocket_connections: register_int_gauge_with_registry!(
+                "gateway_websocket_connections",
+                "Responses WebSocket connections currently open.",
                 registry
             )?,
             worker_up: register_int_gauge_vec_with_registry!(
@@ -554,6 +561,69 @@ fn push_model(models: &mut Vec<&'static ModelSeries>, model: &'static str) {
 }
 
 /// Gives a catalogue model its series (once per id; later calls are no-ops).
+/// Counts one open thing (a stream, a WebSocket) on a gauge while it
+/// lives, so a dropped reply future cannot leave the gauge high.
+pub struct GaugeGuard(&'static IntGauge);
+
+impl GaugeGuard {
+    pub fn new(gauge: &'static IntGauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Counts one request and observes its duration: by the listener for each
+/// HTTP request, and for each response of a WebSocket connection.
+pub fn record_request(
+    route: &'static str,
+    model: &'static str,
+    status: u16,
+    started: std::time::Instant,
+) {
+    METRICS
+        .requests
+        .with_label_values(&[route, model, status_label(status)])
+        .inc();
+    METRICS
+        .request_duration
+        .with_label_values(&[route, model])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Static labels for the statuses the gateway sends (no allocation per request).
+pub fn status_label(status: u16) -> &'static str {
+    match status {
+        101 => "101",
+        200 => "200",
+        304 => "304",
+        400 => "400",
+        401 => "401",
+        402 => "402",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        408 => "408",
+        409 => "409",
+        413 => "413",
+        415 => "415",
+        426 => "426",
+        429 => "429",
+        431 => "431",
+        499 => "499",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        _ => "other",
+    }
+}
+
 pub fn register_model(model: &'static str) {
     let mut models = MODEL_SERIES.write().unwrap_or_else(PoisonError::into_inner);
     if !models.iter().any(|s| s.model == model) {

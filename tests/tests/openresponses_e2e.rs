@@ -27,6 +27,9 @@ struct OpenResponses {
     objects: Validator,
     /// `POST /responses/compact`'s answer.
     compacted: Validator,
+    /// The WebSocket transport's client event and error event.
+    ws_create: Validator,
+    ws_error: Validator,
     /// Event `type` → the validator of its schema.
     events: BTreeMap<String, (String, Validator)>,
 }
@@ -74,9 +77,19 @@ impl OpenResponses {
             "the document's events: {events:?}",
             events = events.keys()
         );
+        let websocket = &doc["paths"]["/responses"]["x-openresponses-websocket"];
+        let named = |key: &str| {
+            websocket[key]["$ref"]
+                .as_str()
+                .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                .unwrap_or_else(|| panic!("the WebSocket transport names its {key}"))
+                .to_owned()
+        };
         OpenResponses {
             objects: validator("ResponseResource"),
             compacted: validator("CompactResource"),
+            ws_create: validator(&named("clientMessage")),
+            ws_error: validator(&named("errorMessage")),
             events,
         }
     }
@@ -151,6 +164,41 @@ fn assert_events(what: &str, frames: &[SseFrame]) -> Vec<Value> {
         out.push(event);
     }
     out
+}
+
+/// Every event of one response over WebSocket, each against its own
+/// schema (the stream's), or the lone error event against
+/// `WebSocketErrorEvent`.
+fn assert_ws_events(what: &str, events: &[Value]) {
+    assert!(!events.is_empty(), "{what}: no events");
+    let doc = OpenResponses::get();
+    for event in events {
+        let kind = event["type"].as_str().unwrap_or_default();
+        if kind == "error" {
+            assert_valid(&doc.ws_error, "WebSocketErrorEvent", what, event);
+            continue;
+        }
+        let Some((schema, validator)) = doc.events.get(kind) else {
+            panic!("{what}: the document has no event '{kind}': {event}");
+        };
+        assert_valid(validator, schema, &format!("{what}, event {kind}"), event);
+    }
+}
+
+/// Sends `body` as a `response.create` (validated as the client event it
+/// is) and validates the reply.
+async fn ws_create(ws: &mut harness::websocket::WsClient, what: &str, body: Value) -> Vec<Value> {
+    let mut event = body.clone();
+    event["type"] = json!("response.create");
+    assert_valid(
+        &OpenResponses::get().ws_create,
+        "WebSocketResponseCreateEvent",
+        &format!("{what} (client event)"),
+        &event,
+    );
+    let events = ws.create(&body).await.expect("a reply");
+    assert_ws_events(what, &events);
+    events
 }
 
 /// Posts a non-streamed create, validates and returns the object.
@@ -622,5 +670,51 @@ async fn a_compacted_conversation_validates_and_carries_its_summary_into_the_nex
         .unwrap();
     let e = harness::assert_error(&nothing, 400, "missing_required_parameter");
     assert_eq!(e["param"], "input");
+/// Responses over WebSocket: the scenarios' events (text, instructions, a
+/// forced tool call, a chained turn, a warm-up), each against the stream's
+/// schema of its type; a refused request's error event against
+/// `WebSocketErrorEvent`; what the test sends against
+/// `WebSocketResponseCreateEvent`.
+#[tokio::test]
+async fn websocket_events_validate() {
+    let stack = Stack::builder().models(&["base"]).start().expect("stack");
+    let mut ws = harness::websocket::connect(&stack.gateway.base_url(), stack.gateway.api_key())
+        .await
+        .expect("connects");
+    let basic = ws_create(
+        &mut ws,
+        "ws basic",
+        json!({"model":"base","input":"Hello synthetic:reply_tokens=5","store":false}),
+    )
+    .await;
+    assert_eq!(terminal(&basic)["status"], "completed");
+    let call = ws_create(
+        &mut ws,
+        "ws forced tool call",
+        json!({"model":"base","input":"Weather in Paris?","tools":tools(),"tool_choice":"required",
+            "instructions":"use tools","store":false,"previous_response_id":terminal(&basic)["id"]}),
+    )
+    .await;
+    let fc = function_call(terminal(&call));
+    ws_create(
+        &mut ws,
+        "ws function call output, chained",
+        json!({"model":"base","previous_response_id":terminal(&call)["id"],"tools":tools(),"store":false,
+            "input":[{"type":"function_call_output","call_id":fc["call_id"],"output":"{\"temp\":21}"}]}),
+    )
+    .await;
+    ws_create(
+        &mut ws,
+        "ws warm-up",
+        json!({"model":"base","input":"later","store":false,"generate":false}),
+    )
+    .await;
+    let refused = ws_create(
+        &mut ws,
+        "ws unknown previous response",
+        json!({"model":"base","input":"x","store":false,"previous_response_id":"resp_none"}),
+    )
+    .await;
+    assert_eq!(refused[0]["type"], "error");
     report();
 }

@@ -746,6 +746,32 @@ pub struct Sequenced<'a> {
     pub sequence_number: u64,
 }
 
+/// A failure on the WebSocket transport (`GET /v1/responses` upgraded):
+/// Open Responses' `WebSocketErrorEvent`, one text message. A request
+/// refused before its response started (a bad message, a limit, an
+/// unknown `previous_response_id`) gets this; a response that fails once
+/// started ends with `response.failed` as on the event stream.
+#[derive(Debug, Serialize)]
+pub struct WebSocketErrorEvent<'a> {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The HTTP status the same failure has on `POST /v1/responses`.
+    pub status: u16,
+    pub error: WebSocketError<'a>,
+}
+
+/// The failure inside a [`WebSocketErrorEvent`]: the error envelope's
+/// `type`, `code`, `message` and `param`.
+#[derive(Debug, Serialize)]
+pub struct WebSocketError<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub code: &'a str,
+    pub message: &'a str,
+    pub param: Option<&'a str>,
+}
+
 /// Terminal event names: a stream ends after one of these.
 pub fn is_terminal_event(name: &str) -> bool {
     matches!(

@@ -68,6 +68,10 @@ pub struct Config {
     pub orgs: BTreeMap<String, OrgConfig>,
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Responses over WebSocket (`[websocket]`): keep-alive pings and the
+    /// idle timeout of an upgraded `GET /v1/responses`.
+    #[serde(default)]
+    pub websocket: WebSocketConfig,
     #[serde(default)]
     pub telemetry: TelemetryConfig,
     /// The shared token the workers require (`worker serve --auth-token`),
@@ -176,6 +180,40 @@ pub enum OnStoreFailure {
     FailOpenLocal,
     /// Refuse generation requests with 503 until Redis is back.
     FailClosed,
+}
+
+/// `[websocket]`: the timers of a Responses WebSocket connection. Its
+/// message size bound is `max_body_bytes` and each write's bound is
+/// `write_timeout_seconds`, as for any request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebSocketConfig {
+    /// A connection with no response running and nothing sent either way
+    /// for this long gets a ping; a ping unanswered for as long again ends
+    /// the connection (a peer that vanished without closing).
+    #[serde(default = "default_ws_ping_interval")]
+    pub ping_interval_seconds: u64,
+    /// A connection on which no `response.create` arrived (and none ran)
+    /// for this long is closed (1000, "idle timeout"): pings keep a dead
+    /// peer from holding it, this keeps an idle live one from doing so.
+    #[serde(default = "default_ws_idle_timeout")]
+    pub idle_timeout_seconds: u64,
+}
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval_seconds: default_ws_ping_interval(),
+            idle_timeout_seconds: default_ws_idle_timeout(),
+        }
+    }
+}
+
+fn default_ws_ping_interval() -> u64 {
+    30
+}
+fn default_ws_idle_timeout() -> u64 {
+    900
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -507,6 +545,7 @@ impl Config {
             plans: BTreeMap::new(),
             orgs: BTreeMap::new(),
             limits: LimitsConfig::default(),
+            websocket: WebSocketConfig::default(),
             telemetry: TelemetryConfig::default(),
             worker_token: None,
             planner: PlannerConfig::default(),
@@ -620,6 +659,9 @@ impl Config {
         }
         if self.write_timeout_seconds == 0 {
             bail!("write_timeout_seconds must be at least 1");
+        }
+        if self.websocket.ping_interval_seconds == 0 || self.websocket.idle_timeout_seconds == 0 {
+            bail!("websocket.ping_interval_seconds and websocket.idle_timeout_seconds must be at least 1");
         }
         // Pingora listens with SO_REUSEPORT: one address for both would
         // start fine and then split connections between the API and the

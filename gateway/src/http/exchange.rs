@@ -171,6 +171,27 @@ impl Exchange {
             .map_err(|_| ())
     }
 
+    /// Sends `101 Switching Protocols` with `headers` (and the request id):
+    /// from then on the session's body carries another protocol's bytes
+    /// (`super::websocket`). An error means the client is gone.
+    pub(super) async fn write_switching_protocols(
+        &mut self,
+        headers: &[(&str, String)],
+    ) -> Result<(), ()> {
+        self.status = 101;
+        self.response_started = true;
+        let mut h = ResponseHeader::build(101, Some(headers.len() + 1)).map_err(|_| ())?;
+        h.insert_header("x-request-id", &self.request_id)
+            .map_err(|_| ())?;
+        for (k, v) in headers {
+            h.insert_header(k.to_string(), v.as_str()).map_err(|_| ())?;
+        }
+        self.session
+            .write_response_header(Box::new(h))
+            .await
+            .map_err(|_| ())
+    }
+
     /// Sends a complete response. Write failures mean the client is gone;
     /// there is nobody left to tell, so they only end the exchange.
     pub async fn send(

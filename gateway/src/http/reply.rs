@@ -2,7 +2,7 @@
 //! Responses events, a background run followed, a planner run).
 
 use super::exchange::Exchange;
-use crate::metrics::METRICS;
+use crate::metrics::{GaugeGuard, METRICS};
 use bytes::BytesMut;
 use std::time::Duration;
 use tokio::time::{Instant, Interval};
@@ -19,23 +19,6 @@ pub enum Quiet {
     Gone,
 }
 
-/// Counts an open stream (the `open_streams` gauge) while it lives, so a
-/// dropped reply future cannot leave the gauge high.
-struct OpenStream;
-
-impl OpenStream {
-    fn new() -> Self {
-        METRICS.open_streams.inc();
-        OpenStream
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        METRICS.open_streams.dec();
-    }
-}
-
 /// A `text/event-stream` reply to a client: the response head, frames
 /// buffered in [`Self::buf`] and sent one write per [`Self::write`],
 /// keep-alive comments in silences, the client watched for a disconnect,
@@ -44,7 +27,8 @@ impl Drop for OpenStream {
 pub struct SseReply<'a> {
     ex: &'a mut Exchange,
     out: BytesMut,
-    open: Option<OpenStream>,
+    /// The `open_streams` gauge, counted while the stream is open.
+    open: Option<GaugeGuard>,
     keepalive: Option<Interval>,
 }
 
@@ -93,7 +77,7 @@ impl<'a> SseReply<'a> {
             .write_head(200, "text/event-stream", &headers)
             .await
             .map_err(|_| ClientGone)?;
-        self.open = Some(OpenStream::new());
+        self.open = Some(GaugeGuard::new(&METRICS.open_streams));
         Ok(())
     }
 

@@ -71,7 +71,7 @@ impl HttpServerApp for PublicApp {
                 ex.send_error(&err).await;
                 METRICS
                     .requests
-                    .with_label_values(&["-", "-", status_label(err.status)])
+                    .with_label_values(&["-", "-", crate::metrics::status_label(err.status)])
                     .inc();
                 return None;
             }
@@ -138,14 +138,7 @@ impl HttpServerApp for PublicApp {
             }
         }
         drop(span);
-        METRICS
-            .requests
-            .with_label_values(&[ex.route, ex.model, status_label(ex.status)])
-            .inc();
-        METRICS
-            .request_duration
-            .with_label_values(&[ex.route, ex.model])
-            .observe(ex.started.elapsed().as_secs_f64());
+        crate::metrics::record_request(ex.route, ex.model, ex.status, ex.started);
 
         let session = ex.session;
         let settings = HttpPersistentSettings::for_session(&session);
@@ -186,30 +179,4 @@ fn too_many_headers(e: &pingora_core::Error) -> bool {
     e.cause
         .as_ref()
         .is_some_and(|c| c.to_string() == "too many headers")
-}
-
-/// Static labels for the statuses the gateway sends (no allocation per request).
-fn status_label(status: u16) -> &'static str {
-    match status {
-        200 => "200",
-        304 => "304",
-        400 => "400",
-        401 => "401",
-        402 => "402",
-        403 => "403",
-        404 => "404",
-        405 => "405",
-        408 => "408",
-        409 => "409",
-        413 => "413",
-        415 => "415",
-        429 => "429",
-        431 => "431",
-        499 => "499",
-        500 => "500",
-        502 => "502",
-        503 => "503",
-        504 => "504",
-        _ => "other",
-    }
 }

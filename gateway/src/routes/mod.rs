@@ -9,6 +9,7 @@ pub mod models;
 pub mod openapi;
 pub mod planner;
 pub mod responses;
+pub mod responses_ws;
 mod sinks;
 
 use crate::accounts::{Account, Scope, ServiceTier};
@@ -16,6 +17,7 @@ use crate::app::App;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::Generation;
+use crate::http::websocket::Handshake;
 use crate::http::Exchange;
 use crate::limits::Reservation;
 use http::Method;
@@ -59,6 +61,14 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             models::retrieve(&app.catalog, ex, id).await
         }
         ["v1", "responses"] => {
+            // Responses over WebSocket: the same key check first (a 401
+            // in the envelope, before any upgrade).
+            if method == Method::GET && Handshake::requested(ex) {
+                ex.route = "responses.websocket";
+                let account = authorize(app, ex, Scope::ResponsesWrite).await?;
+                let route = Box::pin(responses_ws::serve(app, ex, account));
+                return route.await;
+            }
             ex.route = "responses.create";
             allow(ex, &[Method::POST], &path)?;
             let account = authorize(app, ex, Scope::ResponsesWrite).await?;

@@ -46,6 +46,10 @@ const DOC_ONLY: &[(&str, &str)] = &[
     ),
     ("Input", "api::responses::Input, a hand-written Deserialize"),
     (
+        "WebSocketResponseCreateEvent",
+        "the create body beside a `type`, split by routes::responses_ws",
+    ),
+    (
         "StopSequences",
         "api::chat::StopSequences, a hand-written Deserialize",
     ),

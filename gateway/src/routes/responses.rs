@@ -3,7 +3,7 @@
 //! cancel, and input item listing.
 
 use super::sinks::ResponseEvents;
-use crate::accounts::Account;
+use crate::accounts::{Account, ServiceTier};
 use crate::api::responses::{
     ContentPart, CreateResponseRequest, DeletedResponse, InputItem, InputItemList, ItemContent,
     ResponseObject, ResponseStatus,
@@ -19,7 +19,9 @@ use crate::runs::background::BackgroundRun;
 use crate::runs::{Cancel, NewRun, StoredRun};
 use crate::sse;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
+use crate::validate::responses::ValidResponseRequest;
 use crate::{parse, validate};
+use inference_proto::v1 as pb;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,27 +35,16 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
-    let req: CreateResponseRequest = parse::json_body(&body)?;
-    let input_estimate = estimate_input_tokens(body.len());
+    let Checked {
+        req,
+        valid,
+        input_estimate,
+        sampling,
+    } = check(app, &account, &body, &mut ex.model)?;
     drop(body);
-    let valid = validate::responses::validate(&app.catalog, &req)?;
-    ex.model = valid.model.id;
-    account.check_model(valid.model.id)?;
-    if valid.background && app.shutdown.is_draining() {
-        return Err(ApiError::overloaded(
-            "This gateway replica is shutting down and takes no new background runs; retry.",
-        ));
-    }
-    // A model without workers is refused before anything is stored.
-    let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
 
     // 2. The conversation: the stored chain, then this input.
-    let mut context = match &req.previous_response_id {
-        Some(prev) => previous_conversation(app, &principal, prev).await?,
-        None => Vec::new(),
-    };
-    let input_items = resolve_items(&valid.items, &context)?;
-    context.extend(input_items.iter().cloned());
+    let (context, input_items) = conversation(app, &principal, &req, &valid, None).await?;
 
     // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
     let reservation = super::admit(
@@ -69,35 +60,20 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     // 4. Translate; store the new response, owned here (its run lease).
     let mut work = to_worker(&req, &valid, &context, &ex.request_id);
     generation::session_affinity(&mut work, ex.session_id());
-    let id = new_id("resp_");
     let status = if valid.background {
         ResponseStatus::Queued
     } else {
         ResponseStatus::InProgress
     };
-    let mut object = new_object(id.clone(), &req, &valid, status, sampling);
-    // Served at the tier it asked for, as far as its plan allows.
-    let tier = account.plan.service_tier(req.service_tier.as_deref());
-    object.service_tier = tier.as_str().to_owned();
+    let (object, tier) = response_object(&account, &req, &valid, status, sampling);
+    let id = object.id.clone();
     drop(req);
     let run = if valid.store {
-        let created = StoredRun::create(
-            &app.runs,
-            NewRun {
-                org: &principal.org,
-                object: &object,
-                input_items: &input_items,
-                context: &context,
-                run_timeout: app.request_timeout(),
-                max_stored_bytes: account.plan.max_stored_bytes,
-            },
-        )
-        .await;
-        match created {
+        match store_run(app, &account, &object, &input_items, &context).await {
             Ok(run) => Some(run),
             Err(e) => {
                 reservation.settle(Outcome::NotRun).await;
-                return Err(e.into());
+                return Err(e);
             }
         }
     } else {
@@ -190,10 +166,109 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     }
 }
 
+/// A create body parsed and validated, its model allowed for the key and
+/// served by workers: step 1 of the request path, whatever the transport
+/// (a POST body, or a WebSocket `response.create` message).
+pub(super) struct Checked {
+    pub req: CreateResponseRequest,
+    pub valid: ValidResponseRequest,
+    /// Input tokens reserved on admission, from the body's size.
+    pub input_estimate: u64,
+    /// What the model's workers apply to sampling values left unset.
+    pub sampling: pb::SamplingDefaults,
+}
+
+/// Parses and validates a create body (its model becomes `model_label`, the
+/// metrics' label, as soon as it is known).
+pub(super) fn check(
+    app: &App,
+    account: &Account,
+    body: &[u8],
+    model_label: &mut &'static str,
+) -> Result<Checked, ApiError> {
+    let req: CreateResponseRequest = parse::json_body(body)?;
+    let input_estimate = estimate_input_tokens(body.len());
+    let valid = validate::responses::validate(&app.catalog, &req)?;
+    *model_label = valid.model.id;
+    account.check_model(valid.model.id)?;
+    if valid.background && app.shutdown.is_draining() {
+        return Err(ApiError::overloaded(
+            "This gateway replica is shutting down and takes no new background runs; retry.",
+        ));
+    }
+    // A model without workers is refused before anything is stored.
+    let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
+    Ok(Checked {
+        req,
+        valid,
+        input_estimate,
+        sampling,
+    })
+}
+
+/// The conversation a request continues, with its own input appended, and
+/// its input items as stored and listed. `known` is the continued
+/// response's conversation when the caller holds it (a WebSocket's
+/// connection-local state); otherwise `previous_response_id` is read from
+/// the store.
+pub(super) async fn conversation(
+    app: &App,
+    principal: &Principal,
+    req: &CreateResponseRequest,
+    valid: &ValidResponseRequest,
+    known: Option<Vec<InputItem>>,
+) -> Result<(Vec<InputItem>, Vec<InputItem>), ApiError> {
+    let mut context = match (known, &req.previous_response_id) {
+        (Some(known), _) => known,
+        (None, Some(prev)) => previous_conversation(app, principal, prev).await?,
+        (None, None) => Vec::new(),
+    };
+    let input_items = resolve_items(&valid.items, &context)?;
+    context.extend(input_items.iter().cloned());
+    Ok((context, input_items))
+}
+
+/// A new response object with a fresh id, served at the tier it asked for
+/// as far as its plan allows.
+pub(super) fn response_object(
+    account: &Account,
+    req: &CreateResponseRequest,
+    valid: &ValidResponseRequest,
+    status: ResponseStatus,
+    sampling: pb::SamplingDefaults,
+) -> (ResponseObject, ServiceTier) {
+    let mut object = new_object(new_id("resp_"), req, valid, status, sampling);
+    let tier = account.plan.service_tier(req.service_tier.as_deref());
+    object.service_tier = tier.as_str().to_owned();
+    (object, tier)
+}
+
+/// Stores a new response, owned by this request (its run lease).
+pub(super) async fn store_run(
+    app: &App,
+    account: &Account,
+    object: &ResponseObject,
+    input_items: &[InputItem],
+    context: &[InputItem],
+) -> Result<StoredRun, ApiError> {
+    Ok(StoredRun::create(
+        &app.runs,
+        NewRun {
+            org: &account.principal.org,
+            object,
+            input_items,
+            context,
+            run_timeout: app.request_timeout(),
+            max_stored_bytes: account.plan.max_stored_bytes,
+        },
+    )
+    .await?)
+}
+
 /// Records the final object of a foreground stored response: what its
 /// client is told is what the store keeps, retried in the background if
 /// the store does not answer now ([`StoredRun::finish`]).
-async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &ResponseEncoder) {
+pub(super) async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &ResponseEncoder) {
     if let Some(run) = run {
         run.finish(encoder.object.clone(), app.shutdown.begin())
             .await;

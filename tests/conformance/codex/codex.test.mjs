@@ -1,6 +1,8 @@
 // The Codex CLI (pinned in package.json) in `codex exec` mode against
 // `gateway up`, configured as README.md's "Codex CLI" section says: a custom
-// provider with `wire_api = "responses"`, in a temporary CODEX_HOME.
+// provider with `wire_api = "responses"` and `supports_websockets = true`
+// (Responses over WebSocket; one run turns it off for HTTP and SSE), in a
+// temporary CODEX_HOME.
 //
 // IGW_CODEX_ENGINE picks the engine of `gateway up` (default `synthetic`;
 // `llama` runs the real SmolLM2 model, see tests/README.md for why CI does
@@ -183,8 +185,19 @@ function explain(r) {
   return `exit ${r.code} ${r.signal ?? ''}${r.timedOut ? ' (deadline)' : ''}\n--- stdout\n${r.stdout.slice(-4000)}\n--- stderr\n${r.stderr.slice(-4000)}\n--- gateway\n${gatewayLog.slice(-3000)}`;
 }
 
-test('codex exec completes a turn through the gateway with the README configuration', async () => {
+/** Waits (up to 3 s) until `route`'s samples satisfy `done`; returns the last. */
+async function waitRequests(route, done) {
+  const deadline = Date.now() + 3000;
+  for (;;) {
+    const now = await requestsByStatus(route);
+    if (done(now) || Date.now() > deadline) return now;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+test('codex exec completes a turn through the gateway with the README configuration (over WebSocket)', async () => {
   const before = await requestsByStatus('responses.create');
+  const sockets = await requestsByStatus('responses.websocket');
   const r = await codexExec('turn', 'Say hello in one short sentence.', []);
   assert.equal(r.timedOut, false, explain(r));
   assert.equal(r.code, 0, explain(r));
@@ -196,7 +209,26 @@ test('codex exec completes a turn through the gateway with the README configurat
   const usage = r.events.find((e) => e.type === 'turn.completed').usage;
   assert.ok(usage.input_tokens > 0 && usage.output_tokens > 0, JSON.stringify(usage));
   const afterTurn = await requestsByStatus('responses.create');
-  assert.ok((afterTurn['200'] ?? 0) > (before['200'] ?? 0), `a 200 on POST /v1/responses (route responses.create): ${JSON.stringify(afterTurn)}`);
+  assert.ok((afterTurn['200'] ?? 0) > (before['200'] ?? 0), `a 200 response (route responses.create): ${JSON.stringify(afterTurn)}`);
+  // The README's provider has `supports_websockets = true`: the turn went
+  // over `GET /v1/responses` upgraded (the connection is counted, status
+  // 101, once Codex closed it).
+  const afterSockets = await waitRequests('responses.websocket', (n) => (n['101'] ?? 0) > (sockets['101'] ?? 0));
+  assert.ok((afterSockets['101'] ?? 0) > (sockets['101'] ?? 0), `a WebSocket connection: ${JSON.stringify(afterSockets)}\n${explain(r)}`);
+});
+
+test('codex exec over HTTP and SSE when the provider does not support WebSockets', async () => {
+  const before = await requestsByStatus('responses.create');
+  const sockets = await requestsByStatus('responses.websocket');
+  const r = await codexExec('sse', 'Say hello in one short sentence.', ['-c', 'model_providers.igw.supports_websockets=false']);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.equal(r.code, 0, explain(r));
+  assert.ok(r.last && r.last.trim(), `a final message: ${explain(r)}`);
+  assert.ok(r.events.some((e) => e.type === 'turn.completed'), explain(r));
+  const afterTurn = await requestsByStatus('responses.create');
+  assert.ok((afterTurn['200'] ?? 0) > (before['200'] ?? 0), JSON.stringify(afterTurn));
+  const afterSockets = await requestsByStatus('responses.websocket');
+  assert.equal(afterSockets['101'] ?? 0, sockets['101'] ?? 0, `no WebSocket: ${JSON.stringify(afterSockets)}`);
 });
 
 test("with web search and sub-agent tools on, Codex is refused with the gateway's 400", async () => {

@@ -1,0 +1,709 @@
+//! Responses over WebSocket: `GET /v1/responses` upgraded (Open Responses'
+//! WebSocket transport, what the Codex CLI speaks with
+//! `supports_websockets = true`).
+//!
+//! The connection, in order:
+//! 1. Before the upgrade, as for any request: the key (401 in the JSON
+//!    envelope), the opening handshake (400, or 426 for another WebSocket
+//!    version), and a draining replica refuses (503).
+//! 2. `101`, then messages. Each text message is a client event:
+//!    `{"type": "response.create", ...the create body...}` starts a
+//!    response (`generate: false` only prepares one: created and completed
+//!    with no output, a warm-up to chain from); `response.processed` (a
+//!    Codex acknowledgement) is taken and ignored. Anything else (bad JSON,
+//!    another `type`, an invalid body, a binary message) gets the error
+//!    event and the connection stays open.
+//! 3. A response runs the request path of `POST /v1/responses` (the same
+//!    `responses::check`, conversation, admission, translation, store and
+//!    the one generation driver), and its events go out as the event
+//!    stream's, one JSON text message each ([`WsEvents`]). Responses run
+//!    one after another: a `response.create` while one runs gets a 409
+//!    error event. A request refused before its response started gets the
+//!    error event with the status and code `POST` would answer.
+//! 4. The connection is the conversation's home: every response on it has
+//!    one prefix-affinity key (`x-session-id`, else the connection's own),
+//!    so its turns meet the engine holding their prefix; the latest
+//!    response's conversation is kept here, so `previous_response_id`
+//!    naming it works with `store: false` (never written to the store);
+//!    any other id is looked up in the store (`previous_response_not_found`
+//!    when it has none).
+//! 5. It ends when the client closes (a response running is cancelled on
+//!    its worker), on a protocol breach (1002/1007, or 1009 for a message
+//!    over `max_body_bytes`), after `[websocket] idle_timeout_seconds`
+//!    without a request (1000), when a ping goes unanswered, or when the
+//!    replica drains (1001, after the response running ends).
+
+use super::responses::{self, Checked};
+use crate::accounts::Account;
+use crate::api::responses::{
+    EncodedEvent, InputItem, ResponseStatus, StreamEvent, WebSocketError, WebSocketErrorEvent,
+};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::generation::{self, End, Generation, Gone, Sink};
+use crate::http::websocket::{Close, Handshake, Incoming};
+use crate::http::{Exchange, WebSocket};
+use crate::ids::new_id;
+use crate::limits::Outcome;
+use crate::translate::responses::{frame, output_as_input, to_worker, usage, ResponseEncoder};
+use inference_proto::v1 as pb;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+/// The metrics route of each response on a connection: the same as
+/// `POST /v1/responses`' (the connection itself is `responses.websocket`).
+const ROUTE: &str = "responses.create";
+
+/// `GET /v1/responses` with `Upgrade: websocket`, the key already checked.
+pub async fn serve(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
+    let handshake = Handshake::check(ex)?;
+    if app.shutdown.is_draining() {
+        return Err(ApiError::overloaded(
+            "This gateway replica is shutting down; open the connection again.",
+        ));
+    }
+    let affinity = match ex.session_id() {
+        Some(session) => session.to_owned(),
+        None => new_id("ws_"),
+    };
+    let Ok(ws) = WebSocket::accept(ex, handshake, app.config.max_body_bytes).await else {
+        return Ok(());
+    };
+    let mut conn = Connection {
+        app,
+        account,
+        ws,
+        affinity,
+        last: None,
+    };
+    conn.run().await;
+    Ok(())
+}
+
+/// A client event, its `type` read (and `generate`, which only this
+/// transport has).
+#[derive(Debug)]
+enum ClientEvent {
+    /// `response.create`: the create body (without `type` and `generate`).
+    Create { body: String, generate: bool },
+    /// `response.processed`: the client consumed a response. Nothing to do.
+    Processed,
+}
+
+/// The head of a client event.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    generate: Option<bool>,
+}
+
+/// Most top-level fields of one client event: the create body has about
+/// fifty; more is a message built to cost work.
+const MAX_FIELDS: usize = 256;
+
+impl ClientEvent {
+    /// Reads one text message. Failures are the 400s of a create body
+    /// (`invalid_json`, `missing_required_parameter`, `invalid_value` with
+    /// `param` `type`).
+    fn parse(text: &str) -> Result<ClientEvent, ApiError> {
+        let head: Head = crate::parse::json_body(text.as_bytes())?;
+        match head.kind.as_deref() {
+            Some("response.create") => {}
+            Some("response.processed") => return Ok(ClientEvent::Processed),
+            Some(other) => {
+                return Err(ApiError::invalid_value(
+                    "type",
+                    format!(
+                    "Unknown client event type '{other}'; this connection takes 'response.create'."
+                ),
+                ))
+            }
+            None => return Err(ApiError::missing_parameter("type")),
+        }
+        let members: Members = serde_json::from_str(text)
+            .map_err(|_| ApiError::invalid_value("body", too_many_fields()))?;
+        let mut body = String::with_capacity(text.len());
+        body.push('{');
+        for (name, value) in members
+            .0
+            .iter()
+            .filter(|(n, _)| n != "type" && n != "generate")
+        {
+            if body.len() > 1 {
+                body.push(',');
+            }
+            // A key read from JSON encodes back to JSON.
+            body.push_str(&serde_json::to_string(name).unwrap_or_default());
+            body.push(':');
+            body.push_str(value.get());
+        }
+        body.push('}');
+        Ok(ClientEvent::Create {
+            body,
+            generate: head.generate.unwrap_or(true),
+        })
+    }
+}
+
+fn too_many_fields() -> String {
+    format!("A client event has at most {MAX_FIELDS} top-level fields.")
+}
+
+/// The top-level members of a JSON object, values left as their text.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    if out.len() == MAX_FIELDS {
+                        return Err(serde::de::Error::custom(too_many_fields()));
+                    }
+                    out.push(entry);
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The error event of a failure (Open Responses' `WebSocketErrorEvent`).
+fn error_event(e: &ApiError) -> String {
+    let event = WebSocketErrorEvent {
+        kind: "error",
+        status: e.status,
+        error: WebSocketError {
+            kind: e.error_type(),
+            code: &e.code,
+            message: &e.message,
+            param: e.param.as_deref(),
+        },
+    };
+    serde_json::to_string(&event).unwrap_or_default()
+}
+
+/// The conversation of the latest response on the connection: what a
+/// `previous_response_id` naming it continues (its context, input and
+/// output as input items). Connection-local; never stored.
+struct Chain {
+    id: String,
+    items: Vec<InputItem>,
+}
+
+/// How a response's request ended, when it did not run to its end.
+enum Refused {
+    /// Before its response started: the error event, as `POST` would answer.
+    Error(ApiError),
+    /// The client went away (the generation, if any, was cancelled).
+    Gone,
+}
+
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Self {
+        Refused::Error(e)
+    }
+}
+
+/// One upgraded connection.
+struct Connection<'c, 'x> {
+    app: &'c App,
+    account: Arc<Account>,
+    ws: WebSocket<'x>,
+    /// The prefix-affinity key of every response on the connection.
+    affinity: String,
+    /// The latest response's conversation.
+    last: Option<Chain>,
+}
+
+impl Connection<'_, '_> {
+    /// Serves messages until the connection ends.
+    async fn run(&mut self) {
+        let app = self.app;
+        let ping_every = Duration::from_secs(app.config.websocket.ping_interval_seconds);
+        let idle_timeout = Duration::from_secs(app.config.websocket.idle_timeout_seconds);
+        // The last request (or the end of the last response), for the idle
+        // timeout; the last sign of the peer, for pings.
+        let mut last_request = tokio::time::Instant::now();
+        let mut last_heard = tokio::time::Instant::now();
+        let mut ping_sent: Option<tokio::time::Instant> = None;
+        loop {
+            let ping_at = ping_sent.unwrap_or(last_heard) + ping_every;
+            let incoming = tokio::select! {
+                biased;
+                _ = app.shutdown.draining() => {
+                    self.ws.close(Close::GoingAway, "server shutting down").await;
+                    return;
+                }
+                _ = tokio::time::sleep_until(last_request + idle_timeout) => {
+                    self.ws.close(Close::Normal, "idle timeout").await;
+                    return;
+                }
+                _ = tokio::time::sleep_until(ping_at) => {
+                    if ping_sent.is_some() {
+                        // A peer that answers no ping is gone (no close
+                        // handshake with it).
+                        return;
+                    }
+                    ping_sent = Some(tokio::time::Instant::now());
+                    self.ws.queue_ping();
+                    if self.ws.flush().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                incoming = self.ws.recv() => incoming,
+            };
+            last_heard = tokio::time::Instant::now();
+            ping_sent = None;
+            match incoming {
+                Incoming::Control => {}
+                Incoming::Text(text) => {
+                    if self.message(&text).await.is_err() {
+                        // The client left mid-response: its close frame
+                        // gets its reply; a breach, its close code.
+                        match self.ws.broken() {
+                            Some(code) => self.ws.close(code, close_reason(code)).await,
+                            None => self.ws.finish().await,
+                        }
+                        return;
+                    }
+                    last_request = tokio::time::Instant::now();
+                    last_heard = last_request;
+                }
+                Incoming::Binary => self.ws.queue_text(error_event(&binary_refused())),
+                Incoming::Gone => {
+                    // Sends the reply to the client's close frame.
+                    self.ws.finish().await;
+                    return;
+                }
+                Incoming::Broken(code) => {
+                    if code == Close::TooBig {
+                        let limit = ApiError::payload_too_large(app.config.max_body_bytes);
+                        self.ws.queue_text(error_event(&limit));
+                    }
+                    self.ws.close(code, close_reason(code)).await;
+                    return;
+                }
+            }
+            if self.ws.flush().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One client message; `Err` when the client went away meanwhile.
+    async fn message(&mut self, text: &str) -> Result<(), Gone> {
+        match ClientEvent::parse(text) {
+            Err(e) => {
+                self.ws.queue_text(error_event(&e));
+                Ok(())
+            }
+            Ok(ClientEvent::Processed) => Ok(()),
+            Ok(ClientEvent::Create { body, generate }) => self.respond(&body, generate).await,
+        }
+    }
+
+    /// One `response.create`: a request of its own for limits, metrics and
+    /// the request span.
+    async fn respond(&mut self, body: &str, generate: bool) -> Result<(), Gone> {
+        let started = Instant::now();
+        let request_id = new_id("req_");
+        let span = tracing::info_span!(
+            target: "gateway::request",
+            "request",
+            otel.kind = "server",
+            http.route = ROUTE,
+            network.protocol.name = "websocket",
+            http.response.status_code = tracing::field::Empty,
+            gen_ai.request.model = tracing::field::Empty,
+            request_id = %request_id,
+        );
+        let mut model: &'static str = "-";
+        let outcome = self
+            .response(body, generate, &request_id, started, &mut model)
+            .instrument(span.clone())
+            .await;
+        let (status, result) = match outcome {
+            Ok(status) => (status, Ok(())),
+            Err(Refused::Error(e)) => {
+                if e.status >= 500 {
+                    tracing::warn!(%request_id, status = e.status, code = %e.code, "request failed: {}", e.message);
+                }
+                self.ws.queue_text(error_event(&e));
+                (e.status, Ok(()))
+            }
+            Err(Refused::Gone) => (crate::http::exchange::CLIENT_CLOSED_REQUEST, Err(Gone)),
+        };
+        if !span.is_disabled() {
+            span.record("gen_ai.request.model", model);
+            span.record("http.response.status_code", status);
+        }
+        crate::metrics::record_request(ROUTE, model, status, started);
+        result
+    }
+
+    /// Runs one response to its end; its status as recorded (200, or the
+    /// status of the failure it ended with in band).
+    async fn response(
+        &mut self,
+        body: &str,
+        generate: bool,
+        request_id: &str,
+        started: Instant,
+        model: &mut &'static str,
+    ) -> Result<u16, Refused> {
+        let app = self.app;
+        let account = self.account.clone();
+        // 1. Parse and validate as `POST` does; `background` has no meaning
+        // here (every response streams on the connection).
+        let Checked {
+            req,
+            valid,
+            input_estimate,
+            sampling,
+        } = responses::check(app, &account, body.as_bytes(), model)?;
+        if valid.background {
+            return Err(ApiError::unsupported_value(
+                "background",
+                "'background' is not used over WebSocket: each response streams on the connection.",
+            )
+            .into());
+        }
+        // 2. The conversation: the connection's latest response, else the store.
+        let known = req.previous_response_id.as_ref().and_then(|prev| {
+            self.last
+                .as_ref()
+                .filter(|c| &c.id == prev)
+                .map(|c| c.items.clone())
+        });
+        let (context, input_items) =
+            responses::conversation(app, &account.principal, &req, &valid, known).await?;
+        if !generate {
+            return self
+                .warm_up(&account, &req, &valid, sampling, context, &input_items)
+                .await;
+        }
+        // 3. Admit under the plan's limits, per response.
+        let (admitted, _headers) = app
+            .limiter
+            .admit_request(
+                &account,
+                valid.model,
+                request_id.to_owned(),
+                input_estimate,
+                valid.max_output_tokens,
+            )
+            .await;
+        let reservation = admitted.map_err(ApiError::from)?;
+        // 4. Translate (the connection's affinity key); store when asked.
+        let mut work = to_worker(&req, &valid, &context, request_id);
+        generation::session_affinity(&mut work, Some(&self.affinity));
+        let (object, tier) = responses::response_object(
+            &account,
+            &req,
+            &valid,
+            ResponseStatus::InProgress,
+            sampling,
+        );
+        drop(req);
+        let run = if valid.store {
+            match responses::store_run(app, &account, &object, &input_items, &context).await {
+                Ok(run) => Some(run),
+                Err(e) => {
+                    reservation.settle(Outcome::NotRun).await;
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
+        // 5. Generate through the one driver, events to the connection.
+        let generation = Generation {
+            pools: &app.pools,
+            model: valid.model.id,
+            work,
+            trace: self.ws.exchange().trace,
+            deadline: tokio::time::Instant::now() + app.request_timeout(),
+            timed_from: Some(started),
+            tier,
+        };
+        let mut events = WsEvents {
+            ws: &mut self.ws,
+            encoder: ResponseEncoder::new(object, valid.format.clone()),
+            frames: Vec::new(),
+            terminal: None,
+            hold_terminal: run.is_some(),
+        };
+        let end = generation.run(reservation, &mut events).await;
+        let WsEvents {
+            mut encoder,
+            terminal,
+            ..
+        } = events;
+        let status = match end {
+            End::NotStarted(e) => {
+                encoder.fail(&e, &mut Vec::new());
+                responses::end_stored(app, run, &encoder).await;
+                return Err(e.into());
+            }
+            End::Gone => {
+                if let Some(run) = run {
+                    run.cancel(encoder.object, app.shutdown.begin()).await;
+                }
+                return Err(Refused::Gone);
+            }
+            End::Finished(_) => encoder.failure().map_or(200, |e| e.status),
+            End::Failed(e) => e.status,
+        };
+        // A stored response's terminal event goes out once the store holds
+        // its end: a client that retrieves it right after reads what it was
+        // told.
+        responses::end_stored(app, run, &encoder).await;
+        if let Some(terminal) = terminal {
+            self.ws.queue_text(terminal);
+        }
+        let mut items = context;
+        items.extend(encoder.object.output.iter().map(output_as_input));
+        self.last = Some(Chain {
+            id: encoder.object.id.clone(),
+            items,
+        });
+        Ok(status)
+    }
+
+    /// `generate: false`: the response is created and completed with no
+    /// output and no worker call, so a later request can chain from its id
+    /// (Codex warms a connection up with one).
+    async fn warm_up(
+        &mut self,
+        account: &Account,
+        req: &crate::api::responses::CreateResponseRequest,
+        valid: &crate::validate::responses::ValidResponseRequest,
+        sampling: pb::SamplingDefaults,
+        context: Vec<InputItem>,
+        input_items: &[InputItem],
+    ) -> Result<u16, Refused> {
+        let app = self.app;
+        let (mut object, _) =
+            responses::response_object(account, req, valid, ResponseStatus::InProgress, sampling);
+        let created = object.clone();
+        if valid.store {
+            let run = responses::store_run(app, account, &object, input_items, &context).await?;
+            object.usage = Some(usage(&pb::Usage::default()));
+            object.end(ResponseStatus::Completed);
+            run.finish(object.clone(), app.shutdown.begin()).await;
+        } else {
+            object.usage = Some(usage(&pb::Usage::default()));
+            object.end(ResponseStatus::Completed);
+        }
+        let mut in_progress = created.clone();
+        in_progress.status = ResponseStatus::InProgress;
+        for (seq, event) in [
+            StreamEvent::Created { response: &created },
+            StreamEvent::InProgress {
+                response: &in_progress,
+            },
+            StreamEvent::Completed { response: &object },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            self.ws.queue_text(frame(event, seq as u64).data);
+        }
+        self.last = Some(Chain {
+            id: object.id,
+            items: context,
+        });
+        Ok(200)
+    }
+}
+
+fn binary_refused() -> ApiError {
+    ApiError::new(
+        400,
+        "invalid_message",
+        "Client events are JSON text messages; a binary message is not accepted.",
+    )
+}
+
+fn close_reason(code: Close) -> &'static str {
+    match code {
+        Close::Normal => "",
+        Close::GoingAway => "server shutting down",
+        Close::Protocol => "protocol error",
+        Close::InvalidData => "a text message that is not UTF-8",
+        Close::TooBig => "message too big",
+    }
+}
+
+/// Responses events as WebSocket text messages: the event stream's events,
+/// one message each, delivered one write per batch.
+struct WsEvents<'w, 'x> {
+    ws: &'w mut WebSocket<'x>,
+    encoder: ResponseEncoder,
+    frames: Vec<EncodedEvent>,
+    /// The terminal event, held back (see `hold_terminal`).
+    terminal: Option<String>,
+    /// Whether the terminal event waits for the caller (a stored response:
+    /// it goes out after the store's write of the end).
+    hold_terminal: bool,
+}
+
+impl WsEvents<'_, '_> {
+    fn take_frames(&mut self) {
+        for f in self.frames.drain(..) {
+            if self.hold_terminal && f.is_terminal() {
+                self.terminal = Some(f.data);
+            } else {
+                self.ws.queue_text(f.data);
+            }
+        }
+    }
+}
+
+impl Sink for WsEvents<'_, '_> {
+    /// `response.created` and `response.in_progress` go out with the
+    /// first delivery.
+    async fn started(&mut self) -> Result<(), Gone> {
+        self.encoder.start(&mut self.frames);
+        self.take_frames();
+        Ok(())
+    }
+
+    fn event(&mut self, event: pb::GenerateEvent) {
+        self.encoder.event(event, &mut self.frames);
+        self.take_frames();
+    }
+
+    async fn deliver(&mut self) -> Result<(), Gone> {
+        Ok(self.ws.flush().await?)
+    }
+
+    async fn gone(&mut self) {
+        busy(self.ws).await
+    }
+
+    async fn gone_while_starting(&mut self) {
+        busy(self.ws).await
+    }
+
+    async fn fail(&mut self, e: &ApiError) {
+        self.encoder.fail(e, &mut self.frames);
+        self.take_frames();
+        let _ = self.ws.flush().await;
+    }
+}
+
+/// Reads the client while a response runs, until it goes away: pings are
+/// answered (with the next delivery), and a message gets its error event
+/// (a `response.create` a 409: one response at a time).
+async fn busy(ws: &mut WebSocket<'_>) {
+    loop {
+        let refused = match ws.recv().await {
+            Incoming::Control => continue,
+            Incoming::Gone | Incoming::Broken(_) => return,
+            Incoming::Binary => binary_refused(),
+            Incoming::Text(text) => match ClientEvent::parse(&text) {
+                Ok(ClientEvent::Processed) => continue,
+                Ok(ClientEvent::Create { .. }) => ApiError::conflict(
+                    "response_already_in_flight",
+                    "A response is already running on this connection; send the next \
+                     'response.create' after its terminal event.",
+                ),
+                Err(e) => e,
+            },
+        };
+        ws.queue_text(error_event(&refused));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn create(text: &str) -> (Value, bool) {
+        match ClientEvent::parse(text).unwrap() {
+            ClientEvent::Create { body, generate } => {
+                (serde_json::from_str(&body).unwrap(), generate)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_create_event_is_the_create_body_with_a_type() {
+        let (body, generate) = create(
+            r#"{"type":"response.create","model":"base","input":[{"role":"user","content":"hi \"x\""}],"store":false,"stream":true}"#,
+        );
+        assert_eq!(
+            body,
+            json!({"model":"base","input":[{"role":"user","content":"hi \"x\""}],"store":false,"stream":true})
+        );
+        assert!(generate);
+        let (body, generate) =
+            create(r#"{"generate":false,"type":"response.create","model":"base","input":"x"}"#);
+        assert_eq!(body, json!({"model":"base","input":"x"}));
+        assert!(!generate);
+        // Keys with escapes survive the round trip.
+        let (body, _) = create(r#"{"type":"response.create","mo\u0064el":"base"}"#);
+        assert_eq!(body, json!({"model":"base"}));
+    }
+
+    #[test]
+    fn bad_messages_are_400s_naming_what_is_wrong() {
+        let e = ClientEvent::parse("{not json").unwrap_err();
+        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_json"));
+        let e = ClientEvent::parse(r#"{"type":"response.cancel"}"#).unwrap_err();
+        assert_eq!(
+            (e.code.as_ref(), e.param.as_deref()),
+            ("invalid_value", Some("type"))
+        );
+        let e = ClientEvent::parse(r#"{"model":"base"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("type"));
+        let e = ClientEvent::parse(r#"[1]"#).unwrap_err();
+        assert_eq!(e.status, 400);
+        let e = ClientEvent::parse(r#"{"type":"response.create","generate":"no"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("generate"));
+        let many: String = (0..=MAX_FIELDS).map(|i| format!(",\"f{i}\":0")).collect();
+        let e = ClientEvent::parse(&format!("{{\"type\":\"response.create\"{many}}}")).unwrap_err();
+        assert_eq!(e.code, "invalid_value");
+        assert!(matches!(
+            ClientEvent::parse(r#"{"type":"response.processed","response_id":"resp_1"}"#),
+            Ok(ClientEvent::Processed)
+        ));
+    }
+
+    #[test]
+    fn the_error_event_is_open_responses_shape() {
+        let e = ApiError::new(404, "previous_response_not_found", "gone")
+            .with_param("previous_response_id");
+        let v: Value = serde_json::from_str(&error_event(&e)).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "type": "error",
+                "status": 404,
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "previous_response_not_found",
+                    "message": "gone",
+                    "param": "previous_response_id",
+                }
+            })
+        );
+    }
+}
