@@ -5,11 +5,11 @@
 #    clang and libclang-dev for llama.cpp's bindings, redis-server,
 #    python3-venv) with apt-get, quietly;
 # 2. starts Redis on 127.0.0.1:6379 unless one answers there; fetches the
-#    reference model and builds llama.cpp's llama-server once (cached under
-#    target/);
+#    reference model once (cached under target/models) and builds llama.cpp's
+#    llama-server once (cached under ~/.cache/inference-gateway);
 # 3. builds every binary and test of the workspace once, in release;
-# 4. checks gateway/src's dependency rules (scripts/check-deps.py: no
-#    import cycle, no forbidden import), runs the unit tests, then the end-to-end and conformance tests (they
+# 4. checks gateway/src's and worker/src's dependency rules
+#    (scripts/check-deps.py: no import cycle, no forbidden import), runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
 # 5. runs the Python conformance suite (official `openai` SDK and
 #    LangChain's `ChatOpenAI`, pinned, in a venv it creates), the Node one
