@@ -548,6 +548,55 @@ async fn background_retrieve_replay_and_cancel_validate() {
     report();
 }
 
+/// Responses over WebSocket: the scenarios' events (text, instructions, a
+/// forced tool call, a chained turn, a warm-up), each against the stream's
+/// schema of its type; a refused request's error event against
+/// `WebSocketErrorEvent`; what the test sends against
+/// `WebSocketResponseCreateEvent`.
+#[tokio::test]
+async fn websocket_events_validate() {
+    let stack = Stack::builder().models(&["base"]).start().expect("stack");
+    let mut ws = harness::websocket::connect(&stack.gateway.base_url(), stack.gateway.api_key())
+        .await
+        .expect("connects");
+    let basic = ws_create(
+        &mut ws,
+        "ws basic",
+        json!({"model":"base","input":"Hello synthetic:reply_tokens=5","store":false}),
+    )
+    .await;
+    assert_eq!(terminal(&basic)["status"], "completed");
+    let call = ws_create(
+        &mut ws,
+        "ws forced tool call",
+        json!({"model":"base","input":"Weather in Paris?","tools":tools(),"tool_choice":"required",
+            "instructions":"use tools","store":false,"previous_response_id":terminal(&basic)["id"]}),
+    )
+    .await;
+    let fc = function_call(terminal(&call));
+    ws_create(
+        &mut ws,
+        "ws function call output, chained",
+        json!({"model":"base","previous_response_id":terminal(&call)["id"],"tools":tools(),"store":false,
+            "input":[{"type":"function_call_output","call_id":fc["call_id"],"output":"{\"temp\":21}"}]}),
+    )
+    .await;
+    ws_create(
+        &mut ws,
+        "ws warm-up",
+        json!({"model":"base","input":"later","store":false,"generate":false}),
+    )
+    .await;
+    let refused = ws_create(
+        &mut ws,
+        "ws unknown previous response",
+        json!({"model":"base","input":"x","store":false,"previous_response_id":"resp_none"}),
+    )
+    .await;
+    assert_eq!(refused[0]["type"], "error");
+    report();
+}
+
 /// The summary sealed in a compaction item (the gateway's own encoding:
 /// `igw.c1.` then base64url without padding), read here to check what the
 /// next turn's worker received.
@@ -670,51 +719,5 @@ async fn a_compacted_conversation_validates_and_carries_its_summary_into_the_nex
         .unwrap();
     let e = harness::assert_error(&nothing, 400, "missing_required_parameter");
     assert_eq!(e["param"], "input");
-/// Responses over WebSocket: the scenarios' events (text, instructions, a
-/// forced tool call, a chained turn, a warm-up), each against the stream's
-/// schema of its type; a refused request's error event against
-/// `WebSocketErrorEvent`; what the test sends against
-/// `WebSocketResponseCreateEvent`.
-#[tokio::test]
-async fn websocket_events_validate() {
-    let stack = Stack::builder().models(&["base"]).start().expect("stack");
-    let mut ws = harness::websocket::connect(&stack.gateway.base_url(), stack.gateway.api_key())
-        .await
-        .expect("connects");
-    let basic = ws_create(
-        &mut ws,
-        "ws basic",
-        json!({"model":"base","input":"Hello synthetic:reply_tokens=5","store":false}),
-    )
-    .await;
-    assert_eq!(terminal(&basic)["status"], "completed");
-    let call = ws_create(
-        &mut ws,
-        "ws forced tool call",
-        json!({"model":"base","input":"Weather in Paris?","tools":tools(),"tool_choice":"required",
-            "instructions":"use tools","store":false,"previous_response_id":terminal(&basic)["id"]}),
-    )
-    .await;
-    let fc = function_call(terminal(&call));
-    ws_create(
-        &mut ws,
-        "ws function call output, chained",
-        json!({"model":"base","previous_response_id":terminal(&call)["id"],"tools":tools(),"store":false,
-            "input":[{"type":"function_call_output","call_id":fc["call_id"],"output":"{\"temp\":21}"}]}),
-    )
-    .await;
-    ws_create(
-        &mut ws,
-        "ws warm-up",
-        json!({"model":"base","input":"later","store":false,"generate":false}),
-    )
-    .await;
-    let refused = ws_create(
-        &mut ws,
-        "ws unknown previous response",
-        json!({"model":"base","input":"x","store":false,"previous_response_id":"resp_none"}),
-    )
-    .await;
-    assert_eq!(refused[0]["type"], "error");
     report();
 }

@@ -62,9 +62,31 @@ impl SessionLock {
         }
         let token = std::mem::take(&mut self.token);
         if let Err(e) = self.sessions.unlock(&self.key, &token).await {
-            tracing::warn!("planner session unlock failed: {e}");
+            tracing::warn!("planner session unlock failed, retrying: {e}");
+            unlock_eventually(self.sessions.clone(), self.key.clone(), token);
         }
     }
+}
+
+/// Releases a lock whose release (or acquisition) got no answer: the
+/// command may land late, so the unlock is retried until the store answers
+/// or the lease has run out anyway. The session is then free as soon as
+/// the store is back, not a whole lease later.
+fn unlock_eventually(sessions: Arc<dyn SessionStore>, key: String, token: String) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let give_up = tokio::time::Instant::now() + LOCK_LEASE;
+        let mut pause = Duration::from_millis(100);
+        while tokio::time::Instant::now() < give_up {
+            if sessions.unlock(&key, &token).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    });
 }
 
 impl Drop for SessionLock {
@@ -75,16 +97,11 @@ impl Drop for SessionLock {
         if self.token.is_empty() {
             return;
         }
-        let sessions = self.sessions.clone();
-        let key = std::mem::take(&mut self.key);
-        let token = std::mem::take(&mut self.token);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = sessions.unlock(&key, &token).await {
-                    tracing::warn!("planner session unlock failed: {e}");
-                }
-            });
-        }
+        unlock_eventually(
+            self.sessions.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
     }
 }
 
@@ -132,7 +149,15 @@ impl Planner {
     ) -> Result<Begun, SessionError> {
         let key = session::session_key(org, session_id);
         let token = crate::ids::new_id("lock_");
-        if !self.sessions.lock(&key, &token, LOCK_LEASE).await? {
+        let locked = match self.sessions.lock(&key, &token, LOCK_LEASE).await {
+            Ok(locked) => locked,
+            Err(e) => {
+                // The lock may still land after the timeout: take it back.
+                unlock_eventually(self.sessions.clone(), key, token);
+                return Err(e);
+            }
+        };
+        if !locked {
             let retry_after = self
                 .sessions
                 .lock_left(&key)

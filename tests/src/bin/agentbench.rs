@@ -302,7 +302,10 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
         let seconds = started.elapsed().as_secs_f64();
         let prefilled = prompt_tokens_total(&engine).await?.saturating_sub(before);
         let output = response["output"].as_array().cloned().unwrap_or_default();
-        let call = output.iter().find(|i| i["type"] == "function_call").cloned();
+        let call = output
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .cloned();
         let turn = Turn {
             seconds,
             input_tokens: response["usage"]["input_tokens"].as_u64().unwrap_or(0),
