@@ -287,8 +287,14 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
             None => {
                 body["stream"] = json!(true);
                 let stream = client.stream("/responses", &body).await?;
-                if stream.status != 200 {
-                    bail!("turn {n}: HTTP {}", stream.status);
+                let status = stream.status;
+                if status != 200 {
+                    let said: Vec<String> = stream
+                        .collect()
+                        .await
+                        .map(|frames| frames.into_iter().map(|f| f.raw).collect())
+                        .unwrap_or_default();
+                    bail!("turn {n}: HTTP {status}: {}", said.join(" "));
                 }
                 let events: Vec<Value> = stream
                     .collect()
@@ -355,7 +361,8 @@ fn as_input(item: &Value) -> Value {
                 .flatten()
                 .filter_map(|p| p["text"].as_str())
                 .collect();
-            json!({"role": "assistant", "content": text})
+            json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]})
         }
         Some("function_call") => json!({"type": "function_call", "call_id": item["call_id"],
             "name": item["name"], "arguments": item["arguments"]}),
