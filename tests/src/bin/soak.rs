@@ -87,8 +87,8 @@ struct Store {
 }
 
 enum Reader {
-    Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Single(Box<redis::Client>),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 impl Store {
@@ -223,7 +223,7 @@ async fn main() -> Result<()> {
             store: Arc::new(Store {
                 name: "A (Redis)",
                 prefix: prefix_a,
-                reader: Reader::Single(redis::Client::open(redis.url())?),
+                reader: Reader::Single(Box::new(redis::Client::open(redis.url())?)),
             }),
         },
         Target {
@@ -231,7 +231,9 @@ async fn main() -> Result<()> {
             store: Arc::new(Store {
                 name: "B (cluster)",
                 prefix: prefix_b,
-                reader: Reader::Cluster(redis::cluster::ClusterClient::new(cluster_urls)?),
+                reader: Reader::Cluster(Box::new(redis::cluster::ClusterClient::new(
+                    cluster_urls,
+                )?)),
             }),
         },
     ]);
@@ -732,7 +734,7 @@ async fn resume(
             .and_then(|r| json_of(r)["error"]["code"].as_str().map(str::to_owned));
         match (&reply, code.as_deref()) {
             (Ok(r), _) if r.status == 200 => {
-                let content = json_of(&r)["choices"][0]["message"]["content"]
+                let content = json_of(r)["choices"][0]["message"]["content"]
                     .as_str()
                     .unwrap_or_default()
                     .to_owned();
