@@ -4,7 +4,7 @@
 //! and one `compaction` item holding the summary, which a later
 //! `POST /v1/responses` takes as input in place of what it replaces.
 
-use super::responses::{previous_conversation, resolve_items};
+use super::responses::{conversation, response_object};
 use super::sinks::ResponseEvents;
 use crate::accounts::Account;
 use crate::api::responses::{
@@ -18,7 +18,7 @@ use crate::http::Exchange;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
 use crate::translate::compaction;
-use crate::translate::responses::{new_object, to_worker, ResponseEncoder};
+use crate::translate::responses::{to_worker, ResponseEncoder};
 use crate::{parse, validate};
 use std::sync::Arc;
 
@@ -39,11 +39,7 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
 
     // 2. The conversation: the stored chain, then this input.
-    let mut conversation = match &req.previous_response_id {
-        Some(prev) => previous_conversation(app, &principal, prev).await?,
-        None => Vec::new(),
-    };
-    conversation.extend(resolve_items(&valid.items, &conversation)?);
+    let (conversation, _) = conversation(app, &principal, &pass, &valid, None).await?;
     let mut prompt = conversation.clone();
     prompt.push(user_message(compaction::ASK.to_owned()));
 
@@ -59,16 +55,15 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     .await?;
     let mut work = to_worker(&pass, &valid, &prompt, &ex.request_id);
     generation::session_affinity(&mut work, ex.session_id());
-    let id = new_id("resp_");
-    let object = new_object(
-        id.clone(),
+    let (object, tier) = response_object(
+        &account,
         &pass,
         &valid,
         ResponseStatus::InProgress,
         sampling,
     );
+    let id = object.id.clone();
     let encoder = ResponseEncoder::new(object, valid.format.clone());
-    let tier = account.plan.service_tier(None);
     let generation = super::generation(app, ex, valid.model.id, work, false, tier);
     let mut events = ResponseEvents::new(ex, encoder, false);
     let end = generation.run(reservation, &mut events).await;

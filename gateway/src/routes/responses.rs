@@ -277,7 +277,7 @@ pub(super) async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &Resp
 
 /// The conversation a `previous_response_id` continues: its context and
 /// its output. Missing, expired or another org's → 404; unfinished → 409.
-pub(super) async fn previous_conversation(
+async fn previous_conversation(
     app: &App,
     principal: &Principal,
     prev: &str,
@@ -313,10 +313,7 @@ pub(super) async fn previous_conversation(
 /// This request's items as stored and listed: typed, with ids, string
 /// content as parts, and item references replaced by the items they name
 /// (looked up in the conversation being continued).
-pub(super) fn resolve_items(
-    items: &[InputItem],
-    context: &[InputItem],
-) -> Result<Vec<InputItem>, ApiError> {
+fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<InputItem>, ApiError> {
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let kind = item.kind.as_deref().unwrap_or("message");
