@@ -63,6 +63,7 @@ impl App {
                     max_wait: std::time::Duration::from_millis(pool.queue_timeout_ms),
                     max_depth: pool.queue_max_depth as usize,
                 },
+                stall_timeout: std::time::Duration::from_millis(pool.stall_timeout_ms),
             }),
             crate::pool::worker_auth(config.worker_token.as_deref())?,
             config

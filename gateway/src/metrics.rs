@@ -24,6 +24,13 @@ pub struct Metrics {
     /// Generations that failed after their first event (a stream's status
     /// was already 200), by model and error code.
     pub stream_failures: IntCounterVec,
+    /// Generations whose worker failed after their first event, by model,
+    /// reason and outcome (`moved`, `refused`: it could not move, `failed`:
+    /// no worker took it).
+    pub generation_moves: IntCounterVec,
+    /// The gap a move left in a generation's output: from the last output
+    /// event of the failed worker to the first of the next.
+    pub generation_move_gap: HistogramVec,
     /// Worker calls retried on another worker before the first event.
     pub worker_retries: IntCounterVec,
     /// Requests waiting in a model pool's queue, by model and tier.
@@ -169,6 +176,21 @@ impl Metrics {
                 "gateway_stream_failures_total",
                 "Generations that failed after their first event, by model and error code.",
                 &["model", "code"],
+                registry
+            )?,
+            generation_moves: register_int_counter_vec_with_registry!(
+                "gateway_generation_moves_total",
+                "Generations whose worker failed after their first event, by model, reason \
+                 and outcome (moved, refused, failed).",
+                &["model", "reason", "outcome"],
+                registry
+            )?,
+            generation_move_gap: register_histogram_vec_with_registry!(
+                "gateway_generation_move_gap_seconds",
+                "Gap a move to another worker left in a generation's output: from the \
+                 failed worker's last output event to the next worker's first event.",
+                &["model"],
+                LATENCY_BUCKETS.to_vec(),
                 registry
             )?,
             queue_depth: register_int_gauge_vec_with_registry!(
@@ -628,6 +650,49 @@ pub fn register_model(model: &'static str) {
     let mut models = MODEL_SERIES.write().unwrap_or_else(PoisonError::into_inner);
     if !models.iter().any(|s| s.model == model) {
         push_model(&mut models, model);
+    }
+}
+
+/// The move series of a model's generation whose worker failed for `reason`.
+pub fn generation_moves(model: &str, reason: &'static str) -> GenerationMoves {
+    GenerationMoves {
+        model: model.to_owned(),
+        reason,
+    }
+}
+
+/// Counts how a failed worker's generation went on.
+pub struct GenerationMoves {
+    model: String,
+    reason: &'static str,
+}
+
+impl GenerationMoves {
+    fn count(&self, outcome: &str) {
+        METRICS
+            .generation_moves
+            .with_label_values(&[self.model.as_str(), self.reason, outcome])
+            .inc();
+    }
+
+    /// Another worker took it over, `gap` after the last output.
+    pub fn moved(&self, gap: std::time::Duration) {
+        self.count("moved");
+        METRICS
+            .generation_move_gap
+            .with_label_values(&[self.model.as_str()])
+            .observe(gap.as_secs_f64());
+    }
+
+    /// It could not move (the failure would repeat anywhere, or its moves
+    /// are spent).
+    pub fn refused(&self) {
+        self.count("refused");
+    }
+
+    /// No worker took it in time.
+    pub fn failed(&self) {
+        self.count("failed");
     }
 }
 

@@ -53,11 +53,12 @@ async fn started(w: &Worker) -> u64 {
 
 // ---- SIGKILL mid-stream ----------------------------------------------------
 
-/// A worker killed mid-stream: that stream ends with one in-band error frame
-/// carrying status 502 (no `[DONE]`); every later request succeeds on the
-/// surviving worker of the pool.
+/// A worker killed mid-stream: that stream moves to the surviving worker
+/// of the pool and ends with `[DONE]` (no error frame); every later request
+/// succeeds on the survivor. (`migration_e2e` checks the moved reply's
+/// content; with no other worker the failure is still in band.)
 #[tokio::test]
-async fn sigkill_mid_stream_ends_that_stream_with_502_and_the_survivor_serves() {
+async fn sigkill_mid_stream_moves_the_stream_and_the_survivor_serves() {
     bounded(40, async {
         let mut workers = start_workers("base", &[WorkerOpts::default(), WorkerOpts::default()]);
         let gateway = gateway_over(
@@ -91,24 +92,14 @@ async fn sigkill_mid_stream_ends_that_stream_with_502_and_the_survivor_serves() 
         assert_eq!(started(&workers[survivor]).await, 0);
         workers[victim].kill();
 
-        let t = Instant::now();
         frames.extend(stream.collect().await.unwrap());
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the failure is seen at once"
-        );
         match stream_end(&frames) {
-            StreamEnd::Error { error, chunks } => {
-                assert_eq!(error["status"], 502, "{error}");
-                assert_eq!(error["type"], "server_error", "{error}");
-                assert!(
-                    error["code"].is_string() && error["message"].is_string(),
-                    "{error}"
-                );
-                assert!(chunks >= 3, "tokens were relayed before the failure");
+            StreamEnd::Done { chunks } => {
+                assert!(chunks > 1000, "the whole reply arrived: {chunks} chunks");
             }
-            end => panic!("expected an error frame, got {end:?}"),
+            end => panic!("expected the stream to go on to [DONE], got {end:?}"),
         }
+        assert_eq!(started(&workers[survivor]).await, 1, "the survivor took it");
 
         // Every new request succeeds, streaming or not, on the survivor.
         for i in 0..12 {
@@ -129,16 +120,16 @@ async fn sigkill_mid_stream_ends_that_stream_with_502_and_the_survivor_serves() 
             );
         }
         let c = workers[survivor].counters().await.unwrap();
-        assert_eq!((c.started, c.completed), (16, 16), "{c:?}");
+        assert_eq!((c.started, c.completed), (17, 17), "{c:?}");
     })
     .await;
 }
 
 /// A worker killed while a closed loop of requests flows over a pool of two:
-/// only requests already running on it fail (502 envelope, at most the
-/// loop's concurrency); every request sent after the kill succeeds.
+/// the requests running on it move to the other worker, so none fails;
+/// every request sent after the kill succeeds.
 #[tokio::test]
-async fn sigkill_under_load_fails_only_the_requests_running_on_the_victim() {
+async fn sigkill_under_load_fails_no_request() {
     bounded(40, async {
         let mut workers = start_workers("base", &[WorkerOpts::default(), WorkerOpts::default()]);
         let gateway = gateway_over(
@@ -194,14 +185,7 @@ async fn sigkill_under_load_fails_only_the_requests_running_on_the_victim() {
             victim_started > 0,
             "the victim carried traffic before the kill"
         );
-        assert!(
-            failed.len() <= CONCURRENCY,
-            "only in-flight requests fail: {failed:?}"
-        );
-        assert!(
-            failed.iter().all(|(t, _)| *t < killed_at),
-            "failures were sent before the kill"
-        );
+        assert!(failed.is_empty(), "in-flight requests moved: {failed:?}");
         assert!(
             after.len() >= 10 && after.iter().all(|(_, s)| *s == 200),
             "{after:?}"

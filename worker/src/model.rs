@@ -48,6 +48,8 @@ impl ModelProfile {
             reasoning_budget: self.reasoning_budget,
             tools: true,
             structured_output: true,
+            // The engine's to say (`Engines::resumes`).
+            resume: false,
         }
     }
 }

@@ -278,7 +278,10 @@ impl pb::worker_server::Worker for WorkerService {
             engine: s.engine_name.to_owned(),
             description: s.description.clone(),
             context_window: s.engine.context_window(),
-            capabilities: Some(s.model.capabilities()),
+            capabilities: Some(pb::Capabilities {
+                resume: s.engine.resumes(),
+                ..s.model.capabilities()
+            }),
             load: Some(s.load()),
             draining: s.drain.is_draining(),
             version: env!("CARGO_PKG_VERSION").to_owned(),

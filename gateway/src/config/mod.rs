@@ -359,6 +359,11 @@ pub struct ModelPool {
     /// How many requests may wait in that queue (503 beyond).
     #[serde(default = "default_queue_max_depth")]
     pub queue_max_depth: u32,
+    /// A worker that sends nothing for this long once a generation has
+    /// started (its engine stuck, its link alive) is taken as failed: the
+    /// generation moves to another worker.
+    #[serde(default = "default_stall_timeout_ms")]
+    pub stall_timeout_ms: u64,
     /// The catalogue fields below describe a model id beyond the spec's
     /// three (whose facts are the spec's: setting any of these on `base`,
     /// `base-ultra` or `base-mini` is refused). Context window in tokens;
@@ -411,6 +416,7 @@ impl ModelPool {
             policy: PoolPolicy::default(),
             queue_timeout_ms: default_queue_timeout_ms(),
             queue_max_depth: default_queue_max_depth(),
+            stall_timeout_ms: default_stall_timeout_ms(),
             context_window: None,
             input_price: None,
             cached_input_price: None,
@@ -502,6 +508,9 @@ fn default_write_timeout() -> u64 {
     30
 }
 fn default_queue_timeout_ms() -> u64 {
+    30_000
+}
+fn default_stall_timeout_ms() -> u64 {
     30_000
 }
 fn default_queue_max_depth() -> u32 {

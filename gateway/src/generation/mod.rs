@@ -12,20 +12,27 @@
 //! `runs::background` for the store, `planner::model` for a plan). This
 //! module knows nothing of HTTP.
 
+mod delivered;
 mod relay;
 
 use crate::accounts::ServiceTier;
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::{Pools, Ticket, WorkerCall, WorkerPool};
+use delivered::Delivered;
 use inference_proto::v1 as pb;
+use relay::{Relayed, WorkerFailure};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use telemetry::TraceParent;
 use tokio::time::Instant;
 
 /// Most events folded into one delivery to a client.
 const MAX_BATCH: usize = 64;
+
+/// Workers a generation may move to after the one it started on failed.
+pub const MAX_MOVES: usize = 2;
 
 /// The consumer of a generation went away: the client disconnected, or a
 /// background run was ended elsewhere (or its store was lost).
@@ -103,13 +110,13 @@ impl Generation<'_> {
             input_tokens: reservation.input_estimate(),
         };
         let started = tokio::select! {
-            call = start(self.pools, self.model, self.work, &self.trace, self.deadline, ticket) => call,
+            call = start(self.pools, self.model, &self.work, &self.trace, self.deadline, ticket.clone()) => call,
             _ = sink.gone_while_starting() => {
                 reservation.settle(Outcome::NotRun).await;
                 return End::Gone;
             }
         };
-        let call = match started {
+        let mut call = match started {
             Ok(call) => call,
             Err(e) => {
                 reservation.settle(Outcome::NotRun).await;
@@ -128,17 +135,39 @@ impl Generation<'_> {
             reservation.settle(Outcome::Abandoned).await;
             return End::Gone;
         }
-        let mut output_seen = relay::OutputSeen::default();
-        let end = relay::relay(
-            call,
-            self.deadline,
-            self.model,
-            &request_id,
-            sink,
-            &mut output_seen,
-        )
-        .await;
-        reservation.observe_output(output_seen.tokens());
+        let stall_timeout =
+            pool_of(self.pools, self.model).map_or(Duration::from_secs(30), |p| p.stall_timeout());
+        let mut delivered = Delivered::default();
+        let mut failed_on: Vec<String> = Vec::new();
+        let end = loop {
+            let relayed = relay::relay(
+                call,
+                self.deadline,
+                stall_timeout,
+                self.model,
+                &request_id,
+                sink,
+                &mut delivered,
+            )
+            .await;
+            let failure = match relayed {
+                Relayed::Ended(end) => break end,
+                Relayed::WorkerFailed(failure) => failure,
+            };
+            failed_on.push(failure.worker.clone());
+            match self
+                .move_on(&failure, &failed_on, &delivered, &ticket)
+                .await
+            {
+                Some(next) => call = next,
+                None => {
+                    relay::count_stream_failure(self.model, &failure.error);
+                    sink.fail(&failure.error).await;
+                    break End::Failed(failure.error);
+                }
+            }
+        };
+        reservation.observe_output(delivered.tokens());
         match &end {
             End::Finished(f) => {
                 let usage = f.usage.unwrap_or_default();
@@ -147,6 +176,54 @@ impl Generation<'_> {
             _ => reservation.settle(Outcome::Abandoned).await,
         }
         end
+    }
+
+    /// Moves the generation off the worker that failed: starts it again on
+    /// another worker of the pool that continues the delivered output
+    /// (`failed_on`: every worker it failed on, skipped), within the
+    /// deadline. `None` when it cannot move (the failure says it would fail
+    /// anywhere, the moves are spent, no worker can take it, or it did not
+    /// start in time): the failure is then delivered in band.
+    async fn move_on(
+        &self,
+        failure: &WorkerFailure,
+        failed_on: &[String],
+        delivered: &Delivered,
+        ticket: &Ticket,
+    ) -> Option<WorkerCall> {
+        let moves = crate::metrics::generation_moves(self.model, failure.reason);
+        if !failure.movable || failed_on.len() > MAX_MOVES {
+            moves.refused();
+            return None;
+        }
+        let pool = pool_of(self.pools, self.model).ok()?;
+        let mut work = self.work.clone();
+        work.resume = Some(delivered.resume());
+        let start = pool.continue_elsewhere(&work, &self.trace, ticket.clone(), failed_on);
+        match tokio::time::timeout_at(self.deadline, start).await {
+            Ok(Ok(call)) => {
+                let since = failure.last_output.unwrap_or_else(std::time::Instant::now);
+                moves.moved(since.elapsed());
+                tracing::info!(
+                    request_id = %work.request_id,
+                    from = %failure.worker,
+                    to = %call.guard.worker(),
+                    reason = failure.reason,
+                    delivered_tokens = delivered.tokens(),
+                    "generation moved to another worker"
+                );
+                Some(call)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(request_id = %work.request_id, reason = failure.reason, "generation could not move: {e:?}");
+                moves.failed();
+                None
+            }
+            Err(_) => {
+                moves.failed();
+                None
+            }
+        }
     }
 }
 
@@ -161,7 +238,7 @@ pub fn pool_of<'a>(pools: &'a Pools, model: &str) -> Result<&'a Arc<WorkerPool>,
 async fn start(
     pools: &Pools,
     model: &str,
-    work: pb::GenerateRequest,
+    work: &pb::GenerateRequest,
     trace: &TraceParent,
     deadline: Instant,
     ticket: Ticket,

@@ -6,6 +6,7 @@
 //! the worker's generation at once; a finished call is read to its
 //! trailers instead.
 
+use super::delivered::Delivered;
 use super::{End, Sink};
 use crate::error::ApiError;
 use crate::pool::{classify, CallGuard, PoolError, WorkerCall};
@@ -14,30 +15,57 @@ use inference_proto::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::{Status, Streaming};
 
-/// Relays `call` through `sink`, counting the output it relayed in
-/// `output_seen`.
+/// How relaying one worker's call ended.
+pub(super) enum Relayed {
+    /// The generation ended: finished, its consumer gone, or failed in
+    /// band (the deadline).
+    Ended(End),
+    /// The worker failed after the first event. Nothing of the failure
+    /// reached the consumer; events not yet delivered stay in the sink's
+    /// batch, so the generation may go on on another worker.
+    WorkerFailed(WorkerFailure),
+}
+
+/// A worker that failed mid-generation.
+pub(super) struct WorkerFailure {
+    /// What the consumer is told if the generation cannot go on.
+    pub error: ApiError,
+    /// Why, as a metric label (`pool::Failure::reason`, or `ended` for a
+    /// stream that ended unfinished).
+    pub reason: &'static str,
+    /// Another worker may take the generation over.
+    pub movable: bool,
+    /// The worker's address.
+    pub worker: String,
+    /// When its last output event arrived.
+    pub last_output: Option<Instant>,
+}
+
+/// Relays `call` through `sink`, recording what it relayed in `delivered`.
 pub(super) async fn relay<S: Sink>(
     call: WorkerCall,
     deadline: tokio::time::Instant,
+    stall_timeout: Duration,
     model: &str,
     request_id: &str,
     sink: &mut S,
-    output_seen: &mut OutputSeen,
-) -> End {
+    delivered: &mut Delivered,
+) -> Relayed {
     // The guard holds the worker's in-flight slot until the relay returns.
     let WorkerCall { first, rest, guard } = call;
+    let served_before = delivered.tokens();
     let end = relay_events(
         first,
         rest,
         &guard,
-        deadline,
+        (deadline, stall_timeout),
         model,
         request_id,
         sink,
-        output_seen,
+        delivered,
     )
     .await;
-    guard.record_served(output_seen.tokens());
+    guard.record_served(delivered.tokens() - served_before);
     end
 }
 
@@ -46,17 +74,16 @@ async fn relay_events<S: Sink>(
     first: pb::GenerateEvent,
     mut rest: Streaming<pb::GenerateEvent>,
     guard: &CallGuard,
-    deadline: tokio::time::Instant,
+    (deadline, stall_timeout): (tokio::time::Instant, Duration),
     model: &str,
     request_id: &str,
     sink: &mut S,
-    output_seen: &mut OutputSeen,
-) -> End {
+    delivered: &mut Delivered,
+) -> Relayed {
     let series = crate::metrics::model_series(model);
     let mut decode = DecodeClock::default();
-    let mut take = |event: pb::GenerateEvent, sink: &mut S| {
-        if is_output(&event) {
-            output_seen.add(event.output_tokens);
+    let mut take = |event: pb::GenerateEvent, sink: &mut S, decode: &mut DecodeClock| {
+        if delivered.record(&event) {
             if let Some(gap) = decode.output(Instant::now()) {
                 if let Some(s) = series {
                     s.inter_token_latency().observe(gap.as_secs_f64());
@@ -67,87 +94,77 @@ async fn relay_events<S: Sink>(
         sink.event(event);
         finished
     };
-    let mut finished = take(first, sink);
+    let mut finished = take(first, sink, &mut decode);
     let mut batched = 1;
-    // One timer for the whole relay rather than one registered per event.
+    // One timer for the whole relay rather than one registered per event;
+    // the same for the stall timeout.
     let deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(deadline);
+    let mut last_event = tokio::time::Instant::now();
+    let stall = tokio::time::sleep_until(last_event + stall_timeout);
+    tokio::pin!(stall);
     loop {
         // Fold whatever else is ready into this batch.
         while finished.is_none() && !sink.batch_full(batched) {
             match rest.message().now_or_never() {
                 None => break,
                 Some(Ok(Some(event))) => {
-                    finished = take(event, sink);
+                    finished = take(event, sink, &mut decode);
                     batched += 1;
                 }
-                Some(Ok(None)) => return failed(guard, None, model, request_id, sink).await,
-                Some(Err(status)) => {
-                    return failed(guard, Some(status), model, request_id, sink).await
-                }
+                Some(Ok(None)) => return failed(guard, None, request_id, decode.last),
+                Some(Err(status)) => return failed(guard, Some(status), request_id, decode.last),
             }
         }
-        let delivered = sink.deliver().await;
+        let delivery = sink.deliver().await;
         if let Some(f) = finished {
             close_cleanly(rest);
-            if delivered.is_err() {
-                return End::Gone;
+            if delivery.is_err() {
+                return Relayed::Ended(End::Gone);
             }
             guard.record_finished(f.usage.as_ref());
             let tokens = f.usage.map_or(0, |u| u.completion_tokens);
             if let (Some(per_token), Some(s)) = (decode.per_token(tokens), series) {
                 s.time_per_output_token().observe(per_token.as_secs_f64());
             }
-            return End::Finished(f);
+            return Relayed::Ended(End::Finished(f));
         }
-        if delivered.is_err() {
-            return End::Gone;
+        if delivery.is_err() {
+            return Relayed::Ended(End::Gone);
         }
         // The deadline first: with events always ready (a slow consumer
         // behind a fast worker) a later branch would never be polled.
-        let next = tokio::select! {
-            biased;
-            _ = &mut deadline => {
-                let e = ApiError::timeout("The generation exceeded the request deadline.");
-                count_stream_failure(model, &e);
-                sink.fail(&e).await;
-                return End::Failed(e);
+        let next = loop {
+            tokio::select! {
+                biased;
+                _ = &mut deadline => {
+                    let e = ApiError::timeout("The generation exceeded the request deadline.");
+                    count_stream_failure(model, &e);
+                    sink.fail(&e).await;
+                    return Relayed::Ended(End::Failed(e));
+                }
+                _ = &mut stall => {
+                    // Armed lazily: re-armed from the last event when one
+                    // came since, so an event costs a clock read, not a
+                    // timer.
+                    let quiet_until = last_event + stall_timeout;
+                    if tokio::time::Instant::now() >= quiet_until {
+                        return stalled(guard, stall_timeout, request_id, decode.last);
+                    }
+                    stall.as_mut().reset(quiet_until);
+                }
+                next = rest.message() => break next,
+                _ = sink.gone() => return Relayed::Ended(End::Gone),
             }
-            next = rest.message() => next,
-            _ = sink.gone() => return End::Gone,
         };
+        last_event = tokio::time::Instant::now();
         match next {
             Ok(Some(event)) => {
-                finished = take(event, sink);
+                finished = take(event, sink, &mut decode);
                 batched = 1;
             }
-            Ok(None) => return failed(guard, None, model, request_id, sink).await,
-            Err(status) => return failed(guard, Some(status), model, request_id, sink).await,
-        }
-    }
-}
-
-/// The generated tokens a relayed generation delivered, for billing one
-/// that never finishes. Workers that count tokens per event are summed;
-/// events of a worker that does not (an engine server's deltas, about one
-/// token each) count one each.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OutputSeen {
-    counted: u64,
-    events: u64,
-}
-
-impl OutputSeen {
-    fn add(&mut self, output_tokens: u32) {
-        self.counted += u64::from(output_tokens);
-        self.events += 1;
-    }
-
-    pub fn tokens(self) -> u64 {
-        if self.counted > 0 {
-            self.counted
-        } else {
-            self.events
+            Ok(None) => return failed(guard, None, request_id, decode.last),
+            Err(status) => return failed(guard, Some(status), request_id, decode.last),
         }
     }
 }
@@ -176,7 +193,7 @@ impl DecodeClock {
     }
 }
 
-fn count_stream_failure(model: &str, e: &ApiError) {
+pub(super) fn count_stream_failure(model: &str, e: &ApiError) {
     crate::metrics::METRICS
         .stream_failures
         .with_label_values(&[model, e.code.as_ref()])
@@ -184,25 +201,57 @@ fn count_stream_failure(model: &str, e: &ApiError) {
 }
 
 /// The worker failed after the first event (`None`: it ended the stream
-/// unfinished): counted against its health, and delivered in band.
-async fn failed<S: Sink>(
+/// unfinished): counted against its health; the driver decides whether
+/// the generation moves or the failure is delivered in band.
+fn failed(
     guard: &CallGuard,
     status: Option<Status>,
-    model: &str,
     request_id: &str,
-    sink: &mut S,
-) -> End {
+    last_output: Option<Instant>,
+) -> Relayed {
     guard.record_stream_failure(status.as_ref());
-    let e = match status {
-        None => ApiError::upstream("The model worker ended the stream before finishing."),
+    let worker = guard.worker().to_owned();
+    let failure = match status {
+        None => WorkerFailure {
+            error: ApiError::upstream("The model worker ended the stream before finishing."),
+            reason: "ended",
+            movable: true,
+            worker,
+            last_output,
+        },
         Some(status) => {
             tracing::warn!(%request_id, "worker failed mid-stream: {status}");
-            mid_stream_error(&status)
+            let class = classify(&status);
+            WorkerFailure {
+                error: mid_stream_error(&status),
+                reason: class.reason,
+                movable: class.try_elsewhere,
+                worker,
+                last_output,
+            }
         }
     };
-    count_stream_failure(model, &e);
-    sink.fail(&e).await;
-    End::Failed(e)
+    Relayed::WorkerFailed(failure)
+}
+
+/// The worker sent nothing for `stall_timeout` after the first event (its
+/// engine stuck while its link lives): a worker fault, and the generation
+/// may move.
+fn stalled(
+    guard: &CallGuard,
+    stall_timeout: Duration,
+    request_id: &str,
+    last_output: Option<Instant>,
+) -> Relayed {
+    tracing::warn!(%request_id, ?stall_timeout, "worker stalled mid-stream");
+    guard.record_stream_failure(None);
+    Relayed::WorkerFailed(WorkerFailure {
+        error: ApiError::timeout("The model worker stopped sending output."),
+        reason: "stalled",
+        movable: true,
+        worker: guard.worker().to_owned(),
+        last_output,
+    })
 }
 
 /// After the first token the consumer cannot be retried transparently:
@@ -241,15 +290,6 @@ fn close_cleanly(mut rest: Streaming<pb::GenerateEvent>) {
     }
 }
 
-/// Whether a worker event carries generated output (about one token each).
-fn is_output(event: &pb::GenerateEvent) -> bool {
-    use pb::generate_event::Event;
-    matches!(
-        event.event,
-        Some(Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_))
-    )
-}
-
 fn finished_of(event: &pb::GenerateEvent) -> Option<pb::Finished> {
     match &event.event {
         Some(pb::generate_event::Event::Finished(f)) => Some(*f),
@@ -261,19 +301,6 @@ fn finished_of(event: &pb::GenerateEvent) -> Option<pb::Finished> {
 mod tests {
     use super::*;
     use tonic::Code;
-
-    #[test]
-    fn output_is_counted_in_tokens_where_the_worker_counts_them() {
-        let mut counted = OutputSeen::default();
-        counted.add(1);
-        counted.add(40);
-        counted.add(0);
-        assert_eq!(counted.tokens(), 41, "merged events carry their tokens");
-        let mut uncounted = OutputSeen::default();
-        uncounted.add(0);
-        uncounted.add(0);
-        assert_eq!(uncounted.tokens(), 2, "one token per event otherwise");
-    }
 
     #[test]
     fn time_per_output_token_is_one_sample_of_the_whole_decode() {

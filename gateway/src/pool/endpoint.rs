@@ -43,6 +43,8 @@ pub struct WorkerEndpoint {
     queued: AtomicU32,
     capacity: AtomicU32,
     draining: AtomicBool,
+    /// Its engine continues a moved generation (`Capabilities.resume`).
+    resumes: AtomicBool,
     /// The sampling its worker applies to fields a request leaves unset.
     sampling_defaults: RwLock<Option<pb::SamplingDefaults>>,
     /// Last active health check passed. Starts true so that a fresh gateway
@@ -122,6 +124,7 @@ impl WorkerEndpoint {
             queued: AtomicU32::new(0),
             capacity: AtomicU32::new(0),
             draining: AtomicBool::new(false),
+            resumes: AtomicBool::new(false),
             sampling_defaults: RwLock::new(None),
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
@@ -287,6 +290,15 @@ impl WorkerEndpoint {
             self.open_until_ms.store(until, Ordering::Relaxed);
             tracing::warn!(worker = %self.addr, failures = n, open_for_ms = open_for.as_millis() as u64, "circuit opened");
         }
+    }
+
+    /// Whether its engine continues a generation moved from another worker.
+    pub fn resumes(&self) -> bool {
+        self.resumes.load(Ordering::Relaxed)
+    }
+
+    pub fn record_resumes(&self, resumes: bool) {
+        self.resumes.store(resumes, Ordering::Relaxed);
     }
 
     /// What its worker last reported it samples with by default.

@@ -42,6 +42,7 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
             endpoint.prefixes().record_report(prefixes);
         }
         endpoint.record_sampling_defaults(info.sampling_defaults);
+        endpoint.record_resumes(info.capabilities.is_some_and(|c| c.resume));
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))
     };

@@ -45,6 +45,8 @@ pub struct PoolSpec {
     pub workers: Vec<String>,
     pub policy: PoolPolicy,
     pub queue: QueueLimits,
+    /// Silence after a call's first event that counts as a failed worker.
+    pub stall_timeout: Duration,
 }
 
 /// The `authorization` metadata every call to a worker carries when the
@@ -110,6 +112,7 @@ impl Pools {
                 )),
                 endpoints: members,
                 targets,
+                stall_timeout: spec.stall_timeout,
             };
             pool.set_members(discovery::resolve_blocking(
                 &pool.model,
@@ -167,6 +170,7 @@ pub struct WorkerPool {
     endpoints: Arc<Members>,
     /// Requests waiting for a free worker when every one is busy.
     queue: Arc<queue::PoolQueue>,
+    stall_timeout: Duration,
 }
 
 /// A pool's workers, replaced as a whole when membership changes; readers
@@ -298,6 +302,11 @@ impl CallGuard {
         self.turn.served(output_tokens);
     }
 
+    /// The worker serving the call (its address).
+    pub fn worker(&self) -> &str {
+        self.endpoint.addr()
+    }
+
     /// Records a failure of the stream after its first event: a worker
     /// fault (the worker died, reset the stream, ended it unfinished)
     /// counts toward opening its circuit like one before the first token,
@@ -314,6 +323,12 @@ impl CallGuard {
 impl WorkerPool {
     fn snapshot(&self) -> Arc<Vec<Arc<WorkerEndpoint>>> {
         self.endpoints.snapshot()
+    }
+
+    /// Silence after a call's first event that counts as a failed worker
+    /// (`stall_timeout_ms`).
+    pub fn stall_timeout(&self) -> Duration {
+        self.stall_timeout
     }
 
     /// The sampling the pool's workers apply to fields a request leaves
@@ -420,31 +435,51 @@ impl WorkerPool {
     /// caller's state for the whole life of a stream.
     pub fn generate<'a>(
         &'a self,
-        request: pb::GenerateRequest,
+        request: &'a pb::GenerateRequest,
         trace: &'a TraceParent,
         ticket: Ticket,
     ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, PoolError>> + Send + 'a>> {
-        Box::pin(self.start_call(request, trace, ticket))
+        Box::pin(self.start_call(request, trace, ticket, |_| true))
+    }
+
+    /// Starts a moved generation (`request.resume` set) as
+    /// [`WorkerPool::generate`] does, on a worker whose engine continues
+    /// one and that is not among `failed` (the workers it failed on).
+    pub fn continue_elsewhere<'a>(
+        &'a self,
+        request: &'a pb::GenerateRequest,
+        trace: &'a TraceParent,
+        ticket: Ticket,
+        failed: &'a [String],
+    ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, PoolError>> + Send + 'a>> {
+        Box::pin(
+            self.start_call(request, trace, ticket, move |e: &WorkerEndpoint| {
+                e.resumes() && !failed.iter().any(|f| f == e.addr())
+            }),
+        )
     }
 
     async fn start_call(
         &self,
-        request: pb::GenerateRequest,
+        request: &pb::GenerateRequest,
         trace: &TraceParent,
         ticket: Ticket,
+        eligible: impl Fn(&WorkerEndpoint) -> bool,
     ) -> Result<WorkerCall, PoolError> {
         // Every worker busy: wait here for a turn, in the queue's order.
         let mut turn = self.queue.enter(ticket).await.map_err(PoolError::Shed)?;
-        let metadata = call_metadata(&request, trace, &self.auth);
+        let metadata = call_metadata(request, trace, &self.auth);
         let endpoints = self.snapshot();
-        let routing = select::Routing::of(self.policy, &request);
+        let routing = select::Routing::of(self.policy, request);
         let mut tried: Vec<usize> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error: Option<PoolError> = None;
         // The reason the previous attempt failed, counted once another starts.
         let mut retrying: Option<&'static str> = None;
         while tried.len() < MAX_ATTEMPTS {
             let mut candidates: Vec<usize> = (0..endpoints.len())
-                .filter(|i| !tried.contains(i) && endpoints[*i].is_available())
+                .filter(|i| {
+                    !tried.contains(i) && endpoints[*i].is_available() && eligible(&endpoints[*i])
+                })
                 .collect();
             if candidates.is_empty() {
                 // Panic mode: every circuit is open, yet active checks pass.
@@ -454,7 +489,9 @@ impl WorkerPool {
                 // requests into an outage of the model.
                 candidates = (0..endpoints.len())
                     .filter(|i| {
-                        !tried.contains(i) && endpoints[*i].is_selectable_ignoring_circuit()
+                        !tried.contains(i)
+                            && endpoints[*i].is_selectable_ignoring_circuit()
+                            && eligible(&endpoints[*i])
                     })
                     .collect();
             }
@@ -756,6 +793,7 @@ mod tests {
                     max_wait: Duration::from_secs(1),
                     max_depth: 8,
                 },
+                stall_timeout: Duration::from_secs(30),
             }],
             None,
             None,

@@ -120,6 +120,7 @@ pub fn to_worker(
         // A non-streaming reply is relayed as one body: no need for
         // token-sized frames.
         batch_events: !valid.stream,
+        resume: None,
     }
 }
 

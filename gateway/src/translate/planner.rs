@@ -62,6 +62,7 @@ pub fn to_worker(call: &PlannerCall<'_>) -> pb::GenerateRequest {
         }),
         cache_key: format!("session:{}", call.session_id),
         batch_events: !call.streamed,
+        resume: None,
     }
 }
 

@@ -216,6 +216,7 @@ pub fn to_worker(
         // Token-sized events only where a client sees them: a stream now,
         // or a background run's event log (replayable later).
         batch_events: !valid.stream && !valid.background,
+        resume: None,
     }
 }
 

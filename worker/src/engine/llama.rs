@@ -372,16 +372,26 @@ impl SequenceEngine for LlamaEngine {
 
     async fn start(&self, sequence: Sequence) -> Result<SequenceStream, Status> {
         // Compiling a schema takes about a millisecond: inline.
-        let matcher = sequence
+        let mut matcher = sequence
             .constraint
             .as_ref()
             .map(|c| self.matcher(c))
             .transpose()?;
+        // A continued sequence: the constraint has matched the output
+        // already generated, which follows the prompt in the context.
+        if let (Some(m), false) = (matcher.as_mut(), sequence.resumed.is_empty()) {
+            m.consume_tokens(&sequence.resumed).map_err(|e| {
+                status::invalid_request(format!(
+                    "the delivered output does not match its constraint: {e}"
+                ))
+            })?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let job = Job {
             prompt: sequence
                 .prompt
                 .iter()
+                .chain(&sequence.resumed)
                 .map(|t| LlamaToken(*t as i32))
                 .collect(),
             sampling: sequence.sampling,

@@ -27,6 +27,7 @@
 
 pub mod coalesce;
 pub mod request;
+pub mod resume;
 pub mod stop;
 pub mod tool_calls;
 pub mod utf8;
@@ -43,6 +44,7 @@ use inference_proto::v1 as pb;
 use pb::finished::Reason;
 use pb::generate_event::Event;
 use request::{RequestPlan, ToolMode};
+use resume::Resume;
 use std::sync::Arc;
 use stop::StopScanner;
 use tonic::Status;
@@ -77,6 +79,8 @@ pub struct Prepared {
     /// Of the prompt, image parts.
     image_tokens: u32,
     completion_limit: u32,
+    /// What a moved generation already delivered.
+    resume: Option<Resume>,
 }
 
 /// Plans, renders and tokenizes a request (a long prompt off the async
@@ -123,6 +127,7 @@ pub async fn prepare(
         prompt,
         image_tokens,
         completion_limit: 0,
+        resume: req.resume.map(Resume::from_proto),
     })
 }
 
@@ -162,35 +167,101 @@ impl Prepared {
 
     /// Starts the first sequence (a bad schema fails here, before the
     /// stream opens). `on_cached` hears the count of reused prompt tokens
-    /// after prefill.
+    /// after prefill. A moved generation starts where its delivered output
+    /// ends: in the think section, or in the answer.
     pub async fn start(self, on_cached: OnCached) -> Result<Running, Status> {
-        let (max_tokens, constraint) = match self.plan.reasoning_budget {
-            Some(budget) => (budget.min(self.completion_limit), None),
-            None => (self.completion_limit, self.plan.constraint.clone()),
+        let resume = self.resume.clone().unwrap_or_default();
+        let remaining = self
+            .completion_limit
+            .saturating_sub(resume.completion_tokens);
+        let budget = self
+            .plan
+            .reasoning_budget
+            .map(|b| b.min(self.completion_limit));
+        let think_left = budget.map(|b| b.saturating_sub(resume.reasoning_tokens).min(remaining));
+        let thinking = think_left.is_some_and(|left| left > 0) && !resume.in_answer();
+        let (prompt, resumed, max_tokens, constraint) = if thinking {
+            let resumed = self.continuation(&self.prompt_text, &self.prompt, &resume.reasoning)?;
+            (self.prompt.clone(), resumed, think_left.unwrap_or(0), None)
+        } else {
+            let output = resume.answer_output(self.plan.tools, self.plan.parallel_tool_calls);
+            let after_think;
+            let (prompt_text, prompt) = match budget {
+                Some(_) => {
+                    after_think = answer_prompt(&self.prompt_text, &resume.reasoning);
+                    let tokens = self.engine.tokenize(&after_think)?;
+                    (after_think.as_str(), tokens)
+                }
+                None => (self.prompt_text.as_str(), self.prompt.clone()),
+            };
+            let resumed = self.continuation(prompt_text, &prompt, &output)?;
+            (prompt, resumed, remaining, self.plan.constraint.clone())
         };
-        let stream = self
-            .engine
-            .start(Sequence {
-                prompt: self.prompt.clone(),
-                sampling: self.plan.sampling,
-                max_tokens,
-                constraint,
-                cache_key: self.cache_key.clone(),
-            })
-            .await?;
+        let stream = if max_tokens == 0 {
+            // The failed worker had generated all it could: the reply ends
+            // here, cut at its length.
+            None
+        } else {
+            Some(
+                self.engine
+                    .start(Sequence {
+                        prompt,
+                        sampling: self.plan.sampling,
+                        max_tokens,
+                        constraint,
+                        cache_key: self.cache_key.clone(),
+                        resumed,
+                    })
+                    .await?,
+            )
+        };
         Ok(Running {
             prepared: self,
+            resume,
+            thinking,
             stream,
             phase_max: max_tokens,
             on_cached,
         })
     }
+
+    /// The tokens of `output` as they follow `prompt` (rendered from
+    /// `prompt_text`): the whole is tokenized so the seam tokenizes as the
+    /// model would have, and the prompt's own tokens must come out the same.
+    fn continuation(
+        &self,
+        prompt_text: &str,
+        prompt: &[TokenId],
+        output: &str,
+    ) -> Result<Vec<TokenId>, Status> {
+        if output.is_empty() {
+            return Ok(Vec::new());
+        }
+        let whole = self.engine.tokenize(&format!("{prompt_text}{output}"))?;
+        match whole.strip_prefix(prompt) {
+            Some(rest) => Ok(rest.to_vec()),
+            None => Err(status::invalid_request(
+                "the delivered output cannot continue this prompt: its tokens merge across the seam",
+            )),
+        }
+    }
+}
+
+/// The prompt of the answer after a think section: the same prompt with
+/// the section closed.
+fn answer_prompt(prompt_text: &str, reasoning: &str) -> String {
+    format!("{prompt_text}{}\n{THINK_CLOSE}\n\n", reasoning.trim_end())
 }
 
 /// A started request, ready to stream.
 pub struct Running {
     prepared: Prepared,
-    stream: SequenceStream,
+    /// What a moved generation already delivered (empty otherwise).
+    resume: Resume,
+    /// The first sequence is the think section.
+    thinking: bool,
+    /// `None`: nothing is left to generate (a moved generation at its limit).
+    stream: Option<SequenceStream>,
     phase_max: u32,
     on_cached: OnCached,
 }
@@ -437,7 +508,9 @@ impl Started for Running {
     async fn run(self: Box<Self>, out: EventSink) -> Outcome {
         let Running {
             prepared: p,
-            mut stream,
+            resume,
+            thinking,
+            stream,
             phase_max,
             on_cached,
         } = *self;
@@ -450,13 +523,16 @@ impl Started for Running {
             unreported_tokens: 0,
             last_flush: None,
             engine_finished: false,
-            completion_tokens: 0,
+            completion_tokens: resume.completion_tokens,
             cached: None,
             on_cached,
-            reasoning_text: String::new(),
+            reasoning_text: resume.reasoning.clone(),
         };
-        let mut reasoning_tokens = 0;
-        if p.plan.reasoning_budget.is_some() {
+        let mut reasoning_tokens = resume.reasoning_tokens;
+        let Some(mut stream) = stream else {
+            return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
+        };
+        if thinking {
             let mut mode = Mode::Reasoning(StopScanner::new(&[THINK_CLOSE.to_owned()]));
             let end = em.phase(&mut stream, &mut mode, phase_max).await;
             drop(stream);
@@ -473,12 +549,7 @@ impl Started for Running {
                 }
                 PhaseEnd::Stop | PhaseEnd::Length => {}
             }
-            // The answer: the same prompt with the think section closed.
-            let text = format!(
-                "{}{}\n{THINK_CLOSE}\n\n",
-                p.prompt_text,
-                em.reasoning_text.trim_end()
-            );
+            let text = answer_prompt(&p.prompt_text, &em.reasoning_text);
             let engine = Arc::clone(&p.engine);
             let tokens = match tokio::task::spawn_blocking(move || engine.tokenize(&text)).await {
                 Ok(Ok(t)) => t,
@@ -490,7 +561,10 @@ impl Started for Running {
             };
             let window = p.engine.context_window();
             let room = window.saturating_sub(saturate(tokens.len()));
-            let max = (p.completion_limit - reasoning_tokens).min(room);
+            let max = p
+                .completion_limit
+                .saturating_sub(reasoning_tokens)
+                .min(room);
             if max == 0 {
                 return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
             }
@@ -502,26 +576,44 @@ impl Started for Running {
                     max_tokens: max,
                     constraint: p.plan.constraint.clone(),
                     cache_key: p.cache_key.clone(),
+                    resumed: Vec::new(),
                 })
                 .await;
             stream = match started {
                 Ok(s) => s,
                 Err(s) => return out.finish_failed(s, em.completion_tokens).await,
             };
-            return answer(&mut em, stream, max, reasoning_tokens, &p).await;
+            return answer(
+                &mut em,
+                stream,
+                max,
+                reasoning_tokens,
+                &p,
+                &Resume::default(),
+            )
+            .await;
         }
-        answer(&mut em, stream, phase_max, reasoning_tokens, &p).await
+        answer(&mut em, stream, phase_max, reasoning_tokens, &p, &resume).await
     }
 }
 
+/// The answer's sequence to its end. A moved generation's answer goes on
+/// in the mode its delivered output decided (text, or calls with their
+/// parser past the delivered ones).
 async fn answer(
     em: &mut Emitter<'_>,
     mut stream: SequenceStream,
     max: u32,
     reasoning_tokens: u32,
     p: &Prepared,
+    resume: &Resume,
 ) -> Outcome {
-    let mut mode = match p.plan.tools {
+    let (tools, parallel) = (p.plan.tools, p.plan.parallel_tool_calls);
+    let mut mode = match tools {
+        _ if !resume.tool_calls.is_empty() => {
+            Mode::Tools(resume.parser(&p.request_id, tools, parallel))
+        }
+        ToolMode::Auto if !resume.text.is_empty() => Mode::Text(StopScanner::new(&p.plan.stop)),
         ToolMode::Constrained => Mode::Tools(ToolCallParser::new(&p.request_id)),
         ToolMode::Auto => Mode::Detect(
             CallDetector::new(&p.plan.tool_names),
@@ -585,7 +677,9 @@ async fn finish(
         reason: reason as i32,
         usage: Some(pb::Usage {
             prompt_tokens: p.prompt_tokens(),
-            cached_prompt_tokens: em.cached.unwrap_or(0),
+            // A moved generation's engine may hold some of its resumed
+            // output too: only the prompt's part is a prompt token.
+            cached_prompt_tokens: em.cached.unwrap_or(0).min(p.prompt_tokens()),
             completion_tokens: tokens,
             reasoning_tokens,
             image_tokens: p.image_tokens,

@@ -63,6 +63,8 @@ pub struct RequestPlan {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub max_tokens: u32,
+    /// Several calls may be made at once (an array of them).
+    pub parallel_tool_calls: bool,
 }
 
 /// Compact JSON from the constraint: a small model would otherwise spend
@@ -181,6 +183,7 @@ pub fn plan(req: &pb::GenerateRequest, images: bool) -> Result<RequestPlan, Stat
         },
         stop: sampling.stop,
         max_tokens: sampling.max_tokens,
+        parallel_tool_calls: req.parallel_tool_calls,
     })
 }
 

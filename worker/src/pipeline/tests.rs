@@ -134,13 +134,38 @@ async fn run(engine: Arc<Scripted>, req: pb::GenerateRequest) -> (Vec<Event>, Ou
 }
 
 fn text_of(events: &[Event]) -> String {
+    joined(events, false)
+}
+
+fn reasoning_of(events: &[Event]) -> String {
+    joined(events, true)
+}
+
+/// The text (or the reasoning) of events, joined.
+fn joined(events: &[Event], reasoning: bool) -> String {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Text(t) => Some(t.text.as_str()),
+            Event::Text(t) if !reasoning => Some(t.text.as_str()),
+            Event::Reasoning(r) if reasoning => Some(r.text.as_str()),
             _ => None,
         })
         .collect()
+}
+
+/// The text of tokens of the scripted engine (one per character).
+fn chars(tokens: &[TokenId]) -> String {
+    tokens.iter().filter_map(|t| char::from_u32(*t)).collect()
+}
+
+/// A request with a think section of `budget` tokens.
+fn thinking(mut req: pb::GenerateRequest, budget: u32) -> pb::GenerateRequest {
+    req.reasoning = Some(pb::Reasoning {
+        enabled: true,
+        budget_tokens: budget,
+        effort: String::new(),
+    });
+    req
 }
 
 fn finished(events: &[Event]) -> &pb::Finished {
@@ -162,9 +187,11 @@ async fn stop_split_across_tokens_and_utf8_split_across_tokens() {
     let f = finished(&events);
     assert_eq!(f.reason(), Reason::Stop);
     let u = f.usage.as_ref().expect("usage");
+    // The engine says 3 reused tokens of a 2-token prompt: cached tokens
+    // are prompt tokens, never more than the prompt.
     assert_eq!(
         (u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens),
-        (2, 3, 6)
+        (2, 2, 6)
     );
     assert_eq!(outcome, Outcome::Completed { tokens: 6 });
 }
@@ -254,24 +281,14 @@ async fn reasoning_is_a_think_section_then_the_answer() {
         effort: String::new(),
     });
     let (events, _) = run(engine.clone(), req).await;
-    let reasoning: String = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Reasoning(r) => Some(r.text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let reasoning = reasoning_of(&events);
     assert_eq!(reasoning, "let me think");
     assert_eq!(text_of(&events), "42");
     let u = finished(&events).usage.expect("usage");
     assert_eq!((u.completion_tokens, u.reasoning_tokens), (4, 3));
     let started = engine.started.lock().unwrap();
     assert_eq!(started[0].max_tokens, 50);
-    let second: String = started[1]
-        .prompt
-        .iter()
-        .filter_map(|t| char::from_u32(*t))
-        .collect();
+    let second = chars(&started[1].prompt);
     assert!(
         second.ends_with("<think>\nlet me think\n</think>\n\n"),
         "{second}"
@@ -452,4 +469,146 @@ async fn output_events_count_the_tokens_they_carry() {
         counted, completion,
         "every generated token is reported once"
     );
+}
+
+fn resumed(mut req: pb::GenerateRequest, resume: pb::Resume) -> pb::GenerateRequest {
+    req.resume = Some(resume);
+    req
+}
+
+#[tokio::test]
+async fn a_moved_text_answer_continues_after_its_delivered_output() {
+    let engine = Scripted::new(100, vec![vec![b" world", b"!"]]);
+    let req = resumed(
+        request("hi", 10, &[]),
+        pb::Resume {
+            text: "Hello,".into(),
+            completion_tokens: 4,
+            ..Default::default()
+        },
+    );
+    let (events, outcome) = run(engine.clone(), req).await;
+    assert_eq!(text_of(&events), " world!", "only what follows is sent");
+    let u = finished(&events).usage.expect("usage");
+    assert_eq!(
+        (u.prompt_tokens, u.completion_tokens),
+        (2, 6),
+        "the prompt once; every token of the generation"
+    );
+    assert_eq!(outcome, Outcome::Completed { tokens: 6 });
+    let started = engine.started.lock().unwrap();
+    let resumed = chars(&started[0].resumed);
+    assert_eq!(resumed, "Hello,", "the delivered output follows the prompt");
+    assert_eq!(started[0].prompt.len(), 2);
+    assert_eq!(started[0].max_tokens, 6, "max_tokens counts both parts");
+}
+
+#[tokio::test]
+async fn a_moved_generation_at_its_limit_ends_with_length_at_once() {
+    let engine = Scripted::new(100, vec![vec![b"never"]]);
+    let req = resumed(
+        request("hi", 4, &[]),
+        pb::Resume {
+            text: "abcd".into(),
+            completion_tokens: 4,
+            ..Default::default()
+        },
+    );
+    let (events, _) = run(engine.clone(), req).await;
+    assert_eq!(text_of(&events), "");
+    assert_eq!(finished(&events).reason(), Reason::Length);
+    assert!(
+        engine.started.lock().unwrap().is_empty(),
+        "no sequence started"
+    );
+}
+
+#[tokio::test]
+async fn a_move_inside_the_think_section_resumes_it_then_answers() {
+    let engine = Scripted::new(1000, vec![vec![b" more</think>"], vec![b"42"]]);
+    let req = resumed(
+        thinking(request("q", 0, &[]), 50),
+        pb::Resume {
+            reasoning: "let me think".into(),
+            completion_tokens: 3,
+            reasoning_tokens: 3,
+            ..Default::default()
+        },
+    );
+    let (events, _) = run(engine.clone(), req).await;
+    let reasoning = reasoning_of(&events);
+    assert_eq!(reasoning, " more");
+    assert_eq!(text_of(&events), "42");
+    let u = finished(&events).usage.expect("usage");
+    assert_eq!((u.completion_tokens, u.reasoning_tokens), (5, 4));
+    let started = engine.started.lock().unwrap();
+    assert_eq!(started[0].max_tokens, 47, "the budget less what was spent");
+    let answer = chars(&started[1].prompt);
+    assert!(
+        answer.ends_with("<think>\nlet me think more\n</think>\n\n"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn a_move_after_the_think_section_goes_on_with_the_answer() {
+    let engine = Scripted::new(1000, vec![vec![b"2"]]);
+    let req = resumed(
+        thinking(request("q", 0, &[]), 50),
+        pb::Resume {
+            reasoning: "let me think".into(),
+            text: "4".into(),
+            completion_tokens: 4,
+            reasoning_tokens: 3,
+            ..Default::default()
+        },
+    );
+    let (events, _) = run(engine.clone(), req).await;
+    assert_eq!(text_of(&events), "2");
+    let started = engine.started.lock().unwrap();
+    assert_eq!(started.len(), 1, "no think section again");
+    let prompt = chars(&started[0].prompt);
+    assert!(prompt.ends_with("let me think\n</think>\n\n"), "{prompt}");
+    let u = finished(&events).usage.expect("usage");
+    assert_eq!((u.completion_tokens, u.reasoning_tokens), (5, 3));
+}
+
+#[tokio::test]
+async fn a_half_streamed_tool_call_goes_on_without_its_header_again() {
+    let engine = Scripted::new(1000, vec![vec![b"is\"}}"]]);
+    let mut req = with_tools(request("weather?", 0, &[]));
+    req.tool_choice = Some(pb::ToolChoice {
+        mode: pb::tool_choice::Mode::Auto as i32,
+        function_name: String::new(),
+    });
+    let req = resumed(
+        req,
+        pb::Resume {
+            tool_calls: vec![pb::ToolCall {
+                id: "call_x".into(),
+                name: "get_weather".into(),
+                arguments: "{\"city\": \"Par".into(),
+            }],
+            completion_tokens: 9,
+            ..Default::default()
+        },
+    );
+    let (events, _) = run(engine, req).await;
+    let deltas: Vec<&pb::ToolCallDelta> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCall(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert!(!deltas.is_empty());
+    assert!(deltas
+        .iter()
+        .all(|d| d.index == 0 && d.id.is_empty() && d.name.is_empty()));
+    let args: String = deltas
+        .iter()
+        .map(|d| d.arguments_fragment.as_str())
+        .collect();
+    assert_eq!(args, "is\"}");
+    assert_eq!(finished(&events).reason(), Reason::ToolCalls);
 }

@@ -52,6 +52,12 @@ pub trait ChatEngine: Send + Sync + 'static {
     fn has_slots(&self) -> bool {
         false
     }
+    /// Whether it continues a moved generation (`GenerateRequest.resume`):
+    /// the engine must continue a final assistant message rather than
+    /// open a new turn after it.
+    fn resumes(&self) -> bool {
+        false
+    }
     /// Sends the request and waits for the engine to accept it: a refusal
     /// (overload, invalid, context length) is a plain status here, before
     /// the stream opens, so the gateway may still retry elsewhere.

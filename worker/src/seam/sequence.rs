@@ -77,6 +77,12 @@ pub struct Sequence {
     pub constraint: Option<Constraint>,
     /// The caller's cache affinity key (may be empty); a hint only.
     pub cache_key: String,
+    /// Output a failed worker already generated for this sequence (a moved
+    /// generation, `GenerateRequest.resume`): it follows the prompt in the
+    /// context, the constraint has already matched it, and generation
+    /// continues after it. `max_tokens` counts only what follows. Empty
+    /// for a new sequence.
+    pub resumed: Vec<TokenId>,
 }
 
 /// How the engine ended a sequence.

@@ -81,6 +81,15 @@ impl Engines {
         }
     }
 
+    /// Whether it continues a moved generation (`Capabilities.resume`):
+    /// every sequence engine does (the pipeline owns the output format).
+    pub fn resumes(&self) -> bool {
+        match self {
+            Engines::Sequence(_) => true,
+            Engines::Chat(engine) => engine.resumes(),
+        }
+    }
+
     /// Tokens one request may hold (prompt plus completion).
     pub fn context_window(&self) -> u32 {
         match self {
@@ -95,6 +104,11 @@ impl Engines {
         Ok(match self {
             Engines::Sequence(engine) => {
                 Counted::Sequence(pipeline::prepare(Arc::clone(engine), request).await?)
+            }
+            Engines::Chat(engine) if request.resume.is_some() && !engine.resumes() => {
+                return Err(crate::status::invalid_request(
+                    "this worker's engine cannot continue a moved generation",
+                ))
             }
             Engines::Chat(engine) => Counted::Chat {
                 prompt_tokens: engine.count_prompt(&request).await?,

@@ -34,6 +34,11 @@ pub struct SyntheticArgs {
     /// after N completion tokens, like a worker with a broken device.
     #[arg(long)]
     pub fail_after_tokens: Option<u32>,
+    /// Chaos testing: every generation stops sending after N completion
+    /// tokens and waits until it is dropped, like an engine stuck on its
+    /// device while the worker's link stays up.
+    #[arg(long)]
+    pub stall_after_tokens: Option<u32>,
 }
 
 impl SyntheticArgs {
@@ -48,6 +53,7 @@ impl SyntheticArgs {
                 tokens_per_second: self.tokens_per_second.max(0.0),
                 coalesce_tokens: self.coalesce_tokens,
                 fail_after_tokens: self.fail_after_tokens,
+                stall_after_tokens: self.stall_after_tokens,
                 prefix_cache_blocks: self.prefix_cache_blocks,
             },
             model.clone(),

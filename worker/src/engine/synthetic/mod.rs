@@ -78,6 +78,9 @@ pub struct SyntheticConfig {
     /// Chaos: every sequence fails after this many tokens, as
     /// `synthetic:fail_after=N` would (a worker with a broken device).
     pub fail_after_tokens: Option<u32>,
+    /// Chaos: every sequence goes silent after this many tokens, until it
+    /// is dropped (an engine stuck on its device).
+    pub stall_after_tokens: Option<u32>,
     /// Capacity of the simulated prefix cache, in 64-token blocks.
     pub prefix_cache_blocks: usize,
 }
@@ -169,9 +172,9 @@ impl SequenceEngine for SyntheticEngine {
         let cached_tokens = self.cache.lookup_and_insert(&sequence.prompt);
         let uncached = (sequence.prompt.len() as u64).saturating_sub(u64::from(cached_tokens));
         let mut plan = if sequence.prompt.len() < BLOCKING_PLAN_TOKENS {
-            planner::plan(&sequence)?
+            plan_continued(&sequence)?
         } else {
-            tokio::task::spawn_blocking(move || planner::plan(&sequence))
+            tokio::task::spawn_blocking(move || plan_continued(&sequence))
                 .await
                 .map_err(|e| status::engine_failure(format!("planner task failed: {e}")))??
         };
@@ -180,6 +183,7 @@ impl SequenceEngine for SyntheticEngine {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let run = Run {
+            stall_after: self.config.stall_after_tokens,
             ttft: if plan.after_think {
                 Duration::ZERO
             } else {
@@ -202,6 +206,48 @@ impl SequenceEngine for SyntheticEngine {
         }
         Ok(rx)
     }
+}
+
+/// The plan of a sequence. A continued one (`resumed` output) is the same
+/// reply its prompt plans, past the output already generated: a moved
+/// generation reads as if it had never moved.
+fn plan_continued(sequence: &Sequence) -> Result<Plan, Status> {
+    if sequence.resumed.is_empty() {
+        return planner::plan(sequence);
+    }
+    let resumed = tokenizer::decode(&sequence.resumed);
+    let whole = Sequence {
+        max_tokens: sequence
+            .max_tokens
+            .saturating_add(saturate(sequence.resumed.len())),
+        resumed: Vec::new(),
+        ..sequence.clone()
+    };
+    let mut plan = planner::plan(&whole)?;
+    plan.tokens = skip_output(std::mem::take(&mut plan.tokens), resumed.len());
+    if plan.tokens.len() > sequence.max_tokens as usize {
+        plan.tokens.truncate(sequence.max_tokens as usize);
+        plan.end = SeqEnd::MaxTokens;
+    }
+    Ok(plan)
+}
+
+/// The tokens after the first `bytes` bytes of output (a token across
+/// that point keeps its part after it).
+fn skip_output(tokens: Vec<Token>, bytes: usize) -> Vec<Token> {
+    let mut at = 0usize;
+    let mut rest = Vec::with_capacity(tokens.len());
+    for mut token in tokens {
+        let end = at + token.bytes.len();
+        if end > bytes {
+            if at < bytes {
+                token.bytes.drain(..bytes - at);
+            }
+            rest.push(token);
+        }
+        at = end;
+    }
+    rest
 }
 
 type Tx = mpsc::UnboundedSender<Result<SeqEvent, Status>>;
@@ -302,6 +348,8 @@ impl Iterator for Script {
 
 /// How one sequence is paced.
 struct Run {
+    /// Silent after this many tokens (`--stall-after-tokens`).
+    stall_after: Option<u32>,
     ttft: Duration,
     /// Between tokens; zero = unpaced.
     interval: Duration,
@@ -313,7 +361,11 @@ impl Run {
     /// token, no pacing, nothing held open.
     fn is_immediate(&self, script: &Script) -> bool {
         let c = &script.controls;
-        self.ttft.is_zero() && self.interval.is_zero() && !c.hang && c.trailers_ms.is_none()
+        self.ttft.is_zero()
+            && self.interval.is_zero()
+            && !c.hang
+            && c.trailers_ms.is_none()
+            && self.stall_after.is_none()
     }
 
     /// Streams a script until its end, or until the sequence is dropped.
@@ -329,6 +381,14 @@ impl Run {
         }
         let start = tokio::time::Instant::now();
         for event in script {
+            if event
+                .token
+                .zip(self.stall_after)
+                .is_some_and(|(i, n)| i >= n)
+            {
+                tx.closed().await;
+                return;
+            }
             match event.token {
                 Some(i) if self.interval.is_zero() && i % 16 == 15 => {
                     tokio::task::yield_now().await;
@@ -397,5 +457,38 @@ mod tests {
             on_step_grid(a + ms(20), epoch, ms(20)),
             on_step_grid(b + ms(20), epoch, ms(20))
         );
+    }
+
+    #[test]
+    fn a_continued_sequence_streams_what_follows_the_resumed_output() {
+        let sequence = |resumed: &str, max_tokens| Sequence {
+            prompt: tokenizer::tokenize(&tokenizer::render(&[ChatMessage {
+                role: "user".into(),
+                content: "Tell me about the sea.".into(),
+                ..ChatMessage::default()
+            }])),
+            sampling: Default::default(),
+            max_tokens,
+            constraint: None,
+            cache_key: String::new(),
+            resumed: tokenizer::tokenize(resumed),
+        };
+        let text = |plan: &Plan| -> String {
+            let bytes: Vec<u8> = plan.tokens.iter().flat_map(|t| t.bytes.clone()).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        let whole = plan_continued(&sequence("", 200)).expect("plan");
+        let reply = text(&whole);
+        // Cut inside a token, as a worker that held back part of one.
+        let cut = reply
+            .char_indices()
+            .nth(reply.chars().count() / 2 + 1)
+            .map_or(0, |(i, _)| i);
+        let rest = plan_continued(&sequence(&reply[..cut], 200)).expect("plan");
+        assert_eq!(text(&rest), reply[cut..]);
+        assert_eq!(rest.end, whole.end);
+        let short = plan_continued(&sequence(&reply[..cut], 2)).expect("plan");
+        assert_eq!(short.tokens.len(), 2);
+        assert_eq!(short.end, SeqEnd::MaxTokens);
     }
 }

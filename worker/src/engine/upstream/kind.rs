@@ -57,6 +57,15 @@ pub enum Counting {
     None,
 }
 
+/// How an engine is asked to continue a final assistant message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// `continue_final_message: true, add_generation_prompt: false`.
+    Flag,
+    /// The final assistant message is continued as it is.
+    Prefill,
+}
+
 /// How `max_tokens` is named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MaxTokensField {
@@ -120,6 +129,19 @@ impl Kind {
     /// requests): it also gets `rid` and `POST /abort_request`.
     pub fn aborts_by_request_id(self) -> bool {
         matches!(self, Kind::Sglang)
+    }
+
+    /// How the engine continues a final assistant message (a moved
+    /// generation's text), if it does: vLLM and SGLang with
+    /// `continue_final_message` (and no generation prompt), llama-server by
+    /// itself (a final assistant message is a prefill). An OpenAI-compatible
+    /// server promises neither.
+    pub fn continues_final_message(self) -> Option<Continuation> {
+        match self {
+            Kind::Vllm | Kind::Sglang => Some(Continuation::Flag),
+            Kind::LlamaServer => Some(Continuation::Prefill),
+            Kind::Openai => None,
+        }
     }
 
     /// Whether a request's reasoning budget (`reasoning.budget_tokens`)

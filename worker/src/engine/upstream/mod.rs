@@ -371,6 +371,10 @@ impl ChatEngine for UpstreamEngine {
         self.pins.is_some()
     }
 
+    fn resumes(&self) -> bool {
+        self.kind.continues_final_message().is_some()
+    }
+
     async fn start(
         &self,
         req: pb::GenerateRequest,
@@ -379,6 +383,9 @@ impl ChatEngine for UpstreamEngine {
         prompt_tokens: Option<u32>,
         mut on_cached: OnCached,
     ) -> Result<Box<dyn Started>, Status> {
+        // A moved generation: what was delivered counts against the limit.
+        let delivered = req.resume.as_ref().map_or(0, |r| r.completion_tokens);
+        let completion_limit = completion_limit.map(|l| l.saturating_sub(delivered).max(1));
         let mut built = request::build(
             self.kind,
             &self.model,
@@ -437,7 +444,9 @@ impl ChatEngine for UpstreamEngine {
             });
         Ok(Box::new(UpstreamGeneration {
             body: resp.into_body(),
-            relay: Relay::new(&req.request_id, built.enforced_tools).with_limit(completion_limit),
+            relay: Relay::new(&req.request_id, built.enforced_tools)
+                .with_limit(completion_limit)
+                .resuming(delivered),
             batch: req.batch_events,
             prompt_tokens,
             on_cached,

@@ -149,6 +149,9 @@ pub struct Relay {
     over: u32,
     /// The engine kept going past `limit`: the reply ended there.
     cut: bool,
+    /// Tokens a moved generation had delivered before this engine
+    /// continued it: in its completion, not in its prompt.
+    resumed: u32,
 }
 
 /// Deltas past the limit dropped while waiting for the engine's own finish
@@ -174,7 +177,14 @@ impl Relay {
             limit: None,
             over: 0,
             cut: false,
+            resumed: 0,
         }
+    }
+
+    /// The reply continues a moved generation that had delivered `tokens`.
+    pub fn resuming(mut self, tokens: u32) -> Self {
+        self.resumed = tokens;
+        self
     }
 
     /// Ends the reply with `length` once the engine sends more than
@@ -348,16 +358,20 @@ impl Relay {
             _ => Reason::Stop,
         };
         let usage = self.usage.unwrap_or_default();
+        // The engine counts a moved generation's delivered text as prompt:
+        // the generation's prompt is the worker's own count of the request,
+        // else the engine's less that text.
+        let prompt_tokens = match (self.usage.is_some(), counted) {
+            (_, Some(counted)) if self.resumed > 0 => counted,
+            (true, _) => usage.prompt_tokens.saturating_sub(self.resumed),
+            (false, counted) => counted.unwrap_or(0),
+        };
         pb::Finished {
             reason: reason as i32,
             usage: Some(pb::Usage {
-                prompt_tokens: if self.usage.is_some() {
-                    usage.prompt_tokens
-                } else {
-                    counted.unwrap_or(0)
-                },
-                cached_prompt_tokens: self.cached_tokens().unwrap_or(0),
-                completion_tokens: self.completion_tokens(),
+                prompt_tokens,
+                cached_prompt_tokens: self.cached_tokens().unwrap_or(0).min(prompt_tokens),
+                completion_tokens: self.completion_tokens().saturating_add(self.resumed),
                 reasoning_tokens: usage
                     .completion_tokens_details
                     .and_then(|d| d.reasoning_tokens)
@@ -489,6 +503,28 @@ mod tests {
         assert!(!r.cut(), "two deltas over: still within the grace");
         assert_eq!(r.finish(None).reason(), Reason::Length);
         assert_eq!(r.completion_tokens(), 3);
+    }
+
+    #[test]
+    fn a_continued_reply_reports_the_whole_generation() {
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":25,"completion_tokens":4}}"#;
+        let mut r = Relay::new("r", false).resuming(10);
+        r.chunk(content("a")).expect("ok");
+        r.chunk(chunk(usage)).expect("ok");
+        let u = r.finish(Some(15)).usage.expect("usage");
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens),
+            (15, 14),
+            "counted prompt"
+        );
+        let mut r = Relay::new("r", false).resuming(10);
+        r.chunk(chunk(usage)).expect("ok");
+        let u = r.finish(None).usage.expect("usage");
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens),
+            (15, 14),
+            "the engine's prompt less the delivered text"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! pipeline's [`ToolCallParser`](crate::pipeline::tool_calls::ToolCallParser),
 //! as the in-process engine does.
 
-use super::kind::{Kind, MaxTokensField, ReasoningField};
+use super::kind::{Continuation, Kind, MaxTokensField, ReasoningField};
 use super::wire::{self, ChatRequest, StreamOptions};
 use crate::pipeline::request::{self as plan, ToolMode};
 use crate::seam::sequence::Constraint;
@@ -180,6 +180,33 @@ fn response_format(format: Option<&pb::ResponseFormat>) -> Result<Option<Value>,
     })
 }
 
+/// A moved generation (`resume`): its delivered text becomes the final
+/// assistant message, which the engine continues. Only a text answer can
+/// move here: the engine's own parsers cannot be put mid-way through a
+/// tool call or a think section.
+fn continue_text(kind: Kind, resume: &pb::Resume, body: &mut ChatRequest) -> Result<(), Status> {
+    let Some(how) = kind.continues_final_message() else {
+        return Err(status::invalid_request(
+            "this upstream engine cannot continue a moved generation",
+        ));
+    };
+    if resume.text.is_empty() || !resume.tool_calls.is_empty() {
+        return Err(status::invalid_request(
+            "an upstream engine continues a moved text answer only",
+        ));
+    }
+    body.messages.push(wire::Message {
+        role: "assistant".into(),
+        content: Value::String(resume.text.clone()),
+        ..Default::default()
+    });
+    if how == Continuation::Flag {
+        body.continue_final_message = Some(true);
+        body.add_generation_prompt = Some(false);
+    }
+    Ok(())
+}
+
 /// The whole chat request. `model` is the engine's model id,
 /// `completion_limit` the token budget (`None`: the engine's default).
 pub fn build(
@@ -255,6 +282,9 @@ pub fn build(
     if kind.aborts_by_request_id() && !req.request_id.is_empty() {
         body.rid = Some(req.request_id.clone());
     }
+    if let Some(resume) = &req.resume {
+        continue_text(kind, resume, &mut body)?;
+    }
     Ok(Built {
         body,
         enforced_tools,
@@ -315,6 +345,40 @@ mod tests {
 
     fn json_of(b: &Built) -> Value {
         serde_json::to_value(&b.body).expect("serializes")
+    }
+
+    #[test]
+    fn a_moved_text_answer_is_continued_as_the_final_assistant_message() {
+        let mut req = request();
+        req.resume = Some(pb::Resume {
+            text: "Once upon".into(),
+            completion_tokens: 2,
+            ..Default::default()
+        });
+        let vllm = json_of(&build(Kind::Vllm, "m", &req, Some(5), false).expect("builds"));
+        let last = &vllm["messages"][2];
+        assert_eq!(
+            (last["role"].as_str(), last["content"].as_str()),
+            (Some("assistant"), Some("Once upon"))
+        );
+        assert_eq!(vllm["continue_final_message"], true);
+        assert_eq!(vllm["add_generation_prompt"], false);
+        let llama = json_of(&build(Kind::LlamaServer, "m", &req, Some(5), false).expect("builds"));
+        assert_eq!(llama["messages"][2]["content"], "Once upon");
+        assert!(
+            llama.get("continue_final_message").is_none(),
+            "a prefill by itself"
+        );
+        assert!(build(Kind::Openai, "m", &req, Some(5), false).is_err());
+        req.resume = Some(pb::Resume {
+            tool_calls: vec![pb::ToolCall::default()],
+            ..Default::default()
+        });
+        assert!(
+            build(Kind::Vllm, "m", &req, Some(5), false).is_err(),
+            "a half-made tool call stays with the engine that made it"
+        );
+        assert!(Kind::Openai.continues_final_message().is_none());
     }
 
     #[test]

@@ -56,6 +56,13 @@ pub struct ChatRequest {
     /// llama-server: the slot to run in ([`super::slots`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id_slot: Option<u32>,
+    /// vLLM, SGLang: continue the final (assistant) message rather than
+    /// open a new turn (a moved generation), with
+    /// `add_generation_prompt: false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continue_final_message: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub add_generation_prompt: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]

@@ -48,6 +48,7 @@ fn sequence(req: &pb::GenerateRequest, max_tokens: u32) -> Sequence {
         max_tokens,
         constraint,
         cache_key: String::new(),
+        resumed: Vec::new(),
     }
 }
 

@@ -1,0 +1,154 @@
+//! What a generation's consumer has been given so far: the tokens to bill
+//! if it never finishes, and the output a worker continues when the
+//! generation moves off a failed one (`pb::Resume`).
+
+use inference_proto::v1 as pb;
+use pb::generate_event::Event;
+
+/// The output relayed to the consumer, across every worker that served it.
+#[derive(Debug, Default)]
+pub struct Delivered {
+    output: OutputSeen,
+    reasoning_output: OutputSeen,
+    reasoning: String,
+    text: String,
+    tool_calls: Vec<pb::ToolCall>,
+}
+
+impl Delivered {
+    /// Records one worker event as the consumer gets it; true when it
+    /// carries generated output.
+    pub fn record(&mut self, event: &pb::GenerateEvent) -> bool {
+        let tokens = event.output_tokens;
+        match &event.event {
+            Some(Event::Text(t)) => self.text.push_str(&t.text),
+            Some(Event::Reasoning(r)) => {
+                self.reasoning.push_str(&r.text);
+                self.reasoning_output.add(tokens);
+            }
+            Some(Event::ToolCall(d)) => self.tool_call(d),
+            Some(Event::Finished(_)) | None => return false,
+        }
+        self.output.add(tokens);
+        true
+    }
+
+    fn tool_call(&mut self, delta: &pb::ToolCallDelta) {
+        let index = delta.index as usize;
+        if self.tool_calls.len() <= index {
+            self.tool_calls
+                .resize_with(index + 1, pb::ToolCall::default);
+        }
+        let call = &mut self.tool_calls[index];
+        if !delta.id.is_empty() {
+            call.id.clone_from(&delta.id);
+        }
+        if !delta.name.is_empty() {
+            call.name.clone_from(&delta.name);
+        }
+        call.arguments.push_str(&delta.arguments_fragment);
+    }
+
+    /// Generated tokens delivered, for billing.
+    pub fn tokens(&self) -> u64 {
+        self.output.tokens()
+    }
+
+    /// What a worker continuing the generation is told was delivered.
+    pub fn resume(&self) -> pb::Resume {
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        pb::Resume {
+            reasoning: self.reasoning.clone(),
+            text: self.text.clone(),
+            tool_calls: self.tool_calls.clone(),
+            completion_tokens: clamp(self.output.tokens()),
+            reasoning_tokens: clamp(self.reasoning_output.tokens()),
+        }
+    }
+}
+
+/// Generated tokens in a run of output events. Workers that count tokens
+/// per event are summed; events of a worker that does not (an engine
+/// server's deltas, about one token each) count one each.
+#[derive(Debug, Default, Clone, Copy)]
+struct OutputSeen {
+    counted: u64,
+    events: u64,
+}
+
+impl OutputSeen {
+    fn add(&mut self, output_tokens: u32) {
+        self.counted += u64::from(output_tokens);
+        self.events += 1;
+    }
+
+    fn tokens(self) -> u64 {
+        if self.counted > 0 {
+            self.counted
+        } else {
+            self.events
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(event: Event, output_tokens: u32) -> pb::GenerateEvent {
+        pb::GenerateEvent {
+            event: Some(event),
+            output_tokens,
+        }
+    }
+
+    #[test]
+    fn output_is_counted_in_tokens_where_the_worker_counts_them() {
+        let mut counted = OutputSeen::default();
+        counted.add(1);
+        counted.add(40);
+        counted.add(0);
+        assert_eq!(counted.tokens(), 41, "merged events carry their tokens");
+        let mut uncounted = OutputSeen::default();
+        uncounted.add(0);
+        uncounted.add(0);
+        assert_eq!(uncounted.tokens(), 2, "one token per event otherwise");
+    }
+
+    #[test]
+    fn the_resume_holds_every_kind_of_output_delivered() {
+        let mut d = Delivered::default();
+        let think = |t: &str| Event::Reasoning(pb::ReasoningDelta { text: t.into() });
+        assert!(d.record(&event(think("Let me"), 2)));
+        assert!(d.record(&event(think(" see."), 2)));
+        assert!(d.record(&event(
+            Event::Text(pb::TextDelta {
+                text: "Calling.".into()
+            }),
+            1
+        )));
+        let header = pb::ToolCallDelta {
+            index: 0,
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments_fragment: String::new(),
+        };
+        let args = pb::ToolCallDelta {
+            index: 0,
+            arguments_fragment: "{\"a\": ".into(),
+            ..Default::default()
+        };
+        assert!(d.record(&event(Event::ToolCall(header), 3)));
+        assert!(d.record(&event(Event::ToolCall(args), 2)));
+        assert!(!d.record(&event(Event::Finished(pb::Finished::default()), 0)));
+        let r = d.resume();
+        assert_eq!(r.reasoning, "Let me see.");
+        assert_eq!(r.text, "Calling.");
+        assert_eq!(r.tool_calls.len(), 1);
+        assert_eq!(r.tool_calls[0].name, "f");
+        assert_eq!(r.tool_calls[0].id, "call_1");
+        assert_eq!(r.tool_calls[0].arguments, "{\"a\": ");
+        assert_eq!((r.completion_tokens, r.reasoning_tokens), (10, 4));
+        assert_eq!(d.tokens(), 10);
+    }
+}
