@@ -4,6 +4,7 @@
 use crate::accounts::cache::Accounts;
 use crate::catalog::Catalog;
 use crate::config::Config;
+use crate::idempotency::IdempotencyStore;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 use crate::planner::Planner;
@@ -26,6 +27,9 @@ pub struct App {
     /// Stored responses and run event logs: Redis when `store.redis_url`
     /// is set, else in-process.
     pub store: Arc<dyn ResponseStore>,
+    /// `Idempotency-Key` records of the generation creates: Redis when
+    /// the store is, else in-process (like `store`).
+    pub idempotency: Arc<dyn IdempotencyStore>,
     /// Runs owned by this replica: leases, heartbeat, sweeper.
     pub runs: Arc<Runs>,
     /// The shutdown signal and the work in flight it waits for.
@@ -72,6 +76,7 @@ impl App {
                 .map(crate::tls::worker::channel_tls)
                 .transpose()?,
         )?;
+        let idempotency = crate::idempotency::open(redis.clone());
         let store = crate::store::open(
             redis,
             Duration::from_secs(config.store.storage_window_seconds),
@@ -84,6 +89,7 @@ impl App {
             limiter,
             pools: Arc::new(pools),
             store,
+            idempotency,
             runs,
             shutdown: Arc::new(Shutdown::default()),
             planner,

@@ -24,6 +24,18 @@ pub fn hash_key_hex(secret: &str) -> String {
     hex::encode(hash_key(secret))
 }
 
+/// The digest of a name a client chose within its organisation (a planner
+/// session id, an `Idempotency-Key`), hex: another organisation's same
+/// name is another digest, and the name itself is never stored.
+pub fn org_scoped_digest(org: &str, name: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(org.as_bytes());
+    // The separator keeps (org, name) pairs apart: ("ab", "c") ≠ ("a", "bc").
+    h.update([0]);
+    h.update(name.as_bytes());
+    hex::encode(h.finalize())
+}
+
 /// Extracts the key from `Authorization: Bearer <key>` (scheme case-insensitive).
 pub fn bearer_token(header: Option<&[u8]>) -> Option<&str> {
     let value = std::str::from_utf8(header?).ok()?.trim();

@@ -12,6 +12,7 @@
 
 use crate::accounts::AccountError;
 use crate::error::{ApiError, BLOCKED_EV, OVER_BUDGET_EV};
+use crate::idempotency::IdempotencyError;
 use crate::limits::Refusal;
 use crate::planner::session::SessionError;
 use crate::pool::{PoolError, Shed};
@@ -29,6 +30,21 @@ impl From<StoreError> for ApiError {
             StoreError::Encode => ApiError::internal("could not encode a stored response"),
             StoreError::QuotaExceeded { used, needed, cap } => {
                 ApiError::storage_quota_exceeded(used, needed, cap)
+            }
+        }
+    }
+}
+
+/// The idempotency records: an outage is every store outage's 503, so a
+/// create with a key is refused rather than run unprotected.
+impl From<IdempotencyError> for ApiError {
+    fn from(e: IdempotencyError) -> Self {
+        match e {
+            IdempotencyError::Unavailable { .. } => ApiError::store_unavailable(
+                "The idempotency store is briefly unavailable; retry shortly with the same 'Idempotency-Key'.",
+            ),
+            IdempotencyError::Corrupt => {
+                ApiError::internal("An idempotency record could not be read.")
             }
         }
     }
@@ -139,6 +155,7 @@ mod tests {
             ApiError::from(StoreError::Unavailable { op: "read" }),
             ApiError::from(Refusal::StoreUnavailable),
             ApiError::from(AccountError::StoreUnavailable),
+            ApiError::from(IdempotencyError::Unavailable { op: "claim" }),
         ];
         for e in outages {
             assert_eq!((e.status, &*e.code), (503, "store_unavailable"), "{e}");

@@ -12,6 +12,7 @@ pub mod edge;
 pub mod error;
 pub mod generation;
 pub mod http;
+pub mod idempotency;
 pub mod ids;
 pub mod lifecycle;
 pub mod limits;

@@ -291,6 +291,15 @@ pub struct StoreConfig {
     /// How long stored responses (object, input items, event log) are kept.
     #[serde(default = "default_storage_window")]
     pub storage_window_seconds: u64,
+    /// How long an `Idempotency-Key` of a generation create is remembered
+    /// (its outcome replayed to a retry with the same key and body).
+    #[serde(default = "default_idempotency_window")]
+    pub idempotency_window_seconds: u64,
+    /// The largest reply an idempotency record keeps (a chat completion,
+    /// or an unstored response object); a larger success pins its key
+    /// without a replayable reply (409 `idempotency_result_not_kept`).
+    #[serde(default = "default_idempotency_max_record_bytes")]
+    pub idempotency_max_record_bytes: usize,
     /// A run whose lease is not renewed within this is taken for dead and
     /// failed by another replica's sweeper.
     #[serde(default = "default_lease_millis")]
@@ -316,6 +325,8 @@ impl Default for StoreConfig {
             redis_ca_file: None,
             key_prefix: default_key_prefix(),
             storage_window_seconds: default_storage_window(),
+            idempotency_window_seconds: default_idempotency_window(),
+            idempotency_max_record_bytes: default_idempotency_max_record_bytes(),
             lease_millis: default_lease_millis(),
             heartbeat_millis: default_heartbeat_millis(),
             sweep_interval_millis: default_sweep_millis(),
@@ -326,6 +337,12 @@ impl Default for StoreConfig {
 
 fn default_storage_window() -> u64 {
     30 * 24 * 3600
+}
+fn default_idempotency_window() -> u64 {
+    24 * 3600
+}
+fn default_idempotency_max_record_bytes() -> usize {
+    1 << 20
 }
 fn default_lease_millis() -> u64 {
     10_000
@@ -691,6 +708,9 @@ impl Config {
         }
         if let Some(w) = &self.worker_tls {
             w.check()?;
+        }
+        if self.store.idempotency_window_seconds == 0 {
+            bail!("store.idempotency_window_seconds must be at least 1");
         }
         if self.store.redis_cluster && self.store.redis_url.is_none() {
             bail!("store.redis_cluster = true needs store.redis_url (the cluster's seed nodes)");

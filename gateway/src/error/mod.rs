@@ -201,6 +201,36 @@ impl ApiError {
         Self::new(409, code, message)
     }
 
+    /// 409: the first request with this `Idempotency-Key` is still
+    /// running; retry after `retry_after_secs` for its outcome.
+    pub fn idempotency_key_in_use(retry_after_secs: u64) -> Self {
+        Self::conflict(
+            "idempotency_key_in_use",
+            "A request with this 'Idempotency-Key' is still running; retry after it finishes to receive its result.",
+        )
+        .with_retry_after(retry_after_secs)
+    }
+
+    /// 422: the `Idempotency-Key` was used with another body (or on the
+    /// other endpoint) within its window. Not retryable: the key is the
+    /// first request's.
+    pub fn idempotency_key_reused() -> Self {
+        Self::new(
+            422,
+            "idempotency_key_reused",
+            "This 'Idempotency-Key' was already used with a different request body; use a new key for a new request.",
+        )
+    }
+
+    /// 409 without a retry: the first request with this key succeeded,
+    /// but its reply was too large to keep for a replay.
+    pub fn idempotency_result_not_kept() -> Self {
+        Self::conflict(
+            "idempotency_result_not_kept",
+            "The request with this 'Idempotency-Key' finished, but its reply was too large to keep for a retry; use a new key to run it again.",
+        )
+    }
+
     /// 403: storing this response would take the organisation past its
     /// plan's cap on stored bytes. Not a 429: waiting does not help, only
     /// deleting stored responses (or `store: false`) does.

@@ -10,18 +10,13 @@
 
 use crate::redis::RedisHandle;
 use async_trait::async_trait;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The store key of an organisation's session.
 pub fn session_key(org: &str, session: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(org.as_bytes());
-    h.update([0]);
-    h.update(session.as_bytes());
-    hex::encode(h.finalize())
+    crate::auth::org_scoped_digest(org, session)
 }
 
 /// Why a request could not take or use its session.

@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: the request path, top to bottom.
 
+use super::idempotent::{self, Begin, Claim};
 use super::sinks::{ChatBody, ChatStream};
 use crate::accounts::{Account, Scope};
 use crate::api::chat::ChatCompletionRequest;
@@ -7,17 +8,21 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::generation::{self, End};
 use crate::http::Exchange;
+use crate::idempotency::Outcome;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
-use crate::translate::chat::{output_format, to_worker, ChatStreamEncoder};
+use crate::translate::chat::{output_format, to_worker, ChatAggregate, ChatStreamEncoder};
+use crate::translate::replay;
+use crate::validate::chat::ValidChatRequest;
 use crate::{parse, validate};
 use std::sync::Arc;
 
 pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
-    // 1. Read and parse.
+    // 1. Read and parse (and the `Idempotency-Key`, with the body's print).
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
+    let idempotency = idempotent::requested(ex, "chat.completions", &body)?;
     let req: ChatCompletionRequest = parse::json_body(&body)?;
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
@@ -34,6 +39,9 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     ex.model = valid.model.id;
     account.check_model(valid.model.id)?;
     if valid.planner {
+        if idempotency.is_some() {
+            return Err(idempotent::not_with_planner());
+        }
         account.check_scope(Scope::Planner)?;
         let route = Box::pin(super::planner::create(
             app,
@@ -46,18 +54,41 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         return route.await;
     }
 
-    // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
+    // 3. With a key: claim it, or answer from the first request's record.
+    let mut claim = match idempotent::begin(app, ex, &account, idempotency).await? {
+        Begin::Run(claim) => claim,
+        Begin::Replayed => return Ok(()),
+    };
+    let result = generate(app, ex, &account, req, valid, input_estimate, &mut claim).await;
+    // Anything but a success frees the key: a retry runs.
+    idempotent::release(claim).await;
+    result
+}
+
+/// Steps 4 to 6: admission, the generation, the reply. A success records
+/// its outcome in `claim` before its reply is sent.
+async fn generate(
+    app: &App,
+    ex: &mut Exchange,
+    account: &Arc<Account>,
+    req: ChatCompletionRequest,
+    valid: ValidChatRequest,
+    input_estimate: u64,
+    claim: &mut Option<Claim>,
+) -> Result<(), ApiError> {
+    let session_id = ex.session_id().map(str::to_owned);
+    // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
     let reservation = super::admit(
         app,
         ex,
-        &account,
+        account,
         valid.model,
         input_estimate,
         valid.max_tokens,
     )
     .await?;
 
-    // 4. Translate, and drive the generation on a worker of the model's
+    // 5. Translate, and drive the generation on a worker of the model's
     //    pool: SSE chunks, or one aggregated body.
     let mut work = to_worker(&req, &valid, &ex.request_id);
     generation::session_affinity(&mut work, session_id.as_deref());
@@ -68,17 +99,44 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let id = new_id("chatcmpl-");
     if valid.stream {
-        let encoder = ChatStreamEncoder::new(id, valid.model.id, valid.include_usage, format);
+        let encoder = ChatStreamEncoder::new(
+            id.clone(),
+            valid.model.id,
+            valid.include_usage,
+            format.clone(),
+        );
         let mut stream = ChatStream::new(ex, encoder);
+        // A key's record keeps the reply folded: the events are folded too.
+        stream.aggregate = claim.is_some().then(ChatAggregate::default);
         let end = generation.run(reservation, &mut stream).await;
-        let ChatStream { reply, encoder } = stream;
+        let ChatStream {
+            mut reply,
+            encoder,
+            aggregate,
+        } = stream;
         match end {
             End::NotStarted(e) => return Err(e),
             // A reply that failed its output check ended with an error frame.
-            End::Finished(_) => match encoder.failure() {
-                Some(e) => reply.end_failed(e.status).await,
-                None => reply.end().await,
-            },
+            End::Finished(_) => {
+                // A kept reply is recorded before its last batch (held by
+                // the sink) goes out.
+                if let (None, Some(aggregate)) = (encoder.failure(), aggregate) {
+                    let completion =
+                        aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+                    let mut folded = bytes::BytesMut::new();
+                    replay::chat_stream(&completion, valid.include_usage, &mut folded);
+                    let body = String::from_utf8_lossy(&folded).into_owned();
+                    idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
+                }
+                if reply.write().await.is_err() {
+                    reply.left();
+                    return Ok(());
+                }
+                match encoder.failure() {
+                    Some(e) => reply.end_failed(e.status).await,
+                    None => reply.end().await,
+                }
+            }
             End::Gone => reply.left(),
             End::Failed(e) => reply.end_failed(e.status).await,
         }
@@ -92,7 +150,16 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
                 let mut completion =
                     aggregate.into_completion(id, valid.model.id, &valid, &format)?;
                 completion.service_tier = tier.as_str();
-                ex.send_json(200, &completion, &[]).await;
+                let body = serde_json::to_string(&completion)
+                    .map_err(|_| ApiError::internal("could not encode the response"))?;
+                if claim.is_some() {
+                    let outcome = Outcome::Chat {
+                        body: body.clone(),
+                        stream: false,
+                    };
+                    idempotent::complete(claim, outcome).await;
+                }
+                ex.send(200, "application/json", &[], body.into()).await;
             }
             End::Gone => ex.client_left(),
         }

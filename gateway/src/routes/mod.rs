@@ -5,6 +5,8 @@
 
 pub mod chat;
 pub mod compact;
+mod follow;
+mod idempotent;
 pub mod models;
 pub mod openapi;
 pub mod planner;

@@ -2,6 +2,8 @@
 //! bottom), retrieve (with replay of a background run's events), delete,
 //! cancel, and input item listing.
 
+use super::follow::{follow, not_found};
+use super::idempotent::{self, Begin, Claim};
 use super::sinks::ResponseEvents;
 use crate::accounts::{Account, ServiceTier};
 use crate::api::responses::{
@@ -13,51 +15,71 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::generation::{self, End};
 use crate::http::{Exchange, SseReply};
+use crate::idempotency::Outcome as KeyOutcome;
 use crate::ids::new_id;
 use crate::limits::{estimate_input_tokens, Outcome};
 use crate::runs::background::BackgroundRun;
 use crate::runs::{Cancel, NewRun, StoredRun};
-use crate::sse;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::validate::responses::ValidResponseRequest;
 use crate::{parse, validate};
 use inference_proto::v1 as pb;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How long a follower waits for new events before checking the run's status.
-const FOLLOW_WAIT: Duration = Duration::from_secs(1);
 
 pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
-    let principal = account.principal.clone();
-    // 1. Read, parse and validate; check the key may use this model.
+    // 1. Read, parse and validate; check the key may use this model (and
+    //    read the `Idempotency-Key`, with the body's print).
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
+    let idempotency = idempotent::requested(ex, "responses", &body)?;
+    let checked = check(app, &account, &body, &mut ex.model)?;
+    drop(body);
+
+    // 2. With a key: claim it, or answer from the first request's record.
+    let mut claim = match idempotent::begin(app, ex, &account, idempotency).await? {
+        Begin::Run(claim) => claim,
+        Begin::Replayed => return Ok(()),
+    };
+    let result = run(app, ex, &account, checked, &mut claim).await;
+    // Anything but a success frees the key: a retry runs.
+    idempotent::release(claim).await;
+    result
+}
+
+/// Steps 3 to 7: the conversation, admission, the stored run, the
+/// generation and the reply. A success records its outcome in `claim`.
+async fn run(
+    app: &App,
+    ex: &mut Exchange,
+    account: &Arc<Account>,
+    checked: Checked,
+    claim: &mut Option<Claim>,
+) -> Result<(), ApiError> {
+    let principal = account.principal.clone();
     let Checked {
         req,
         valid,
         input_estimate,
         sampling,
-    } = check(app, &account, &body, &mut ex.model)?;
-    drop(body);
+    } = checked;
 
-    // 2. The conversation: the stored chain, then this input.
+    // 3. The conversation: the stored chain, then this input.
     let (context, input_items) = conversation(app, &principal, &req, &valid, None).await?;
 
-    // 3. Admit under the plan's limits (sets the x-ratelimit-* headers).
+    // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
     let reservation = super::admit(
         app,
         ex,
-        &account,
+        account,
         valid.model,
         input_estimate,
         valid.max_output_tokens,
     )
     .await?;
 
-    // 4. Translate; store the new response, owned here (its run lease).
+    // 5. Translate; store the new response, owned here (its run lease).
     let mut work = to_worker(&req, &valid, &context, &ex.request_id);
     generation::session_affinity(&mut work, ex.session_id());
     let status = if valid.background {
@@ -65,11 +87,11 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     } else {
         ResponseStatus::InProgress
     };
-    let (object, tier) = response_object(&account, &req, &valid, status, sampling);
+    let (object, tier) = response_object(account, &req, &valid, status, sampling);
     let id = object.id.clone();
     drop(req);
     let run = if valid.store {
-        match store_run(app, &account, &object, &input_items, &context).await {
+        match store_run(app, account, &object, &input_items, &context).await {
             Ok(run) => Some(run),
             Err(e) => {
                 reservation.settle(Outcome::NotRun).await;
@@ -81,7 +103,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     };
     let encoder = ResponseEncoder::new(object.clone(), valid.format.clone());
 
-    // 5a. Background (always stored): the run goes on without this request.
+    // 6a. Background (always stored): the run goes on without this request.
     if valid.background {
         let Some(run) = run else {
             reservation.settle(Outcome::NotRun).await;
@@ -102,6 +124,13 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             in_flight: app.shutdown.begin(),
         };
         tokio::spawn(background.drive());
+        // A retry gets this run: its object, or its stream from the start.
+        let outcome = KeyOutcome::Stored {
+            response_id: id.clone(),
+            stream: valid.stream,
+            background: true,
+        };
+        idempotent::complete(claim, outcome).await;
         if valid.stream {
             return follow(app, ex, &id, None).await;
         }
@@ -109,14 +138,20 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         return Ok(());
     }
 
-    // 5b. In the foreground: relay to this client.
+    // 6b. In the foreground: relay to this client.
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream);
+    // With a key, a stream's last batch waits for the record (step 7).
+    events.hold_final = valid.stream && claim.is_some();
     let end = generation.run(reservation, &mut events).await;
     let ResponseEvents {
-        reply, mut encoder, ..
+        reply,
+        mut encoder,
+        hold_final,
+        ..
     } = events;
-    let result = match end {
+    let finished = matches!(end, End::Finished(_)) && encoder.failure().is_none();
+    let (result, held) = match end {
         End::NotStarted(e) => {
             drop(reply);
             encoder.fail(&e, &mut Vec::new());
@@ -130,28 +165,53 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             }
             return Ok(());
         }
+        End::Finished(_) if hold_final => (Ok(()), Some(reply)),
         End::Finished(_) => {
             if valid.stream {
-                // A reply that failed its output check ended `response.failed`.
-                match encoder.failure() {
-                    Some(e) => reply.end_failed(e.status).await,
-                    None => reply.end().await,
-                }
+                end_stream(reply, &encoder).await;
             } else {
                 drop(reply);
             }
-            Ok(())
+            (Ok(()), None)
         }
         End::Failed(e) if valid.stream => {
             reply.end_failed(e.status).await;
-            Ok(())
+            (Ok(()), None)
         }
         End::Failed(e) => {
             drop(reply);
-            Err(e)
+            (Err(e), None)
         }
     };
     end_stored(app, run, &encoder).await;
+    // 7. A finished reply (completed, or incomplete at its length) is the
+    //    outcome a retry with its key gets: the stored response, or this
+    //    object when it was not stored. Recorded before the stream's last
+    //    batch goes out, so a client retrying as soon as it read the
+    //    terminal event finds it.
+    if finished && claim.is_some() {
+        let outcome = if valid.store {
+            KeyOutcome::Stored {
+                response_id: id,
+                stream: valid.stream,
+                background: false,
+            }
+        } else {
+            KeyOutcome::Response {
+                body: serde_json::to_string(&encoder.object)
+                    .map_err(|_| ApiError::internal("could not encode the response"))?,
+                stream: valid.stream,
+            }
+        };
+        idempotent::complete(claim, outcome).await;
+    }
+    if let Some(mut reply) = held {
+        if reply.write().await.is_err() {
+            reply.left();
+            return Ok(());
+        }
+        end_stream(reply, &encoder).await;
+    }
     match result {
         Err(e) => Err(e),
         Ok(()) if valid.stream => Ok(()),
@@ -163,6 +223,15 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
                 Ok(())
             }
         },
+    }
+}
+
+/// Ends a finished stream: a reply that failed its output check ended
+/// `response.failed`, and the request is recorded with its status.
+async fn end_stream(reply: SseReply<'_>, encoder: &ResponseEncoder) {
+    match encoder.failure() {
+        Some(e) => reply.end_failed(e.status).await,
+        None => reply.end().await,
     }
 }
 
@@ -375,14 +444,6 @@ fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<Input
     Ok(out)
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError::new(
-        404,
-        "response_not_found",
-        format!("Response with id '{id}' not found."),
-    )
-}
-
 /// `GET /v1/responses/{id}` (`?stream=true&starting_after=N` for background runs).
 pub async fn retrieve(
     app: &App,
@@ -419,115 +480,6 @@ pub async fn retrieve(
         }
     }
     follow(app, ex, id, starting_after).await
-}
-
-/// Streams a background run's event log: the stored events after `after`,
-/// then live ones until the terminal event.
-async fn follow(
-    app: &App,
-    ex: &mut Exchange,
-    id: &str,
-    after: Option<u64>,
-) -> Result<(), ApiError> {
-    // A request body (normally empty) must be consumed before watching
-    // the connection for a disconnect.
-    ex.read_body(app.config.max_body_bytes, app.read_timeout())
-        .await
-        .ok();
-    let mut follower = app.store.follow(id, after).await?;
-    let mut reply = SseReply::new(ex, 0);
-    if reply.start().await.is_err() {
-        reply.left();
-        return Ok(());
-    }
-    let mut status_was_terminal = false;
-    // The sequence number an in-band error event takes: the last one this
-    // stream showed (the client's own `starting_after` before any), so a
-    // client that resumes after it misses nothing; the next number belongs
-    // to the run's next real event.
-    let mut last_seq = after.unwrap_or(0);
-    loop {
-        let batch = tokio::select! {
-            batch = follower.next_batch(FOLLOW_WAIT) => batch,
-            _ = reply.client_gone() => {
-                reply.left();
-                return Ok(());
-            }
-        };
-        match batch {
-            Ok(frames) if frames.is_empty() => {
-                // Nothing new: stop once the run is over (or gone).
-                if status_was_terminal {
-                    break;
-                }
-                match app.store.status(id).await {
-                    Ok(Some(s)) if !s.is_terminal() => {}
-                    Ok(Some(_)) => status_was_terminal = true,
-                    Ok(None) => {
-                        // Deleted (or expired) under the follower: it would
-                        // never see a terminal event, so say why it ends.
-                        let e = not_found(id);
-                        error_event(reply.buf(), &e, last_seq);
-                        let _ = reply.write().await;
-                        reply.end_failed(e.status).await;
-                        return Ok(());
-                    }
-                    Err(_) => {}
-                }
-            }
-            Ok(frames) => {
-                let mut done = false;
-                for f in &frames {
-                    sse::event(reply.buf(), &f.name, &f.data);
-                    last_seq = f.seq;
-                    if f.is_terminal() {
-                        done = true;
-                        break;
-                    }
-                }
-                if reply.write().await.is_err() {
-                    reply.left();
-                    return Ok(());
-                }
-                if done {
-                    break;
-                }
-            }
-            Err(e) => {
-                let e = ApiError::from(e);
-                error_event(reply.buf(), &e, last_seq);
-                let _ = reply.write().await;
-                reply.end_failed(e.status).await;
-                return Ok(());
-            }
-        }
-    }
-    reply.end().await;
-    Ok(())
-}
-
-/// `event: error` with `{type:"error", code, message, param, status,
-/// sequence_number}`: the HTTP status travels in the body, as on every
-/// streamed failure (spec 6.1 rule 5); the sequence number is the last
-/// one the stream showed, never one a real event will take.
-fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
-    // Flat for the OpenAI SDKs' error event, and again under `error` for
-    // Open Responses' `ErrorStreamingEvent`: one event satisfies both.
-    let data = serde_json::json!({
-        "type": "error",
-        "code": e.code,
-        "message": e.message,
-        "param": e.param,
-        "status": e.status,
-        "sequence_number": seq,
-        "error": {
-            "type": e.error_type(),
-            "code": e.code,
-            "message": e.message,
-            "param": e.param,
-        },
-    });
-    sse::event(out, "error", &data.to_string());
 }
 
 /// `DELETE /v1/responses/{id}`.

@@ -21,6 +21,12 @@ impl From<ClientGone> for Gone {
 pub struct ChatStream<'a> {
     pub reply: SseReply<'a>,
     pub encoder: ChatStreamEncoder,
+    /// The reply folded as well, when it is kept (an `Idempotency-Key`'s
+    /// record: a retry gets it again). Its last batch (the finish and
+    /// `[DONE]`) then stays buffered for the caller to write once the
+    /// record is written, so a client that retries as soon as it has read
+    /// `[DONE]` finds the outcome.
+    pub aggregate: Option<ChatAggregate>,
 }
 
 impl<'a> ChatStream<'a> {
@@ -28,6 +34,7 @@ impl<'a> ChatStream<'a> {
         Self {
             reply: SseReply::new(ex, 256),
             encoder,
+            aggregate: None,
         }
     }
 }
@@ -42,9 +49,19 @@ impl Sink for ChatStream<'_> {
 
     fn event(&mut self, event: pb::GenerateEvent) {
         self.encoder.event(&event, self.reply.buf());
+        if let Some(aggregate) = &mut self.aggregate {
+            aggregate.push(event);
+        }
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
+        if self
+            .aggregate
+            .as_ref()
+            .is_some_and(ChatAggregate::is_finished)
+        {
+            return Ok(());
+        }
         Ok(self.reply.write().await?)
     }
 
@@ -109,6 +126,9 @@ pub struct ResponseEvents<'a> {
     pub encoder: ResponseEncoder,
     stream: bool,
     frames: Vec<EncodedEvent>,
+    /// The last batch (the terminal event) stays buffered for the caller
+    /// to write: set when an `Idempotency-Key`'s record is written first.
+    pub hold_final: bool,
 }
 
 impl<'a> ResponseEvents<'a> {
@@ -118,6 +138,7 @@ impl<'a> ResponseEvents<'a> {
             encoder,
             stream,
             frames: Vec::new(),
+            hold_final: false,
         }
     }
 
@@ -150,6 +171,9 @@ impl Sink for ResponseEvents<'_> {
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
+        if self.hold_final && self.encoder.is_done() {
+            return Ok(());
+        }
         Ok(self.reply.write().await?)
     }
 

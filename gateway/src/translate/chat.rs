@@ -246,6 +246,11 @@ impl ChatAggregate {
         }
     }
 
+    /// Whether the worker's finish was folded in.
+    pub fn is_finished(&self) -> bool {
+        self.finished.is_some()
+    }
+
     /// The reply, or a 500 when a normally finished reply does not match
     /// the requested output format.
     pub fn into_completion(
@@ -291,6 +296,51 @@ impl ChatAggregate {
             tool_thought: Vec::new(),
             executable_data: Vec::new(),
         })
+    }
+}
+
+/// What every chunk of one stream repeats: its id, creation time and
+/// model, and whether its chunks carry `usage` (`null` until the last).
+pub struct ChunkHead<'a> {
+    pub id: &'a str,
+    pub created: u64,
+    pub model: &'a str,
+    pub include_usage: bool,
+}
+
+impl ChunkHead<'_> {
+    /// Appends one chunk of the reply's only choice.
+    pub fn chunk(&self, out: &mut BytesMut, delta: Delta<'_>, finish: Option<&'static str>) {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: finish,
+        };
+        let usage = if self.include_usage {
+            UsageField::Null
+        } else {
+            UsageField::Absent
+        };
+        self.write(out, vec![choice], usage);
+    }
+
+    /// Appends the usage chunk: no choices, the totals.
+    pub fn usage(&self, out: &mut BytesMut, usage: &ChatUsage) {
+        self.write(out, Vec::new(), UsageField::Totals(usage));
+    }
+
+    fn write(&self, out: &mut BytesMut, choices: Vec<ChunkChoice<'_>>, usage: UsageField<'_>) {
+        let chunk = ChatChunk {
+            id: self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model,
+            system_fingerprint: None,
+            choices,
+            usage,
+        };
+        sse::data(out, &chunk);
     }
 }
 
@@ -402,25 +452,16 @@ impl ChatStreamEncoder {
     }
 
     fn chunk(&self, out: &mut BytesMut, delta: Delta<'_>, finish: Option<&'static str>) {
-        let chunk = ChatChunk {
+        self.head().chunk(out, delta, finish);
+    }
+
+    fn head(&self) -> ChunkHead<'_> {
+        ChunkHead {
             id: &self.id,
-            object: "chat.completion.chunk",
             created: self.created,
             model: &self.model,
-            system_fingerprint: None,
-            choices: vec![ChunkChoice {
-                index: 0,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }],
-            usage: if self.include_usage {
-                UsageField::Null
-            } else {
-                UsageField::Absent
-            },
-        };
-        sse::data(out, &chunk);
+            include_usage: self.include_usage,
+        }
     }
 
     /// The first frame: `delta:{role:"assistant", content:""}`.
@@ -507,17 +548,7 @@ impl ChatStreamEncoder {
         }
         self.chunk(out, Delta::default(), Some(finish_reason(f.reason)));
         if self.include_usage {
-            let usage = usage(&f.usage.unwrap_or_default());
-            let chunk = ChatChunk {
-                id: &self.id,
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: &self.model,
-                system_fingerprint: None,
-                choices: Vec::new(),
-                usage: UsageField::Totals(&usage),
-            };
-            sse::data(out, &chunk);
+            self.head().usage(out, &usage(&f.usage.unwrap_or_default()));
         }
         sse::done(out);
     }

@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod compaction;
 pub mod planner;
+pub mod replay;
 pub mod responses;
 
 use inference_proto::v1 as pb;
