@@ -9,6 +9,7 @@ use crate::generation::{self, End};
 use crate::http::Exchange;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
+use crate::sse;
 use crate::translate::chat::{output_format, to_worker, ChatStreamEncoder};
 use crate::{parse, validate};
 use std::sync::Arc;
@@ -69,11 +70,28 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let id = new_id("chatcmpl-");
     if valid.stream {
         let encoder = ChatStreamEncoder::new(id, valid.model.id, valid.include_usage, format);
-        let mut stream = ChatStream::new(ex, encoder);
+        let mut stream = ChatStream::new(ex, encoder, app.shutdown.clone());
         let end = generation.run(reservation, &mut stream).await;
-        let ChatStream { reply, encoder } = stream;
+        let ChatStream {
+            mut reply,
+            encoder,
+            cut,
+        } = stream;
         match end {
             End::NotStarted(e) => return Err(e),
+            // The drain's grace period ran out: the client gets an error it
+            // can act on (retry elsewhere) instead of a cut connection;
+            // before the head went out, as the response itself.
+            End::Gone if cut.happened() => {
+                let e = ApiError::replica_shutdown();
+                if !reply.started() {
+                    drop(reply);
+                    return Err(e);
+                }
+                sse::error(reply.buf(), &e);
+                let _ = reply.write().await;
+                reply.end_failed(e.status).await;
+            }
             // A reply that failed its output check ended with an error frame.
             End::Finished(_) => match encoder.failure() {
                 Some(e) => reply.end_failed(e.status).await,
@@ -83,11 +101,13 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             End::Failed(e) => reply.end_failed(e.status).await,
         }
     } else {
-        let mut body = ChatBody::new(ex);
+        let mut body = ChatBody::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
-        let aggregate = body.aggregate;
+        let (aggregate, cut) = (body.aggregate, body.cut.happened());
         match end {
             End::NotStarted(e) | End::Failed(e) => return Err(e),
+            // Cut by the drain: nothing was sent, so a plain error response.
+            End::Gone if cut => return Err(ApiError::replica_shutdown()),
             End::Finished(_) => {
                 let mut completion =
                     aggregate.into_completion(id, valid.model.id, &valid, &format)?;

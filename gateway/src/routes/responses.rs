@@ -15,7 +15,7 @@ use crate::generation::{self, End};
 use crate::http::{Exchange, SseReply};
 use crate::ids::new_id;
 use crate::limits::{estimate_input_tokens, Outcome};
-use crate::runs::background::BackgroundRun;
+use crate::runs::background::{BackgroundRun, Origin};
 use crate::runs::{Cancel, NewRun, StoredRun};
 use crate::sse;
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
@@ -100,6 +100,14 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             timeout: app.request_timeout(),
             tier,
             in_flight: app.shutdown.begin(),
+            shutdown: app.shutdown.clone(),
+            origin: Origin {
+                key_digest: key_digest(ex),
+                format: valid.format.clone(),
+                input_estimate,
+                max_output_tokens: valid.max_output_tokens,
+            },
+            resumed: false,
         };
         tokio::spawn(background.drive());
         if valid.stream {
@@ -111,8 +119,14 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
 
     // 5b. In the foreground: relay to this client.
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
-    let mut events = ResponseEvents::new(ex, encoder, valid.stream);
+    let mut events = ResponseEvents::new(ex, encoder, valid.stream, app.shutdown.clone());
     let end = generation.run(reservation, &mut events).await;
+    if matches!(end, End::Gone) && events.cut.happened() {
+        if let Some(object) = end_cut(app, events, run, valid.stream).await? {
+            ex.send_json(200, &object, &[]).await;
+        }
+        return Ok(());
+    }
     let ResponseEvents {
         reply, mut encoder, ..
     } = events;
@@ -164,6 +178,46 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             }
         },
     }
+}
+
+/// The drain's grace period ran out before the generation finished. A
+/// reply that had started ends `incomplete` with the output its client
+/// got (`response.incomplete` as the stream's last event, or the object as
+/// the body), and the store keeps exactly that. One cut before the worker
+/// started delivered nothing: a 503 the client retries, stored `failed`.
+/// Returns the body of a reply that is not streamed.
+async fn end_cut(
+    app: &App,
+    mut events: ResponseEvents<'_>,
+    run: Option<StoredRun>,
+    stream: bool,
+) -> Result<Option<ResponseObject>, ApiError> {
+    if events.encoder.next_seq() == 0 {
+        let ResponseEvents {
+            reply, mut encoder, ..
+        } = events;
+        drop(reply);
+        let e = ApiError::replica_shutdown();
+        encoder.fail(&e, &mut Vec::new());
+        end_stored(app, run, &encoder).await;
+        return Err(e);
+    }
+    events.end_cut().await;
+    let ResponseEvents { reply, encoder, .. } = events;
+    if stream {
+        reply.end().await;
+    } else {
+        drop(reply);
+    }
+    end_stored(app, run, &encoder).await;
+    Ok((!stream).then_some(encoder.object))
+}
+
+/// The sha256 of the request's bearer key (authorized already), for a
+/// peer that takes its background run over to admit and bill it the same.
+fn key_digest(ex: &Exchange) -> [u8; 32] {
+    let token = crate::auth::bearer_token(ex.header("authorization")).unwrap_or_default();
+    crate::auth::hash_key(token)
 }
 
 /// A create body parsed and validated, its model allowed for the key and
@@ -451,6 +505,18 @@ async fn follow(
             batch = follower.next_batch(FOLLOW_WAIT) => batch,
             _ = reply.client_gone() => {
                 reply.left();
+                return Ok(());
+            }
+            // The run lives on in the store (on a peer, once handed over):
+            // the follower is told where to pick it up again.
+            _ = app.shutdown.cutting() => {
+                let e = ApiError::replica_shutdown().with_message(format!(
+                    "The gateway replica serving this stream is restarting; the response goes \
+                     on. Resume it on another replica with starting_after={last_seq}."
+                ));
+                error_event(reply.buf(), &e, last_seq);
+                let _ = reply.write().await;
+                reply.end_failed(e.status).await;
                 return Ok(());
             }
         };
