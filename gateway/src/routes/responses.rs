@@ -202,14 +202,19 @@ async fn end_cut(
         end_stored(app, run, &encoder).await;
         return Err(e);
     }
-    events.end_cut().await;
-    let ResponseEvents { reply, encoder, .. } = events;
+    // Stored first: the replica is about to exit, and a client that reads
+    // the final event and asks another replica must find what it was told.
+    events.stop_early();
+    end_stored(app, run, &events.encoder).await;
+    let ResponseEvents {
+        mut reply, encoder, ..
+    } = events;
     if stream {
+        let _ = reply.write().await;
         reply.end().await;
     } else {
         drop(reply);
     }
-    end_stored(app, run, &encoder).await;
     Ok((!stream).then_some(encoder.object))
 }
 

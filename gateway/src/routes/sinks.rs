@@ -203,14 +203,12 @@ impl<'a> ResponseEvents<'a> {
     }
 
     /// Ends a reply the drain cut with `response.incomplete` and the output
-    /// it delivered, and writes that last event (streamed replies).
-    pub async fn end_cut(&mut self) {
+    /// it delivered; a streamed reply's last event waits in the buffer for
+    /// the route to write once the store has it.
+    pub fn stop_early(&mut self) {
         self.encoder
             .stop_early(crate::runs::REPLICA_SHUTDOWN, &mut self.frames);
         self.take_frames();
-        if self.stream && self.reply.started() {
-            let _ = self.reply.write().await;
-        }
     }
 
     /// Moves encoded frames to the output (or drops them when not
