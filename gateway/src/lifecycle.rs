@@ -4,50 +4,94 @@
 //!
 //! On SIGTERM the gateway (1) fails `/readyz` so load balancers stop sending
 //! traffic, (2) keeps serving while in-flight work finishes, up to the grace
-//! period, then (3) lets Pingora close listeners and runtimes.
+//! period, (3) at its end *cuts* what is still going: every reply ends in
+//! band (an error frame, a final Responses event, an error body), is billed
+//! for what it delivered and stored as its client got it, within a short
+//! tail, then (4) lets Pingora close listeners and runtimes.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// One phase of the shutdown: a flag set once, and the waiters it wakes.
+#[derive(Debug, Default)]
+struct Phase {
+    begun: AtomicBool,
+    started: Notify,
+}
+
+impl Phase {
+    fn has_begun(&self) -> bool {
+        self.begun.load(Ordering::Relaxed)
+    }
+
+    fn begin(&self) {
+        self.begun.store(true, Ordering::Relaxed);
+        self.started.notify_waiters();
+    }
+
+    /// Resolves once the phase has begun (at once if it already has).
+    async fn begun(&self) {
+        loop {
+            // Registered before the flag is read, so a start in between
+            // still wakes this waiter.
+            let woken = self.started.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.has_begun() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
 /// Whether shutdown began, and what is still running. One per process.
 #[derive(Debug, Default)]
 pub struct Shutdown {
-    draining: AtomicBool,
+    /// From SIGTERM. Long-lived connections (WebSockets) close rather than
+    /// hold the drain for its whole grace period.
+    draining: Phase,
+    /// The grace period ran out with work still going: every reply still
+    /// open ends now, in band, rather than at the socket.
+    cutting: Phase,
     in_flight: AtomicUsize,
     /// Woken when the last unit of work in flight ends.
     idle: Notify,
-    /// Woken when draining begins: long-lived connections (WebSockets)
-    /// close rather than hold the drain for its whole grace period.
-    drain_started: Notify,
 }
 
 impl Shutdown {
     /// True once shutdown began: readiness fails, new background runs are
     /// refused, connections are not kept alive.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.draining.has_begun()
     }
 
     pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::Relaxed);
-        self.drain_started.notify_waiters();
+        self.draining.begin();
     }
 
     /// Resolves once draining has begun (at once if it already has).
     pub async fn draining(&self) {
-        loop {
-            // Registered before the flag is read, so a start in between
-            // still wakes this waiter.
-            let woken = self.drain_started.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            if self.is_draining() {
-                return;
-            }
-            woken.await;
-        }
+        self.draining.begun().await
+    }
+
+    /// True once the grace period ran out: replies still going end now.
+    pub fn is_cutting(&self) -> bool {
+        self.cutting.has_begun()
+    }
+
+    /// The grace period is over: wakes every reply still open so it ends
+    /// in band (see [`Self::cutting`]).
+    pub fn start_cutting(&self) {
+        self.cutting.begin();
+    }
+
+    /// Resolves once the grace period ran out (at once if it already has):
+    /// a reply selects on this beside its client's departure.
+    pub async fn cutting(&self) {
+        self.cutting.begun().await
     }
 
     pub fn in_flight(&self) -> usize {
@@ -128,5 +172,23 @@ mod tests {
             .unwrap();
         // Once draining, at once.
         shutdown.draining().await;
+    }
+
+    #[tokio::test]
+    async fn cutting_wakes_its_waiters() {
+        let shutdown = Arc::new(Shutdown::default());
+        let waiter = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.cutting().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        shutdown.start_cutting();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(shutdown.is_cutting());
+        shutdown.cutting().await;
     }
 }

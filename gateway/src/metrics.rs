@@ -85,6 +85,10 @@ pub struct Metrics {
     pub runs_lost: prometheus::IntCounter,
     /// Runs failed because they outlived their hard deadline.
     pub runs_overdue: prometheus::IntCounter,
+    /// Background runs a draining replica handed to its peers.
+    pub runs_handed_over: prometheus::IntCounter,
+    /// Handed-over background runs this replica adopted.
+    pub runs_adopted: prometheus::IntCounter,
     /// Foreground responses whose final write first failed and went on in
     /// the background.
     pub final_writes_deferred: prometheus::IntCounter,
@@ -315,6 +319,16 @@ impl Metrics {
             runs_lost: prometheus::register_int_counter_with_registry!(
                 "gateway_response_runs_lost_total",
                 "Runs failed by a sweeper after their owner's lease expired.",
+                registry
+            )?,
+            runs_handed_over: prometheus::register_int_counter_with_registry!(
+                "gateway_response_runs_handed_over_total",
+                "Background runs a draining replica handed to the other replicas.",
+                registry
+            )?,
+            runs_adopted: prometheus::register_int_counter_with_registry!(
+                "gateway_response_runs_adopted_total",
+                "Handed-over background runs this replica adopted and ran.",
                 registry
             )?,
             runs_overdue: prometheus::register_int_counter_with_registry!(

@@ -47,6 +47,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let app = Arc::new(App::new(config)?);
+    let adopter = Arc::new(crate::runs::adopt::Adopter {
+        runs: app.runs.clone(),
+        pools: app.pools.clone(),
+        accounts: app.accounts.clone(),
+        limiter: app.limiter.clone(),
+        catalog: app.catalog.clone(),
+        shutdown: app.shutdown.clone(),
+    });
     let drain = DrainingSignal {
         readiness_delay,
         grace,
@@ -55,6 +63,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
     let runs_maintainer = background_service("response runs", RunsMaintainer(app.runs.clone()));
+    let run_adopter = background_service("run adoption", RunAdopter(adopter));
     let slots_maintainer = background_service("limit slots", SlotsMaintainer(app.limiter.clone()));
     let key_invalidations =
         background_service("key invalidations", KeyInvalidations(app.accounts.clone()));
@@ -89,6 +98,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.add_service(announcer);
     server.add_service(pool_maintainer);
     server.add_service(runs_maintainer);
+    server.add_service(run_adopter);
     server.add_service(slots_maintainer);
     server.add_service(key_invalidations);
     if let Some(certificate) = certificate {
@@ -121,16 +131,28 @@ fn public_listener(
     })
 }
 
+/// How long the cut at the end of the grace period may take: every reply
+/// still open ends in band, settles its reservation and records its stored
+/// response within it (a few round trips each).
+const CUT_TAIL: Duration = Duration::from_secs(5);
+
 /// SIGTERM: fail readiness, keep serving until in-flight work is done (or
-/// the grace period ends), then hand over to Pingora's graceful close.
-/// SIGINT stops at once.
+/// the grace period ends), then cut what is left in band, then hand over to
+/// Pingora's graceful close. SIGINT stops at once.
+///
+/// In order: (1) draining: readiness fails, keep-alive ends, new
+/// background runs are refused, and background runs whose worker has not
+/// started are handed to the peers (`runs::background`); (2) the grace
+/// period, in which open replies finish; (3) the cut (`Shutdown::cutting`):
+/// a chat stream ends with an error frame, a Responses stream with
+/// `response.incomplete`, a body not yet sent with a 503, a background run
+/// `incomplete`, each billed for what it delivered, within [`CUT_TAIL`];
+/// (4) whatever run is still owned then fails `replica_shutdown`.
 struct DrainingSignal {
     /// How long readiness fails before we stop waiting for new traffic to
     /// dry up (load balancers poll readiness every few seconds).
     readiness_delay: Duration,
     grace: Duration,
-    /// Background runs still going when the grace period ends are failed
-    /// (`replica_shutdown`) rather than left for a peer's lease sweep.
     runs: Arc<crate::runs::Runs>,
     shutdown: Arc<Shutdown>,
 }
@@ -151,11 +173,20 @@ impl ShutdownSignalWatch for DrainingSignal {
             _ = term.recv() => {}
         }
         tracing::info!(in_flight = self.shutdown.in_flight(), "SIGTERM: draining");
+        self.runs.stop_adopting();
         self.shutdown.start_draining();
         let started = tokio::time::Instant::now();
         tokio::time::sleep(self.readiness_delay.min(self.grace)).await;
         let left = self.grace.saturating_sub(started.elapsed());
-        let idle = self.shutdown.wait_idle(left).await;
+        let mut idle = self.shutdown.wait_idle(left).await;
+        if !idle {
+            tracing::info!(
+                in_flight = self.shutdown.in_flight(),
+                "grace period over: ending the replies still open in band"
+            );
+            self.shutdown.start_cutting();
+            idle = self.shutdown.wait_idle(CUT_TAIL).await;
+        }
         if !idle {
             self.runs.fail_owned().await;
         }
@@ -165,6 +196,20 @@ impl ShutdownSignalWatch for DrainingSignal {
             "drain finished; closing"
         );
         ShutdownSignal::GracefulTerminate
+    }
+}
+
+/// Runs the background runs that draining peers handed over and this
+/// replica's sweeper adopted.
+struct RunAdopter(Arc<crate::runs::adopt::Adopter>);
+
+#[async_trait]
+impl BackgroundService for RunAdopter {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.clone().serve() => {}
+            _ = shutdown.changed() => {}
+        }
     }
 }
 

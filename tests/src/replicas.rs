@@ -14,8 +14,11 @@
 //! client was told is checked against what is kept.
 
 use crate::netlab::{Host, NetLab};
-use crate::{FaultProxy, Gateway, GatewayOpts, PersistentRedis, Value, Worker, WorkerOpts};
+use crate::{
+    Client, FaultProxy, Gateway, GatewayOpts, PersistentRedis, SseFrame, Value, Worker, WorkerOpts,
+};
 use anyhow::{Context, Result};
+use std::time::{Duration, Instant};
 
 /// Fields drop in order: processes before the lab that hosts them.
 pub struct Replicas {
@@ -168,6 +171,45 @@ impl Replicas {
             .collect()
     }
 
+    /// The key prefix both replicas use in Redis.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `gateway usage --org ORG --json` over the replicas' Redis: one row
+    /// per key and model, as billed.
+    pub fn usage(&self, org: &str) -> Result<Vec<Value>> {
+        let url = self.redis.url();
+        let out = crate::stack::gateway_cli(
+            &[
+                ("GATEWAY_REDIS_URL", url.as_str()),
+                ("GATEWAY_KEY_PREFIX", self.prefix.as_str()),
+            ],
+            &["usage", "--org", org, "--json"],
+        );
+        out.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).context("a usage row"))
+            .collect()
+    }
+
+    /// The stored object once the run is terminal (read from Redis),
+    /// failing after `within`.
+    pub async fn terminal(&self, id: &str, within: Duration) -> Value {
+        eventually(
+            within,
+            "the run terminal",
+            || self.logs(),
+            || {
+                self.stored_object(id)
+                    .ok()
+                    .flatten()
+                    .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
+            },
+        )
+        .await
+    }
+
     /// Run leases still in the store.
     pub fn leases_left(&self) -> Result<usize> {
         Ok(redis::cmd("ZCARD")
@@ -195,4 +237,52 @@ pub fn streamed_text<'a>(events: impl IntoIterator<Item = (&'a str, &'a Value)>)
         .filter(|(name, _)| *name == "response.output_text.delta")
         .filter_map(|(_, data)| data["delta"].as_str())
         .collect()
+}
+
+/// Whether a response status is terminal.
+pub fn is_terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
+}
+
+/// A Responses stream's frames as (event name, payload).
+pub fn events(frames: &[SseFrame]) -> Vec<(String, Value)> {
+    frames
+        .iter()
+        .filter_map(|f| Some((f.event.clone()?, f.json())))
+        .collect()
+}
+
+/// Polls `read` until it gives `Some`, failing after `within` with `what`
+/// and `logs()`.
+pub async fn eventually<T>(
+    within: Duration,
+    what: &str,
+    logs: impl Fn() -> String,
+    mut read: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = read() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Creates a background run of `input` on `base`; its id.
+pub async fn create_background(client: &Client, input: &str) -> String {
+    let reply = client
+        .post_json(
+            "/responses",
+            &serde_json::json!({"model": "base", "input": input, "background": true}),
+        )
+        .await
+        .expect("create");
+    assert_eq!(reply.status, 200, "{reply}");
+    reply.json()["id"].as_str().expect("id").to_owned()
 }

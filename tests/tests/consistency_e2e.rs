@@ -6,42 +6,14 @@
 //! what its client received, the replay of a run tells the same story as
 //! its stored object, one terminal event ends each log, no lease is left.
 
-use harness::replicas::{output_text, streamed_text, Replicas};
+use harness::replicas::{self, events, eventually, output_text, streamed_text, Replicas};
 use harness::{bounded, json, Client, SseFrame, Value, WorkerOpts};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A lease of 1.5 s (renewed every 300 ms) and sweeps every 200 ms: a cut-off
 /// replica's runs are swept by its peer within about two seconds.
 const SHORT_LEASES: &str =
     "[store]\nlease_millis = 1500\nheartbeat_millis = 300\nsweep_interval_millis = 200\n";
-
-/// Polls `read` until it gives `Some`, failing after `within`.
-async fn eventually<T>(
-    within: Duration,
-    what: &str,
-    logs: impl Fn() -> String,
-    mut read: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = read() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {within:?}\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn events(frames: &[SseFrame]) -> Vec<(String, Value)> {
-    frames
-        .iter()
-        .filter_map(|f| Some((f.event.clone()?, f.json())))
-        .collect()
-}
 
 async fn replay(client: &Client, id: &str) -> Vec<(String, Value)> {
     let stream = client
@@ -57,36 +29,7 @@ async fn replay(client: &Client, id: &str) -> Vec<(String, Value)> {
 
 /// A background run of `tokens` synthetic tokens; its id.
 async fn create_background(client: &Client, tokens: u32) -> String {
-    let input = format!("synthetic:reply_tokens={tokens} go");
-    let reply = client
-        .post_json(
-            "/responses",
-            &json!({"model": "base", "input": input, "background": true}),
-        )
-        .await
-        .expect("create");
-    assert_eq!(reply.status, 200, "{reply}");
-    reply.json()["id"].as_str().expect("id").to_owned()
-}
-
-/// The stored object once the run is terminal (read from Redis).
-async fn terminal(r: &Replicas, id: &str, within: Duration) -> Value {
-    eventually(
-        within,
-        "the run terminal",
-        || r.logs(),
-        || {
-            r.stored_object(id)
-                .ok()
-                .flatten()
-                .filter(|o| is_terminal(o["status"].as_str().unwrap_or_default()))
-        },
-    )
-    .await
-}
-
-fn is_terminal(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "cancelled" | "incomplete")
+    replicas::create_background(client, &format!("synthetic:reply_tokens={tokens} go")).await
 }
 
 /// The stored log ends with exactly one terminal event, and the replay of
@@ -264,7 +207,7 @@ async fn a_store_stall_of_one_whole_lease_loses_no_run() {
             tokio::time::sleep(Duration::from_millis(3000)).await;
         }
         for id in &ids {
-            let object = terminal(&r, id, Duration::from_secs(30)).await;
+            let object = r.terminal(id, Duration::from_secs(30)).await;
             assert_eq!(object["status"], "completed", "{object}");
             assert_eq!(object["usage"]["output_tokens"], 900);
             assert_one_story(&r, id).await;
@@ -359,7 +302,7 @@ async fn runs_whose_worker_was_cut_off_mid_stream_end_once_and_agree_with_their_
         tokio::time::sleep(Duration::from_secs(12)).await;
         r.link_worker.heal();
         for id in &ids {
-            let object = terminal(&r, id, Duration::from_secs(30)).await;
+            let object = r.terminal(id, Duration::from_secs(30)).await;
             assert_eq!(object["status"], "failed", "{object}");
             assert!(!output_text(&object).is_empty(), "{object}");
             assert_one_story(&r, id).await;
@@ -386,7 +329,7 @@ async fn a_replica_killed_while_cut_off_leaves_no_run_running() {
         r.a.kill();
         r.reconnect_a().expect("reconnect A's host");
         for id in &ids {
-            let object = terminal(&r, id, Duration::from_secs(15)).await;
+            let object = r.terminal(id, Duration::from_secs(15)).await;
             assert_eq!(object["status"], "failed", "{object}");
             assert_eq!(object["error"]["code"], "run_lost", "{object}");
             assert!(!output_text(&object).is_empty(), "{object}");

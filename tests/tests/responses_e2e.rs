@@ -890,12 +890,13 @@ async fn draining_replica_refuses_new_background_runs_and_finishes_its_own() {
 }
 
 /// A run longer than the drain grace period: when the grace period ends the
-/// draining replica fails it at once with `replica_shutdown` (terminal
-/// event in the log), instead of leaving it `in_progress` until its lease
-/// expires and a peer sweeps it. The lease here is long (30 s), so only the
-/// owner's own shutdown can explain a quick terminal state.
+/// draining replica ends it at once `incomplete` (reason
+/// `replica_shutdown`) with the output it stored (terminal event in the
+/// log), instead of leaving it `in_progress` until its lease expires and a
+/// peer sweeps it. The lease here is long (30 s), so only the owner's own
+/// shutdown can explain a quick terminal state.
 #[tokio::test]
-async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
+async fn a_run_outlasting_the_grace_period_ends_incomplete_with_its_output_at_shutdown() {
     let (mut stack, _) = redis_stack(
         WorkerOpts::default(),
         "grace_period_seconds = 1\nreadiness_drain_millis = 100\n[store]\nlease_millis = 30000\n",
@@ -912,8 +913,13 @@ async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
         Duration::from_secs(10),
     )
     .await;
-    assert_eq!(v["status"], "failed", "{v}");
-    assert_eq!(v["error"]["code"], "replica_shutdown", "{v}");
+    assert_eq!(v["status"], "incomplete", "{v}");
+    assert_eq!(v["incomplete_details"]["reason"], "replica_shutdown", "{v}");
+    let kept: String = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!kept.is_empty(), "the output generated before the cut: {v}");
     assert!(
         sent.elapsed() < Duration::from_secs(5),
         "ended by its owner at the end of the grace period, not by a lease sweep: {:?}",
@@ -933,9 +939,15 @@ async fn a_run_outlasting_the_grace_period_fails_at_shutdown() {
         .unwrap();
     assert_eq!(
         frames.last().and_then(|f| f.event.as_deref()),
-        Some("response.failed"),
+        Some("response.incomplete"),
         "{frames:?}"
     );
+    let replayed: String = frames
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("response.output_text.delta"))
+        .filter_map(|f| f.json()["delta"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(replayed, kept, "the replay shows what the object keeps");
     assert!(stack.gateway.wait_exit(Duration::from_secs(10)).is_some());
 }
 

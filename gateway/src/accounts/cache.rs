@@ -127,7 +127,13 @@ impl Accounts {
         authorization: Option<&[u8]>,
     ) -> Result<Arc<Account>, AccountError> {
         let token = bearer_token(authorization).ok_or(AccountError::InvalidKey)?;
-        let digest = hash_key(token);
+        self.by_digest(hash_key(token)).await
+    }
+
+    /// The account of the key stored under `digest` (its sha256): the
+    /// lookup behind [`Self::authenticate`], also used to run a background
+    /// run another replica handed over under the key that created it.
+    pub async fn by_digest(&self, digest: [u8; 32]) -> Result<Arc<Account>, AccountError> {
         let stale = match self.cached(&digest) {
             Cached::Fresh(account) => return account.ok_or(AccountError::InvalidKey),
             Cached::Stale(account) => Some(account),

@@ -271,6 +271,20 @@ impl ApiError {
         Self::new(504, "timeout", message)
     }
 
+    /// 503 `replica_shutdown`: this gateway replica is restarting and its
+    /// drain grace period ran out before the reply finished. The spec's
+    /// "briefly unavailable during a deployment": another replica serves
+    /// the retry, so it is worth one at once.
+    pub fn replica_shutdown() -> Self {
+        Self::new(
+            503,
+            "replica_shutdown",
+            "The gateway replica serving this request is restarting and ended the reply \
+             before it finished; retry the request (another replica will serve it).",
+        )
+        .with_retry_after(1)
+    }
+
     // ---- the status table ---------------------------------------------------
 
     /// The envelope's `type`, derived from the status (spec 2.9).

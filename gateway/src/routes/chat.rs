@@ -11,6 +11,7 @@ use crate::http::Exchange;
 use crate::idempotency::Outcome;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
+use crate::sse;
 use crate::translate::chat::{output_format, to_worker, ChatAggregate, ChatStreamEncoder};
 use crate::translate::replay;
 use crate::validate::chat::ValidChatRequest;
@@ -105,7 +106,7 @@ async fn generate(
             valid.include_usage,
             format.clone(),
         );
-        let mut stream = ChatStream::new(ex, encoder);
+        let mut stream = ChatStream::new(ex, encoder, app.shutdown.clone());
         // A key's record keeps the reply folded: the events are folded too.
         stream.aggregate = claim.is_some().then(ChatAggregate::default);
         let end = generation.run(reservation, &mut stream).await;
@@ -113,9 +114,23 @@ async fn generate(
             mut reply,
             encoder,
             aggregate,
+            cut,
         } = stream;
         match end {
             End::NotStarted(e) => return Err(e),
+            // The drain's grace period ran out: the client gets an error it
+            // can act on (retry elsewhere) instead of a cut connection;
+            // before the head went out, as the response itself.
+            End::Gone if cut.happened() => {
+                let e = ApiError::replica_shutdown();
+                if !reply.started() {
+                    drop(reply);
+                    return Err(e);
+                }
+                sse::error(reply.buf(), &e);
+                let _ = reply.write().await;
+                reply.end_failed(e.status).await;
+            }
             // A reply that failed its output check ended with an error frame.
             End::Finished(_) => {
                 // A kept reply is recorded before its last batch (held by
@@ -141,11 +156,13 @@ async fn generate(
             End::Failed(e) => reply.end_failed(e.status).await,
         }
     } else {
-        let mut body = ChatBody::new(ex);
+        let mut body = ChatBody::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
-        let aggregate = body.aggregate;
+        let (aggregate, cut) = (body.aggregate, body.cut.happened());
         match end {
             End::NotStarted(e) | End::Failed(e) => return Err(e),
+            // Cut by the drain: nothing was sent, so a plain error response.
+            End::Gone if cut => return Err(ApiError::replica_shutdown()),
             End::Finished(_) => {
                 let mut completion =
                     aggregate.into_completion(id, valid.model.id, &valid, &format)?;

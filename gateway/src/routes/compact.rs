@@ -65,10 +65,20 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     let id = object.id.clone();
     let encoder = ResponseEncoder::new(object, valid.format.clone());
     let generation = super::generation(app, ex, valid.model.id, work, false, tier);
-    let mut events = ResponseEvents::new(ex, encoder, false);
+    let mut events = ResponseEvents::new(ex, encoder, false, app.shutdown.clone());
     let end = generation.run(reservation, &mut events).await;
-    let ResponseEvents { reply, encoder, .. } = events;
+    let ResponseEvents {
+        reply,
+        encoder,
+        cut,
+        ..
+    } = events;
     match end {
+        // A half summary is no summary: the drain's cut is an error.
+        End::Gone if cut.happened() => {
+            drop(reply);
+            return Err(ApiError::replica_shutdown());
+        }
         End::Gone => {
             reply.left();
             return Ok(());

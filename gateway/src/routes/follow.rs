@@ -43,6 +43,18 @@ pub async fn follow(
                 reply.left();
                 return Ok(());
             }
+            // The run lives on in the store (on a peer, once handed over):
+            // the follower is told where to pick it up again.
+            _ = app.shutdown.cutting() => {
+                let e = ApiError::replica_shutdown().with_message(format!(
+                    "The gateway replica serving this stream is restarting; the response goes \
+                     on. Resume it on another replica with starting_after={last_seq}."
+                ));
+                error_event(reply.buf(), &e, last_seq);
+                let _ = reply.write().await;
+                reply.end_failed(e.status).await;
+                return Ok(());
+            }
         };
         match batch {
             Ok(frames) if frames.is_empty() => {

@@ -18,7 +18,7 @@ use crate::http::{Exchange, SseReply};
 use crate::idempotency::Outcome as KeyOutcome;
 use crate::ids::new_id;
 use crate::limits::{estimate_input_tokens, Outcome};
-use crate::runs::background::BackgroundRun;
+use crate::runs::background::{BackgroundRun, Origin};
 use crate::runs::{Cancel, NewRun, StoredRun};
 use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
 use crate::validate::responses::ValidResponseRequest;
@@ -122,6 +122,14 @@ async fn run(
             timeout: app.request_timeout(),
             tier,
             in_flight: app.shutdown.begin(),
+            shutdown: app.shutdown.clone(),
+            origin: Origin {
+                key_digest: key_digest(ex),
+                format: valid.format.clone(),
+                input_estimate,
+                max_output_tokens: valid.max_output_tokens,
+            },
+            resumed: false,
         };
         tokio::spawn(background.drive());
         // A retry gets this run: its object, or its stream from the start.
@@ -140,10 +148,16 @@ async fn run(
 
     // 6b. In the foreground: relay to this client.
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
-    let mut events = ResponseEvents::new(ex, encoder, valid.stream);
+    let mut events = ResponseEvents::new(ex, encoder, valid.stream, app.shutdown.clone());
     // With a key, a stream's last batch waits for the record (step 7).
     events.hold_final = valid.stream && claim.is_some();
     let end = generation.run(reservation, &mut events).await;
+    if matches!(end, End::Gone) && events.cut.happened() {
+        if let Some(object) = end_cut(app, events, run, valid.stream).await? {
+            ex.send_json(200, &object, &[]).await;
+        }
+        return Ok(());
+    }
     let ResponseEvents {
         reply,
         mut encoder,
@@ -233,6 +247,51 @@ async fn end_stream(reply: SseReply<'_>, encoder: &ResponseEncoder) {
         Some(e) => reply.end_failed(e.status).await,
         None => reply.end().await,
     }
+}
+
+/// The drain's grace period ran out before the generation finished. A
+/// reply that had started ends `incomplete` with the output its client
+/// got (`response.incomplete` as the stream's last event, or the object as
+/// the body), and the store keeps exactly that. One cut before the worker
+/// started delivered nothing: a 503 the client retries, stored `failed`.
+/// Returns the body of a reply that is not streamed.
+async fn end_cut(
+    app: &App,
+    mut events: ResponseEvents<'_>,
+    run: Option<StoredRun>,
+    stream: bool,
+) -> Result<Option<ResponseObject>, ApiError> {
+    if events.encoder.next_seq() == 0 {
+        let ResponseEvents {
+            reply, mut encoder, ..
+        } = events;
+        drop(reply);
+        let e = ApiError::replica_shutdown();
+        encoder.fail(&e, &mut Vec::new());
+        end_stored(app, run, &encoder).await;
+        return Err(e);
+    }
+    // Stored first: the replica is about to exit, and a client that reads
+    // the final event and asks another replica must find what it was told.
+    events.stop_early();
+    end_stored(app, run, &events.encoder).await;
+    let ResponseEvents {
+        mut reply, encoder, ..
+    } = events;
+    if stream {
+        let _ = reply.write().await;
+        reply.end().await;
+    } else {
+        drop(reply);
+    }
+    Ok((!stream).then_some(encoder.object))
+}
+
+/// The sha256 of the request's bearer key (authorized already), for a
+/// peer that takes its background run over to admit and bill it the same.
+fn key_digest(ex: &Exchange) -> [u8; 32] {
+    let token = crate::auth::bearer_token(ex.header("authorization")).unwrap_or_default();
+    crate::auth::hash_key(token)
 }
 
 /// A create body parsed and validated, its model allowed for the key and

@@ -1,19 +1,77 @@
 //! The generation sinks of replies to an HTTP client: a chat stream, a chat
 //! body, and Responses events (streamed, or folded into the response
 //! object). Streams write through [`SseReply`].
+//!
+//! Every sink also watches the replica's drain ([`Cut`]): when the grace
+//! period runs out it ends the generation like a client that left (the
+//! worker call is dropped, the reservation billed for what was delivered),
+//! and the route then ends the reply in band rather than at the socket.
 
 use crate::api::responses::EncodedEvent;
 use crate::error::ApiError;
 use crate::generation::{Gone, Sink};
 use crate::http::{ClientGone, Exchange, SseReply};
+use crate::lifecycle::Shutdown;
 use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
 use crate::translate::responses::ResponseEncoder;
 use inference_proto::v1 as pb;
+use std::sync::Arc;
 
 impl From<ClientGone> for Gone {
     fn from(_: ClientGone) -> Self {
         Gone
+    }
+}
+
+/// Whether the replica's drain cut this reply: its grace period ran out
+/// while the generation was still going.
+pub struct Cut {
+    shutdown: Arc<Shutdown>,
+    happened: bool,
+    /// The worker's last event is in the reply: nothing is left to cut.
+    finished: bool,
+}
+
+impl Cut {
+    pub fn new(shutdown: Arc<Shutdown>) -> Self {
+        Self {
+            shutdown,
+            happened: false,
+            finished: false,
+        }
+    }
+
+    /// Notes the worker's `Finished` event: a batch that carries it is
+    /// delivered whole, never cut after.
+    fn observe(&mut self, event: &pb::GenerateEvent) {
+        use pb::generate_event::Event;
+        self.finished |= matches!(event.event, Some(Event::Finished(_)));
+    }
+
+    /// True once the drain cut the reply; the route then ends it in band.
+    pub fn happened(&self) -> bool {
+        self.happened
+    }
+
+    /// Checked after each delivery: a worker that always has the next
+    /// event ready would otherwise never let the relay wait on [`Self::wait`].
+    fn now(&mut self) -> bool {
+        self.happened |= !self.finished && self.shutdown.is_cutting();
+        self.happened
+    }
+
+    async fn wait(&mut self) {
+        self.shutdown.cutting().await;
+        self.happened = true;
+    }
+}
+
+/// The generation stops when the client leaves or the drain cuts it.
+async fn gone_or_cut(client_gone: impl std::future::Future<Output = ()>, cut: &mut Cut) {
+    tokio::select! {
+        _ = client_gone => {}
+        _ = cut.wait() => {}
     }
 }
 
@@ -27,14 +85,16 @@ pub struct ChatStream<'a> {
     /// record is written, so a client that retries as soon as it has read
     /// `[DONE]` finds the outcome.
     pub aggregate: Option<ChatAggregate>,
+    pub cut: Cut,
 }
 
 impl<'a> ChatStream<'a> {
-    pub fn new(ex: &'a mut Exchange, encoder: ChatStreamEncoder) -> Self {
+    pub fn new(ex: &'a mut Exchange, encoder: ChatStreamEncoder, shutdown: Arc<Shutdown>) -> Self {
         Self {
             reply: SseReply::new(ex, 256),
             encoder,
             aggregate: None,
+            cut: Cut::new(shutdown),
         }
     }
 }
@@ -48,12 +108,14 @@ impl Sink for ChatStream<'_> {
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
+        self.cut.observe(&event);
         self.encoder.event(&event, self.reply.buf());
         if let Some(aggregate) = &mut self.aggregate {
             aggregate.push(event);
         }
     }
 
+    /// The batch goes out first: its tokens are counted as delivered.
     async fn deliver(&mut self) -> Result<(), Gone> {
         if self
             .aggregate
@@ -62,15 +124,19 @@ impl Sink for ChatStream<'_> {
         {
             return Ok(());
         }
-        Ok(self.reply.write().await?)
+        self.reply.write().await?;
+        if self.cut.now() {
+            return Err(Gone);
+        }
+        Ok(())
     }
 
     async fn gone(&mut self) {
-        self.reply.client_gone().await
+        gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
     async fn gone_while_starting(&mut self) {
-        self.reply.client_gone().await
+        gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
     async fn fail(&mut self, e: &ApiError) {
@@ -86,32 +152,40 @@ impl Sink for ChatStream<'_> {
 pub struct ChatBody<'a> {
     ex: &'a mut Exchange,
     pub aggregate: ChatAggregate,
+    pub cut: Cut,
 }
 
 impl<'a> ChatBody<'a> {
-    pub fn new(ex: &'a mut Exchange) -> Self {
+    pub fn new(ex: &'a mut Exchange, shutdown: Arc<Shutdown>) -> Self {
         Self {
             ex,
             aggregate: ChatAggregate::default(),
+            cut: Cut::new(shutdown),
         }
     }
 }
 
 impl Sink for ChatBody<'_> {
     fn event(&mut self, event: pb::GenerateEvent) {
+        self.cut.observe(&event);
         self.aggregate.push(event);
     }
 
+    /// Nothing reaches the client before the end: a cut body delivered
+    /// nothing (the route answers with an error).
     async fn deliver(&mut self) -> Result<(), Gone> {
+        if self.cut.now() {
+            return Err(Gone);
+        }
         Ok(())
     }
 
     async fn gone(&mut self) {
-        self.ex.client_gone().await
+        gone_or_cut(self.ex.client_gone(), &mut self.cut).await
     }
 
     async fn gone_while_starting(&mut self) {
-        self.ex.client_gone().await
+        gone_or_cut(self.ex.client_gone(), &mut self.cut).await
     }
 
     /// Nothing was sent yet: the caller answers with the error's status.
@@ -124,6 +198,7 @@ impl Sink for ChatBody<'_> {
 pub struct ResponseEvents<'a> {
     pub reply: SseReply<'a>,
     pub encoder: ResponseEncoder,
+    pub cut: Cut,
     stream: bool,
     frames: Vec<EncodedEvent>,
     /// The last batch (the terminal event) stays buffered for the caller
@@ -132,14 +207,29 @@ pub struct ResponseEvents<'a> {
 }
 
 impl<'a> ResponseEvents<'a> {
-    pub fn new(ex: &'a mut Exchange, encoder: ResponseEncoder, stream: bool) -> Self {
+    pub fn new(
+        ex: &'a mut Exchange,
+        encoder: ResponseEncoder,
+        stream: bool,
+        shutdown: Arc<Shutdown>,
+    ) -> Self {
         Self {
             reply: SseReply::new(ex, if stream { 1024 } else { 0 }),
             encoder,
+            cut: Cut::new(shutdown),
             stream,
             frames: Vec::new(),
             hold_final: false,
         }
+    }
+
+    /// Ends a reply the drain cut with `response.incomplete` and the output
+    /// it delivered; a streamed reply's last event waits in the buffer for
+    /// the route to write once the store has it.
+    pub fn stop_early(&mut self) {
+        self.encoder
+            .stop_early(crate::runs::REPLICA_SHUTDOWN, &mut self.frames);
+        self.take_frames();
     }
 
     /// Moves encoded frames to the output (or drops them when not
@@ -166,23 +256,30 @@ impl Sink for ResponseEvents<'_> {
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
+        self.cut.observe(&event);
         self.encoder.event(event, &mut self.frames);
         self.take_frames();
     }
 
+    /// The batch goes out first: the output it carries is delivered, so
+    /// the final `response.incomplete` holds it too.
     async fn deliver(&mut self) -> Result<(), Gone> {
         if self.hold_final && self.encoder.is_done() {
             return Ok(());
         }
-        Ok(self.reply.write().await?)
+        self.reply.write().await?;
+        if self.cut.now() {
+            return Err(Gone);
+        }
+        Ok(())
     }
 
     async fn gone(&mut self) {
-        self.reply.client_gone().await
+        gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
     async fn gone_while_starting(&mut self) {
-        self.reply.client_gone().await
+        gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
     async fn fail(&mut self, e: &ApiError) {

@@ -9,15 +9,25 @@
 //! `cancel_poll`. Either way the driver then drops the worker call, which
 //! cancels the generation on the worker. Every store call goes through the
 //! run's [`StoredRun`] handle.
+//!
+//! On a draining replica: a run whose worker has not started yet (queued in
+//! the pool, or waiting for its first event) is handed over at once
+//! (`handover.rs`) when a peer shares the store, and a peer's sweeper runs
+//! it from the start; a run already generating keeps going through the
+//! grace period, and if that runs out it ends `incomplete` with the output
+//! stored so far (so does any run with the in-process store, which no
+//! other replica could adopt).
 
-use super::{Runs, StoredRun};
+use super::handover::HandOver;
+use super::{Runs, StoredRun, REPLICA_SHUTDOWN};
 use crate::accounts::ServiceTier;
 use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::{End, Generation, Gone, Sink};
-use crate::lifecycle::InFlight;
+use crate::lifecycle::{InFlight, Shutdown};
 use crate::limits::{Outcome, Reservation};
+use crate::output_check::OutputFormat;
 use crate::pool::Pools;
 use crate::translate::responses::ResponseEncoder;
 use inference_proto::v1 as pb;
@@ -45,10 +55,61 @@ pub struct BackgroundRun {
     /// Counted as in-flight work, so a draining replica waits for the run
     /// within its grace period.
     pub in_flight: InFlight,
+    /// The replica's drain: hand over or stop early.
+    pub shutdown: Arc<Shutdown>,
+    /// What a peer needs to take the run over.
+    pub origin: Origin,
+    /// Adopted from a replica that handed it over: its log already opened.
+    pub resumed: bool,
+}
+
+/// Where a run came from, as a peer adopting it needs it
+/// ([`HandOver`]): the rest is the run's own.
+pub struct Origin {
+    /// The creating key's sha256.
+    pub key_digest: [u8; 32],
+    pub format: OutputFormat,
+    pub input_estimate: u64,
+    pub max_output_tokens: u32,
+}
+
+/// A run whose worker has not started: what its hand-over record needs.
+struct Unstarted {
+    work: pb::GenerateRequest,
+    origin: Origin,
+    tier: ServiceTier,
+    timeout: Duration,
+    trace: telemetry::TraceParent,
+}
+
+impl Unstarted {
+    fn record(&self) -> HandOver {
+        HandOver::new(
+            self.origin.key_digest,
+            &self.work,
+            &self.origin.format,
+            self.origin.input_estimate,
+            self.origin.max_output_tokens,
+            self.tier,
+            self.timeout,
+            self.trace,
+        )
+    }
+}
+
+/// Why a run stopped on a draining replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Not stopped by the drain.
+    No,
+    /// Handed to a peer before its worker started.
+    HandOver,
+    /// The grace period ran out while it was generating.
+    Cut,
 }
 
 impl BackgroundRun {
-    /// Runs to the end.
+    /// Runs to the end (here, or handed to a peer on a drain).
     pub async fn drive(self) {
         let BackgroundRun {
             runs,
@@ -62,11 +123,27 @@ impl BackgroundRun {
             timeout,
             tier,
             in_flight,
+            shutdown,
+            origin,
+            resumed,
         } = self;
+        // Until its worker starts, a run that a peer could adopt keeps a
+        // copy of its worker request for the hand-over record; the
+        // in-process store has no peer to hand it to.
+        let unstarted = runs.store.shared().then(|| Unstarted {
+            work: work.clone(),
+            origin,
+            tier,
+            timeout,
+            trace,
+        });
         let mut writer = RunWriter {
             stored: run,
             encoder,
             frames: Vec::new(),
+            shutdown,
+            unstarted,
+            stop: Stop::No,
         };
         // Every step below has its own bound, but the run as a whole gets
         // one too: past it the generation is dropped (cancelling it on the
@@ -81,12 +158,15 @@ impl BackgroundRun {
             timed_from: None,
             tier,
         };
-        let ran = tokio::time::timeout(bound, writer.run(generation, reservation)).await;
+        let ran = tokio::time::timeout(bound, writer.run(generation, reservation, resumed)).await;
         if ran.is_err() {
             writer.stored.fail_overdue().await;
         }
-        // Released if this owner ended the run, else left to lapse.
-        writer.stored.release().await;
+        match (writer.stop, writer.unstarted.take()) {
+            (Stop::HandOver, Some(unstarted)) => writer.stored.hand_over(&unstarted.record()).await,
+            // Released if this owner ended the run, else left to lapse.
+            _ => writer.stored.release().await,
+        }
         drop(in_flight);
     }
 }
@@ -97,20 +177,38 @@ struct RunWriter {
     stored: StoredRun,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
+    shutdown: Arc<Shutdown>,
+    /// Set while a peer could still adopt the run: the store is shared and
+    /// its worker has not started.
+    unstarted: Option<Unstarted>,
+    stop: Stop,
 }
 
 impl RunWriter {
-    /// Records the run's start, then drives its generation into the store.
-    async fn run(&mut self, generation: Generation<'_>, reservation: Reservation) {
-        self.encoder.start(&mut self.frames);
+    /// Records the run's start (an adopted run's log is already open),
+    /// then drives its generation into the store.
+    async fn run(&mut self, generation: Generation<'_>, reservation: Reservation, resumed: bool) {
+        if !resumed {
+            self.encoder.start(&mut self.frames);
+        }
         let object = self.encoder.object.clone();
         if self.write(Some(&object)).await.is_err() {
             reservation.settle(Outcome::NotRun).await;
             return;
         }
-        if let End::NotStarted(e) = generation.run(reservation, self).await {
-            self.fail_run(&e).await;
+        match generation.run(reservation, self).await {
+            End::NotStarted(e) => self.fail_run(&e).await,
+            End::Gone if self.stop == Stop::Cut => self.stop_early().await,
+            _ => {}
         }
+    }
+
+    /// The grace period ran out: the run ends `incomplete` with the output
+    /// stored so far (what a follower was shown), unless it ended already.
+    async fn stop_early(&mut self) {
+        self.encoder.stop_early(REPLICA_SHUTDOWN, &mut self.frames);
+        let object = self.encoder.object.clone();
+        let _ = self.write(Some(&object)).await;
     }
 
     /// Ends the run as `failed` (unless someone else ended it first).
@@ -136,6 +234,12 @@ impl RunWriter {
 }
 
 impl Sink for RunWriter {
+    /// Generating: from now on the run stays here (see the module doc).
+    async fn started(&mut self) -> Result<(), Gone> {
+        self.unstarted = None;
+        Ok(())
+    }
+
     fn event(&mut self, event: pb::GenerateEvent) {
         self.encoder.event(event, &mut self.frames);
     }
@@ -145,18 +249,34 @@ impl Sink for RunWriter {
     }
 
     /// One store write; its answer says whether the run was cancelled or
-    /// deleted meanwhile.
+    /// deleted meanwhile. Once the grace period ran out, the batch is the
+    /// run's last (see [`RunWriter::stop_early`]).
     async fn deliver(&mut self) -> Result<(), Gone> {
         let terminal = self.encoder.is_done().then(|| self.encoder.object.clone());
-        self.write(terminal.as_ref()).await
+        self.write(terminal.as_ref()).await?;
+        if !self.encoder.is_done() && self.shutdown.is_cutting() {
+            self.stop = Stop::Cut;
+            return Err(Gone);
+        }
+        Ok(())
     }
 
     async fn gone(&mut self) {
-        self.stored.ended_elsewhere().await
+        tokio::select! {
+            _ = self.stored.ended_elsewhere() => {}
+            _ = self.shutdown.cutting() => self.stop = Stop::Cut,
+        }
     }
 
+    /// Before its worker started, a run on a draining replica goes to a
+    /// peer at once: nothing of it was generated, billed or stored yet.
     async fn gone_while_starting(&mut self) {
-        self.stored.ended_elsewhere().await
+        let can_hand_over = self.unstarted.is_some();
+        tokio::select! {
+            _ = self.stored.ended_elsewhere() => {}
+            _ = self.shutdown.draining(), if can_hand_over => self.stop = Stop::HandOver,
+            _ = self.shutdown.cutting() => self.stop = Stop::Cut,
+        }
     }
 
     async fn fail(&mut self, e: &ApiError) {

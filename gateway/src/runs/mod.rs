@@ -18,19 +18,30 @@
 //! background path alike; the background driver lives in [`background`].
 //! The ends from outside an owner are here: a client's cancel
 //! ([`Runs::cancel`]), the sweeper's `failed`, and a shutdown's.
+//!
+//! A draining replica hands the background runs whose worker has not
+//! started to its peers ([`handover`]): it ends their lease with a record
+//! of what to run, and the first peer's sweeper to find the expired lease
+//! takes the record and adopts the run ([`adopt`]) instead of failing it.
+//! A draining replica sweeps nothing of others' (its peers do), so it never
+//! adopts what it just handed over.
 
+pub mod adopt;
 pub mod background;
+pub mod handover;
 pub mod stored;
 
 pub use stored::{NewRun, RunOver, StoredRun};
 
 use crate::api::responses::{ResponseError, ResponseObject, ResponseStatus};
 use crate::config::StoreConfig;
-use crate::store::{now_ms, EndedBy, ResponseStore, WriteOutcome};
+use crate::store::{now_ms, EndedBy, ResponseStore, TakeHandover, WriteOutcome};
 use futures::StreamExt;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
 /// Expired runs a sweep ends at once.
 const SWEEP_CONCURRENCY: usize = 16;
@@ -51,10 +62,24 @@ const UNRECORDED_FOREGROUND: &str = "The gateway replica serving this response s
     renewing its lease before it recorded how the response ended. The reply may have \
     reached the client that created it in full.";
 
+/// A handed-over run a sweeper took, for the adopter to run.
+#[derive(Debug)]
+pub struct Adoption {
+    pub id: String,
+    /// The hand-over record ([`handover::HandOver`], encoded).
+    pub record: String,
+}
+
 pub struct Runs {
     pub store: Arc<dyn ResponseStore>,
     /// Runs this replica owns, with their hard deadlines.
     local: Mutex<HashMap<String, Instant>>,
+    /// This replica is draining: it adopts nothing and leaves others'
+    /// expired leases to its peers.
+    draining: AtomicBool,
+    /// Runs the sweeper took over, to the adopter ([`Self::adoptions`]).
+    adopted: mpsc::UnboundedSender<Adoption>,
+    adoptions: Mutex<Option<mpsc::UnboundedReceiver<Adoption>>>,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub sweep_interval: Duration,
@@ -63,14 +88,33 @@ pub struct Runs {
 
 impl Runs {
     pub fn new(store: Arc<dyn ResponseStore>, config: &StoreConfig) -> Self {
+        let (adopted, adoptions) = mpsc::unbounded_channel();
         Self {
             store,
             local: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            adopted,
+            adoptions: Mutex::new(Some(adoptions)),
             lease: Duration::from_millis(config.lease_millis),
             heartbeat: Duration::from_millis(config.heartbeat_millis),
             sweep_interval: Duration::from_millis(config.sweep_interval_millis),
             cancel_poll: Duration::from_millis(config.cancel_poll_millis),
         }
+    }
+
+    /// The runs this replica's sweeper adopts, for the one adopter
+    /// (`adopt::Adopter`); `None` once taken.
+    pub fn adoptions(&self) -> Option<mpsc::UnboundedReceiver<Adoption>> {
+        self.adoptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// This replica began draining: from now on its sweeper leaves other
+    /// replicas' expired leases (and its own handed-over runs) to the peers.
+    pub fn stop_adopting(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// The lease deadline of a run starting (or renewed) now: one lease,
@@ -223,6 +267,28 @@ impl Runs {
                 return false;
             }
             Some(_) => self.fail_overdue(&id).await,
+            // With peers: a run handed over is adopted, not failed; and a
+            // draining replica leaves others' runs to the peers that stay.
+            None if self.store.shared() => {
+                if self.draining.load(Ordering::Relaxed) {
+                    return false;
+                }
+                match self
+                    .store
+                    .take_handover(&id, now_ms(), self.lease_until_ms())
+                    .await
+                {
+                    Ok(TakeHandover::Taken(record)) => {
+                        // No adopter (a test's `Runs`): the lease the take
+                        // renewed lapses again and a later sweep fails it.
+                        let _ = self.adopted.send(Adoption { id, record });
+                        return false;
+                    }
+                    Ok(TakeHandover::Held) => return false,
+                    Ok(TakeHandover::NotHandedOver) => self.fail_abandoned(&id).await,
+                    Err(e) => Err(e),
+                }
+            }
             None => self.fail_abandoned(&id).await,
         };
         match failed {
@@ -270,11 +336,11 @@ impl Runs {
         Ok(written)
     }
 
-    /// Ends the runs this replica still owns, once its drain grace period
-    /// is over: they fail at once with `replica_shutdown`, so a client
-    /// polling or following one learns now rather than when the lease
-    /// expires and a peer sweeps it. (A generation cannot move to another
-    /// replica mid-stream; the client creates the response again.)
+    /// The last resort of a drain: runs this replica still owns after its
+    /// grace period and the cut's tail (their owner could not even end them
+    /// `incomplete`: a store that does not answer) fail at once with
+    /// `replica_shutdown`, so a client polling one learns now rather than
+    /// when the lease expires and a peer sweeps it.
     pub async fn fail_owned(&self) -> usize {
         let owned: Vec<String> = self.local().keys().cloned().collect();
         let mut ended = 0;
@@ -462,6 +528,44 @@ mod tests {
         );
     }
 
+    /// A run handed over is adopted by the first sweeper to see its lease,
+    /// not failed; a draining replica's sweeper leaves it alone.
+    #[tokio::test]
+    async fn a_handed_over_run_is_adopted_not_failed() {
+        let store: Arc<dyn ResponseStore> =
+            Arc::new(MemoryStore::new(Duration::from_secs(60)).as_if_shared());
+        let leaving = Arc::new(Runs::new(store.clone(), &StoreConfig::default()));
+        let staying = Arc::new(Runs::new(store.clone(), &StoreConfig::default()));
+        let mut adoptions = staying.adoptions().expect("the adopter's end");
+        let id = "resp_handed";
+        create_runs(&store, &[id], leaving.lease_until_ms()).await;
+        store.hand_over(id, "record").await.unwrap();
+        leaving.stop_adopting();
+        assert_eq!(
+            leaving.sweep().await,
+            0,
+            "a draining replica adopts nothing"
+        );
+        assert_eq!(staying.sweep().await, 0, "adopted, not ended");
+        let adopted = adoptions.try_recv().expect("an adoption");
+        assert_eq!(
+            (adopted.id.as_str(), adopted.record.as_str()),
+            (id, "record")
+        );
+        assert_eq!(
+            store.status(id).await.unwrap(),
+            Some(ResponseStatus::Queued),
+            "still running"
+        );
+        assert!(
+            store.expired_leases(now_ms(), 10).await.unwrap().is_empty(),
+            "the adopter holds the lease"
+        );
+        // A second sweep finds nothing more to take.
+        assert_eq!(staying.sweep().await, 0);
+        assert!(adoptions.try_recv().is_err());
+    }
+
     /// A store that answers again exactly when the owner's patience ends
     /// is still tried: the last retry is made at `give_up`, not a backoff
     /// before it (the stall tolerance was 0.9 of a lease).
@@ -577,6 +681,20 @@ mod tests {
         }
         async fn release_lease(&self, id: &str) -> crate::store::StoreResult<()> {
             self.0.release_lease(id).await
+        }
+        async fn hand_over(&self, id: &str, record: &str) -> crate::store::StoreResult<()> {
+            self.0.hand_over(id, record).await
+        }
+        async fn take_handover(
+            &self,
+            id: &str,
+            now_ms: u64,
+            until_ms: u64,
+        ) -> crate::store::StoreResult<TakeHandover> {
+            self.0.take_handover(id, now_ms, until_ms).await
+        }
+        fn shared(&self) -> bool {
+            self.0.shared()
         }
         async fn expired_leases(
             &self,

@@ -175,6 +175,30 @@ impl StoredRun {
         }
     }
 
+    /// Hands a background run whose worker never started to a peer (this
+    /// replica is draining): ownership ends here first, so the heartbeat no
+    /// longer renews the lease, then the record goes beside the run and its
+    /// lease ends, for a peer's sweeper to adopt it. Should the store not
+    /// take it, the lease lapses on its own and a sweeper fails the run.
+    pub async fn hand_over(self, record: &super::handover::HandOver) {
+        let runs = self.runs.clone();
+        let id = self.id.clone();
+        drop(self);
+        let handed = match record.encode() {
+            Ok(record) => runs.store.hand_over(&id, &record).await,
+            Err(_) => Err(crate::store::StoreError::Encode),
+        };
+        match handed {
+            Ok(()) => {
+                METRICS.runs_handed_over.inc();
+                tracing::info!(response_id = %id, "handed a background run to the other replicas");
+            }
+            Err(e) => {
+                tracing::warn!(response_id = %id, "could not hand a run over; its lease lapses into a sweep: {e}")
+            }
+        }
+    }
+
     /// A foreground client went away: its generation stopped, so the run
     /// ends `cancelled` (recorded as [`Self::finish`] does).
     pub async fn cancel(self, mut object: ResponseObject, in_flight: InFlight) {

@@ -5,7 +5,7 @@
 
 use super::{
     stored_bytes_of, EndedBy, EventFollower, NewResponse, ResponseStore, StoreError, StoreResult,
-    StoredConversation, WriteOutcome,
+    StoredConversation, TakeHandover, WriteOutcome,
 };
 use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent, ResponseStatus};
@@ -36,13 +36,23 @@ struct Entry {
 struct State {
     responses: HashMap<String, Entry>,
     leases: HashMap<String, u64>,
+    /// Hand-over records of runs a draining owner let go (`hand_over`),
+    /// with the time an adopter took them until.
+    handovers: HashMap<String, Handover>,
     /// When expired responses were last dropped (see [`State::purge`]).
     purged: Option<Instant>,
+}
+
+struct Handover {
+    record: String,
+    adopted_until_ms: Option<u64>,
 }
 
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     window: Duration,
+    /// Tests of the replicas' hand-over play a store other replicas share.
+    shared: bool,
 }
 
 impl MemoryStore {
@@ -51,7 +61,15 @@ impl MemoryStore {
         Self {
             state: Arc::new(Mutex::new(State::default())),
             window,
+            shared: false,
         }
+    }
+
+    /// The same store, answering as if other replicas shared it.
+    #[cfg(test)]
+    pub fn as_if_shared(mut self) -> Self {
+        self.shared = true;
+        self
     }
 }
 
@@ -299,6 +317,45 @@ impl ResponseStore for MemoryStore {
     async fn release_lease(&self, id: &str) -> StoreResult<()> {
         lock(&self.state).leases.remove(id);
         Ok(())
+    }
+
+    async fn hand_over(&self, id: &str, record: &str) -> StoreResult<()> {
+        let mut state = lock(&self.state);
+        state.handovers.insert(
+            id.to_owned(),
+            Handover {
+                record: record.to_owned(),
+                adopted_until_ms: None,
+            },
+        );
+        state.leases.insert(id.to_owned(), 0);
+        Ok(())
+    }
+
+    async fn take_handover(
+        &self,
+        id: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> StoreResult<TakeHandover> {
+        let mut state = lock(&self.state);
+        let Some(handover) = state.handovers.get_mut(id) else {
+            return Ok(TakeHandover::NotHandedOver);
+        };
+        match handover.adopted_until_ms {
+            Some(until) if until > now_ms => return Ok(TakeHandover::Held),
+            // Its adopter stopped renewing too: the run is lost.
+            Some(_) => return Ok(TakeHandover::NotHandedOver),
+            None => handover.adopted_until_ms = Some(until_ms),
+        }
+        let record = handover.record.clone();
+        state.leases.insert(id.to_owned(), until_ms);
+        Ok(TakeHandover::Taken(record))
+    }
+
+    /// In process: no other replica could adopt a run.
+    fn shared(&self) -> bool {
+        self.shared
     }
 
     async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {

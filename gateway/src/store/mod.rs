@@ -207,6 +207,38 @@ pub trait ResponseStore: Send + Sync {
 
     /// Runs whose lease ended before `now_ms` (oldest first, up to `limit`).
     async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>>;
+
+    /// A draining owner hands its run over: `record` (what a peer needs to
+    /// run it, `runs::handover`) is kept beside the run and the lease ends
+    /// now, so a peer's sweeper adopts the run ([`Self::take_handover`])
+    /// rather than failing it.
+    async fn hand_over(&self, id: &str, record: &str) -> StoreResult<()>;
+
+    /// A sweeper found run `id`'s lease expired: takes its hand-over record
+    /// if there is one, marking it adopted until `until_ms` (exactly one
+    /// sweeper takes it), and renews the run's lease until then for the
+    /// adopter.
+    async fn take_handover(
+        &self,
+        id: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> StoreResult<TakeHandover>;
+
+    /// Whether other replicas share this store (and so may adopt a run).
+    fn shared(&self) -> bool;
+}
+
+/// What a sweeper learns from [`ResponseStore::take_handover`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeHandover {
+    /// This sweeper adopts the run: its hand-over record.
+    Taken(String),
+    /// Another sweeper adopted it a moment ago (its lease renewal may not
+    /// have landed yet): leave it alone.
+    Held,
+    /// Not handed over (or its adopter died too): the owner is gone.
+    NotHandedOver,
 }
 
 /// Reads an event log live: each call returns the next events, waiting up
@@ -355,6 +387,54 @@ pub mod suite {
         follow_sees_live_events(store).await;
         leases_expire(store).await;
         stored_bytes_are_capped_per_org(store).await;
+        a_handed_over_run_is_taken_once(store).await;
+    }
+
+    /// A hand-over ends the run's lease now; exactly one sweeper takes the
+    /// record (the next finds it held while the taker's lease is young),
+    /// and once that lease has lapsed too the run is simply lost.
+    async fn a_handed_over_run_is_taken_once(store: &dyn ResponseStore) {
+        let id = new_id();
+        create(store, "o", &object(&id, true)).await;
+        store
+            .renew_leases(std::slice::from_ref(&id), now_ms() + 60_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .take_handover(&id, now_ms(), now_ms() + 1000)
+                .await
+                .unwrap(),
+            TakeHandover::NotHandedOver,
+            "nothing was handed over"
+        );
+        store.hand_over(&id, "record").await.unwrap();
+        let now = now_ms();
+        assert!(
+            store.expired_leases(now, 1000).await.unwrap().contains(&id),
+            "the lease ended"
+        );
+        assert_eq!(
+            store.take_handover(&id, now, now + 1000).await.unwrap(),
+            TakeHandover::Taken("record".into())
+        );
+        assert!(
+            !store.expired_leases(now, 1000).await.unwrap().contains(&id),
+            "renewed for the adopter"
+        );
+        assert_eq!(
+            store.take_handover(&id, now, now + 1000).await.unwrap(),
+            TakeHandover::Held
+        );
+        assert_eq!(
+            store
+                .take_handover(&id, now + 2000, now + 3000)
+                .await
+                .unwrap(),
+            TakeHandover::NotHandedOver,
+            "the adopter's lease lapsed: lost"
+        );
+        store.release_lease(&id).await.unwrap();
     }
 
     /// Two responses fit the cap, a third does not; another organisation

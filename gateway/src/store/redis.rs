@@ -6,6 +6,9 @@
 //! - `<p>resp:{id}:events`: the run's event log, a Stream whose entry ids
 //!   are `0-<sequence_number + 1>`, so `starting_after=N` is an `XRANGE`
 //!   from `0-<N + 2>` and replicas agree on numbering without a counter;
+//! - `<p>resp:{id}:handover`: the hand-over record of a run its draining
+//!   owner let go (`runs::handover`), then `adopted:<until_ms>` once a
+//!   peer's sweeper took it;
 //! - `<p>runs:{leases}`: sorted set of running response ids scored by lease
 //!   deadline (milliseconds), renewed in one `ZADD` per replica heartbeat;
 //! - `<p>quota:{org}:stored:<n>`: the bytes of `org`'s responses stored in
@@ -32,7 +35,7 @@
 
 use super::{
     EndedBy, EventFollower, NewResponse, ResponseStore, StoreError, StoreResult,
-    StoredConversation, WriteOutcome,
+    StoredConversation, TakeHandover, WriteOutcome,
 };
 use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent};
@@ -95,6 +98,25 @@ return 0
 /// terminal write (the owner's next WRITE answers "terminal"), so the log
 /// read next is the whole log. KEYS: hash. Returns 0 closed (or already
 /// closing), 1 already terminal, -1 gone.
+/// A sweeper takes a handed-over run. KEYS: the hand-over key. ARGV: now
+/// and the adopter's lease deadline (ms). Returns {2, record} when taken
+/// (the key then reads `adopted:<until>`), {1} while an adopter that took
+/// it has not renewed the lease yet, {0} when there is nothing to adopt.
+static TAKE_HANDOVER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return {0} end
+if string.sub(v, 1, 8) == 'adopted:' then
+  if tonumber(string.sub(v, 9)) > tonumber(ARGV[1]) then return {1} end
+  return {0}
+end
+redis.call('SET', KEYS[1], 'adopted:' .. ARGV[2], 'KEEPTTL')
+return {2, v}
+"#,
+    )
+});
+
 static CLOSE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
@@ -226,6 +248,10 @@ impl RedisStore {
 
     fn events(&self, id: &str) -> String {
         self.redis.key("resp", id, ":events")
+    }
+
+    fn handover(&self, id: &str) -> String {
+        self.redis.key("resp", id, ":handover")
     }
 
     fn leases(&self) -> String {
@@ -704,6 +730,77 @@ impl ResponseStore for RedisStore {
             .query_async::<()>(&mut conn)
             .await
             .map_err(unavailable("lease"))
+    }
+
+    async fn hand_over(&self, id: &str, record: &str) -> StoreResult<()> {
+        let _rt = RoundTrip::start("lease");
+        let mut conn = self.conn().await?;
+        // The record first, then the lease's end (two slots): a replica
+        // that dies between them leaves a lease that lapses on its own into
+        // the same adoption.
+        redis::cmd("SET")
+            .arg(self.handover(id))
+            .arg(record)
+            .arg("PX")
+            .arg(self.window.as_millis() as u64)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable("lease"))?;
+        redis::cmd("ZADD")
+            .arg(self.leases())
+            .arg(0)
+            .arg(id)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable("lease"))
+    }
+
+    async fn take_handover(
+        &self,
+        id: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> StoreResult<TakeHandover> {
+        let _rt = RoundTrip::start("lease");
+        let mut conn = self.conn().await?;
+        let (code, record): (i64, Option<String>) = TAKE_HANDOVER
+            .key(self.handover(id))
+            .arg(now_ms)
+            .arg(until_ms)
+            .invoke_async::<Vec<redis::Value>>(&mut conn)
+            .await
+            .map_err(unavailable("lease"))
+            .and_then(|v| {
+                let code = match v.first() {
+                    Some(redis::Value::Int(c)) => *c,
+                    _ => return Err(corrupt("handover")),
+                };
+                let record = match v.get(1) {
+                    Some(redis::Value::BulkString(b)) => {
+                        Some(String::from_utf8(b.clone()).map_err(|_| corrupt("handover"))?)
+                    }
+                    _ => None,
+                };
+                Ok((code, record))
+            })?;
+        match (code, record) {
+            (2, Some(record)) => {
+                redis::cmd("ZADD")
+                    .arg(self.leases())
+                    .arg(until_ms)
+                    .arg(id)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(unavailable("lease"))?;
+                Ok(TakeHandover::Taken(record))
+            }
+            (1, _) => Ok(TakeHandover::Held),
+            _ => Ok(TakeHandover::NotHandedOver),
+        }
+    }
+
+    fn shared(&self) -> bool {
+        true
     }
 
     async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {

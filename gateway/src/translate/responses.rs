@@ -731,6 +731,39 @@ impl ResponseEncoder {
         );
     }
 
+    /// Ends a run that stopped before its worker finished (the replica's
+    /// drain cut it) with `response.incomplete`: the output so far, the
+    /// open item closed `incomplete`, `incomplete_details.reason` = `reason`.
+    /// Nothing is emitted once the run already ended.
+    pub fn stop_early(&mut self, reason: &str, out: &mut Vec<EncodedEvent>) {
+        if self.is_done() {
+            return;
+        }
+        self.close_open("incomplete", out);
+        self.object.end(ResponseStatus::Incomplete);
+        self.object.incomplete_details = Some(IncompleteDetails {
+            reason: reason.into(),
+        });
+        let snapshot = self.object.clone();
+        self.emit(
+            out,
+            StreamEvent::Incomplete {
+                response: &snapshot,
+            },
+        );
+    }
+
+    /// An encoder for a run another replica started and handed over before
+    /// any output: its log already holds the opening events up to
+    /// `next_seq`, so [`Self::start`] is not called again; the run goes on
+    /// `in_progress`.
+    pub fn resume(object: ResponseObject, format: OutputFormat, next_seq: u64) -> Self {
+        let mut encoder = Self::new(object, format);
+        encoder.object.status = ResponseStatus::InProgress;
+        encoder.next_seq = next_seq;
+        encoder
+    }
+
     /// Whether the object reached a terminal status.
     pub fn is_done(&self) -> bool {
         self.object.is_terminal()
@@ -905,6 +938,34 @@ mod tests {
         assert_eq!(done["arguments"], "{\"city\":\"Paris\"}");
         assert_eq!(done["name"], "get_weather");
         assert_eq!(enc.object.status, ResponseStatus::Completed);
+    }
+
+    #[test]
+    fn a_run_stopped_early_keeps_its_output() {
+        let (req, valid) = setup(r#"{"model":"base","input":"hi"}"#);
+        let object = new_object(
+            "resp_1".into(),
+            &req,
+            &valid,
+            ResponseStatus::InProgress,
+            pb::SamplingDefaults::default(),
+        );
+        let mut enc = ResponseEncoder::new(object, OutputFormat::Text);
+        let mut out = Vec::new();
+        enc.start(&mut out);
+        enc.event(
+            ev(Event::Text(pb::TextDelta {
+                text: "partial".into(),
+            })),
+            &mut out,
+        );
+        enc.stop_early("replica_shutdown", &mut out);
+        assert_eq!(out.last().unwrap().name, "response.incomplete");
+        assert_eq!(enc.object.status, ResponseStatus::Incomplete);
+        assert_eq!(enc.text(), "partial");
+        let n = out.len();
+        enc.stop_early("replica_shutdown", &mut out);
+        assert_eq!(out.len(), n, "nothing after the terminal event");
     }
 
     #[test]

@@ -1,0 +1,186 @@
+//! Adopting a background run another replica handed over while draining
+//! (`handover.rs`): the sweeper took its record and renewed its lease for
+//! this replica; the adopter makes this replica its owner and runs the
+//! generation from the start, admitted and billed under the key that
+//! created it, continuing the run's event log after the opening events the
+//! first owner stored.
+//!
+//! Without the worker protocol's continuation of a partial reply, a run is
+//! only restarted when its log holds no output: restarting under output a
+//! follower may have read would show it two different replies. A handed
+//! over run with output (a hand-over racing the first event) ends
+//! `incomplete` with what its log holds, as the drain's cut would have.
+
+use super::background::{BackgroundRun, Origin};
+use super::handover::HandOver;
+use super::{Adoption, Runs, REPLICA_SHUTDOWN};
+use crate::accounts::cache::Accounts;
+use crate::api::responses::{IncompleteDetails, ResponseStatus};
+use crate::catalog::Catalog;
+use crate::lifecycle::Shutdown;
+use crate::limits::Limiter;
+use crate::metrics::METRICS;
+use crate::pool::Pools;
+use crate::store::{EndedBy, StoreResult};
+use crate::translate::responses::ResponseEncoder;
+use std::sync::Arc;
+
+/// Most events of an opened log read to find where it ends.
+const LOG_READ: usize = 10_000;
+
+/// The events a run's log holds before any output.
+const OPENING_EVENTS: [&str; 3] = [
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+];
+
+/// What an adopted run needs from the rest of the gateway.
+pub struct Adopter {
+    pub runs: Arc<Runs>,
+    pub pools: Arc<Pools>,
+    pub accounts: Arc<Accounts>,
+    pub limiter: Arc<Limiter>,
+    pub catalog: Catalog,
+    pub shutdown: Arc<Shutdown>,
+}
+
+impl Adopter {
+    /// Runs every run the sweeper adopts, each on its own task, until the
+    /// process ends.
+    pub async fn serve(self: Arc<Self>) {
+        let Some(mut adoptions) = self.runs.adoptions() else {
+            return;
+        };
+        while let Some(adoption) = adoptions.recv().await {
+            tokio::spawn(self.clone().adopt(adoption));
+        }
+    }
+
+    async fn adopt(self: Arc<Self>, Adoption { id, record }: Adoption) {
+        if let Err(e) = self.try_adopt(&id, &record).await {
+            // The lease this replica took lapses unrenewed (ownership is
+            // dropped) and a sweeper ends the run: nothing stays running.
+            tracing::warn!(response_id = %id, "could not adopt a handed-over run: {e}");
+        }
+    }
+
+    async fn try_adopt(&self, id: &str, record: &str) -> StoreResult<()> {
+        let adoptable = HandOver::decode(record);
+        let timeout = adoptable
+            .as_ref()
+            .map(|a| a.timeout)
+            .unwrap_or(self.runs.lease);
+        let run = self.runs.own(id, timeout);
+        let store = &self.runs.store;
+        let Some(mut object) = store.object(id).await? else {
+            // Deleted meanwhile.
+            let _ = store.release_lease(id).await;
+            return Ok(());
+        };
+        if object.is_terminal() {
+            let _ = store.release_lease(id).await;
+            return Ok(());
+        }
+        let log = store.read_events(id, None, LOG_READ).await?;
+        if log
+            .iter()
+            .any(|e| !OPENING_EVENTS.contains(&e.name.as_str()))
+        {
+            object.end(ResponseStatus::Incomplete);
+            object.incomplete_details = Some(IncompleteDetails {
+                reason: REPLICA_SHUTDOWN.into(),
+            });
+            // Folds the log into the object and appends the terminal event.
+            store.terminate(id, &mut object, EndedBy::Sweeper).await?;
+            let _ = store.release_lease(id).await;
+            return Ok(());
+        }
+        let next_seq = log.last().map_or(0, |e| e.seq + 1);
+        let adoptable = match adoptable {
+            Ok(a) => a,
+            Err(what) => {
+                return self
+                    .give_up(id, format!("its hand-over record did not read ({what})"))
+                    .await
+            }
+        };
+        let account = match self.accounts.by_digest(adoptable.key_digest).await {
+            Ok(account) => account,
+            Err(e) => {
+                return self
+                    .give_up(id, format!("its key is no longer usable ({e:?})"))
+                    .await
+            }
+        };
+        let Some(model) = self.catalog.find(&object.model) else {
+            return self
+                .give_up(id, format!("model '{}' is not served here", object.model))
+                .await;
+        };
+        // A request id of its own: the first owner's reservation settled
+        // under the original one, and a settlement is once per request id.
+        let mut work = adoptable.work;
+        work.request_id = format!("{}-adopted", work.request_id);
+        let request_id = work.request_id.clone();
+        let (admitted, _headers) = self
+            .limiter
+            .admit_request(
+                &account,
+                model,
+                request_id,
+                adoptable.input_estimate,
+                adoptable.max_output_tokens,
+            )
+            .await;
+        let reservation = match admitted {
+            Ok(reservation) => reservation,
+            Err(refusal) => {
+                return self
+                    .give_up(id, format!("its plan's limits refused it ({refusal:?})"))
+                    .await
+            }
+        };
+        METRICS.runs_adopted.inc();
+        tracing::info!(response_id = %id, "adopted a handed-over background run");
+        let encoder = ResponseEncoder::resume(object, adoptable.format.clone(), next_seq);
+        BackgroundRun {
+            runs: self.runs.clone(),
+            pools: self.pools.clone(),
+            model,
+            work,
+            trace: adoptable.trace,
+            encoder,
+            run,
+            reservation,
+            timeout,
+            tier: adoptable.tier,
+            in_flight: self.shutdown.begin(),
+            shutdown: self.shutdown.clone(),
+            origin: Origin {
+                key_digest: adoptable.key_digest,
+                format: adoptable.format,
+                input_estimate: adoptable.input_estimate,
+                max_output_tokens: adoptable.max_output_tokens,
+            },
+            resumed: true,
+        }
+        .drive()
+        .await;
+        Ok(())
+    }
+
+    /// The run cannot be run here: it fails now (`replica_shutdown`) rather
+    /// than wait for a sweep.
+    async fn give_up(&self, id: &str, why: String) -> StoreResult<()> {
+        tracing::warn!(response_id = %id, "a handed-over run could not be resumed: {why}");
+        let message = format!(
+            "The gateway replica running this response shut down, and the replica that took \
+             it over could not resume it: {why}. Create the response again."
+        );
+        if self.runs.fail(id, REPLICA_SHUTDOWN, &message).await? {
+            let _ = self.runs.store.release_lease(id).await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! A draining gateway replica cuts nothing it could have kept (issue 43):
+//! two replicas on one Redis in front of one slow synthetic worker, long
+//! streams and background runs on replica A, then SIGTERM on A with a short
+//! grace period.
+//!
+//! What must hold, read from the clients, from replica B and from the
+//! store directly: every chat stream ends with an error frame (never a cut
+//! connection), every Responses stream with its final event, each stored
+//! response is what its client received, billing counts what was
+//! delivered, and the background runs A had not started are completed by
+//! B instead of failed.
+
+use harness::replicas::{
+    create_background, events, eventually, output_text, streamed_text, Replicas,
+};
+use harness::{bounded, json, stream_body, SseFrame, Value, WorkerOpts};
+use std::time::{Duration, Instant};
+
+/// A 3 s grace period after a 200 ms readiness delay; leases of 1.5 s
+/// swept every 200 ms, so a handed-over run is adopted within a sweep.
+const DRAIN: &str = "grace_period_seconds = 3\nreadiness_drain_millis = 200\n\
+    [store]\nlease_millis = 1500\nheartbeat_millis = 300\nsweep_interval_millis = 200\n";
+const GRACE: Duration = Duration::from_secs(3);
+
+/// 400 tokens at 50 ms each: 20 s, far longer than the grace period.
+const LONG: &str = "synthetic:reply_tokens=400 synthetic:slow_ms=50";
+/// A background run short enough to finish soon on the peer.
+const SHORT_TOKENS: u64 = 20;
+const SHORT: &str = "synthetic:reply_tokens=20 synthetic:slow_ms=20";
+
+const STREAMS: usize = 3;
+const QUEUED_RUNS: usize = 3;
+
+/// The run's stored log is one story: sequence numbers 0, 1, 2, ... with no
+/// gap or repeat (two owners wrote it), exactly one terminal event, last,
+/// carrying the stored object, and the log's text is the object's.
+fn assert_one_log(r: &Replicas, id: &str, object: &Value) -> Vec<(String, Value)> {
+    let log = r.stored_events(id).expect("log");
+    for (i, (name, data)) in log.iter().enumerate() {
+        assert_eq!(
+            data["sequence_number"], i as u64,
+            "event {i} ({name}) of {id}: {log:?}"
+        );
+    }
+    let terminals = log
+        .iter()
+        .filter(|(n, _)| {
+            matches!(
+                n.as_str(),
+                "response.completed" | "response.failed" | "response.incomplete"
+            )
+        })
+        .count();
+    assert_eq!(terminals, 1, "one terminal event in {id}: {log:?}");
+    let (_, last) = log.last().expect("a log");
+    assert_eq!(
+        &last["response"], object,
+        "the terminal event is the object"
+    );
+    assert_eq!(
+        streamed_text(log.iter().map(|(n, d)| (n.as_str(), d))),
+        output_text(object),
+        "the log's text is the object's ({id})"
+    );
+    log
+}
+
+/// Output tokens a chat stream delivered: its content chunks (the
+/// synthetic engine sends one token per event).
+fn chat_tokens(frames: &[SseFrame]) -> u64 {
+    frames
+        .iter()
+        .filter(|f| !f.is_done())
+        .map(SseFrame::json)
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count() as u64
+}
+
+fn delta_count(events: &[(String, Value)]) -> u64 {
+    events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .count() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_hands_its_queued_runs_over(
+) {
+    bounded(150, async {
+        // Seven sequences at once on the worker: the long background run and
+        // six streams take them all, so the later background runs queue.
+        let worker = WorkerOpts {
+            max_concurrency: Some(1 + 2 * STREAMS as u32),
+            max_queue: Some(64),
+            ..WorkerOpts::default()
+        };
+        let mut r = Replicas::start(worker, DRAIN).expect("replicas");
+        let org = r.a.keys()[0].org.clone();
+        let (a, b) = (r.a.client(), r.b.client());
+        // The replicas learn the worker's capacity from its first report.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+
+        // A background run generating on A when the drain begins.
+        let generating = create_background(&a, &format!("generating {LONG}")).await;
+        eventually(
+            Duration::from_secs(10),
+            "the background run generating",
+            || r.logs(),
+            || {
+                r.stored_events(&generating)
+                    .ok()
+                    .filter(|log| log.iter().any(|(n, _)| n == "response.output_text.delta"))
+            },
+        )
+        .await;
+
+        // Long streams on A: chat, and stored Responses.
+        let mut chats = Vec::new();
+        let mut streamed = Vec::new();
+        for i in 0..STREAMS {
+            let client = a.clone();
+            chats.push(tokio::spawn(async move {
+                let s = client
+                    .stream(
+                        "/chat/completions",
+                        &stream_body("base", &format!("chat {i} {LONG}")),
+                    )
+                    .await?;
+                anyhow::ensure!(s.status == 200, "chat stream status {}", s.status);
+                s.collect().await
+            }));
+            let client = a.clone();
+            streamed.push(tokio::spawn(async move {
+                let body = json!({
+                    "model": "base", "input": format!("responses {i} {LONG}"),
+                    "stream": true, "store": true,
+                });
+                let s = client.stream("/responses", &body).await?;
+                anyhow::ensure!(s.status == 200, "responses stream status {}", s.status);
+                s.collect().await
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+
+        // Background runs that wait for a free sequence when the drain begins.
+        let mut queued = Vec::new();
+        for i in 0..QUEUED_RUNS {
+            queued.push(create_background(&a, &format!("queued {i} {SHORT}")).await);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        r.a.signal(libc::SIGTERM);
+        let sent = Instant::now();
+
+        // Every chat stream ends with an error frame the client can act on,
+        // and the connection closes cleanly (collect fails on a cut).
+        let mut delivered = 0;
+        for chat in chats {
+            let frames = chat
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("a chat stream was cut: {e:#}\n{}", r.logs()));
+            assert!(
+                sent.elapsed() < GRACE + Duration::from_secs(5),
+                "ended at the grace period's end: {:?}",
+                sent.elapsed()
+            );
+            assert!(!frames.iter().any(SseFrame::is_done), "not a whole reply");
+            let last = frames.last().expect("frames").json();
+            let error = &last["error"];
+            assert_eq!(error["code"], "replica_shutdown", "{last}");
+            assert_eq!(error["status"], 503, "{last}");
+            assert_eq!(error["type"], "server_error", "{last}");
+            assert!(
+                error["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("retry"),
+                "{last}"
+            );
+            let tokens = chat_tokens(&frames);
+            assert!(tokens > 0, "the stream had delivered output");
+            delivered += tokens;
+        }
+
+        // Every Responses stream ends with `response.incomplete` carrying
+        // what it delivered, and the store keeps exactly that.
+        for stream in streamed {
+            let frames = stream
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("a Responses stream was cut: {e:#}\n{}", r.logs()));
+            let events = events(&frames);
+            let (name, last) = events.last().expect("events");
+            assert_eq!(name, "response.incomplete", "{last}");
+            let told = &last["response"];
+            assert_eq!(told["status"], "incomplete", "{told}");
+            assert_eq!(told["incomplete_details"]["reason"], "replica_shutdown");
+            let text = streamed_text(events.iter().map(|(n, d)| (n.as_str(), d)));
+            assert!(!text.is_empty(), "the stream had delivered output");
+            assert_eq!(output_text(told), text, "the final event holds the output");
+            let id = told["id"].as_str().expect("id");
+            let stored = r.stored_object(id).expect("store").expect("stored");
+            assert_eq!(&stored, told, "stored as its client got it");
+            let via_b = b.get(&format!("/responses/{id}")).await.expect("get");
+            assert_eq!(via_b.status, 200, "{via_b}");
+            assert_eq!(&via_b.json(), told, "read on the other replica");
+            delivered += delta_count(&events);
+        }
+
+        let exited = tokio::task::block_in_place(|| r.a.wait_exit(Duration::from_secs(15)));
+        assert!(
+            exited.is_some_and(|s| s.success()),
+            "replica A exits 0 after its drain: {exited:?}\n{}",
+            r.logs()
+        );
+
+        // The run that was generating ends `incomplete` with what its log holds.
+        let object = r.terminal(&generating, Duration::from_secs(5)).await;
+        assert_eq!(object["status"], "incomplete", "{object}");
+        assert_eq!(object["incomplete_details"]["reason"], "replica_shutdown");
+        assert!(!output_text(&object).is_empty(), "{object}");
+        let log = assert_one_log(&r, &generating, &object);
+        delivered += delta_count(&log);
+
+        // The runs that had not started are completed by replica B, their
+        // logs one story from A's opening events to B's last.
+        for id in &queued {
+            let object = r.terminal(id, Duration::from_secs(30)).await;
+            assert_eq!(object["status"], "completed", "{object}\n{}", r.logs());
+            assert!(object["error"].is_null(), "{object}");
+            assert_eq!(object["usage"]["output_tokens"], SHORT_TOKENS, "{object}");
+            let log = assert_one_log(&r, id, &object);
+            assert_eq!(log[0].0, "response.created", "A opened the log");
+            let via_b = b.get(&format!("/responses/{id}")).await.expect("get");
+            assert_eq!(via_b.json(), object, "read on the other replica");
+            delivered += SHORT_TOKENS;
+        }
+        assert!(
+            r.b.admin_get("/metrics")
+                .await
+                .expect("metrics")
+                .1
+                .lines()
+                .any(|l| l == format!("gateway_response_runs_adopted_total {QUEUED_RUNS}")),
+            "replica B adopted the handed-over runs"
+        );
+
+        // Billed: every request that reached a worker, for exactly the output
+        // its client (or the store) got; A's handed-over runs not at all.
+        let expected_requests = (2 * STREAMS + 1 + QUEUED_RUNS) as u64;
+        let rows = eventually(
+            Duration::from_secs(5),
+            "every request settled",
+            || r.logs(),
+            || {
+                let rows = r.usage(&org).ok()?;
+                let requests: u64 = rows.iter().filter_map(|r| r["requests"].as_u64()).sum();
+                (requests == expected_requests).then_some(rows)
+            },
+        )
+        .await;
+        let billed: u64 = rows
+            .iter()
+            .filter_map(|r| r["output_tokens"].as_u64())
+            .sum();
+        assert_eq!(
+            billed, delivered,
+            "billed output = delivered output: {rows:?}"
+        );
+
+        eventually(
+            Duration::from_secs(10),
+            "no run lease left",
+            || r.logs(),
+            || (r.leases_left().ok()? == 0).then_some(()),
+        )
+        .await;
+    })
+    .await;
+}
