@@ -8,8 +8,9 @@
 //! generation on the other worker with the delivered output as its
 //! unfinished turn, prefilling prompt and output there, the next token).
 //! Beside it, in the same run and on the same survivor: the model's own
-//! time to first token for the same prompt (a fresh stream), and its
-//! inter-token gap. The killed worker is started again between rounds.
+//! time to first token for the same prompt (a fresh stream, its prefix
+//! cached by the moved generation), for another ask (only the template's
+//! head cached), and its inter-token gap. The killed worker is started again between rounds.
 //!
 //! ```text
 //! cargo build --release --workspace --bins
@@ -120,6 +121,7 @@ async fn main() -> Result<()> {
         let _ = ttft_and_gap(&client, &body(100 + w), 4).await?;
     }
     let (mut gaps, mut ttfts, mut itls) = (Vec::new(), Vec::new(), Vec::new());
+    let mut fresh_ttfts = Vec::new();
     for round in 0..args.rounds {
         let before = [started(&workers[0]).await, started(&workers[1]).await];
         let mut stream = client.stream("/chat/completions", &body(round)).await?;
@@ -140,6 +142,10 @@ async fn main() -> Result<()> {
         let (ttft, itl) = ttft_and_gap(&client, &body(round), 8).await?;
         ttfts.push(ttft);
         itls.push(itl);
+        // And for a prompt the survivor's cache holds only the template
+        // head of (another ask).
+        let (fresh, _) = ttft_and_gap(&client, &body(round + 1), 1).await?;
+        fresh_ttfts.push(fresh);
         workers[victim].restart()?;
         // Until the gateway's health loop selects it again.
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -147,6 +153,7 @@ async fn main() -> Result<()> {
     gaps.sort();
     ttfts.sort();
     itls.sort();
+    fresh_ttfts.sort();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "movebench: {} rounds, {} chunks before each kill, llama.cpp SmolLM2-135M, 2 workers",
@@ -163,6 +170,11 @@ async fn main() -> Result<()> {
         "| the model's time to first token, same prompt | {} | {} |",
         ms(percentile(&ttfts, 0.5)),
         ms(percentile(&ttfts, 0.99))
+    );
+    println!(
+        "| the model's time to first token, another ask (cold but for the template) | {} | {} |",
+        ms(percentile(&fresh_ttfts, 0.5)),
+        ms(percentile(&fresh_ttfts, 0.99))
     );
     println!(
         "| the model's gap between tokens | {} | {} |",
@@ -185,5 +197,13 @@ async fn main() -> Result<()> {
             .sum::<f64>()
     })?;
     println!("moves counted by the gateway: {moved}");
+    let (_, page) = gateway.admin_get("/metrics").await?;
+    for line in page.lines().filter(|l| {
+        l.starts_with("gateway_queue_wait_seconds_sum")
+            || l.starts_with("gateway_queue_wait_seconds_count")
+            || l.starts_with("gateway_generation_move_gap_seconds_sum")
+    }) {
+        println!("{line}");
+    }
     Ok(())
 }
