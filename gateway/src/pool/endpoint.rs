@@ -124,7 +124,9 @@ impl WorkerEndpoint {
             queued: AtomicU32::new(0),
             capacity: AtomicU32::new(0),
             draining: AtomicBool::new(false),
-            resumes: AtomicBool::new(false),
+            // Until its first Info says: a worker that cannot resume
+            // refuses the move (INVALID_REQUEST), which then ends in band.
+            resumes: AtomicBool::new(true),
             sampling_defaults: RwLock::new(None),
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
