@@ -349,7 +349,15 @@ mod tests {
         let slot = key_slot(b"{fo}:n");
         let dead = cluster.primary_of(slot).unwrap().expect("an owner");
         assert_eq!(topology.current().unwrap().owner(slot).unwrap().port, dead);
-        cluster.command(dead, &["WAIT", "1", "2000"]).unwrap();
+        // The replica must hold the first write before its primary dies
+        // (a replica that lags under load would otherwise be promoted
+        // without it).
+        let acked = (0..10).any(|_| {
+            cluster
+                .command(dead, &["WAIT", "1", "2000"])
+                .is_ok_and(|n| n.trim() == "1")
+        });
+        assert!(acked, "the replica acknowledged the first write");
         cluster.kill(dead).unwrap();
         let promoted = cluster
             .wait_for_failover(dead, slot, Duration::from_secs(30))
