@@ -5,11 +5,12 @@
 //!
 //! The raw output of a text answer is its text. A tool call's is the JSON
 //! the calls were parsed from, written again the way the pipeline asks the
-//! model to write it (compact, `": "` and `", "` separators): under the
-//! call constraint the keys come in the schema's order (`arguments`, then
-//! `name`); a call the model chose itself (`tool_choice` auto) starts with
-//! its name. Only what the parser delivered is in it, so the tail the
-//! failed worker held back is generated again.
+//! model to write it (compact, `": "` and `", "` separators, `name` before
+//! `arguments`: the order of the call constraint's properties, and of the
+//! listing's example for a call the model chose itself). An array when the
+//! constraint asks for one (parallel calls) or the model wrote several.
+//! Only what the parser delivered is in it, so the tail the failed worker
+//! held back is generated again.
 
 use super::request::ToolMode;
 use super::tool_calls::ToolCallParser;
@@ -59,19 +60,10 @@ impl Resume {
                 out.push_str(", ");
             }
             let name = serde_json::Value::String(call.name.clone()).to_string();
-            if constrained {
-                // The header goes out once the name is read, after the
-                // arguments: a delivered call is whole up to its name.
-                out.push_str(&format!(
-                    "{{\"arguments\": {}, \"name\": {name}",
-                    call.arguments
-                ));
-            } else {
-                out.push_str(&format!(
-                    "{{\"name\": {name}, \"arguments\": {}",
-                    call.arguments
-                ));
-            }
+            out.push_str(&format!(
+                "{{\"name\": {name}, \"arguments\": {}",
+                call.arguments
+            ));
             if i < last {
                 out.push('}');
             }
@@ -138,17 +130,31 @@ mod tests {
     }
 
     #[test]
-    fn constrained_calls_are_written_in_the_schemas_key_order() {
+    fn a_constrained_call_cut_mid_arguments_continues_them() {
         let r = Resume {
-            tool_calls: vec![call("f", r#"{"a": 1}"#)],
+            tool_calls: vec![call(
+                "plan_trip",
+                r#"{"city": "Oslo", "stops": ["harbour", "ope"#,
+            )],
             ..Resume::default()
         };
         assert_eq!(
-            r.answer_output(ToolMode::Constrained, true),
-            r#"[{"arguments": {"a": 1}, "name": "f""#
+            r.answer_output(ToolMode::Constrained, false),
+            r#"{"name": "plan_trip", "arguments": {"city": "Oslo", "stops": ["harbour", "ope"#
         );
-        let mut parser = r.parser("req", ToolMode::Constrained, true);
-        assert!(parser.push("}]").is_empty(), "the call was delivered whole");
+        assert_eq!(
+            r.answer_output(ToolMode::Constrained, true),
+            r#"[{"name": "plan_trip", "arguments": {"city": "Oslo", "stops": ["harbour", "ope"#,
+            "parallel calls: the constraint's array"
+        );
+        let mut parser = r.parser("req", ToolMode::Constrained, false);
+        let next = parser.push(r#"ra house"]}}"#);
+        assert!(
+            next.iter().all(|d| d.index == 0 && d.id.is_empty()),
+            "{next:?}"
+        );
+        let args: String = next.iter().map(|d| d.arguments_fragment.as_str()).collect();
+        assert_eq!(args, r#"ra house"]}"#);
         assert_eq!(parser.calls(), 1);
     }
 }

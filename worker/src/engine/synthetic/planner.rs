@@ -90,8 +90,8 @@ fn reply(
     if let Some(Constraint::JsonSchema(schema)) = &sequence.constraint {
         let schema = without_guidance(schema);
         if conv.call_now {
-            if let Some(calls) = constrained_calls(&schema, last_user) {
-                return calls_text(&calls, rng).map(|t| tokenizer::tokens(&t));
+            if let Some((calls, array)) = constrained_calls(&schema, last_user) {
+                return calls_text(&calls, array, rng).map(|t| tokenizer::tokens(&t));
             }
         }
         // `ignore_format` plays an engine whose constrained decoding failed:
@@ -117,7 +117,8 @@ fn reply(
             calls.truncate(1);
         }
         if !calls.is_empty() {
-            return calls_text(&calls, rng).map(|t| tokenizer::tokens(&t));
+            let array = calls.len() > 1;
+            return calls_text(&calls, array, rng).map(|t| tokenizer::tokens(&t));
         }
     }
     Ok(text_reply(conv, controls, last_user, rng))
@@ -134,11 +135,14 @@ fn without_guidance(schema: &Value) -> Value {
 
 /// The calls to make under a tool-call constraint (`{"name": {"enum":
 /// [..]}, "arguments": ...}`, one, any of several, or an array of them):
-/// (name, arguments schema). `None` when the constraint is not of calls.
+/// (name, arguments schema) each, and whether the constraint is the array
+/// (written as one even for one call). `None` when the constraint is not
+/// of calls.
+#[allow(clippy::type_complexity)]
 fn constrained_calls<'a>(
     schema: &'a Value,
     last_user: &str,
-) -> Option<Vec<(&'a str, Option<&'a Value>)>> {
+) -> Option<(Vec<(&'a str, Option<&'a Value>)>, bool)> {
     let (item, parallel) = match schema.get("type").and_then(Value::as_str) {
         Some("array") => (schema.get("items")?, true),
         _ => (schema, false),
@@ -163,7 +167,7 @@ fn constrained_calls<'a>(
     if !parallel {
         calls.truncate(1);
     }
-    Some(calls)
+    Some((calls, parallel))
 }
 
 /// The items whose name the text mentions (as a whole word), in order of
@@ -177,9 +181,16 @@ fn mentioned<T: Copy>(items: &[T], text: &str, name: impl Fn(&T) -> &str) -> Vec
     found.into_iter().map(|(_, t)| t).collect()
 }
 
-/// The reply of tool calls, as the listing asks a model to write it: one
-/// call object, or an array of them.
-fn calls_text(calls: &[(&str, Option<&Value>)], rng: &mut Rng) -> Result<String, Status> {
+/// The reply of tool calls, as the listing asks a model to write it and
+/// the call constraint makes one write it (`", "` and `": "` separators,
+/// the name first): one call object, or an array of them. A moved
+/// generation's delivered calls are written again the same way
+/// (`pipeline/resume.rs`), so the continuation picks up byte for byte.
+fn calls_text(
+    calls: &[(&str, Option<&Value>)],
+    array: bool,
+    rng: &mut Rng,
+) -> Result<String, Status> {
     let mut out = Vec::with_capacity(calls.len());
     for (name, params) in calls {
         let args = match params {
@@ -188,15 +199,54 @@ fn calls_text(calls: &[(&str, Option<&Value>)], rng: &mut Rng) -> Result<String,
         };
         let call = serde_json::json!({"name": name, "arguments": args});
         out.push(
-            serde_json::to_string(&call)
+            spaced_json(&call)
                 .map_err(|e| status::engine_failure(format!("simulated call of `{name}`: {e}")))?,
         );
     }
-    Ok(if out.len() == 1 {
-        out.remove(0)
-    } else {
+    Ok(if array {
         format!("[{}]", out.join(", "))
+    } else {
+        out.join(", ")
     })
+}
+
+/// `value` as JSON with `", "` between items and `": "` after keys.
+fn spaced_json(value: &Value) -> Result<String, serde_json::Error> {
+    use serde::Serialize;
+    use std::io::{self, Write};
+    fn separate<W: ?Sized + Write>(w: &mut W, first: bool) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            separate(w, first)
+        }
+        fn begin_object_key<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            separate(w, first)
+        }
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    value.serialize(&mut serde_json::Serializer::with_formatter(
+        &mut out, Spaced,
+    ))?;
+    // serde_json writes UTF-8 only.
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// The text reply (plain words, echo, a tool-result answer).

@@ -373,3 +373,27 @@ fn sampling_reaches_the_plan_through_the_sequence() {
     };
     assert_ne!(a, plan(&s).expect("plan"));
 }
+
+#[test]
+fn calls_are_written_the_way_the_constraint_makes_a_model_write_them() {
+    let params = json!({"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
+        "required": ["city", "days"]});
+    let text = calls_text(&[("f", Some(&params))], false, &mut Rng::new(7)).expect("calls");
+    assert!(
+        text.starts_with(r#"{"name": "f", "arguments": {"city": ""#),
+        "{text}"
+    );
+    assert!(text.contains(r#"", "days": ["#), "{text}");
+    let value: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(value["name"], "f");
+    assert_eq!(spaced_json(&value).expect("JSON"), text, "one spelling");
+    let two = calls_text(&[("f", None), ("g", None)], true, &mut Rng::new(7)).expect("calls");
+    assert_eq!(
+        two,
+        r#"[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]"#
+    );
+    // Under a constraint of parallel calls, one call is an array too.
+    let one = calls_text(&[("f", None)], true, &mut Rng::new(7)).expect("calls");
+    assert_eq!(one, r#"[{"name": "f", "arguments": {}}]"#);
+}
