@@ -7,8 +7,9 @@
 //! store directly: every chat stream ends with an error frame (never a cut
 //! connection), every Responses stream with its final event, each stored
 //! response is what its client received, billing counts what was
-//! delivered, and the background runs A had not started are completed by
-//! B instead of failed.
+//! delivered, the background runs A had not started are completed by B
+//! instead of failed, and the one A was generating is continued by B from
+//! the output A stored: one reply, one log, billed once.
 
 use harness::replicas::{
     create_background, events, eventually, output_text, streamed_text, Replicas,
@@ -24,6 +25,7 @@ const GRACE: Duration = Duration::from_secs(3);
 
 /// 400 tokens at 50 ms each: 20 s, far longer than the grace period.
 const LONG: &str = "synthetic:reply_tokens=400 synthetic:slow_ms=50";
+const LONG_TOKENS: u64 = 400;
 /// A background run short enough to finish soon on the peer.
 const SHORT_TOKENS: u64 = 20;
 const SHORT: &str = "synthetic:reply_tokens=20 synthetic:slow_ms=20";
@@ -88,8 +90,7 @@ fn delta_count(events: &[(String, Value)]) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_hands_its_queued_runs_over(
-) {
+async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_hands_its_runs_over() {
     bounded(150, async {
         // Seven sequences at once on the worker: the long background run and
         // six streams take them all, so the later background runs queue.
@@ -219,13 +220,23 @@ async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_han
             r.logs()
         );
 
-        // The run that was generating ends `incomplete` with what its log holds.
-        let object = r.terminal(&generating, Duration::from_secs(5)).await;
-        assert_eq!(object["status"], "incomplete", "{object}");
-        assert_eq!(object["incomplete_details"]["reason"], "replica_shutdown");
-        assert!(!output_text(&object).is_empty(), "{object}");
+        // The run that was generating is continued by B from what A stored:
+        // one message item, every token of the reply, one log.
+        let object = r.terminal(&generating, Duration::from_secs(40)).await;
+        assert_eq!(object["status"], "completed", "{object}\n{}", r.logs());
+        assert_eq!(object["usage"]["output_tokens"], LONG_TOKENS, "{object}");
         let log = assert_one_log(&r, &generating, &object);
-        delivered += delta_count(&log);
+        let items = log
+            .iter()
+            .filter(|(n, _)| n == "response.output_item.added")
+            .count();
+        assert_eq!(items, 1, "the message A opened is the one B finished");
+        assert_eq!(
+            delta_count(&log),
+            LONG_TOKENS,
+            "no token repeated or lost at the seam"
+        );
+        delivered += LONG_TOKENS;
 
         // The runs that had not started are completed by replica B, their
         // logs one story from A's opening events to B's last.
@@ -246,13 +257,14 @@ async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_han
                 .expect("metrics")
                 .1
                 .lines()
-                .any(|l| l == format!("gateway_response_runs_adopted_total {QUEUED_RUNS}")),
+                .any(|l| l == format!("gateway_response_runs_adopted_total {}", QUEUED_RUNS + 1)),
             "replica B adopted the handed-over runs"
         );
 
         // Billed: every request that reached a worker, for exactly the output
-        // its client (or the store) got; A's handed-over runs not at all.
-        let expected_requests = (2 * STREAMS + 1 + QUEUED_RUNS) as u64;
+        // its client (or the store) got; A's unstarted handed-over runs not
+        // at all; the continued run by A for its part and by B for the rest.
+        let expected_requests = (2 * STREAMS + 2 + QUEUED_RUNS) as u64;
         let rows = eventually(
             Duration::from_secs(5),
             "every request settled",

@@ -29,6 +29,35 @@ struct Payload {
 /// Events that cannot be read are skipped: the fold shows what it can
 /// rather than nothing.
 pub fn fold_output(events: &[EncodedEvent]) -> Vec<OutputItem> {
+    let (mut output, done) = fold(events);
+    for (item, finished) in output.iter_mut().zip(done) {
+        if finished {
+            continue;
+        }
+        match item {
+            OutputItem::Message { status, .. } | OutputItem::FunctionCall { status, .. } => {
+                *status = "incomplete".into();
+            }
+            OutputItem::Reasoning { status, .. } => *status = Some("incomplete".into()),
+        }
+    }
+    output
+}
+
+/// The output of a log that stopped mid-run, to be continued (a run handed
+/// to another replica with its output so far): the items as they stand,
+/// and whether the last one is still open. `None` when an earlier item
+/// never finished, which a log written by one encoder never shows (it
+/// closes each item before it opens the next).
+pub fn fold_to_continue(events: &[EncodedEvent]) -> Option<(Vec<OutputItem>, bool)> {
+    let (output, done) = fold(events);
+    let last_open = done.last().is_some_and(|finished| !finished);
+    let earlier_open = done.iter().rev().skip(1).any(|finished| !finished);
+    (!earlier_open).then_some((output, last_open))
+}
+
+/// The items and, for each, whether its `.done` event was seen.
+fn fold(events: &[EncodedEvent]) -> (Vec<OutputItem>, Vec<bool>) {
     let mut output: Vec<OutputItem> = Vec::new();
     let mut done: Vec<bool> = Vec::new();
     for event in events {
@@ -92,26 +121,16 @@ pub fn fold_output(events: &[EncodedEvent]) -> Vec<OutputItem> {
             _ => {}
         }
     }
-    for (item, finished) in output.iter_mut().zip(done) {
-        if finished {
-            continue;
-        }
-        match item {
-            OutputItem::Message { status, .. } | OutputItem::FunctionCall { status, .. } => {
-                *status = "incomplete".into();
-            }
-            OutputItem::Reasoning { status, .. } => *status = Some("incomplete".into()),
-        }
-    }
-    output
+    (output, done)
 }
 
+/// Event logs for tests, as an encoder writes them.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_log {
+    use super::EncodedEvent;
     use serde_json::json;
 
-    fn ev(seq: u64, name: &str, data: serde_json::Value) -> EncodedEvent {
+    pub fn ev(seq: u64, name: &str, data: serde_json::Value) -> EncodedEvent {
         let mut data = data;
         data["type"] = json!(name);
         data["sequence_number"] = json!(seq);
@@ -122,7 +141,7 @@ mod tests {
         }
     }
 
-    fn message_added(seq: u64, index: usize, id: &str) -> EncodedEvent {
+    pub fn message_added(seq: u64, index: usize, id: &str) -> EncodedEvent {
         ev(
             seq,
             "response.output_item.added",
@@ -131,28 +150,41 @@ mod tests {
         )
     }
 
-    #[test]
-    fn an_unfinished_message_keeps_its_text_and_is_incomplete() {
-        let events = vec![
+    /// A log cut while message `msg_1` was being written: the opening
+    /// events, the item and its part, then one delta each of `deltas`.
+    pub fn open_message(deltas: &[&str]) -> Vec<EncodedEvent> {
+        let mut log = vec![
             ev(0, "response.created", json!({"response": {}})),
-            message_added(1, 0, "msg_1"),
+            ev(1, "response.in_progress", json!({"response": {}})),
+            message_added(2, 0, "msg_1"),
             ev(
-                2,
+                3,
                 "response.content_part.added",
                 json!({"output_index": 0, "content_index": 0, "item_id": "msg_1",
                     "part": {"type": "output_text", "text": "", "annotations": []}}),
             ),
-            ev(
-                3,
-                "response.output_text.delta",
-                json!({"output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": "Hel"}),
-            ),
-            ev(
-                4,
-                "response.output_text.delta",
-                json!({"output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": "lo"}),
-            ),
         ];
+        for delta in deltas {
+            let seq = log.len() as u64;
+            log.push(ev(
+                seq,
+                "response.output_text.delta",
+                json!({"output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": delta}),
+            ));
+        }
+        log
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_log::{ev, message_added, open_message};
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_unfinished_message_keeps_its_text_and_is_incomplete() {
+        let events = open_message(&["Hel", "lo"]);
         let output = fold_output(&events);
         assert_eq!(output.len(), 1);
         let OutputItem::Message {
@@ -167,6 +199,25 @@ mod tests {
         assert_eq!((id.as_str(), status.as_str()), ("msg_1", "incomplete"));
         assert_eq!(content[0].text, "Hello");
         assert!(content[0].annotations.is_empty());
+    }
+
+    #[test]
+    fn a_log_to_continue_keeps_its_last_item_open() {
+        let mut events = open_message(&["Hel"]);
+        let (output, last_open) = fold_to_continue(&events).expect("continuable");
+        assert!(last_open);
+        let OutputItem::Message {
+            status, content, ..
+        } = &output[0]
+        else {
+            panic!("a message: {output:?}")
+        };
+        assert_eq!(status, "in_progress", "still open, not incomplete");
+        assert_eq!(content[0].text, "Hel");
+
+        // An item left open before another opened: not one encoder's log.
+        events.push(message_added(5, 1, "msg_2"));
+        assert!(fold_to_continue(&events).is_none());
     }
 
     #[test]

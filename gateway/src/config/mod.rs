@@ -715,9 +715,20 @@ impl Config {
         if self.store.redis_cluster && self.store.redis_url.is_none() {
             bail!("store.redis_cluster = true needs store.redis_url (the cluster's seed nodes)");
         }
+        for (name, pool) in &self.models {
+            if pool.stall_timeout_ms < MIN_STALL_TIMEOUT_MS {
+                bail!(
+                    "models.{name}.stall_timeout_ms must be at least {MIN_STALL_TIMEOUT_MS}: a worker sends a non-streamed reply's output once a second, and a shorter silence is no stall"
+                );
+            }
+        }
         Ok(())
     }
 }
+
+/// The shortest silence taken for a stalled worker: twice the period at
+/// which a worker sends a batched (non-streamed) reply's output.
+const MIN_STALL_TIMEOUT_MS: u64 = 2000;
 
 /// `true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off` (any case).
 fn parse_bool(v: &str) -> anyhow::Result<bool> {

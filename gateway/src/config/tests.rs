@@ -181,3 +181,19 @@ fn unknown_model_and_bad_hash_are_rejected() {
         toml::from_str("[[keys]]\nsha256 = \"abc\"\n[models.base]\nworkers = []\n").unwrap();
     assert!(c.check().is_err());
 }
+
+#[test]
+fn a_stall_timeout_shorter_than_a_batched_replys_flushes_is_refused() {
+    let pool = |ms: u64| {
+        toml::from_str::<Config>(&format!(
+            "[models.base]\nworkers = [\"127.0.0.1:1\"]\nstall_timeout_ms = {ms}\n"
+        ))
+        .unwrap()
+    };
+    let e = pool(1000).check().unwrap_err().to_string();
+    assert!(
+        e.contains("models.base.stall_timeout_ms must be at least 2000"),
+        "{e}"
+    );
+    assert!(pool(2000).check().is_ok());
+}

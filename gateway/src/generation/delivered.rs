@@ -16,6 +16,22 @@ pub struct Delivered {
 }
 
 impl Delivered {
+    /// What a generation that starts as a continuation (a run adopted from
+    /// another replica) had delivered before it started here.
+    pub fn from_resume(resume: &pb::Resume) -> Self {
+        let seen = |tokens: u32| OutputSeen {
+            before: u64::from(tokens),
+            ..OutputSeen::default()
+        };
+        Self {
+            output: seen(resume.completion_tokens),
+            reasoning_output: seen(resume.reasoning_tokens),
+            reasoning: resume.reasoning.clone(),
+            text: resume.text.clone(),
+            tool_calls: resume.tool_calls.clone(),
+        }
+    }
+
     /// Records one worker event as the consumer gets it; true when it
     /// carries generated output.
     pub fn record(&mut self, event: &pb::GenerateEvent) -> bool {
@@ -72,6 +88,8 @@ impl Delivered {
 /// server's deltas, about one token each) count one each.
 #[derive(Debug, Default, Clone, Copy)]
 struct OutputSeen {
+    /// Delivered before this generation started (a continuation's).
+    before: u64,
     counted: u64,
     events: u64,
 }
@@ -83,11 +101,12 @@ impl OutputSeen {
     }
 
     fn tokens(self) -> u64 {
-        if self.counted > 0 {
-            self.counted
-        } else {
-            self.events
-        }
+        self.before
+            + if self.counted > 0 {
+                self.counted
+            } else {
+                self.events
+            }
     }
 }
 
@@ -150,5 +169,17 @@ mod tests {
         assert_eq!(r.tool_calls[0].arguments, "{\"a\": ");
         assert_eq!((r.completion_tokens, r.reasoning_tokens), (10, 4));
         assert_eq!(d.tokens(), 10);
+
+        // A continuation starts from what was delivered before it.
+        let mut again = Delivered::from_resume(&r);
+        assert_eq!(again.resume(), r);
+        assert!(again.record(&event(
+            Event::Text(pb::TextDelta {
+                text: " Done.".into()
+            }),
+            2
+        )));
+        assert_eq!(again.resume().text, "Calling. Done.");
+        assert_eq!(again.tokens(), 12);
     }
 }

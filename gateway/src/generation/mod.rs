@@ -64,6 +64,12 @@ pub trait Sink {
     /// The generation failed after its first event: deliver what is
     /// pending, then the failure, in band.
     fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
+    /// The consumer went away after the generation started; `delivered`
+    /// is everything it was given, which a continuation elsewhere would
+    /// resume from (a background run handed to another replica).
+    fn left(&mut self, delivered: pb::Resume) {
+        let _ = delivered;
+    }
 }
 
 /// How a generation ended. The reservation is already settled.
@@ -84,6 +90,8 @@ pub enum End {
 pub struct Generation<'a> {
     pub pools: &'a Pools,
     pub model: &'static str,
+    /// The worker request; with `resume` set, the generation continues
+    /// output delivered (and billed) elsewhere, and bills only what it adds.
     pub work: pb::GenerateRequest,
     /// Sent to the worker as `traceparent`.
     pub trace: TraceParent,
@@ -137,7 +145,9 @@ impl Generation<'_> {
         }
         let stall_timeout =
             pool_of(self.pools, self.model).map_or(Duration::from_secs(30), |p| p.stall_timeout());
-        let mut delivered = Delivered::default();
+        let continued = self.work.resume.as_ref();
+        let mut delivered = continued.map(Delivered::from_resume).unwrap_or_default();
+        let delivered_before = continued.map_or(0, |r| u64::from(r.completion_tokens));
         let mut failed_on: Vec<String> = Vec::new();
         let end = loop {
             let relayed = relay::relay(
@@ -167,13 +177,16 @@ impl Generation<'_> {
                 }
             }
         };
-        reservation.observe_output(delivered.tokens());
+        reservation.observe_output(delivered.tokens().saturating_sub(delivered_before));
         match &end {
             End::Finished(f) => {
-                let usage = f.usage.unwrap_or_default();
+                let usage = billable(f.usage.unwrap_or_default(), continued);
                 reservation.settle(Outcome::Finished(&usage)).await;
             }
             _ => reservation.settle(Outcome::Abandoned).await,
+        }
+        if matches!(end, End::Gone) {
+            sink.left(delivered.resume());
         }
         end
     }
@@ -227,6 +240,26 @@ impl Generation<'_> {
     }
 }
 
+/// What a generation bills of the usage its worker reported: all of it,
+/// or for a continuation only the output it added (the prompt and the
+/// output it continues were billed where they were delivered).
+fn billable(usage: pb::Usage, continued: Option<&pb::Resume>) -> pb::Usage {
+    let Some(before) = continued else {
+        return usage;
+    };
+    pb::Usage {
+        prompt_tokens: 0,
+        cached_prompt_tokens: 0,
+        image_tokens: 0,
+        completion_tokens: usage
+            .completion_tokens
+            .saturating_sub(before.completion_tokens),
+        reasoning_tokens: usage
+            .reasoning_tokens
+            .saturating_sub(before.reasoning_tokens),
+    }
+}
+
 /// The pool of `model`; a model without workers is a 503.
 pub fn pool_of<'a>(pools: &'a Pools, model: &str) -> Result<&'a Arc<WorkerPool>, ApiError> {
     pools
@@ -244,7 +277,13 @@ async fn start(
     ticket: Ticket,
 ) -> Result<WorkerCall, ApiError> {
     let pool = pool_of(pools, model)?;
-    tokio::time::timeout_at(deadline, pool.generate(work, trace, ticket))
+    // A continuation goes only to a worker whose engine continues a reply.
+    let call = if work.resume.is_some() {
+        pool.continue_elsewhere(work, trace, ticket, &[])
+    } else {
+        pool.generate(work, trace, ticket)
+    };
+    tokio::time::timeout_at(deadline, call)
         .await
         .map_err(|_| ApiError::timeout("No worker answered before the request deadline."))?
         .map_err(ApiError::from)
@@ -257,5 +296,34 @@ pub fn session_affinity(work: &mut pb::GenerateRequest, session_id: Option<&str>
         if let Some(session) = session_id {
             work.cache_key = format!("session:{session}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_continuation_bills_only_the_output_it_added() {
+        let usage = pb::Usage {
+            prompt_tokens: 100,
+            cached_prompt_tokens: 90,
+            completion_tokens: 50,
+            reasoning_tokens: 10,
+            image_tokens: 0,
+        };
+        assert_eq!(billable(usage, None), usage);
+        let before = pb::Resume {
+            completion_tokens: 30,
+            reasoning_tokens: 10,
+            ..Default::default()
+        };
+        let billed = billable(usage, Some(&before));
+        assert_eq!(
+            (billed.prompt_tokens, billed.cached_prompt_tokens),
+            (0, 0),
+            "the prompt was billed by the first owner"
+        );
+        assert_eq!((billed.completion_tokens, billed.reasoning_tokens), (20, 0));
     }
 }

@@ -1,21 +1,25 @@
 //! Adopting a background run another replica handed over while draining
 //! (`handover.rs`): the sweeper took its record and renewed its lease for
 //! this replica; the adopter makes this replica its owner and runs the
-//! generation from the start, admitted and billed under the key that
-//! created it, continuing the run's event log after the opening events the
-//! first owner stored.
+//! generation, admitted and billed under the key that created it,
+//! continuing the run's event log where the first owner stopped.
 //!
-//! Without the worker protocol's continuation of a partial reply, a run is
-//! only restarted when its log holds no output: restarting under output a
-//! follower may have read would show it two different replies. A handed
-//! over run with output (a hand-over racing the first event) ends
-//! `incomplete` with what its log holds, as the drain's cut would have.
+//! A run handed over before its worker started runs from the start. One
+//! handed over mid-generation carries what its log holds (`resume` in the
+//! worker request): a worker continues that output, the way a generation
+//! moves off a failed worker, and the log goes on from the open item, so a
+//! follower reads one reply. Restarting under output a follower may have
+//! read would show it two different replies, so a run whose log holds
+//! output the record does not account for (a hand-over racing the first
+//! event, or a log that disagrees with it) ends `incomplete` with what its
+//! log holds, as the drain's cut would have.
 
 use super::background::{BackgroundRun, Origin};
 use super::handover::HandOver;
 use super::{Adoption, Runs, REPLICA_SHUTDOWN};
 use crate::accounts::cache::Accounts;
-use crate::api::responses::{IncompleteDetails, ResponseStatus};
+use crate::api::event_log::fold_to_continue;
+use crate::api::responses::{IncompleteDetails, OutputItem, ResponseObject, ResponseStatus};
 use crate::catalog::Catalog;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
@@ -83,19 +87,21 @@ impl Adopter {
             return Ok(());
         }
         let log = store.read_events(id, None, LOG_READ).await?;
-        if log
+        let has_output = log
             .iter()
-            .any(|e| !OPENING_EVENTS.contains(&e.name.as_str()))
-        {
-            object.end(ResponseStatus::Incomplete);
-            object.incomplete_details = Some(IncompleteDetails {
-                reason: REPLICA_SHUTDOWN.into(),
-            });
-            // Folds the log into the object and appends the terminal event.
-            store.terminate(id, &mut object, EndedBy::Sweeper).await?;
-            let _ = store.release_lease(id).await;
-            return Ok(());
-        }
+            .any(|e| !OPENING_EVENTS.contains(&e.name.as_str()));
+        let continued = adoptable.as_ref().ok().and_then(|a| a.work.resume.as_ref());
+        let last_open = match (has_output, continued) {
+            (false, None) => false,
+            (true, Some(resume)) => match continuation(&log, resume) {
+                Some((output, last_open)) => {
+                    object.output = output;
+                    last_open
+                }
+                None => return self.end_incomplete(id, object).await,
+            },
+            _ => return self.end_incomplete(id, object).await,
+        };
         let next_seq = log.last().map_or(0, |e| e.seq + 1);
         let adoptable = match adoptable {
             Ok(a) => a,
@@ -142,8 +148,13 @@ impl Adopter {
             }
         };
         METRICS.runs_adopted.inc();
-        tracing::info!(response_id = %id, "adopted a handed-over background run");
-        let encoder = ResponseEncoder::resume(object, adoptable.format.clone(), next_seq);
+        tracing::info!(
+            response_id = %id,
+            continued = has_output,
+            "adopted a handed-over background run"
+        );
+        let encoder =
+            ResponseEncoder::resume(object, adoptable.format.clone(), next_seq, last_open);
         BackgroundRun {
             runs: self.runs.clone(),
             pools: self.pools.clone(),
@@ -170,6 +181,20 @@ impl Adopter {
         Ok(())
     }
 
+    /// Ends the run `incomplete` with what its log holds: its output cannot
+    /// be continued.
+    async fn end_incomplete(&self, id: &str, mut object: ResponseObject) -> StoreResult<()> {
+        let store = &self.runs.store;
+        object.end(ResponseStatus::Incomplete);
+        object.incomplete_details = Some(IncompleteDetails {
+            reason: REPLICA_SHUTDOWN.into(),
+        });
+        // Folds the log into the object and appends the terminal event.
+        store.terminate(id, &mut object, EndedBy::Sweeper).await?;
+        let _ = store.release_lease(id).await;
+        Ok(())
+    }
+
     /// The run cannot be run here: it fails now (`replica_shutdown`) rather
     /// than wait for a sweep.
     async fn give_up(&self, id: &str, why: String) -> StoreResult<()> {
@@ -182,5 +207,76 @@ impl Adopter {
             let _ = self.runs.store.release_lease(id).await;
         }
         Ok(())
+    }
+}
+
+/// The output items of a log cut mid-generation, and whether its last item
+/// is open, when they are exactly the output `resume` continues: the
+/// reasoning, the text and the tool calls the worker will be told were
+/// delivered. `None` when they differ (a last write that never landed):
+/// continuing would show a follower a reply with a seam in it.
+fn continuation(
+    log: &[crate::api::responses::EncodedEvent],
+    resume: &inference_proto::v1::Resume,
+) -> Option<(Vec<OutputItem>, bool)> {
+    let (output, last_open) = fold_to_continue(log)?;
+    let mut reasoning = String::new();
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for item in &output {
+        match item {
+            OutputItem::Reasoning { summary, .. } => {
+                summary.iter().for_each(|p| reasoning.push_str(&p.text))
+            }
+            OutputItem::Message { content, .. } => {
+                content.iter().for_each(|p| text.push_str(&p.text))
+            }
+            OutputItem::FunctionCall {
+                call_id,
+                name,
+                arguments,
+                ..
+            } => calls.push((call_id.as_str(), name.as_str(), arguments.as_str())),
+        }
+    }
+    let resumed_calls: Vec<(&str, &str, &str)> = resume
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    (reasoning == resume.reasoning && text == resume.text && calls == resumed_calls)
+        .then_some((output, last_open))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::event_log::test_log::open_message;
+    use inference_proto::v1 as pb;
+
+    #[test]
+    fn a_log_continues_when_it_holds_exactly_what_the_record_resumes() {
+        let resume = pb::Resume {
+            text: "Once upon".into(),
+            completion_tokens: 2,
+            ..Default::default()
+        };
+        let log = open_message(&["Once", " upon"]);
+        let (output, last_open) = continuation(&log, &resume).expect("continues");
+        assert!(last_open);
+        assert_eq!(output.len(), 1);
+        assert_eq!(output[0].id(), "msg_1", "the open item goes on");
+    }
+
+    #[test]
+    fn a_log_that_disagrees_with_the_record_is_not_continued() {
+        let log = open_message(&["Once", " upon"]);
+        for text in ["Once", "Once upon a time", ""] {
+            let resume = pb::Resume {
+                text: text.into(),
+                ..Default::default()
+            };
+            assert!(continuation(&log, &resume).is_none(), "{text:?}");
+        }
     }
 }

@@ -10,13 +10,15 @@
 //! cancels the generation on the worker. Every store call goes through the
 //! run's [`StoredRun`] handle.
 //!
-//! On a draining replica: a run whose worker has not started yet (queued in
-//! the pool, or waiting for its first event) is handed over at once
-//! (`handover.rs`) when a peer shares the store, and a peer's sweeper runs
+//! On a draining replica, when a peer shares the store (`handover.rs`): a
+//! run whose worker has not started yet (queued in the pool, or waiting
+//! for its first event) is handed over at once, and a peer's sweeper runs
 //! it from the start; a run already generating keeps going through the
-//! grace period, and if that runs out it ends `incomplete` with the output
-//! stored so far (so does any run with the in-process store, which no
-//! other replica could adopt).
+//! grace period, and if that runs out it is handed over with the output
+//! stored so far, which the peer's worker continues (the way a generation
+//! moves off a failed worker). With the in-process store, which no other
+//! replica could adopt, a run cut by the grace period ends `incomplete`
+//! with the output stored so far.
 
 use super::handover::HandOver;
 use super::{Runs, StoredRun, REPLICA_SHUTDOWN};
@@ -73,8 +75,8 @@ pub struct Origin {
     pub max_output_tokens: u32,
 }
 
-/// A run whose worker has not started: what its hand-over record needs.
-struct Unstarted {
+/// What a run's hand-over record needs.
+struct HandOverCopy {
     work: pb::GenerateRequest,
     origin: Origin,
     tier: ServiceTier,
@@ -82,7 +84,7 @@ struct Unstarted {
     trace: telemetry::TraceParent,
 }
 
-impl Unstarted {
+impl HandOverCopy {
     fn record(&self) -> HandOver {
         HandOver::new(
             self.origin.key_digest,
@@ -102,7 +104,8 @@ impl Unstarted {
 enum Stop {
     /// Not stopped by the drain.
     No,
-    /// Handed to a peer before its worker started.
+    /// Handed to a peer: before its worker started, or with the output
+    /// delivered when the grace period ran out.
     HandOver,
     /// The grace period ran out while it was generating.
     Cut,
@@ -127,10 +130,10 @@ impl BackgroundRun {
             origin,
             resumed,
         } = self;
-        // Until its worker starts, a run that a peer could adopt keeps a
-        // copy of its worker request for the hand-over record; the
-        // in-process store has no peer to hand it to.
-        let unstarted = runs.store.shared().then(|| Unstarted {
+        // A run that a peer could adopt keeps a copy of its worker request
+        // for the hand-over record; the in-process store has no peer to
+        // hand it to.
+        let handover = runs.store.shared().then(|| HandOverCopy {
             work: work.clone(),
             origin,
             tier,
@@ -142,7 +145,8 @@ impl BackgroundRun {
             encoder,
             frames: Vec::new(),
             shutdown,
-            unstarted,
+            handover,
+            delivered: None,
             stop: Stop::No,
         };
         // Every step below has its own bound, but the run as a whole gets
@@ -162,8 +166,11 @@ impl BackgroundRun {
         if ran.is_err() {
             writer.stored.fail_overdue().await;
         }
-        match (writer.stop, writer.unstarted.take()) {
-            (Stop::HandOver, Some(unstarted)) => writer.stored.hand_over(&unstarted.record()).await,
+        match (writer.stop, writer.handover.take()) {
+            (Stop::HandOver, Some(mut copy)) => {
+                copy.work.resume = writer.delivered.take();
+                writer.stored.hand_over(&copy.record()).await
+            }
             // Released if this owner ended the run, else left to lapse.
             _ => writer.stored.release().await,
         }
@@ -178,9 +185,10 @@ struct RunWriter {
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
     shutdown: Arc<Shutdown>,
-    /// Set while a peer could still adopt the run: the store is shared and
-    /// its worker has not started.
-    unstarted: Option<Unstarted>,
+    /// Set when a peer could adopt the run: the store is shared.
+    handover: Option<HandOverCopy>,
+    /// What the run's log holds of the generation, once it stopped early.
+    delivered: Option<pb::Resume>,
     stop: Stop,
 }
 
@@ -198,6 +206,14 @@ impl RunWriter {
         }
         match generation.run(reservation, self).await {
             End::NotStarted(e) => self.fail_run(&e).await,
+            // A peer continues it from its log.
+            End::Gone
+                if self.stop == Stop::Cut
+                    && self.handover.is_some()
+                    && self.delivered.is_some() =>
+            {
+                self.stop = Stop::HandOver;
+            }
             End::Gone if self.stop == Stop::Cut => self.stop_early().await,
             _ => {}
         }
@@ -234,10 +250,10 @@ impl RunWriter {
 }
 
 impl Sink for RunWriter {
-    /// Generating: from now on the run stays here (see the module doc).
-    async fn started(&mut self) -> Result<(), Gone> {
-        self.unstarted = None;
-        Ok(())
+    /// Every event the generation relayed here was written before it left
+    /// (the last batch in [`Sink::deliver`], or the worker was quiet).
+    fn left(&mut self, delivered: pb::Resume) {
+        self.delivered = Some(delivered);
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
@@ -271,7 +287,7 @@ impl Sink for RunWriter {
     /// Before its worker started, a run on a draining replica goes to a
     /// peer at once: nothing of it was generated, billed or stored yet.
     async fn gone_while_starting(&mut self) {
-        let can_hand_over = self.unstarted.is_some();
+        let can_hand_over = self.handover.is_some();
         tokio::select! {
             _ = self.stored.ended_elsewhere() => {}
             _ = self.shutdown.draining(), if can_hand_over => self.stop = Stop::HandOver,

@@ -4,11 +4,11 @@
 //!
 //! The record is a store format (internal, never on the wire): the worker
 //! request as the owner translated it (protobuf, hex), and what admission,
-//! billing and the run's encoder need. Whoever adopts it runs the
-//! generation from the start: the owner hands over only runs whose worker
-//! never started (so no output was generated, billed or stored), and an
-//! adopter that finds output in the log anyway ends the run `incomplete`
-//! with it rather than restarting under it (`adopt.rs`).
+//! billing and the run's encoder need. A run handed over before its worker
+//! started has no output and runs from the start; one handed over when the
+//! grace period ran out carries the output its log holds as the request's
+//! `resume` (billed by the owner), and the adopter's worker continues it
+//! (`adopt.rs`).
 
 use crate::accounts::ServiceTier;
 use crate::output_check::OutputFormat;

@@ -753,14 +753,37 @@ impl ResponseEncoder {
         );
     }
 
-    /// An encoder for a run another replica started and handed over before
-    /// any output: its log already holds the opening events up to
-    /// `next_seq`, so [`Self::start`] is not called again; the run goes on
-    /// `in_progress`.
-    pub fn resume(object: ResponseObject, format: OutputFormat, next_seq: u64) -> Self {
+    /// An encoder for a run another replica started and handed over: its
+    /// log already holds the events up to `next_seq` (the opening ones,
+    /// and any output, folded into `object.output`), so [`Self::start`] is
+    /// not called again and the run goes on `in_progress`. With
+    /// `last_open`, the last item was still being written: the
+    /// continuation's first deltas extend it rather than open another.
+    pub fn resume(
+        object: ResponseObject,
+        format: OutputFormat,
+        next_seq: u64,
+        last_open: bool,
+    ) -> Self {
         let mut encoder = Self::new(object, format);
         encoder.object.status = ResponseStatus::InProgress;
         encoder.next_seq = next_seq;
+        if last_open {
+            // The worker numbers a reply's tool calls from 0.
+            let calls = encoder
+                .object
+                .output
+                .iter()
+                .filter(|item| matches!(item, OutputItem::FunctionCall { .. }))
+                .count();
+            encoder.open = encoder.object.output.last().map(|item| match item {
+                OutputItem::Reasoning { .. } => Open::Reasoning,
+                OutputItem::Message { .. } => Open::Message,
+                OutputItem::FunctionCall { .. } => {
+                    Open::Call(u32::try_from(calls.saturating_sub(1)).unwrap_or(u32::MAX))
+                }
+            });
+        }
         encoder
     }
 
@@ -824,6 +847,89 @@ mod tests {
 
     fn names(frames: &[EncodedEvent]) -> Vec<&str> {
         frames.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// A run cut after `cut` of `events`, its log folded and continued by
+    /// another encoder with the rest: the two logs read as the uncut run's
+    /// log (names, sequence numbers, item ids, the final object).
+    fn assert_continues_as_one(body: &str, events: Vec<pb::GenerateEvent>, cut: usize) {
+        let (whole, whole_out) = run(body, events.clone());
+        let (first, mut log) = run(body, events[..cut].to_vec());
+        let (output, last_open) =
+            crate::api::event_log::fold_to_continue(&log).expect("one encoder's log");
+        let mut object = first.object.clone();
+        object.output = output;
+        let mut second =
+            ResponseEncoder::resume(object, first.format.clone(), first.next_seq(), last_open);
+        for e in events[cut..].iter().cloned() {
+            second.event(e, &mut log);
+        }
+        assert_eq!(names(&log), names(&whole_out));
+        for (i, f) in log.iter().enumerate() {
+            let v: Value = serde_json::from_str(&f.data).unwrap();
+            assert_eq!(v["sequence_number"], i as u64);
+        }
+        let mut got = second.object.clone();
+        let mut want = whole.object.clone();
+        for o in [&mut got, &mut want] {
+            for item in o.output.iter_mut() {
+                match item {
+                    OutputItem::Message { id, .. }
+                    | OutputItem::FunctionCall { id, .. }
+                    | OutputItem::Reasoning { id, .. } => id.clear(),
+                }
+            }
+            o.completed_at = None;
+        }
+        assert_eq!(
+            serde_json::to_value(&got.output).unwrap(),
+            serde_json::to_value(&want.output).unwrap()
+        );
+        assert_eq!(got.status, ResponseStatus::Completed);
+        let last: Value = serde_json::from_str(&log.last().unwrap().data).unwrap();
+        let first_item = second.object.output[0].id().to_owned();
+        assert_eq!(
+            last["response"]["output"][0]["id"],
+            first_item.as_str(),
+            "the item keeps its id"
+        );
+    }
+
+    #[test]
+    fn a_run_continued_from_its_log_mid_message_reads_as_one_run() {
+        let text = |t: &str| ev(Event::Text(pb::TextDelta { text: t.into() }));
+        let events = vec![
+            text("Hel"),
+            text("lo, "),
+            text("world"),
+            finished(pb::finished::Reason::Stop),
+        ];
+        for cut in 1..3 {
+            assert_continues_as_one(r#"{"model":"base","input":"hi"}"#, events.clone(), cut);
+        }
+    }
+
+    #[test]
+    fn a_run_continued_from_its_log_mid_tool_call_reads_as_one_run() {
+        let call = |index: u32, id: &str, name: &str, args: &str| {
+            ev(Event::ToolCall(pb::ToolCallDelta {
+                index,
+                id: id.into(),
+                name: name.into(),
+                arguments_fragment: args.into(),
+            }))
+        };
+        let body = r#"{"model":"base","input":"hi","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]}"#;
+        let events = vec![
+            call(0, "call_a", "f", ""),
+            call(0, "", "", "{\"x\": "),
+            call(0, "", "", "1}"),
+            call(1, "call_b", "f", "{}"),
+            finished(pb::finished::Reason::ToolCalls),
+        ];
+        for cut in 2..4 {
+            assert_continues_as_one(body, events.clone(), cut);
+        }
     }
 
     #[test]
