@@ -345,6 +345,21 @@ impl Gateway {
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }
+
+    /// Generations of `model` moved off a failed worker with `outcome`
+    /// (`moved`, `refused`, `failed`), every reason together.
+    pub async fn generation_moves(&self, model: &str, outcome: &str) -> f64 {
+        let (_, page) = self.admin_get("/metrics").await.expect("metrics");
+        let (model, outcome) = (
+            format!("model=\"{model}\""),
+            format!("outcome=\"{outcome}\""),
+        );
+        page.lines()
+            .filter(|l| l.starts_with("gateway_generation_moves_total{"))
+            .filter(|l| l.contains(&model) && l.contains(&outcome))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+            .sum()
+    }
 }
 
 impl Drop for Gateway {

@@ -69,6 +69,7 @@ pub mod fake_engine;
 pub mod fault_proxy;
 pub mod file_server;
 pub mod gateway;
+pub mod kube_api;
 pub mod llama_server;
 pub mod model;
 pub mod netlab;

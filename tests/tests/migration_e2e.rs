@@ -97,31 +97,6 @@ fn read_chat(frames: &[SseFrame]) -> ChatStream {
     }
 }
 
-async fn moves(gateway: &Gateway, outcome: &str) -> f64 {
-    let (_, page) = gateway.admin_get("/metrics").await.expect("metrics");
-    [
-        "ended",
-        "stalled",
-        "unavailable",
-        "draining",
-        "engine_failure",
-        "deadline",
-    ]
-    .iter()
-    .map(|reason| {
-        sample(
-            &page,
-            "gateway_generation_moves_total",
-            &[
-                "model=\"base\"",
-                &format!("reason=\"{reason}\""),
-                &format!("outcome=\"{outcome}\""),
-            ],
-        )
-    })
-    .sum()
-}
-
 /// Eight streams, the worker carrying most of them killed a second in:
 /// every stream ends with `[DONE]` and the same text, finish reason and
 /// usage as the reply the model gives without the fault.
@@ -140,7 +115,7 @@ async fn streams_move_off_a_killed_worker_and_read_as_one_generation() {
             got.push(read_chat(&s.await.expect("stream task")));
         }
         assert!(
-            moves(&gateway, "moved").await >= 4.0,
+            gateway.generation_moves("base", "moved").await >= 4.0,
             "the killed worker's streams moved"
         );
         for (i, stream) in got.iter().enumerate() {
@@ -157,7 +132,7 @@ async fn streams_move_off_a_killed_worker_and_read_as_one_generation() {
                 "stream {i}: the prompt counted once"
             );
         }
-        assert_eq!(moves(&gateway, "failed").await, 0.0);
+        assert_eq!(gateway.generation_moves("base", "failed").await, 0.0);
     })
     .await;
 }
@@ -216,7 +191,7 @@ async fn a_body_and_a_stored_response_move_off_a_killed_worker() {
         let stored = stored.json();
         assert_eq!(stored["status"], "completed");
         assert_eq!(harness::responses::output_text(&stored), streamed);
-        assert!(moves(&gateway, "moved").await >= 1.0);
+        assert!(gateway.generation_moves("base", "moved").await >= 1.0);
     })
     .await;
 }
@@ -265,7 +240,7 @@ async fn a_json_schema_reply_moves_and_still_validates() {
             assert!(validator.is_valid(&value), "{value}");
             assert_eq!(got.text, reference);
         }
-        assert!(moves(&gateway, "moved").await >= 1.0);
+        assert!(gateway.generation_moves("base", "moved").await >= 1.0);
     })
     .await;
 }
@@ -290,7 +265,7 @@ async fn a_drain_shorter_than_the_streams_hands_them_over() {
             let reference = read_chat(&chat::stream(&client, &story(i)).await);
             assert_eq!(got.text, reference.text, "stream {i}");
         }
-        assert!(moves(&gateway, "moved").await >= 1.0);
+        assert!(gateway.generation_moves("base", "moved").await >= 1.0);
     })
     .await;
 }
@@ -308,7 +283,7 @@ async fn a_worker_that_stalls_mid_reply_is_left_after_the_stall_timeout() {
         let workers = start_workers("base", &[stuck, WorkerOpts::paced(0, PACE)]);
         let gateway = gateway_over(
             &workers.iter().collect::<Vec<_>>(),
-            "[models.base]\npolicy = \"least_loaded\"\nstall_timeout_ms = 1000\n",
+            "[models.base]\npolicy = \"least_loaded\"\nstall_timeout_ms = 2000\n",
         );
         let client = gateway.client();
         let streams = spawn_streams(&client, (0..4).map(story));
@@ -352,7 +327,7 @@ async fn with_no_other_worker_the_failure_is_delivered_in_band() {
         let frames = task.await.expect("task");
         let last = frames.last().expect("frames").json();
         assert_eq!(last["error"]["status"], 502, "{last}");
-        assert_eq!(moves(&gateway, "moved").await, 0.0);
+        assert_eq!(gateway.generation_moves("base", "moved").await, 0.0);
     })
     .await;
 }
@@ -425,7 +400,7 @@ async fn on_the_real_model_streams_move_and_a_json_schema_reply_still_validates(
         let text_reply = read_chat(&frames[2]);
         assert!(text_reply.text.len() > 200, "{}", text_reply.text);
         assert_eq!(text_reply.finish.len(), 1);
-        assert!(moves(&gateway, "moved").await >= 1.0);
+        assert!(gateway.generation_moves("base", "moved").await >= 1.0);
     })
     .await;
 }

@@ -4,10 +4,11 @@
 //! prompt tokens. Real gateway, real synthetic workers, loopback only.
 
 use harness::chat;
+use harness::kube_api::{self, endpoint_slice, FakeKubeApi};
 use harness::prometheus::sample;
 use harness::{
     assert_error, bounded, chat_body, gateway_over, json, random_hex, start_workers, stream_body,
-    Client, SseFrame, Value, Worker, WorkerOpts,
+    Client, SseFrame, Worker, WorkerOpts,
 };
 use std::time::{Duration, Instant};
 
@@ -623,83 +624,6 @@ async fn a_worker_that_fails_every_reply_midway_is_ejected() {
 
 // ---- discovery from the Kubernetes API --------------------------------------
 
-/// A stand-in for the Kubernetes API server (Kubernetes is not part of the
-/// product; the gateway's client of it is): answers every request with the
-/// current status and EndpointSliceList, and records what it was asked.
-struct FakeKubeApi {
-    url: String,
-    reply: std::sync::Arc<std::sync::Mutex<(u16, String)>>,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl FakeKubeApi {
-    async fn start() -> FakeKubeApi {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let reply = std::sync::Arc::new(std::sync::Mutex::new((200, String::new())));
-        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (r, q) = (reply.clone(), requests.clone());
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let (r, q) = (r.clone(), q.clone());
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    q.lock()
-                        .unwrap()
-                        .push(String::from_utf8_lossy(&head).into_owned());
-                    let (status, body) = r.lock().unwrap().clone();
-                    let response = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = socket.write_all(response.as_bytes()).await;
-                });
-            }
-        });
-        FakeKubeApi {
-            url,
-            reply,
-            requests,
-        }
-    }
-
-    fn answer(&self, status: u16, body: &Value) {
-        *self.reply.lock().unwrap() = (status, body.to_string());
-    }
-}
-
-/// One EndpointSlice of Service `worker-base`: `port` as the named port
-/// `grpc`, one loopback endpoint that is ready or terminating.
-fn endpoint_slice(port: u16, ready: bool) -> Value {
-    json!({
-        "metadata": {"labels": {"kubernetes.io/service-name": "worker-base"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
-        "endpoints": [{
-            "addresses": ["127.0.0.1"],
-            "conditions": {"ready": ready, "serving": ready, "terminating": !ready}
-        }]
-    })
-}
-
-fn worker_port(w: &Worker) -> u16 {
-    w.addr()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("worker port")
-}
-
 /// `k8s://inference/worker-base:grpc`: the pool is the Service's ready
 /// endpoints as the Kubernetes API lists them, read with the service
 /// account's bearer token. A pod that turns unready or starts terminating
@@ -711,7 +635,7 @@ fn worker_port(w: &Worker) -> u16 {
 async fn kubernetes_endpoint_slices_drive_pool_membership() {
     bounded(90, async {
         let workers = start_workers("base", &[WorkerOpts::default(), WorkerOpts::default()]);
-        let (a, b) = (worker_port(&workers[0]), worker_port(&workers[1]));
+        let (a, b) = (kube_api::port_of(&workers[0]), kube_api::port_of(&workers[1]));
         let api = FakeKubeApi::start().await;
         api.answer(200, &json!({"kind": "EndpointSliceList",
             "items": [endpoint_slice(a, true), endpoint_slice(b, false)]}));
@@ -721,7 +645,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
         let mut opts = harness::GatewayOpts::default();
         opts.workers.insert("base".into(), vec!["k8s://inference/worker-base:grpc".into()]);
         opts.env = vec![
-            ("GATEWAY_K8S_API".into(), api.url.clone()),
+            ("GATEWAY_K8S_API".into(), api.url().to_owned()),
             ("GATEWAY_K8S_TOKEN_FILE".into(), token_file.display().to_string()),
         ];
         let gateway = harness::Gateway::start(opts).expect("gateway starts");
@@ -762,7 +686,7 @@ async fn kubernetes_endpoint_slices_drive_pool_membership() {
         }
         assert_eq!(completed(&workers).await[0], after[0], "A stays out");
 
-        let requests = api.requests.lock().unwrap().clone();
+        let requests = api.requests();
         assert!(requests.len() >= 3, "startup and periodic polls: {}", requests.len());
         for r in &requests {
             assert!(

@@ -15,6 +15,14 @@
 //! primary of B's cluster killed and, once its replica took over, started
 //! again (it returns as a replica).
 //!
+//! With `--worker-fault-every`, workers are also killed and rolled on
+//! their own clock, in turn: one SIGKILLed and started again 3 s later
+//! (a node lost, its pod rescheduled), the next drained with SIGTERM and
+//! a grace period shorter than the longest replies, then started again (a
+//! rollout). Their generations move to the other workers, so with
+//! `--fault-every 0` (worker faults only) every answer must be whole: any
+//! client-visible error fails the run.
+//!
 //! Runs get a short request deadline (`--run-timeout-secs`), so the
 //! contract "every run ends by its deadline plus a lease" is checked while
 //! the traffic runs: every 15 s a monitor reads, straight from each store,
@@ -29,6 +37,8 @@
 //!
 //! ```text
 //! cargo run --release -p tests --bin soak -- --minutes 30 --rate 500
+//! cargo run --release -p tests --bin soak -- --minutes 30 --rate 60 \
+//!     --fault-every 0 --worker-fault-every 60 --reply-tokens 200 --tokens-per-second 100
 //! ```
 //! Loopback only; bounded in time and count.
 
@@ -51,9 +61,22 @@ struct Args {
     /// Requests per second, all kinds together.
     #[arg(long, default_value_t = 500)]
     rate: u64,
-    /// Seconds between faults.
+    /// Seconds between faults of the store and link rotation (0: none).
     #[arg(long, default_value_t = 60)]
     fault_every: u64,
+    /// Seconds between worker kills and rollouts, in turn (0: none).
+    #[arg(long, default_value_t = 0)]
+    worker_fault_every: u64,
+    /// The workers' drain grace period: a rollout cuts longer replies,
+    /// which must move.
+    #[arg(long, default_value_t = 1)]
+    worker_grace_secs: u64,
+    /// Tokens of a chat or stored response reply (background runs: 300).
+    #[arg(long, default_value_t = 20)]
+    reply_tokens: u32,
+    /// The simulated workers' decode speed per generation.
+    #[arg(long, default_value_t = 2000)]
+    tokens_per_second: u64,
     /// Most requests in flight; beyond it a tick's request is skipped (and counted).
     #[arg(long, default_value_t = 4000)]
     max_in_flight: usize,
@@ -164,6 +187,9 @@ struct Faulty {
     redis: Arc<Mutex<PersistentRedis>>,
     cluster: Arc<Mutex<RedisCluster>>,
     workers: Vec<FaultProxy>,
+    /// The worker processes behind `workers`, killed and restarted in
+    /// place.
+    processes: Arc<Mutex<Vec<harness::Worker>>>,
 }
 
 #[tokio::main]
@@ -174,7 +200,10 @@ async fn main() -> Result<()> {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(3))
         .await?
         .context("a Redis Cluster of 3 primaries and 3 replicas")?;
-    let opts = WorkerOpts::paced(0, 2000);
+    let opts = WorkerOpts {
+        grace_period_seconds: Some(args.worker_grace_secs),
+        ..WorkerOpts::paced(0, args.tokens_per_second)
+    };
     let workers = harness::start_workers("base", &[opts.clone(), opts.clone(), opts]);
     let worker_links: Vec<FaultProxy> = workers
         .iter()
@@ -242,6 +271,7 @@ async fn main() -> Result<()> {
         redis: Arc::new(Mutex::new(redis)),
         cluster: Arc::new(Mutex::new(cluster)),
         workers: worker_links,
+        processes: Arc::new(Mutex::new(workers)),
     };
 
     let tally: Tally = Arc::default();
@@ -271,17 +301,31 @@ async fn main() -> Result<()> {
     ));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut next_fault = started + Duration::from_secs(args.fault_every);
-    let mut faults = 0usize;
+    let every = |secs: u64| (secs > 0).then(|| Duration::from_secs(secs));
+    let (fault_every, worker_fault_every) =
+        (every(args.fault_every), every(args.worker_fault_every));
+    let mut next_fault = fault_every.map(|d| started + d);
+    let mut next_worker_fault = worker_fault_every.map(|d| started + d);
+    let (mut faults, mut worker_faults) = (0usize, 0usize);
     let mut n: u64 = 0;
     while started.elapsed() < duration {
         tick.tick().await;
-        if Instant::now() >= next_fault {
-            inject(faults, &faulty);
-            faults += 1;
-            next_fault += Duration::from_secs(args.fault_every);
+        if let (Some(at), Some(d)) = (next_fault.as_mut(), fault_every) {
+            if Instant::now() >= *at {
+                inject(faults, &faulty);
+                faults += 1;
+                *at += d;
+            }
+        }
+        if let (Some(at), Some(d)) = (next_worker_fault.as_mut(), worker_fault_every) {
+            if Instant::now() >= *at {
+                hit_worker(worker_faults, &faulty, args.worker_grace_secs);
+                worker_faults += 1;
+                *at += d;
+            }
         }
         n += 1;
+        let reply_tokens = args.reply_tokens;
         let Ok(permit) = in_flight.clone().try_acquire_owned() else {
             count(&tally, "skipped", "max in flight");
             continue;
@@ -289,11 +333,13 @@ async fn main() -> Result<()> {
         let (targets, tally, runs, told) =
             (targets.clone(), tally.clone(), runs.clone(), told.clone());
         tokio::spawn(async move {
-            one_request(n, &targets, &tally, &runs, &told).await;
+            one_request(n, reply_tokens, &targets, &tally, &runs, &told).await;
             drop(permit);
         });
     }
-    println!("traffic done after {n} requests, {faults} faults; healing and waiting");
+    println!(
+        "traffic done after {n} requests, {faults} store and link faults, {worker_faults} worker kills and rollouts; healing and waiting"
+    );
     faulty.redis_link.heal();
     for p in &faulty.workers {
         p.heal();
@@ -403,7 +449,28 @@ async fn main() -> Result<()> {
         SESSION_LOCK_LEASE.as_secs()
     );
     println!("planner session violations: {}", sessions.violations);
+    let answer_errors: u64 = tally
+        .lock()
+        .map(|t| {
+            t.iter()
+                .filter(|((kind, outcome), _)| {
+                    matches!(*kind, "chat" | "chat-stream" | "response" | "background")
+                        && !matches!(outcome.as_str(), "200" | "200 complete")
+                })
+                .map(|(_, n)| n)
+                .sum()
+        })
+        .unwrap_or(0);
+    let run_errors = by_status.get("failed").copied().unwrap_or(0)
+        + by_status.get("incomplete").copied().unwrap_or(0);
+    let client_visible = answer_errors + run_errors;
+    println!(
+        "client-visible errors: {client_visible} ({answer_errors} answers, {run_errors} background runs failed or incomplete)"
+    );
     println!("load average at end: {}", load_average());
+    if fault_every.is_none() && client_visible > 0 {
+        anyhow::bail!("with worker faults only, every answer must be whole");
+    }
     if !stranded.is_empty()
         || bad_logs > 0
         || ever_overdue > 0
@@ -483,6 +550,44 @@ fn inject(i: usize, faulty: &Faulty) {
     }
 }
 
+/// The next worker fault, in turn on each worker: a SIGKILL and a start
+/// 3 s later on the same address, or a rollout (SIGTERM, the worker drains
+/// for `grace_secs` and exits, a new one starts on the same address).
+fn hit_worker(i: usize, faulty: &Faulty, grace_secs: u64) {
+    let at = chrono_like_now();
+    let which = i % faulty.workers.len();
+    let rollout = i % 2 == 1;
+    if rollout {
+        println!(
+            "[{at}] fault: worker {which} rolled (SIGTERM, {grace_secs} s grace, then a new one)"
+        );
+    } else {
+        println!("[{at}] fault: worker {which} SIGKILLed, started again 3 s later");
+    }
+    let processes = faulty.processes.clone();
+    tokio::task::spawn_blocking(move || {
+        let restarted = processes
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))
+            .and_then(|mut workers| {
+                let worker = &mut workers[which];
+                if rollout {
+                    worker.signal(libc::SIGTERM);
+                    worker
+                        .wait_exit(Duration::from_secs(grace_secs + 10))
+                        .context("the drained worker did not exit")?;
+                } else {
+                    worker.kill();
+                    std::thread::sleep(Duration::from_secs(3));
+                }
+                worker.restart()
+            });
+        if let Err(e) = restarted {
+            println!("  worker {which} did not come back: {e}");
+        }
+    });
+}
+
 /// Kills the primary serving `slot`, waits for its replica to take over and
 /// starts it again (it returns as the new primary's replica); how long it
 /// all took.
@@ -527,7 +632,15 @@ fn load_average() -> String {
 
 /// One request of the mix, chosen by its number, to one of the targets in
 /// turn (twenty requests each).
-async fn one_request(n: u64, targets: &[Target], tally: &Tally, runs: &Runs, told: &Told) {
+async fn one_request(
+    n: u64,
+    reply_tokens: u32,
+    targets: &[Target],
+    tally: &Tally,
+    runs: &Runs,
+    told: &Told,
+) {
+    let ask = format!("synthetic:reply_tokens={reply_tokens} soak");
     let target = (n / 20) as usize % targets.len();
     let client = &targets[target].client;
     match n % 20 {
@@ -535,7 +648,7 @@ async fn one_request(n: u64, targets: &[Target], tally: &Tally, runs: &Runs, tol
         0..=8 => {
             let stream = n.is_multiple_of(2);
             let body = json!({"model": "base", "stream": stream,
-                "messages": [{"role": "user", "content": "synthetic:reply_tokens=20 soak"}]});
+                "messages": [{"role": "user", "content": ask}]});
             if stream {
                 match client.stream("/chat/completions", &body).await {
                     Ok(s) if s.status == 200 => match s.collect().await {
@@ -562,10 +675,7 @@ async fn one_request(n: u64, targets: &[Target], tally: &Tally, runs: &Runs, tol
         // 30%: stored foreground responses.
         9..=14 => {
             let r = client
-                .post_json(
-                    "/responses",
-                    &json!({"model": "base", "input": "synthetic:reply_tokens=20 soak"}),
-                )
+                .post_json("/responses", &json!({"model": "base", "input": ask}))
                 .await;
             if let Ok(reply) = &r {
                 if reply.status == 200 {
