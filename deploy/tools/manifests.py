@@ -248,7 +248,8 @@ GATEWAY_KEYS = {
 }
 SECTION_KEYS = {
     "store": {"redis_url", "redis_cluster", "redis_ca_file", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
-              "sweep_interval_millis", "cancel_poll_millis"},
+              "sweep_interval_millis", "cancel_poll_millis", "idempotency_window_seconds",
+              "idempotency_max_record_bytes"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},
     "tls": {"cert_file", "key_file"},
@@ -265,7 +266,7 @@ AGENT_KEYS = {"id", "url", "auth_header", "auth_secret_env", "allowed_hosts", "e
 SPEC_MODELS = {"base", "base-ultra", "base-mini"}
 MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PLAN_KEYS = {"rpm", "tpm", "max_concurrent", "default_max_tokens", "max_service_tier", "weight", "max_stored_bytes"}
-MODEL_KEYS = {"workers", "policy", "queue_timeout_ms", "queue_max_depth"}
+MODEL_KEYS = {"workers", "policy", "queue_timeout_ms", "queue_max_depth", "stall_timeout_ms"}
 # Catalogue of a model id other than the spec's (#29).
 CATALOGUE_KEYS = {"context_window", "input_price", "cached_input_price", "output_price",
                   "reasoning_budget", "image_input", "description"}
