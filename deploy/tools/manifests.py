@@ -244,7 +244,7 @@ GATEWAY_KEYS = {
     "listen", "admin_listen", "threads", "grace_period_seconds", "readiness_drain_millis",
     "max_body_bytes", "max_header_bytes", "read_timeout_seconds", "write_timeout_seconds",
     "request_timeout_seconds", "keys", "store", "plans", "orgs", "limits", "telemetry", "models",
-    "planner", "tls", "worker_tls",
+    "planner", "tls", "worker_tls", "websocket",
 }
 SECTION_KEYS = {
     "store": {"redis_url", "redis_cluster", "redis_ca_file", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
@@ -252,6 +252,7 @@ SECTION_KEYS = {
               "idempotency_max_record_bytes"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},
+    "websocket": {"ping_interval_seconds", "idle_timeout_seconds", "max_connection_seconds"},
     "tls": {"cert_file", "key_file"},
     "worker_tls": {"ca_file", "cert_file", "key_file", "server_name"},
     # gateway/src/config.rs PlannerConfig (allowed_networks: #29).

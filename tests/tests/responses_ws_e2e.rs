@@ -693,6 +693,76 @@ async fn sigterm_lets_the_running_response_finish_then_closes_with_1001() {
     .await;
 }
 
+/// A connection lives `max_connection_seconds`: a response running at
+/// that point finishes, then the connection gets 1001 `connection lifetime
+/// reached` (the client reconnects); pings do not extend it.
+#[tokio::test]
+async fn a_connection_ends_at_its_lifetime_but_never_during_a_response() {
+    bounded(60, async {
+        let (_stack, mut ws) = open_with(
+            "[websocket]\nping_interval_seconds = 1\nidle_timeout_seconds = 30\nmax_connection_seconds = 2\n",
+        )
+        .await;
+        let opened = Instant::now();
+        ws.send_json(&json!({
+            "type": "response.create",
+            "model": "base",
+            "input": "slow synthetic:reply_tokens=100 synthetic:slow_ms=50",
+            "store": false,
+        }))
+        .await
+        .unwrap();
+        let (events, close) = ws.closed().await.unwrap();
+        let response = check_events(&events);
+        assert_eq!(response["status"], "completed");
+        assert_eq!(response["usage"]["output_tokens"], 100, "not cut at the lifetime");
+        let (code, reason) = close.expect("a close frame");
+        assert_eq!(code, CloseCode::Away);
+        assert_eq!(reason, "connection lifetime reached");
+        let lived = opened.elapsed();
+        assert!(lived >= Duration::from_millis(2500), "the response outlived the lifetime: {lived:?}");
+
+        // An idle connection, pinged and answering, ends at its lifetime.
+        let (_stack, mut idle) = open_with(
+            "[websocket]\nping_interval_seconds = 1\nidle_timeout_seconds = 30\nmax_connection_seconds = 2\n",
+        )
+        .await;
+        let opened = Instant::now();
+        let (_, close) = idle.closed().await.unwrap();
+        assert_eq!(close.expect("a close frame").1, "connection lifetime reached");
+        let lived = opened.elapsed();
+        assert!(
+            lived >= Duration::from_millis(1800) && lived < Duration::from_secs(4),
+            "{lived:?}"
+        );
+    })
+    .await;
+}
+
+/// A peer that vanished without closing answers no ping: after one ping
+/// interval unanswered the gateway drops the connection (no close
+/// handshake with a peer that is gone).
+#[tokio::test]
+async fn a_peer_that_answers_no_ping_is_dropped() {
+    bounded(60, async {
+        let (_stack, mut ws) =
+            open_with("[websocket]\nping_interval_seconds = 1\nidle_timeout_seconds = 30\n").await;
+        // Not reading: the client's library answers pings only as it reads.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let mut pings = 0;
+        let close = loop {
+            match ws.next().await.expect("the connection ends") {
+                Received::Ping => pings += 1,
+                Received::Closed(close) => break close,
+                Received::Json(v) => panic!("{v}"),
+            }
+        };
+        assert!(pings >= 1, "the gateway pinged");
+        assert!(close.is_none(), "dropped, not closed: {close:?}");
+    })
+    .await;
+}
+
 /// The Codex shape: `stream: true`, `include`, `prompt_cache_key`, a
 /// `client_metadata` map, `tool_choice` and tools, all in the event.
 #[tokio::test]

@@ -198,6 +198,13 @@ pub struct WebSocketConfig {
     /// peer from holding it, this keeps an idle live one from doing so.
     #[serde(default = "default_ws_idle_timeout")]
     pub idle_timeout_seconds: u64,
+    /// The longest a connection lives: past it, once no response is
+    /// running, it is closed (1001, "connection lifetime reached") and the
+    /// client reconnects, as it does on OpenAI's 60-minute limit. Bounds
+    /// how long one connection pins its replica and its connection-local
+    /// state.
+    #[serde(default = "default_ws_max_connection")]
+    pub max_connection_seconds: u64,
 }
 
 impl Default for WebSocketConfig {
@@ -205,6 +212,7 @@ impl Default for WebSocketConfig {
         Self {
             ping_interval_seconds: default_ws_ping_interval(),
             idle_timeout_seconds: default_ws_idle_timeout(),
+            max_connection_seconds: default_ws_max_connection(),
         }
     }
 }
@@ -214,6 +222,9 @@ fn default_ws_ping_interval() -> u64 {
 }
 fn default_ws_idle_timeout() -> u64 {
     900
+}
+fn default_ws_max_connection() -> u64 {
+    3600
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -686,8 +697,12 @@ impl Config {
         if self.write_timeout_seconds == 0 {
             bail!("write_timeout_seconds must be at least 1");
         }
-        if self.websocket.ping_interval_seconds == 0 || self.websocket.idle_timeout_seconds == 0 {
-            bail!("websocket.ping_interval_seconds and websocket.idle_timeout_seconds must be at least 1");
+        let ws = &self.websocket;
+        if ws.ping_interval_seconds == 0
+            || ws.idle_timeout_seconds == 0
+            || ws.max_connection_seconds == 0
+        {
+            bail!("websocket.ping_interval_seconds, idle_timeout_seconds and max_connection_seconds must be at least 1");
         }
         // Pingora listens with SO_REUSEPORT: one address for both would
         // start fine and then split connections between the API and the

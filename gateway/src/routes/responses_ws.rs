@@ -30,8 +30,10 @@
 //! 5. It ends when the client closes (a response running is cancelled on
 //!    its worker), on a protocol breach (1002/1007, or 1009 for a message
 //!    over `max_body_bytes`), after `[websocket] idle_timeout_seconds`
-//!    without a request (1000), when a ping goes unanswered, or when the
-//!    replica drains (1001, after the response running ends).
+//!    without a request (1000), when a ping goes unanswered, at
+//!    `max_connection_seconds` (1001, "connection lifetime reached", never
+//!    during a response), or when the replica drains (1001, after the
+//!    response running ends).
 
 use super::responses::{self, Checked};
 use crate::accounts::Account;
@@ -234,6 +236,8 @@ impl Connection<'_, '_> {
         let app = self.app;
         let ping_every = Duration::from_secs(app.config.websocket.ping_interval_seconds);
         let idle_timeout = Duration::from_secs(app.config.websocket.idle_timeout_seconds);
+        let closes_at = tokio::time::Instant::now()
+            + Duration::from_secs(app.config.websocket.max_connection_seconds);
         // The last request (or the end of the last response), for the idle
         // timeout; the last sign of the peer, for pings.
         let mut last_request = tokio::time::Instant::now();
@@ -249,6 +253,11 @@ impl Connection<'_, '_> {
                 }
                 _ = tokio::time::sleep_until(last_request + idle_timeout) => {
                     self.ws.close(Close::Normal, "idle timeout").await;
+                    return;
+                }
+                // Responses run inside `message`, so this never cuts one.
+                _ = tokio::time::sleep_until(closes_at) => {
+                    self.ws.close(Close::GoingAway, "connection lifetime reached").await;
                     return;
                 }
                 _ = tokio::time::sleep_until(ping_at) => {

@@ -467,6 +467,19 @@ async fn main() -> Result<()> {
     println!(
         "client-visible errors: {client_visible} ({answer_errors} answers, {run_errors} background runs failed or incomplete)"
     );
+    for (name, gateway) in [("A", &gateway_a), ("B", &gateway_b)] {
+        let mut moves = Vec::new();
+        for outcome in ["moved", "refused", "failed"] {
+            moves.push(format!(
+                "{} {outcome}",
+                gateway.generation_moves("base", outcome).await
+            ));
+        }
+        println!(
+            "gateway {name}: generations moved off a failed worker: {}",
+            moves.join(", ")
+        );
+    }
     println!("load average at end: {}", load_average());
     if fault_every.is_none() && client_visible > 0 {
         anyhow::bail!("with worker faults only, every answer must be whole");
