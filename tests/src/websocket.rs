@@ -57,9 +57,10 @@ pub async fn connect_small_buffer(base_url: &str, key: &str, bytes: u32) -> Resu
     Ok(WsClient { ws })
 }
 
-/// The upgrade request: the URL, `Authorization` when a key is given, and
-/// `headers`.
-fn request(
+/// The upgrade request: the URL (`wss://` for an `https://` base URL),
+/// `Authorization` when a key is given, and `headers`; for a client over a
+/// stream of its own (`tokio_tungstenite::client_async`).
+pub fn request(
     base_url: &str,
     key: Option<&str>,
     headers: &[(&'static str, &str)],

@@ -390,3 +390,60 @@ async fn workers_over_mutual_tls_refuse_a_gateway_without_a_certificate_of_their
         .expect("HTTP exchange");
     assert_eq!(reply.status, 200, "{reply}");
 }
+
+/// Responses over WebSocket on the HTTPS listener (`wss://`, as a client
+/// behind TLS termination-free ingress reaches it): the upgrade over TLS,
+/// a whole response, and a clean close.
+#[tokio::test]
+async fn responses_over_websocket_run_on_the_https_listener() {
+    use futures::{SinkExt, StreamExt};
+    use harness::websocket::{self, Message};
+    let ca = TestCa::new("wss").expect("CA");
+    let cert = ca
+        .server("edge", &["localhost", "127.0.0.1"])
+        .expect("cert");
+    let worker = Worker::start("base", WorkerOpts::default()).expect("worker");
+    let gateway = Gateway::start(GatewayOpts {
+        workers: [("base".to_string(), vec![worker.addr().to_string()])].into(),
+        tls: Some(cert),
+        ..GatewayOpts::default()
+    })
+    .expect("gateway with [tls]");
+    let (tls, _) = connect(gateway.addr(), ca.ca_file()).await;
+    let request = websocket::request(&gateway.base_url(), Some(gateway.api_key()), &[])
+        .expect("an upgrade request");
+    assert!(
+        request.uri().to_string().starts_with("wss://"),
+        "{}",
+        request.uri()
+    );
+    let (mut ws, upgraded) = tokio_tungstenite::client_async(request, tls)
+        .await
+        .expect("the upgrade over TLS");
+    assert_eq!(upgraded.status(), 101);
+    let create = json!({"type": "response.create", "model": "base",
+        "input": "Hello over TLS. synthetic:reply_tokens=5", "store": false});
+    ws.send(Message::text(create.to_string()))
+        .await
+        .expect("send");
+    let mut types = Vec::new();
+    while let Some(message) = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("events in time")
+    {
+        let Message::Text(text) = message.expect("a message") else {
+            continue;
+        };
+        let event: harness::Value = serde_json::from_str(text.as_str()).expect("JSON");
+        let kind = event["type"].as_str().unwrap_or_default().to_owned();
+        types.push(kind.clone());
+        if kind == "response.completed" {
+            assert_eq!(event["response"]["usage"]["output_tokens"], 5, "{event}");
+            break;
+        }
+        assert_ne!(kind, "error", "{event}");
+    }
+    assert_eq!(types.first().map(String::as_str), Some("response.created"));
+    assert_eq!(types.last().map(String::as_str), Some("response.completed"));
+    ws.close(None).await.expect("a clean close");
+}
