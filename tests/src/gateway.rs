@@ -358,7 +358,8 @@ impl Gateway {
             .filter(|l| l.starts_with("gateway_generation_moves_total{"))
             .filter(|l| l.contains(&model) && l.contains(&outcome))
             .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
-            .sum()
+            // An empty f64 sum is -0.
+            .fold(0.0, |total, n| total + n)
     }
 }
 
