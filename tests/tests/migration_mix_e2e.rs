@@ -430,7 +430,9 @@ fn seeded() -> rand::rngs::StdRng {
 }
 
 /// Three paced synthetic workers, each behind a fault proxy, and a gateway
-/// over the proxies that takes a silent worker as failed after 2 s.
+/// over the proxies that takes a silent worker as failed after 5 s (a
+/// margin over the 1 s at which a non-streamed reply sends its output, on
+/// a loaded machine).
 struct Pool {
     workers: Vec<Worker>,
     links: Vec<FaultProxy>,
@@ -444,7 +446,7 @@ fn pool(opts: WorkerOpts) -> Pool {
         .map(|w| FaultProxy::start(w.addr().parse().expect("addr")).expect("proxy"))
         .collect();
     let mut gateway_opts = GatewayOpts {
-        extra_toml: "[models.base]\npolicy = \"least_loaded\"\nstall_timeout_ms = 2000\n".into(),
+        extra_toml: "[models.base]\npolicy = \"least_loaded\"\nstall_timeout_ms = 5000\n".into(),
         ..GatewayOpts::default()
     };
     gateway_opts.workers.insert(
