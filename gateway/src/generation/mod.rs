@@ -19,7 +19,7 @@ use crate::accounts::ServiceTier;
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
 use crate::pool::{Pools, Ticket, WorkerCall, WorkerPool};
-use delivered::Delivered;
+pub use delivered::Delivered;
 use inference_proto::v1 as pb;
 use relay::{Relayed, WorkerFailure};
 use std::future::Future;
@@ -66,8 +66,9 @@ pub trait Sink {
     fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
     /// The consumer went away after the generation started; `delivered`
     /// is everything it was given, which a continuation elsewhere would
-    /// resume from (a background run handed to another replica).
-    fn left(&mut self, delivered: pb::Resume) {
+    /// resume from (a background run handed to another replica). Borrowed:
+    /// only such a sink copies it.
+    fn left(&mut self, delivered: &Delivered) {
         let _ = delivered;
     }
 }
@@ -186,7 +187,7 @@ impl Generation<'_> {
             _ => reservation.settle(Outcome::Abandoned).await,
         }
         if matches!(end, End::Gone) {
-            sink.left(delivered.resume());
+            sink.left(&delivered);
         }
         end
     }

@@ -26,7 +26,7 @@ use crate::accounts::ServiceTier;
 use crate::api::responses::EncodedEvent;
 use crate::catalog::ModelSpec;
 use crate::error::ApiError;
-use crate::generation::{End, Generation, Gone, Sink};
+use crate::generation::{Delivered, End, Generation, Gone, Sink};
 use crate::lifecycle::{InFlight, Shutdown};
 use crate::limits::{Outcome, Reservation};
 use crate::output_check::OutputFormat;
@@ -252,8 +252,10 @@ impl RunWriter {
 impl Sink for RunWriter {
     /// Every event the generation relayed here was written before it left
     /// (the last batch in [`Sink::deliver`], or the worker was quiet).
-    fn left(&mut self, delivered: pb::Resume) {
-        self.delivered = Some(delivered);
+    fn left(&mut self, delivered: &Delivered) {
+        if self.handover.is_some() {
+            self.delivered = Some(delivered.resume());
+        }
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
