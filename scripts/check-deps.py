@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the dependency rules of gateway/src and worker/src
+"""Checks the dependency rules of gateway/src, planner/src and worker/src
 (ARCHITECTURE.md, "Dependency rules"): no import cycle between modules nor
 between files, and no forbidden import.
 
@@ -23,7 +23,6 @@ APP_RULE = "only server.rs, listener/ and routes/ see the composition root"
 # B. An empty imported module means "any other module".
 GATEWAY_FORBIDDEN = [
     ("api", "", "api/ is wire types only: it depends on nothing in the gateway"),
-    ("error", "", "error/ is the envelope and status table only: every layer may use it, so it imports none"),
     ("ids", "", "ids.rs makes public ids for every layer, so it imports none"),
     ("translate", "http", "translate/ knows wire types and the worker protocol, not HTTP"),
     ("translate", "routes", ROUTES_RULE),
@@ -44,14 +43,14 @@ GATEWAY_FORBIDDEN = [
     ("http", "app", "http/ is the exchange and its reply writer: no composition root"),
     ("routes", "listener", "the listener sits above routes"),
     ("runs", "routes", ROUTES_RULE),
-    ("planner", "routes", ROUTES_RULE),
-    ("generation", "planner", "the planner drives generation, never the other way round"),
-    ("validate", "planner", "the planner checks its own tool ids and agents (planner::begin)"),
+    ("planner_mode", "routes", ROUTES_RULE),
+    ("generation", "planner_mode", "the planner drives generation, never the other way round"),
+    ("validate", "planner_mode", "the planner checks its own tool ids and agents (planner::begin)"),
     ("redis", "store", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "limits", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "accounts", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "runs", "redis/ is the transport below every domain: it knows no domain's keys"),
-    ("redis", "planner", "redis/ is the transport below every domain: it knows no domain's keys"),
+    ("redis", "planner_mode", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "usage", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "routes", "redis/ is the transport below every domain: it knows no domain's keys"),
     ("redis", "generation", "redis/ is the transport below every domain: it knows no domain's keys"),
@@ -63,16 +62,20 @@ GATEWAY_FORBIDDEN = [
     ("usage", "limits", "usage is counted by the limiter, not the other way round"),
     ("config", "accounts", "config is plain data, checked syntactically"),
     ("config", "pool", "config is plain data: the pool reads it, not the other way round"),
-    ("config", "planner", "config is plain data: the planner reads it, not the other way round"),
+    ("config", "planner_mode", "config is plain data: the planner reads it, not the other way round"),
 ]
 # Modules only the listed modules may import (besides themselves).
 GATEWAY_ONLY_IMPORTED_BY = {
     "app": (("server", "listener", "routes", "main", "up"), APP_RULE),
-    "planner": (("routes", "app", "main", "up", "edge"),
-                "planner/ sits below routes/: only routes/, app.rs, main.rs and up.rs drive it "
-                "(and edge.rs maps its errors)"),
-    "edge": (("routes", "listener", "server", "main", "up"),
-             "edge.rs maps every layer's error at the HTTP edge: no layer below imports it"),
+    "planner_mode": (("routes", "app", "operator"),
+                     "planner_mode/ (the planner's ports) sits below routes/: only routes/ and "
+                     "app.rs drive it, and `gateway agents` (operator/) edits its directory store"),
+}
+# Modules that may import only the listed ones (besides themselves).
+GATEWAY_ONLY_IMPORTS = {
+    "error": (("store", "limits", "accounts", "pool", "idempotency"),
+              "error/ is the envelope, the status table and the map of the lower layers' "
+              "errors (map.rs): every layer above them may use it, so it imports only them"),
 }
 # Module imports that break a rule or close a cycle but are accepted for
 # now: each one to remove, never to add to. An entry that no longer
@@ -100,15 +103,40 @@ WORKER_ONLY_IMPORTED_BY = {
     "weights": (("main",), "weights/ is `worker fetch-weights`, run by main.rs only"),
 }
 
+# The planner crate's rooms, one way: run/ → agents/ → a2a/ → net/, with
+# ports.rs (what the host implements), metrics.rs and text.rs below
+# everything.
+PLANNER_ONLY_IMPORTS = {
+    "ports": ((), "ports.rs is what the host implements: it imports nothing of the planner"),
+    "metrics": ((), "metrics.rs holds the planner's series: it imports nothing"),
+    "text": ((), "text.rs quotes and clips untrusted text for every room: it imports nothing"),
+    "net": ((), "net/ is the agents' HTTP (address policy, client, SSE): it knows no A2A, "
+            "directory or run"),
+    "a2a": (("net", "text"), "a2a/ speaks A2A over net/: it knows no directory or run"),
+    "agents": (("a2a", "net", "ports", "text"), "agents/ is the directory (entries, cards, "
+               "discovery): it knows no run"),
+    "config": (("agents",), "config.rs is the planner's settings and their rules; an entry's "
+               "rules are agents/'"),
+}
+
 CRATES = [
     {
         "name": "gateway/src",
         "root": os.path.join(REPO, "gateway", "src"),
         "aliases": (),
         "forbidden": GATEWAY_FORBIDDEN,
-        "only_imports": {},
+        "only_imports": GATEWAY_ONLY_IMPORTS,
         "only_imported_by": GATEWAY_ONLY_IMPORTED_BY,
         "known": GATEWAY_KNOWN,
+    },
+    {
+        "name": "planner/src",
+        "root": os.path.join(REPO, "planner", "src"),
+        "aliases": (),
+        "forbidden": [],
+        "only_imports": PLANNER_ONLY_IMPORTS,
+        "only_imported_by": {},
+        "known": set(),
     },
     {
         "name": "worker/src",

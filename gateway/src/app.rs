@@ -7,11 +7,11 @@ use crate::config::Config;
 use crate::idempotency::IdempotencyStore;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
-use crate::planner::Planner;
 use crate::pool::{PoolSpec, Pools};
 use crate::redis::RedisHandle;
 use crate::runs::Runs;
 use crate::store::ResponseStore;
+use planner::Planner;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ impl App {
         };
         // One handle (one shared connection) for keys, limits and the store.
         let accounts = Arc::new(Accounts::from_config(&config, redis.clone())?);
-        let planner = Arc::new(Planner::from_config(&config.planner, redis.clone())?);
+        let planner = Arc::new(crate::planner_mode::build(&config.planner, redis.clone())?);
         let limiter = Arc::new(Limiter::from_config(&config, redis.clone()));
         let pools = Pools::new(
             config.models.iter().map(|(model, pool)| PoolSpec {

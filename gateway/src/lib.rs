@@ -2,13 +2,11 @@
 //! pools. See ARCHITECTURE.md for the request path and the code map.
 
 pub mod accounts;
-pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod catalog;
 pub mod config;
-pub mod edge;
 pub mod error;
 pub mod generation;
 pub mod http;
@@ -18,9 +16,10 @@ pub mod lifecycle;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod operator;
 pub mod output_check;
 pub mod parse;
-pub mod planner;
+pub mod planner_mode;
 pub mod pool;
 pub mod redis;
 pub mod routes;

@@ -37,15 +37,15 @@ enum Command {
     /// Print the sha256 digest that `keys[].sha256` in the config expects.
     HashKey { key: String },
     /// API keys in Redis: create (printed once), list, revoke.
-    Keys(gateway::admin::KeysArgs),
+    Keys(gateway::operator::KeysArgs),
     /// Organisations in Redis: block, unblock, budget, show.
-    Orgs(gateway::admin::OrgsArgs),
+    Orgs(gateway::operator::OrgsArgs),
     /// Plans in Redis: set, show.
-    Plans(gateway::admin::PlansArgs),
+    Plans(gateway::operator::PlansArgs),
     /// Token usage and cost of an organisation, per day, key and model.
-    Usage(gateway::admin::UsageArgs),
+    Usage(gateway::operator::UsageArgs),
     /// The planner's agent directory in Redis: add, list, remove, probe.
-    Agents(gateway::planner::admin::AgentsArgs),
+    Agents(gateway::operator::agents::AgentsArgs),
 }
 
 /// Log filter when `RUST_LOG` is not set. Request spans (target

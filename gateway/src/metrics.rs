@@ -108,23 +108,6 @@ pub struct Metrics {
     /// Service that did not resolve) by model and source (`dns`,
     /// `kubernetes`); the pool keeps its members meanwhile.
     pub discovery_failures: IntCounterVec,
-    /// Planner runs by event (`new` plan made, `answered`).
-    pub planner_plans: IntCounterVec,
-    /// Plan calls by result: `valid`, `rejected` (by the guard: the
-    /// engine did not enforce the plan's grammar), `failed` (no reply).
-    pub planner_plan_calls: IntCounterVec,
-    /// Output tokens of plan calls that replied.
-    pub planner_plan_tokens: Histogram,
-    /// Planner steps by kind (`agent`, `function`, `llm`) and outcome.
-    pub planner_steps: IntCounterVec,
-    /// Agent calls' latency by outcome (`completed`, `rejected`, `silent`, ...).
-    pub planner_agent_latency: HistogramVec,
-    /// Hedges started (a slow step's alternate started beside it).
-    pub planner_hedges: IntCounter,
-    pub planner_replans: IntCounter,
-    /// Plans paused for the caller's tools, and resumed.
-    pub planner_pauses: IntCounter,
-    pub planner_resumes: IntCounter,
 }
 
 /// Up to the longest request deadline (600 s), so a slow generation lands
@@ -373,57 +356,6 @@ impl Metrics {
                 &["model", "source"],
                 registry
             )?,
-            planner_plans: register_int_counter_vec_with_registry!(
-                "gateway_planner_plans_total",
-                "Planner runs: new plans made, and runs answered.",
-                &["event"],
-                registry
-            )?,
-            planner_plan_calls: register_int_counter_vec_with_registry!(
-                "gateway_planner_plan_calls_total",
-                "Plan calls by result: valid, rejected by the plan guard, failed.",
-                &["result"],
-                registry
-            )?,
-            planner_plan_tokens: prometheus::register_histogram_with_registry!(
-                "gateway_planner_plan_output_tokens",
-                "Output tokens of plan calls.",
-                vec![16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0],
-                registry
-            )?,
-            planner_steps: register_int_counter_vec_with_registry!(
-                "gateway_planner_steps_total",
-                "Planner steps by kind (agent, function, llm) and outcome.",
-                &["kind", "outcome"],
-                registry
-            )?,
-            planner_agent_latency: register_histogram_vec_with_registry!(
-                "gateway_planner_agent_duration_seconds",
-                "Latency of agent calls (A2A) by outcome, and reason (refused, timeout, dns, tls, reset, policy, ...; none).",
-                &["outcome", "reason"],
-                LATENCY_BUCKETS.to_vec(),
-                registry
-            )?,
-            planner_hedges: prometheus::register_int_counter_with_registry!(
-                "gateway_planner_hedges_total",
-                "Slow agent steps hedged: an alternate started beside the first agent.",
-                registry
-            )?,
-            planner_replans: prometheus::register_int_counter_with_registry!(
-                "gateway_planner_replans_total",
-                "Re-plans after failed steps.",
-                registry
-            )?,
-            planner_pauses: prometheus::register_int_counter_with_registry!(
-                "gateway_planner_pauses_total",
-                "Plans paused for the caller's function tools.",
-                registry
-            )?,
-            planner_resumes: prometheus::register_int_counter_with_registry!(
-                "gateway_planner_resumes_total",
-                "Paused plans resumed with the caller's tool results.",
-                registry
-            )?,
             registry,
         })
     }
@@ -432,7 +364,9 @@ impl Metrics {
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
         // Encoding into a Vec only fails on invalid metric names, fixed above.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        families.extend(planner::metrics::gather());
+        let _ = TextEncoder::new().encode(&families, &mut out);
         out
     }
 }

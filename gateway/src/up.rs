@@ -67,20 +67,20 @@ enum UpEngine {
 }
 
 /// `--agent ID=URL` entries as directory entries of the config.
-fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<gateway::config::AgentEntryConfig>> {
+fn directory_agents(specs: &[String]) -> anyhow::Result<Vec<planner::agents::AgentEntry>> {
     specs
         .iter()
         .map(|spec| {
             let (id, url) = spec
                 .split_once('=')
                 .with_context(|| format!("--agent {spec}: expected ID=URL"))?;
-            if !gateway::planner::directory::valid_id(id) {
+            if !planner::agents::valid_id(id) {
                 bail!("--agent {spec}: an id is 1 to 64 of A-Z a-z 0-9 . _ -");
             }
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 bail!("--agent {spec}: the URL must be http:// or https://");
             }
-            Ok(gateway::config::AgentEntryConfig {
+            Ok(planner::agents::AgentEntry {
                 id: id.to_owned(),
                 url: url.to_owned(),
                 auth_header: None,

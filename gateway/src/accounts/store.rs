@@ -1,5 +1,5 @@
 //! The Redis layout of keys, organisations and plans, and the operations
-//! the request path (lookup) and the admin CLI (create, list, revoke, block,
+//! the request path (lookup) and the operator CLI (create, list, revoke, block,
 //! plans) perform on it.
 //!
 //! ```text
@@ -120,7 +120,7 @@ impl AccountStore {
         Ok((org_from_hash(&o), plan_from_hash(&p)))
     }
 
-    // ---- admin operations ---------------------------------------------------
+    // ---- operator operations ------------------------------------------------
 
     /// Creates a key and returns its secret (shown once) and record.
     pub async fn create_key(

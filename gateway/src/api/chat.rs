@@ -458,14 +458,8 @@ pub struct ToolThought {
 /// (omitted when empty), and the session as `conversation_id`.
 #[derive(Debug, Serialize)]
 pub struct PlannerChunk<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub system_fingerprint: Option<&'a str>,
-    pub choices: Vec<ChunkChoice<'a>>,
-    #[serde(skip_serializing_if = "UsageField::is_absent")]
-    pub usage: UsageField<'a>,
+    #[serde(flatten)]
+    pub chunk: ChatChunk<'a>,
     pub conversation_id: &'a str,
     #[serde(skip_serializing_if = "is_empty")]
     pub thought: &'a [String],

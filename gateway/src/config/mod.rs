@@ -2,15 +2,15 @@
 //! The keys and defaults are documented in `docs/process-contract.md`.
 //!
 //! [`Config::check`] is the one check of a loaded config; a section with
-//! rules of its own keeps them beside it (`planner.rs`: `[planner]`;
-//! `tls.rs`: `[tls]` and `[worker_tls]`) and the check calls them in turn.
+//! rules of its own keeps them beside it (`tls.rs`: `[tls]` and
+//! `[worker_tls]`; the planner crate's `PlannerConfig::check`: `[planner]`)
+//! and the check calls them in turn.
 
-mod planner;
 #[cfg(test)]
 mod tests;
 mod tls;
 
-pub use planner::{valid_allowed_host, AgentEntryConfig, PlannerConfig};
+pub use planner::PlannerConfig;
 pub use tls::{ListenerTlsConfig, WorkerTlsConfig};
 
 use crate::catalog::{self, AddedModel, Catalog, Price};

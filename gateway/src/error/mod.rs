@@ -4,10 +4,13 @@
 //! Every failure a client can see is an [`ApiError`]. Its JSON envelope is
 //! `{error:{message,type,param,code,status}}`, with `type` derived from the
 //! status; the 402 blocked-account shape is the one exception and is
-//! deliberately not wrapped in `error`. Every layer may build one, so this
-//! module imports nothing of the gateway; the layers that return their own
-//! error types (the store, the limiter, accounts, the pool) get theirs
-//! mapped in `edge.rs`.
+//! deliberately not wrapped in `error`. Every layer above the store may
+//! build one; the layers below that return their own error types (the
+//! store, the limiter, accounts, the pool, idempotency records, planner
+//! sessions) get theirs mapped in `map.rs`, the only file here that
+//! imports them.
+
+mod map;
 
 use serde::Serialize;
 use std::borrow::Cow;

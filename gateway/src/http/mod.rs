@@ -9,5 +9,5 @@ mod reply;
 pub mod websocket;
 
 pub use exchange::Exchange;
-pub use reply::{ClientGone, Quiet, SseReply};
+pub use reply::{ClientGone, Pumped, SseReply};
 pub use websocket::WebSocket;

@@ -4,6 +4,8 @@
 use super::exchange::Exchange;
 use crate::metrics::{GaugeGuard, METRICS};
 use bytes::BytesMut;
+use futures::{Stream, StreamExt};
+use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::{Instant, Interval};
 
@@ -11,8 +13,17 @@ use tokio::time::{Instant, Interval};
 #[derive(Debug)]
 pub struct ClientGone;
 
+/// What a pumped stream hands its encoder.
+pub enum Pumped<T> {
+    /// The next item.
+    Item(T),
+    /// The stream was silent for a keep-alive period: encode a keep-alive
+    /// (after whatever must open the stream).
+    KeepAlive,
+}
+
 /// What ended a wait on a quiet stream.
-pub enum Quiet {
+enum Quiet {
     /// The stream was silent for a keep-alive period.
     KeepAlive,
     /// The client went away.
@@ -103,11 +114,39 @@ impl<'a> SseReply<'a> {
         self.ex.client_gone().await
     }
 
+    /// Relays `items` until they end: `frame` encodes each one (and each
+    /// silence of a keep-alive period, [`Pumped::KeepAlive`]) into the
+    /// buffer, which is then written. `frame` may stop the pump with a
+    /// value instead (nothing of that item is written). Fails when the
+    /// client goes away; the caller then calls [`Self::left`].
+    pub async fn pump<T, B>(
+        &mut self,
+        items: impl Stream<Item = T>,
+        mut frame: impl FnMut(Pumped<T>, &mut BytesMut) -> ControlFlow<B>,
+    ) -> Result<Option<B>, ClientGone> {
+        let mut items = std::pin::pin!(items);
+        loop {
+            let next = tokio::select! {
+                biased;
+                item = items.next() => match item {
+                    Some(item) => Pumped::Item(item),
+                    None => return Ok(None),
+                },
+                quiet = self.quiet() => match quiet {
+                    Quiet::KeepAlive => Pumped::KeepAlive,
+                    Quiet::Gone => return Err(ClientGone),
+                },
+            };
+            if let ControlFlow::Break(stop) = frame(next, &mut self.out) {
+                return Ok(Some(stop));
+            }
+            self.write().await?;
+        }
+    }
+
     /// Resolves when the stream has been silent for a keep-alive period
     /// (never without [`Self::with_keepalive`]) or the client goes away.
-    /// The caller buffers the keep-alive ([`crate::sse::keepalive`], after
-    /// whatever must open the stream) and writes it.
-    pub async fn quiet(&mut self) -> Quiet {
+    async fn quiet(&mut self) -> Quiet {
         let Self { ex, keepalive, .. } = self;
         let tick = async {
             match keepalive {

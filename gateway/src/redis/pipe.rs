@@ -9,7 +9,7 @@
 //! CPU. Here a command is encoded once, straight into bytes ([`RespCommand`]); one
 //! task owns the socket, writes whatever callers have queued in one write
 //! and answers them in order from a minimal RESP2 reader ([`Reply`]).
-//! Everything else (keys, the Responses store, the admin CLI) keeps using
+//! Everything else (keys, the Responses store, the operator CLI) keeps using
 //! the redis crate's connection ([`super::RedisConn`]); its URL parsing decides where this connection goes.
 //!
 //! Failure model: a connection that fails (connect, write, read, or a reply

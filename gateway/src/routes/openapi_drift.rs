@@ -91,6 +91,7 @@ enum Shape {
     Opaque,
 }
 
+#[derive(Clone)]
 struct WireField {
     name: String,
     optional: bool,
@@ -412,13 +413,25 @@ fn compare(
     problems
 }
 
+/// The struct a field flattens, when it flattens a struct (not an enum).
+fn flattened_struct<'t>(types: &'t [WireType], f: &WireField) -> Option<&'t [WireField]> {
+    let inner = f.ty.split('<').next().unwrap_or_default();
+    types.iter().find_map(|t| match &t.shape {
+        Shape::Struct(fields) if t.name == inner => Some(fields.as_slice()),
+        _ => None,
+    })
+}
+
 /// Fields a struct adds around a flattened enum (`Sequenced` adds
 /// `sequence_number` to every `StreamEvent`), keyed by the enum's name.
 fn flatten_extras(types: &[WireType]) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     for t in types {
         if let Shape::Struct(fields) = &t.shape {
-            if let Some(f) = fields.iter().find(|f| f.flatten) {
+            if let Some(f) = fields
+                .iter()
+                .find(|f| f.flatten && flattened_struct(types, f).is_none())
+            {
                 let inner = f.ty.split('<').next().unwrap_or_default().to_string();
                 let rest = fields
                     .iter()
@@ -445,9 +458,21 @@ fn drift(doc: &Value, types: &[WireType]) -> Vec<String> {
             continue;
         }
         let name = schema_name(t);
+        // A struct flattening a struct has both's fields (`PlannerChunk`
+        // around a `ChatChunk`).
+        let mut merged: Option<Vec<WireField>> = None;
         if let Shape::Struct(fields) = &t.shape {
-            if fields.iter().any(|f| f.flatten) {
-                // Checked through the flattened enum (its fields are extras there).
+            for f in fields.iter().filter(|f| f.flatten) {
+                match flattened_struct(types, f) {
+                    Some(inner) => merged
+                        .get_or_insert_with(|| fields.clone())
+                        .extend(inner.iter().cloned()),
+                    // Checked through the flattened enum (its fields are
+                    // extras there).
+                    None => merged = None,
+                }
+            }
+            if merged.is_none() && fields.iter().any(|f| f.flatten) {
                 continue;
             }
         }
@@ -462,6 +487,7 @@ fn drift(doc: &Value, types: &[WireType]) -> Vec<String> {
         let extra = extras.get(&t.name).cloned().unwrap_or_default();
         match &t.shape {
             Shape::Struct(fields) => {
+                let fields = merged.as_deref().unwrap_or(fields);
                 problems.extend(compare(doc, &name, t, fields, &extra, schema));
             }
             Shape::Tagged(tag, variants) => {

@@ -270,32 +270,84 @@ impl ChatAggregate {
         } else {
             Some(self.content)
         };
-        Ok(ChatCompletion {
+        let message = AssistantMessage {
+            role: "assistant",
+            content,
+            refusal: None,
+            tool_calls: self.tool_calls,
+            reasoning_content: valid.reasoning.then_some(self.reasoning),
+            annotations: Vec::new(),
+        };
+        Ok(completion(
             id,
-            object: "chat.completion",
-            created: now_unix(),
-            model: model.to_owned(),
-            choices: vec![Choice {
-                index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content,
-                    refusal: None,
-                    tool_calls: self.tool_calls,
-                    reasoning_content: valid.reasoning.then_some(self.reasoning),
-                    annotations: Vec::new(),
-                },
-                logprobs: None,
-                finish_reason: finish_reason(finished.reason),
-            }],
+            model,
+            message,
+            finish_reason(finished.reason),
             usage,
-            system_fingerprint: None,
-            service_tier: "default",
-            conversation_id: None,
-            thought: Vec::new(),
-            tool_thought: Vec::new(),
-            executable_data: Vec::new(),
-        })
+        ))
+    }
+}
+
+/// A `chat.completion` of one choice (planner mode adds its fields to it).
+pub fn completion(
+    id: String,
+    model: &str,
+    message: AssistantMessage,
+    finish_reason: &'static str,
+    usage: ChatUsage,
+) -> ChatCompletion {
+    ChatCompletion {
+        id,
+        object: "chat.completion",
+        created: now_unix(),
+        model: model.to_owned(),
+        choices: vec![Choice {
+            index: 0,
+            message,
+            logprobs: None,
+            finish_reason,
+        }],
+        usage,
+        system_fingerprint: None,
+        service_tier: "default",
+        conversation_id: None,
+        thought: Vec::new(),
+        tool_thought: Vec::new(),
+        executable_data: Vec::new(),
+    }
+}
+
+/// The first delta of a streamed tool call: its index, `id`, `type`,
+/// `name` and `arguments: ""`.
+pub fn call_header<'a>(index: u32, id: &'a str, name: &'a str) -> Delta<'a> {
+    Delta {
+        tool_calls: vec![ToolCallChunk {
+            index,
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionChunk {
+                name: Some(name),
+                arguments: "",
+            },
+        }],
+        ..Default::default()
+    }
+}
+
+/// A later delta of a streamed tool call: its index and a fragment of its
+/// arguments.
+pub fn call_arguments(index: u32, arguments: &str) -> Delta<'_> {
+    Delta {
+        tool_calls: vec![ToolCallChunk {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionChunk {
+                name: None,
+                arguments,
+            },
+        }],
+        ..Default::default()
     }
 }
 
@@ -311,6 +363,21 @@ pub struct ChunkHead<'a> {
 impl ChunkHead<'_> {
     /// Appends one chunk of the reply's only choice.
     pub fn chunk(&self, out: &mut BytesMut, delta: Delta<'_>, finish: Option<&'static str>) {
+        sse::data(out, &self.choice_chunk(delta, finish));
+    }
+
+    /// Appends the usage chunk: no choices, the totals.
+    pub fn usage(&self, out: &mut BytesMut, usage: &ChatUsage) {
+        sse::data(out, &self.usage_chunk(usage));
+    }
+
+    /// One chunk of the reply's only choice (`usage` `null` until the
+    /// last chunk when the client asked for it).
+    pub fn choice_chunk<'c>(
+        &'c self,
+        delta: Delta<'c>,
+        finish: Option<&'static str>,
+    ) -> ChatChunk<'c> {
         let choice = ChunkChoice {
             index: 0,
             delta,
@@ -322,16 +389,16 @@ impl ChunkHead<'_> {
         } else {
             UsageField::Absent
         };
-        self.write(out, vec![choice], usage);
+        self.head(vec![choice], usage)
     }
 
-    /// Appends the usage chunk: no choices, the totals.
-    pub fn usage(&self, out: &mut BytesMut, usage: &ChatUsage) {
-        self.write(out, Vec::new(), UsageField::Totals(usage));
+    /// The usage chunk: no choices, the totals.
+    pub fn usage_chunk<'c>(&'c self, usage: &'c ChatUsage) -> ChatChunk<'c> {
+        self.head(Vec::new(), UsageField::Totals(usage))
     }
 
-    fn write(&self, out: &mut BytesMut, choices: Vec<ChunkChoice<'_>>, usage: UsageField<'_>) {
-        let chunk = ChatChunk {
+    fn head<'c>(&'c self, choices: Vec<ChunkChoice<'c>>, usage: UsageField<'c>) -> ChatChunk<'c> {
+        ChatChunk {
             id: self.id,
             object: "chat.completion.chunk",
             created: self.created,
@@ -339,8 +406,7 @@ impl ChunkHead<'_> {
             system_fingerprint: None,
             choices,
             usage,
-        };
-        sse::data(out, &chunk);
+        }
     }
 }
 
@@ -499,40 +565,10 @@ impl ChatStreamEncoder {
     fn tool_call(&mut self, d: &pb::ToolCallDelta, out: &mut BytesMut) {
         if !self.announced_calls.contains(&d.index) {
             self.announced_calls.push(d.index);
-            self.chunk(
-                out,
-                Delta {
-                    tool_calls: vec![ToolCallChunk {
-                        index: d.index,
-                        id: Some(&d.id),
-                        kind: Some("function"),
-                        function: FunctionChunk {
-                            name: Some(&d.name),
-                            arguments: "",
-                        },
-                    }],
-                    ..Default::default()
-                },
-                None,
-            );
+            self.chunk(out, call_header(d.index, &d.id, &d.name), None);
         }
         if !d.arguments_fragment.is_empty() {
-            self.chunk(
-                out,
-                Delta {
-                    tool_calls: vec![ToolCallChunk {
-                        index: d.index,
-                        id: None,
-                        kind: None,
-                        function: FunctionChunk {
-                            name: None,
-                            arguments: &d.arguments_fragment,
-                        },
-                    }],
-                    ..Default::default()
-                },
-                None,
-            );
+            self.chunk(out, call_arguments(d.index, &d.arguments_fragment), None);
         }
     }
 

@@ -240,10 +240,7 @@ fn check_agents(agents: &[String]) -> Result<(), ApiError> {
         }
         let url = a.starts_with("http://") || a.starts_with("https://");
         let url_ok = url && a.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
-        let id_ok = a.len() <= 64
-            && a.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if !(url_ok || (!url && id_ok)) {
+        if !(url_ok || (!url && planner::agents::valid_id(a))) {
             return Err(ApiError::invalid_value(
                 param,
                 format!(

@@ -4,7 +4,7 @@
 //! engine ([`SequenceEngine`]): the shared [`crate::pipeline`] flattens the
 //! request, the simulator renders it with a trivial template and tokenizes
 //! it with o200k ([`tokenizer`]), and each sequence it starts streams the
-//! tokens of a reply planned in full before the first one ([`planner`]),
+//! tokens of a reply planned in full before the first one ([`script`]),
 //! deterministically from the prompt and `sampling.seed`. Stop strings,
 //! the length cut, the reasoning split, tool-call parsing, coalescing and
 //! usage are the pipeline's, as for every sequence engine.
@@ -37,10 +37,10 @@
 pub mod args;
 pub mod controls;
 pub mod conversation;
-pub mod planner;
 pub mod prefix_cache;
 pub mod rng;
 pub mod schema_gen;
+pub mod script;
 pub mod tokenizer;
 
 use crate::model::ModelProfile;
@@ -50,8 +50,8 @@ use crate::seam::sequence::{
 use crate::seam::tokens::saturate;
 use crate::status;
 use controls::Controls;
-use planner::Plan;
 use prefix_cache::PrefixCache;
+use script::ReplyScript;
 use std::time::Duration;
 use tokenizer::Token;
 use tokio::sync::mpsc;
@@ -117,7 +117,7 @@ impl SyntheticEngine {
     }
 
     /// The time between tokens for a plan: its `slow_ms`, else the pace.
-    fn interval(&self, plan: &Plan) -> Duration {
+    fn interval(&self, plan: &ReplyScript) -> Duration {
         match plan.controls.slow_ms {
             Some(ms) => Duration::from_millis(ms),
             None if self.config.tokens_per_second > 0.0 => {
@@ -176,7 +176,7 @@ impl SequenceEngine for SyntheticEngine {
         } else {
             tokio::task::spawn_blocking(move || plan_continued(&sequence))
                 .await
-                .map_err(|e| status::engine_failure(format!("planner task failed: {e}")))??
+                .map_err(|e| status::engine_failure(format!("reply script task failed: {e}")))??
         };
         if plan.controls.fail_after.is_none() {
             plan.controls.fail_after = self.config.fail_after_tokens;
@@ -211,9 +211,9 @@ impl SequenceEngine for SyntheticEngine {
 /// The plan of a sequence. A continued one (`resumed` output) is the same
 /// reply its prompt plans, past the output already generated: a moved
 /// generation reads as if it had never moved.
-fn plan_continued(sequence: &Sequence) -> Result<Plan, Status> {
+fn plan_continued(sequence: &Sequence) -> Result<ReplyScript, Status> {
     if sequence.resumed.is_empty() {
-        return planner::plan(sequence);
+        return script::write(sequence);
     }
     let resumed = tokenizer::decode(&sequence.resumed);
     let whole = Sequence {
@@ -223,7 +223,7 @@ fn plan_continued(sequence: &Sequence) -> Result<Plan, Status> {
         resumed: Vec::new(),
         ..sequence.clone()
     };
-    let mut plan = planner::plan(&whole)?;
+    let mut plan = script::write(&whole)?;
     plan.tokens = skip_output(std::mem::take(&mut plan.tokens), resumed.len());
     if plan.tokens.len() > sequence.max_tokens as usize {
         plan.tokens.truncate(sequence.max_tokens as usize);
@@ -272,7 +272,7 @@ struct Script {
 }
 
 impl Script {
-    fn new(plan: Plan, cached_tokens: u32) -> Self {
+    fn new(plan: ReplyScript, cached_tokens: u32) -> Self {
         Self {
             total: saturate(plan.tokens.len()),
             controls: plan.controls,
@@ -473,7 +473,7 @@ mod tests {
             cache_key: String::new(),
             resumed: tokenizer::tokenize(resumed),
         };
-        let text = |plan: &Plan| -> String {
+        let text = |plan: &ReplyScript| -> String {
             let bytes: Vec<u8> = plan.tokens.iter().flat_map(|t| t.bytes.clone()).collect();
             String::from_utf8_lossy(&bytes).into_owned()
         };
