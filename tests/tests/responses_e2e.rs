@@ -1104,3 +1104,46 @@ async fn a_worker_503_mid_run_fails_like_the_foreground_relay() {
     assert_eq!(v["status"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "upstream_error", "{v}");
 }
+
+/// A client that reads `response.completed` and at once chains its next
+/// turn to it (or retrieves it) finds it finished: a stored stream's
+/// terminal event goes out only once the store holds the final object.
+/// Read frame by frame, so the next request leaves while the stream's end
+/// is still on its way; on the Redis store, whose write is a round trip.
+#[tokio::test]
+async fn a_stored_stream_s_terminal_event_is_never_ahead_of_the_store() {
+    let (stack, _) = redis_stack(WorkerOpts::default(), "");
+    let client = stack.client();
+    for round in 0..30 {
+        let mut stream = client
+            .stream(
+                "/responses",
+                &json!({"model":"base","input":format!("Turn {round} synthetic:reply_tokens=3"),"stream":true}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(stream.status, 200);
+        let id = loop {
+            let frame = stream
+                .next_frame()
+                .await
+                .unwrap()
+                .expect("a terminal event");
+            let data = frame.json();
+            if data["type"] == "response.completed" {
+                break data["response"]["id"].as_str().unwrap().to_owned();
+            }
+        };
+        let chained = client
+            .post_json(
+                "/responses",
+                &json!({"model":"base","input":"And then? synthetic:reply_tokens=2","previous_response_id":id}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(chained.status, 200, "round {round}: {chained}");
+        let got = client.get(&format!("/responses/{id}")).await.unwrap();
+        assert_eq!(got.json()["status"], "completed", "round {round}: {got}");
+        drop(stream);
+    }
+}

@@ -275,7 +275,7 @@ impl Account {
     }
 }
 
-/// Why the access check refused a request; `edge.rs` gives each its status
+/// Why the access check refused a request; `error/map.rs` gives each its status
 /// (the one noted here).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AccountError {

@@ -68,7 +68,7 @@ pub enum Outcome {
 }
 
 /// Why the idempotency store could not answer. Mapped to the spec's
-/// envelope at the edge (`edge.rs`): an outage is 503 `store_unavailable`
+/// envelope in `error/map.rs`: an outage is 503 `store_unavailable`
 /// like every store outage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdempotencyError {

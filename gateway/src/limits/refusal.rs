@@ -7,7 +7,7 @@ use crate::accounts::RatePlan;
 use std::time::Duration;
 
 /// Why the limiter refused a request. The HTTP layer maps it to the
-/// spec's envelope (`edge.rs`): 429, 402 or 503.
+/// spec's envelope (`error/map.rs`): 429, 402 or 503.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// A rate limit of the plan is reached.

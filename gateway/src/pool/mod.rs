@@ -604,7 +604,7 @@ fn call_metadata(
 }
 
 /// Why the pool could not start a call, or why a worker call failed: the
-/// pool's own error; `edge.rs` gives each its status.
+/// pool's own error; `error/map.rs` gives each its status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolError {
     /// The prompt is over the model's context window (the worker's message).

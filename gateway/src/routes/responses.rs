@@ -149,8 +149,10 @@ async fn run(
     // 6b. In the foreground: relay to this client.
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream, app.shutdown.clone());
-    // With a key, a stream's last batch waits for the record (step 7).
-    events.hold_final = valid.stream && claim.is_some();
+    // A stored stream's last batch waits for the store (a client that reads
+    // the terminal event and at once retrieves the response, or chains to
+    // it, finds it finished), and with a key for the record too (step 7).
+    events.hold_final = valid.stream && (run.is_some() || claim.is_some());
     let end = generation.run(reservation, &mut events).await;
     if matches!(end, End::Gone) && events.cut.happened() {
         if let Some(object) = end_cut(app, events, run, valid.stream).await? {

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 /// Why the store could not do what was asked. The HTTP layer maps it to the
-/// spec's envelope (`edge.rs`); the store knows nothing of HTTP.
+/// spec's envelope (`error/map.rs`); the store knows nothing of HTTP.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The backing store did not answer `op` (connect, read, write, ...):

@@ -217,6 +217,31 @@ test('codex exec completes a turn through the gateway with the README configurat
   assert.ok((afterSockets['101'] ?? 0) > (sockets['101'] ?? 0), `a WebSocket connection: ${JSON.stringify(afterSockets)}\n${explain(r)}`);
 });
 
+test('a tool call and its result are two turns on one WebSocket, the second chained and cached', { skip: ENGINE !== 'synthetic' && 'the simulator makes the tool call; a small real model may not' }, async () => {
+  const before = await requestsByStatus('responses.create');
+  const sockets = await requestsByStatus('responses.websocket');
+  // The simulator answers a message that names an offered tool with a call
+  // to it: Codex runs it (here its arguments do not parse, which Codex
+  // reports as the tool's output) and sends the output back as the next
+  // turn on the same connection, chained to the first response.
+  const r = await codexExec('tool-turns', 'Call exec_command now.', []);
+  assert.equal(r.timedOut, false, explain(r));
+  assert.equal(r.code, 0, explain(r));
+  assert.ok(r.events.some((e) => e.type === 'turn.completed'), explain(r));
+  // The second turn's reply quotes the tool output it was sent.
+  assert.match(r.last ?? '', /^The tool returned: /, explain(r));
+  const afterTurn = await requestsByStatus('responses.create');
+  const turns = (afterTurn['200'] ?? 0) - (before['200'] ?? 0);
+  assert.ok(turns >= 2, `two responses or more: ${JSON.stringify(afterTurn)}\n${explain(r)}`);
+  const afterSockets = await waitRequests('responses.websocket', (n) => (n['101'] ?? 0) > (sockets['101'] ?? 0));
+  assert.equal((afterSockets['101'] ?? 0) - (sockets['101'] ?? 0), 1, `one WebSocket for both turns: ${JSON.stringify(afterSockets)}`);
+  // The connection's turns went to the engine holding its prefix: the
+  // second turn's prompt (the first's plus the call and its output) was
+  // served from its cache.
+  const usage = r.events.find((e) => e.type === 'turn.completed').usage;
+  assert.ok(usage.cached_input_tokens > usage.input_tokens / 3, `cached tokens: ${JSON.stringify(usage)}`);
+});
+
 test('codex exec over HTTP and SSE when the provider does not support WebSockets', async () => {
   const before = await requestsByStatus('responses.create');
   const sockets = await requestsByStatus('responses.websocket');
