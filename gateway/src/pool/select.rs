@@ -1,7 +1,11 @@
 //! Worker selection policies.
 //!
 //! - `LeastLoaded`: power of two choices over the load score. Cheap, and
-//!   avoids the herd behaviour of always picking the global minimum.
+//!   avoids the herd behaviour of always picking the global minimum. A
+//!   request that names its conversation (`prompt_cache_key`,
+//!   `x-session-id`, a WebSocket connection's turns) still keeps to that
+//!   conversation's worker, as under `PrefixAffinity`: its engine holds the
+//!   conversation, and sending the next turn elsewhere prefills all of it.
 //! - `PrefixAffinity`: rendezvous hashing on an affinity key (cache key,
 //!   session, or a hash of the prompt's head) with bounded load: a key sticks
 //!   to its worker so the worker's prefix cache hits, unless that worker
@@ -47,6 +51,9 @@ const LOAD_COST_BYTES: usize = 512;
 /// What selection needs of one request, computed once per request.
 pub struct Routing {
     affinity_key: u64,
+    /// The key is the request's own conversation (an explicit cache key),
+    /// not a hash of its prompt's head.
+    named: bool,
     /// The prompt's block hashes (`CacheAware` only; empty otherwise).
     blocks: Arc<[u64]>,
 }
@@ -59,6 +66,7 @@ impl Routing {
         };
         Self {
             affinity_key: affinity_key(request),
+            named: !request.cache_key.is_empty(),
             blocks,
         }
     }
@@ -85,6 +93,10 @@ pub fn pick(
         0 => None,
         1 => Some(candidates[0]),
         _ => match policy {
+            PoolPolicy::LeastLoaded if routing.named => {
+                bounded_rendezvous(endpoints, candidates, routing.affinity_key)
+                    .or_else(|| Some(two_choices(endpoints, candidates)))
+            }
             PoolPolicy::LeastLoaded => Some(two_choices(endpoints, candidates)),
             PoolPolicy::PrefixAffinity => {
                 bounded_rendezvous(endpoints, candidates, routing.affinity_key)
@@ -308,6 +320,7 @@ mod tests {
     fn keyed(key: u64) -> Routing {
         Routing {
             affinity_key: key,
+            named: false,
             blocks: Arc::from([]),
         }
     }
@@ -315,6 +328,7 @@ mod tests {
     fn prompt(blocks: &[u64]) -> Routing {
         Routing {
             affinity_key: 0,
+            named: false,
             blocks: blocks.into(),
         }
     }
@@ -505,6 +519,7 @@ mod tests {
         let all = [0, 1, 2, 3];
         let of = |key: u64| Routing {
             affinity_key: key,
+            named: false,
             blocks: Arc::from([9u64]),
         };
         let first = pick(PoolPolicy::CacheAware, &eps, &all, &of(5));
@@ -551,6 +566,32 @@ mod tests {
         let _slots: Vec<_> = (0..10).map(|_| eps[first].acquire()).collect();
         let next = pick(PoolPolicy::PrefixAffinity, &eps, &all, &keyed(7)).unwrap();
         assert_ne!(next, first);
+    }
+
+    #[test]
+    fn least_loaded_keeps_a_named_conversation_on_its_worker_while_load_allows() {
+        let eps = pool(4);
+        let all = [0, 1, 2, 3];
+        let conversation = Routing {
+            affinity_key: 11,
+            named: true,
+            blocks: Arc::from([]),
+        };
+        let first = pick(PoolPolicy::LeastLoaded, &eps, &all, &conversation).unwrap();
+        // Other requests elsewhere do not move it.
+        let _elsewhere = eps[(first + 1) % 4].acquire();
+        for _ in 0..10 {
+            assert_eq!(
+                pick(PoolPolicy::LeastLoaded, &eps, &all, &conversation),
+                Some(first)
+            );
+        }
+        // Past its share of the load, it spills like any sticky key.
+        let _more: Vec<_> = (0..10).map(|_| eps[first].acquire()).collect();
+        assert_ne!(
+            pick(PoolPolicy::LeastLoaded, &eps, &all, &conversation),
+            Some(first)
+        );
     }
 
     #[test]

@@ -24,9 +24,16 @@
 //! `llamacpp:prompt_tokens_total`, read before and after) and so the share
 //! of the prompt served from the engine's cache; then each arm's total.
 //!
+//! `--engines N` puts N llama-servers behind the gateway (one upstream
+//! worker each) and `--policy` picks the pool's routing: a conversation
+//! resent in full to an engine that does not hold it is prefilled from
+//! scratch, which a WebSocket (its turns pinned to one engine) never is.
+//!
 //! ```text
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) AGENTIC_SERVER=$(bash scripts/agentic-api.sh) \
 //!   cargo run --release -p tests --bin agentbench -- --turns 20
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//!   cargo run --release -p tests --bin agentbench -- --engines 2 --policy least_loaded --arms http-full,ws
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -63,6 +70,18 @@ struct Args {
     /// Only these arms (comma-separated).
     #[arg(long)]
     arms: Option<String>,
+    /// llama-servers behind the gateway, one upstream worker each (the
+    /// Agentic API fronts one engine: its arms need 1).
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    /// The gateway pool's policy (`least_loaded`, `prefix_affinity`,
+    /// `cache_aware`); default: the gateway's.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Words of file content each user step pastes after its ask (what a
+    /// coding agent's tool outputs add to a conversation every turn).
+    #[arg(long, default_value_t = 0)]
+    step_words: usize,
 }
 
 /// How a loop talks to its front.
@@ -208,19 +227,36 @@ async fn main() -> Result<()> {
 async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
     let mut opts = LlamaServerOpts::new(8192, 1);
     opts.threads = args.threads;
-    let engine = LlamaServer::start_with(&args.model_file, &opts)
-        .await
-        .context("llama-server")?;
+    if arm.front == Front::Agentic && args.engines != 1 {
+        bail!(
+            "{}: the Agentic API fronts one engine (--engines 1)",
+            arm.name
+        );
+    }
+    let mut engines = Vec::with_capacity(args.engines);
+    for _ in 0..args.engines.max(1) {
+        engines.push(
+            LlamaServer::start_with(&args.model_file, &opts)
+                .await
+                .context("llama-server")?,
+        );
+    }
+    let engine = &engines[0];
     let (client, key, _gateway, _workers, _agentic) = match arm.front {
         Front::Gateway => {
-            let workers = harness::start_workers(
-                "base",
-                &[WorkerOpts::upstream(engine.url(), "llama-server")],
-            );
+            let upstreams: Vec<WorkerOpts> = engines
+                .iter()
+                .map(|e| WorkerOpts::upstream(e.url(), "llama-server"))
+                .collect();
+            let workers = harness::start_workers("base", &upstreams);
             let mut gopts = GatewayOpts::default();
-            gopts
-                .workers
-                .insert("base".into(), vec![workers[0].addr().to_string()]);
+            gopts.workers.insert(
+                "base".into(),
+                workers.iter().map(|w| w.addr().to_string()).collect(),
+            );
+            if let Some(policy) = &args.policy {
+                gopts.extra_toml = format!("[models.base]\npolicy = \"{policy}\"\n");
+            }
             let gateway = Gateway::start(gopts)?;
             let key = gateway.api_key().to_owned();
             (gateway.client(), key, Some(gateway), workers, None)
@@ -238,7 +274,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
     };
     let model = match arm.front {
         Front::Gateway => "base".to_owned(),
-        Front::Agentic => engine_model(&engine).await?,
+        Front::Agentic => engine_model(engine).await?,
     };
     println!("\n{} ({:?} over {:?})", arm.name, arm.front, arm.transport);
     println!("| turn | s | prompt tokens | prefilled | cached | tool call |");
@@ -253,7 +289,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
     };
     let mut conversation: Vec<Value> = Vec::new();
     let mut previous: Option<String> = None;
-    let mut pending: Vec<Value> = vec![user(&step(0))];
+    let mut pending: Vec<Value> = vec![user(&step(0, args.step_words))];
     let mut turns = Vec::new();
     for n in 0..args.turns {
         let mut body = json!({
@@ -277,7 +313,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
                 }
             }
         }
-        let before = prompt_tokens_total(&engine).await?;
+        let before = prompt_tokens_total(&engines).await?;
         let started = Instant::now();
         let response = match &mut ws {
             Some(ws) => {
@@ -306,7 +342,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
             }
         };
         let seconds = started.elapsed().as_secs_f64();
-        let prefilled = prompt_tokens_total(&engine).await?.saturating_sub(before);
+        let prefilled = prompt_tokens_total(&engines).await?.saturating_sub(before);
         let output = response["output"].as_array().cloned().unwrap_or_default();
         let call = output
             .iter()
@@ -336,7 +372,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
         pending = match call {
             Some(call) => vec![json!({"type": "function_call_output",
                 "call_id": call["call_id"], "output": tool_output(n)})],
-            None => vec![user(&step(n + 1))],
+            None => vec![user(&step(n + 1, args.step_words))],
         };
     }
     Ok(turns)
@@ -375,7 +411,7 @@ fn user(text: &str) -> Value {
 }
 
 /// The agent's next instruction.
-fn step(n: usize) -> String {
+fn step(n: usize, pasted_words: usize) -> String {
     const STEPS: [&str; 5] = [
         "List the files in src/ and tell me which one parses the config.",
         "Open that file and find where the port is read.",
@@ -383,7 +419,17 @@ fn step(n: usize) -> String {
         "Run the tests and tell me whether they pass.",
         "Summarise what you changed in one sentence.",
     ];
-    format!("Step {}: {}", n + 1, STEPS[n % STEPS.len()])
+    let mut text = format!("Step {}: {}", n + 1, STEPS[n % STEPS.len()]);
+    if pasted_words > 0 {
+        text.push_str("\n```\n");
+        for w in 0..pasted_words {
+            // Distinct per step and line, as source files are.
+            text.push_str(&format!("let v{n}_{w} = read(\"key{w}\");"));
+            text.push(if w % 8 == 7 { '\n' } else { ' ' });
+        }
+        text.push_str("\n```");
+    }
+    text
 }
 
 /// A command's output, as the client's tool answers it.
@@ -418,19 +464,24 @@ fn system_prompt(words: usize) -> String {
     out
 }
 
-/// llama-server's count of prompt tokens it processed (not served from its
-/// cache), from its Prometheus exposition.
-async fn prompt_tokens_total(engine: &LlamaServer) -> Result<u64> {
-    let text = reqwest::get(format!("{}/metrics", engine.url()))
-        .await?
-        .text()
-        .await?;
-    text.lines()
-        .find(|l| l.starts_with("llamacpp:prompt_tokens_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .context("llamacpp:prompt_tokens_total in /metrics (llama-server --metrics)")
+/// The engines' count of prompt tokens they processed (not served from
+/// their caches), from each llama-server's Prometheus exposition.
+async fn prompt_tokens_total(engines: &[LlamaServer]) -> Result<u64> {
+    let mut total = 0;
+    for engine in engines {
+        let text = reqwest::get(format!("{}/metrics", engine.url()))
+            .await?
+            .text()
+            .await?;
+        total += text
+            .lines()
+            .find(|l| l.starts_with("llamacpp:prompt_tokens_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .context("llamacpp:prompt_tokens_total in /metrics (llama-server --metrics)")?;
+    }
+    Ok(total)
 }
 
 /// The model id llama-server reports (what agentic-server forwards).
