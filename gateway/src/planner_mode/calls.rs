@@ -91,9 +91,11 @@ impl<'a> RequestCalls<'a> {
         self.usage.lock().map(|u| *u).unwrap_or_default()
     }
 
+    /// One generation of `call`, asking for at most `max_tokens`.
     async fn call_once(
         &self,
-        call: Call,
+        call: &Call,
+        max_tokens: u32,
         deltas: Option<&UnboundedSender<String>>,
     ) -> Result<Reply, ApiError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
@@ -111,7 +113,7 @@ impl<'a> RequestCalls<'a> {
                         self.model,
                         request_id.clone(),
                         estimate_input_tokens(input_bytes),
-                        call.max_tokens,
+                        max_tokens,
                     )
                     .await;
                 admitted?
@@ -127,7 +129,7 @@ impl<'a> RequestCalls<'a> {
                 .map(|t| (t.role.as_str(), t.text.as_str()))
                 .collect(),
             schema: call.schema.as_ref(),
-            max_tokens: call.max_tokens,
+            max_tokens,
             session_id: &self.session_id,
             streamed,
         });
@@ -183,17 +185,13 @@ impl ModelCalls for RequestCalls<'_> {
         call: Call,
         deltas: Option<&UnboundedSender<String>>,
     ) -> Result<Reply, ApiError> {
-        let retry = (call.max_tokens > 0).then(|| Call {
-            max_tokens: 0,
-            ..call.clone()
-        });
-        match (self.call_once(call, deltas).await, retry) {
+        match self.call_once(&call, call.max_tokens, deltas).await {
             // A worker whose window is smaller than the planner's output
             // cap (a real engine's context): ask for what fits instead.
-            (Err(e), Some(retry)) if e.code == "context_length_exceeded" => {
-                self.call_once(retry, deltas).await
+            Err(e) if e.code == "context_length_exceeded" && call.max_tokens > 0 => {
+                self.call_once(&call, 0, deltas).await
             }
-            (result, _) => result,
+            result => result,
         }
     }
 
