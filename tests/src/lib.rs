@@ -83,6 +83,7 @@ pub mod redis_scope;
 pub mod redis_server;
 pub mod replicas;
 pub mod responses;
+pub mod smg;
 pub mod stack;
 pub mod websocket;
 pub mod worker;

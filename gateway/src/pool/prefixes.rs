@@ -175,6 +175,22 @@ impl CachedPrefixes {
         self.read().held_blocks(blocks)
     }
 
+    /// On an engine with one sequence per cached prefix, the running
+    /// request of this gateway whose prompt shares the most leading blocks
+    /// with `blocks`: how many, and how long it has run. A request sent
+    /// now for that slot waits for it, then reuses them.
+    pub fn running_holder(&self, blocks: &[u64]) -> Option<(usize, Duration)> {
+        let held = self.read();
+        if held.concurrent_reuse {
+            return None;
+        }
+        held.running
+            .iter()
+            .map(|(_, r, at)| (shared_blocks(r, blocks), at.elapsed()))
+            .filter(|&(m, _)| m > 0)
+            .max_by_key(|&(m, age)| (m, std::cmp::Reverse(age)))
+    }
+
     /// How long each of this gateway's requests with a prompt of at
     /// least one block has been running on the worker.
     pub fn running_ages(&self) -> Vec<Duration> {
@@ -215,6 +231,8 @@ mod tests {
         p.record_report(&slots);
         assert_eq!(p.matched(&[10, 11, 12]), 0, "one sequence per slot: busy");
         assert_eq!(p.matched_once_free(&[10, 11, 12]), 3, "held once it ends");
+        assert_eq!(p.running_holder(&[10, 11, 12, 14]).map(|h| h.0), Some(3));
+        assert_eq!(p.running_holder(&[20]), None);
         assert_eq!(p.matched(&[20]), 0);
         p.end_running(id);
         assert_eq!(p.matched(&[10, 11, 12]), 3, "free again");

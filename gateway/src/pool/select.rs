@@ -48,6 +48,13 @@ const LOAD_FACTOR: f64 = 1.25;
 /// prefill than that to win.
 const LOAD_COST_BYTES: usize = 512;
 
+/// What one request running beside another on an engine costs it in the
+/// timed model, in prefill blocks (about 32 tokens): a tie-breaker toward
+/// the less busy engine more than a price, since a held prefix saves far
+/// more than the engine loses to a neighbour (on one CPU thread as on a
+/// GPU batch).
+const BESIDE_COST_BLOCKS: f64 = 1.0;
+
 /// What selection needs of one request, computed once per request.
 pub struct Routing {
     affinity_key: u64,
@@ -153,9 +160,12 @@ fn cache_aware(
 /// The worker with the lowest expected time to first token, once some
 /// candidate's engine has been measured (prefill at the measured engines'
 /// mean rate; an engine's own hold time, else their mean) and some worker
-/// holds part of the prompt. A
-/// request that waits for a full engine gets the slot holding its prefix
-/// (the worker pins it) even if a running request holds it now.
+/// holds part of the prompt. On an engine with one sequence per cached
+/// prefix (llama-server's slots) the request may also wait for the slot a
+/// running request holds its prefix in (the worker pins it there when that
+/// is cheaper, `worker/src/engine/upstream/slots.rs`): a hot prompt then
+/// queues behind its own slot on a CPU, where its prefill costs more than
+/// the wait, and spreads to a free slot on a GPU, where it does not.
 fn timed_choice(
     endpoints: &[Arc<WorkerEndpoint>],
     matched: &[(usize, usize)],
@@ -170,12 +180,6 @@ fn timed_choice(
     let mut costs = Vec::with_capacity(matched.len());
     for (&(i, m), speed) in matched.iter().zip(&speeds) {
         let e = &endpoints[i];
-        let m = if e.has_free_slot() {
-            m
-        } else {
-            e.prefixes().matched_once_free(blocks)
-        };
-        any_held |= m > 0;
         // One prefill rate for the pool: its engines run one model, and
         // per-engine figures differ by measurement noise far more often
         // than by hardware, which would move prefixes for nothing.
@@ -183,13 +187,41 @@ fn timed_choice(
             prefill_ns_per_block: prior.prefill_ns_per_block,
             hold_ns: speed.map_or(prior.hold_ns, |s| s.hold_ns),
         };
-        costs.push((i, timed_cost(e, &speed, blocks.len() - m)));
+        let cost = if e.has_free_slot() {
+            let free = timed_cost(e, &speed, blocks.len() - m);
+            let behind_holder = e.prefixes().running_holder(blocks).map(|(held, age)| {
+                any_held = true;
+                speed.remaining_ns(age) + timed_cost(e, &speed, blocks.len() - held)
+            });
+            any_held |= m > 0;
+            behind_holder.map_or(free, |w| w.min(free))
+        } else {
+            let m = e.prefixes().matched_once_free(blocks);
+            any_held |= m > 0;
+            e.expected_wait_ns(&speed) + timed_cost(e, &speed, blocks.len() - m)
+        };
+        costs.push((i, cost, e.load_score()));
     }
-    if any_held {
-        cheapest(costs)
-    } else {
-        None
+    if !any_held {
+        return None;
     }
+    // Among equal costs the least loaded, so that prompts nothing tells
+    // apart still spread.
+    let least = costs
+        .iter()
+        .map(|&(_, c, _)| c)
+        .fold(f64::INFINITY, f64::min);
+    let fewest = costs
+        .iter()
+        .filter(|&&(_, c, _)| c == least)
+        .map(|&(_, _, load)| load)
+        .min()?;
+    cheapest(
+        costs
+            .into_iter()
+            .filter(|&(_, c, load)| c == least && load == fewest)
+            .map(|(i, c, _)| (i, c)),
+    )
 }
 
 /// Prefill bytes left to do plus `LOAD_COST_BYTES` per request carried.
@@ -197,17 +229,13 @@ fn gated_cost(endpoint: &WorkerEndpoint, missing_blocks: usize) -> f64 {
     (missing_blocks * BLOCK_BYTES + endpoint.load_score() as usize * LOAD_COST_BYTES) as f64
 }
 
-/// The expected time to first token on a worker, in nanoseconds: the wait
-/// for a slot, then the prefill of the blocks it lacks, slowed by the
-/// requests it will run beside (`LOAD_COST_BYTES` of prefill each). A
-/// busy engine holding the prefix wins over a free one when its wait is
-/// shorter than the prefill it saves.
+/// The prefill of the blocks a worker lacks, in nanoseconds, slowed by the
+/// requests it will run beside (`BESIDE_COST_BLOCKS` of prefill each).
+/// The wait for a slot is added by the caller.
 fn timed_cost(endpoint: &WorkerEndpoint, speed: &Measured, missing_blocks: usize) -> f64 {
-    let wait = endpoint.expected_wait_ns(speed);
     let (_, _, capacity) = endpoint.reported_load();
     let beside = endpoint.load_score().min(capacity.saturating_sub(1));
-    let load_blocks = (beside as usize * LOAD_COST_BYTES) as f64 / BLOCK_BYTES as f64;
-    wait + (missing_blocks as f64 + load_blocks) * speed.prefill_ns_per_block
+    (missing_blocks as f64 + f64::from(beside) * BESIDE_COST_BLOCKS) * speed.prefill_ns_per_block
 }
 
 /// The lowest cost; among equal ones, one at random (reservoir sampling),
@@ -459,7 +487,7 @@ mod tests {
         for e in &eps {
             measured(e, 100, 400);
         }
-        // Waiting up to 400 ms and running beside one (4 blocks' worth)
+        // Waiting up to 400 ms and running beside one (a block's worth)
         // beats prefilling ten blocks (1 s) on the idle engine.
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
@@ -490,6 +518,44 @@ mod tests {
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(0)
+        );
+    }
+
+    #[test]
+    fn a_slot_engine_with_a_free_slot_is_chosen_to_wait_behind_the_holder_on_a_cpu() {
+        let long: Vec<u64> = (1..=10).collect();
+        let eps = pool(2);
+        report_sharing(&eps[0], &long, 2, false);
+        report_sharing(&eps[1], &[], 2, false);
+        // Engine 0 runs one request on this prefix; its other slot is free
+        // and holds nothing of it, like the idle engine 1.
+        let _slot = eps[0].acquire();
+        let _running = eps[0].prefixes().start_running(long.clone().into());
+        assert!(eps[0].has_free_slot());
+        assert_eq!(
+            eps[0].prefixes().matched(&long),
+            0,
+            "busy: not reusable now"
+        );
+        for e in &eps {
+            measured(e, 100, 400);
+        }
+        // A CPU: the rest of a 400 ms hold beats prefilling ten blocks.
+        for _ in 0..10 {
+            assert_eq!(
+                pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+                Some(0)
+            );
+        }
+        // A GPU: 1 ms a block, a 2 s hold: the idle engine prefills it.
+        for e in &eps {
+            for _ in 0..64 {
+                measured(e, 1, 2000);
+            }
+        }
+        assert_eq!(
+            pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
+            Some(1)
         );
     }
 

@@ -32,7 +32,7 @@
 //!   tier ceiling per org, queue bound and timeout on the pool;
 //! - `gw-vtc`: the same with one plan for every org and no `service_tier`
 //!   sent: what the virtual token counter does alone;
-//! - `smg`: SMG 1.13 (scripts/smg113.sh) on the same llama-servers, its
+//! - `smg`: SMG 1.13 (scripts/smg.sh) on the same llama-servers, its
 //!   priority scheduler on (`x-smg-priority`: `bulk` for A, `interactive`
 //!   for B, `default` for C and D), one tenant per org (`--tenant-api-key`,
 //!   clamped by `tenant_policies`), per-class bounded queues with the same
@@ -54,6 +54,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use harness::process::free_addr;
+use harness::smg::ProcessGroup;
 use harness::{Client, Gateway, GatewayOpts, LlamaServer, LlamaServerOpts, Worker, WorkerOpts};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -581,30 +582,8 @@ async fn start_llamas(args: &Args) -> Result<Llamas> {
             .error_for_status()
             .context("llama-server warm-up")?;
     }
-    let models: Value = http
-        .get(format!("{}/v1/models", servers[0].url()))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let model_id = models["data"][0]["id"]
-        .as_str()
-        .context("llama-server lists no model")?
-        .to_owned();
+    let model_id = harness::smg::engine_model_id(servers[0].url()).await?;
     Ok(Llamas { servers, model_id })
-}
-
-/// A process group (SMG): killed as a whole, so no router outlives its arm.
-struct Group(std::process::Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SAFETY: signals the process group this struct started and owns.
-        unsafe {
-            libc::killpg(self.0.id() as i32, libc::SIGKILL);
-        }
-        let _ = self.0.wait();
-    }
 }
 
 /// One arm's router and workers; dropping it stops them.
@@ -612,7 +591,7 @@ struct Stack {
     callers: Vec<(Org, Caller)>,
     workers: Vec<Worker>,
     _gateway: Option<Gateway>,
-    _smg: Option<Group>,
+    _smg: Option<ProcessGroup>,
 }
 
 impl Stack {
@@ -758,19 +737,6 @@ async fn wait_until_served(gateway: &Gateway) -> Result<()> {
     Ok(())
 }
 
-fn smg_binary() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/smg113.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running scripts/smg113.sh")?;
-    if !out.status.success() {
-        bail!("scripts/smg113.sh failed");
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
 /// SMG's priority-scheduler YAML. Every class gets the bench's queue bound
 /// and timeout, and SMG's shipped starvation thresholds and preemption
 /// rights. Of the shipped reservations (floors of 32 `system` and 128
@@ -816,7 +782,7 @@ async fn start_smg(args: &Args, llamas: &Llamas) -> Result<Stack> {
     let (_, prom_port) = prometheus.rsplit_once(':').context("free address")?;
     let admin_key = format!("sk-fair-admin-{}", harness::random_hex(16));
     let keys = org_keys();
-    let mut cmd = Command::new(smg_binary()?);
+    let mut cmd = Command::new(harness::smg::binary()?);
     cmd.args(["launch", "--host", host, "--port", port, "--worker-urls"])
         .args(llamas.servers.iter().map(LlamaServer::url))
         .args(["--policy", &args.smg_policy]);
@@ -848,10 +814,10 @@ async fn start_smg(args: &Args, llamas: &Llamas) -> Result<Stack> {
         .process_group(0)
         .spawn()
         .context("starting SMG")?;
-    let smg = Group(child);
+    let smg = ProcessGroup(child);
     let base = format!("http://{listen}");
     let admin = Client::new(&base, Some(&admin_key));
-    smg_workers_ready(&admin, args.engines).await?;
+    harness::smg::workers_ready(&admin, args.engines).await?;
     smg_set_capacity(&admin, args.slots).await?;
     smg_capacity_seen(&log_path, args.total_slots()).await?;
     let callers = keys
@@ -872,27 +838,6 @@ async fn start_smg(args: &Args, llamas: &Llamas) -> Result<Stack> {
         _gateway: None,
         _smg: Some(smg),
     })
-}
-
-/// SMG answers `/health` before it has registered the workers: polls
-/// `GET /workers` until all are there and healthy.
-async fn smg_workers_ready(admin: &Client, engines: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(reply) = admin.get("/workers").await {
-            let healthy = serde_json::from_slice::<Value>(&reply.body)
-                .ok()
-                .and_then(|v| v["workers"].as_array().cloned())
-                .map(|ws| ws.iter().filter(|w| w["is_healthy"] == true).count());
-            if healthy == Some(engines) {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("SMG did not register {engines} healthy workers");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Labels each worker with `max_running_requests` = its slots: SMG's

@@ -6,10 +6,11 @@
 //! slot's KV cells are the only cache, as on a GPU with a full KV pool), or
 //! in-process `llama` workers (`--engine llama`, same slots and thread).
 //!
-//! Arms: SMG (`sglang-router`, scripts/smg.sh) with its `random`,
+//! Arms: SMG 1.13 (`smg launch`, scripts/smg.sh) with its `random`,
 //! `round_robin`, `power_of_two` and `cache_aware` policies in front of the
-//! llama-servers directly; this gateway with each of its pool policies in
-//! front of one worker per engine (`upstream` workers for llama-server).
+//! llama-servers directly; this gateway with its default pool policy or a
+//! named one in front of one worker per engine (`upstream` workers for
+//! llama-server).
 //!
 //! Workloads (seeded, the same sequence for every arm):
 //! - `a`: apps with their own long system prompt, Zipf-distributed;
@@ -18,22 +19,32 @@
 //!   unique tails: the hot-spot trap;
 //! - `d`: unrelated prompts (nothing to share).
 //!
+//! `--family` runs a family of cells instead: the shape of (a) varied one
+//! dimension at a time (apps, prompt length, shared head, Zipf exponent,
+//! concurrency, engines, slots) plus unrelated prompts, and prints one
+//! table of every cell with how many the gateway wins.
+//!
 //! Figures per arm: the effective prefix-cache hit, 1 − prompt tokens the
 //! engines computed (their own counters: `llamacpp:prompt_tokens_total`,
 //! or the worker's prompt minus cached-prompt tokens) ÷ prompt tokens sent
 //! (the replies' `usage.prompt_tokens`); TTFT p50 / p95 (first content
-//! delta of a streamed reply); requests/s; the coefficient of variation of
-//! tokens computed across engines; and the share of 100 ms samples in
-//! which one engine sat idle while another had requests waiting.
+//! delta of a streamed reply); requests/s and wall time; the coefficient of
+//! variation of tokens computed across engines; and the share of 100 ms
+//! samples in which one engine sat idle while another had requests waiting.
+//! `--trace` prints every request: its app, its prompt and cached tokens
+//! (the engine's own `timings` where the reply carries them) and its TTFT.
 //!
 //! ```text
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
 //!   cargo run --release -p tests --bin routebench -- --engines 2 --workloads a,b,c,d
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//!   cargo run --release -p tests --bin routebench -- --family
 //! ```
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use harness::process::free_addr;
+use harness::smg::ProcessGroup;
 use harness::{Client, Gateway, GatewayOpts, LlamaServer, LlamaServerOpts, Worker, WorkerOpts};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -54,7 +65,7 @@ struct Args {
     /// Slots (sequences decoded together) per engine.
     #[arg(long, default_value_t = 2)]
     slots: u32,
-    /// Context tokens per slot.
+    /// Context tokens per slot (raised for a cell whose prompts need more).
     #[arg(long, default_value_t = 2048)]
     n_ctx: u32,
     /// Requests per arm.
@@ -68,6 +79,12 @@ struct Args {
     max_tokens: u32,
     #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
     workloads: Vec<Workload>,
+    /// The family of cells instead of `--workloads`.
+    #[arg(long)]
+    family: bool,
+    /// Only the family's cells with these names (`base`, `apps-2`, ...).
+    #[arg(long, value_delimiter = ',')]
+    cells: Vec<String>,
     #[arg(
         long,
         value_enum,
@@ -80,6 +97,9 @@ struct Args {
     /// Seed of the request sequences.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Print every request of every arm.
+    #[arg(long)]
+    trace: bool,
     /// The GGUF every engine serves (default: the reference model).
     #[arg(long, env = "IGW_MODEL_FILE")]
     model_file: Option<PathBuf>,
@@ -93,15 +113,164 @@ enum Workload {
     D,
 }
 
-impl Workload {
-    fn describe(self) -> &'static str {
-        match self {
-            Workload::A => "(a) 6 apps, each its own long system prompt, Zipf 0.8",
-            Workload::B => "(b) 8 conversations growing a turn per request",
-            Workload::C => "(c) one shared long block + 8 short app prompts, Zipf 0.3",
-            Workload::D => "(d) unrelated prompts",
-        }
+/// What the prompts of a cell look like.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    /// `apps` apps, each a system prompt of `app_tokens` (after a head of
+    /// `head_tokens` every app shares), picked with Zipf exponent `zipf`;
+    /// then a short unique request.
+    Apps {
+        apps: usize,
+        head_tokens: usize,
+        app_tokens: usize,
+        zipf: f64,
+    },
+    /// Multi-turn conversations, each request one turn longer.
+    Conversations,
+    /// Unrelated prompts of about `tokens` each.
+    Unrelated { tokens: usize },
+}
+
+/// One point of the benchmark: a fleet, a load and a shape of prompts.
+#[derive(Clone, Debug)]
+struct Cell {
+    name: String,
+    engines: usize,
+    slots: u32,
+    concurrency: usize,
+    shape: Shape,
+}
+
+impl Cell {
+    fn describe(&self) -> String {
+        let shape = match self.shape {
+            Shape::Apps {
+                apps,
+                head_tokens,
+                app_tokens,
+                zipf,
+            } => format!(
+                "{apps} apps, ~{app_tokens}-token system prompts{}, Zipf {zipf}",
+                if head_tokens > 0 {
+                    format!(" after a ~{head_tokens}-token head they all share")
+                } else {
+                    String::new()
+                }
+            ),
+            Shape::Conversations => "8 conversations growing a turn per request".into(),
+            Shape::Unrelated { tokens } => format!("unrelated ~{tokens}-token prompts"),
+        };
+        format!(
+            "{}: {} engines x {} slots, concurrency {}; {shape}",
+            self.name, self.engines, self.slots, self.concurrency
+        )
     }
+
+    /// Context per slot: the longest prompt, the reply and the template.
+    fn n_ctx(&self, floor: u32) -> u32 {
+        let longest = match self.shape {
+            Shape::Apps {
+                head_tokens,
+                app_tokens,
+                ..
+            } => head_tokens + app_tokens + 64,
+            Shape::Conversations => 1500,
+            Shape::Unrelated { tokens } => tokens + 64,
+        };
+        floor.max((longest as u32 + 512).next_power_of_two())
+    }
+}
+
+/// The named workloads at the fleet and load of `args`.
+fn workload_cell(w: Workload, args: &Args) -> Cell {
+    let (name, shape) = match w {
+        Workload::A => (
+            "a",
+            Shape::Apps {
+                apps: 6,
+                head_tokens: 0,
+                app_tokens: 280,
+                zipf: 0.8,
+            },
+        ),
+        Workload::B => ("b", Shape::Conversations),
+        Workload::C => (
+            "c",
+            Shape::Apps {
+                apps: 8,
+                head_tokens: 190,
+                app_tokens: 70,
+                zipf: 0.3,
+            },
+        ),
+        Workload::D => ("d", Shape::Unrelated { tokens: 150 }),
+    };
+    Cell {
+        name: name.into(),
+        engines: args.engines,
+        slots: args.slots,
+        concurrency: args.concurrency,
+        shape,
+    }
+}
+
+/// The family: workload (a) on 2 engines x 2 slots at concurrency 4, then
+/// one dimension at a time over the range a fleet meets, then unrelated
+/// prompts (where nothing can be saved and balance is all).
+fn family() -> Vec<Cell> {
+    let base = Cell {
+        name: "base".into(),
+        engines: 2,
+        slots: 2,
+        concurrency: 4,
+        shape: Shape::Apps {
+            apps: 6,
+            head_tokens: 0,
+            app_tokens: 280,
+            zipf: 0.8,
+        },
+    };
+    let apps = |name: &str, apps: usize, head: usize, app: usize, zipf: f64| Cell {
+        name: name.into(),
+        shape: Shape::Apps {
+            apps,
+            head_tokens: head,
+            app_tokens: app,
+            zipf,
+        },
+        ..base.clone()
+    };
+    let fleet = |name: &str, engines: usize, slots: u32, concurrency: usize| Cell {
+        name: name.into(),
+        engines,
+        slots,
+        concurrency,
+        ..base.clone()
+    };
+    vec![
+        base.clone(),
+        apps("apps-2", 2, 0, 280, 0.8),
+        apps("apps-12", 12, 0, 280, 0.8),
+        apps("apps-24", 24, 0, 280, 0.8),
+        apps("prompt-100", 6, 0, 100, 0.8),
+        apps("prompt-1000", 6, 0, 1000, 0.8),
+        apps("prompt-2000", 6, 0, 2000, 0.8),
+        apps("head-200", 8, 200, 80, 0.3),
+        apps("head-600", 6, 600, 280, 0.8),
+        apps("zipf-0", 6, 0, 280, 0.0),
+        apps("zipf-1.2", 6, 0, 280, 1.2),
+        fleet("conc-2", 2, 2, 2),
+        fleet("conc-16", 2, 2, 16),
+        fleet("engines-3", 3, 2, 6),
+        fleet("engines-4", 4, 2, 8),
+        fleet("slots-1", 2, 1, 4),
+        fleet("slots-4", 2, 4, 8),
+        Cell {
+            name: "unrelated".into(),
+            shape: Shape::Unrelated { tokens: 150 },
+            ..base
+        },
+    ]
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -110,6 +279,8 @@ enum Arm {
     SmgRoundRobin,
     SmgPowerOfTwo,
     SmgCacheAware,
+    /// The gateway with no `policy` configured: its default.
+    GwDefault,
     GwLeastLoaded,
     GwPrefixAffinity,
     GwCacheAware,
@@ -118,10 +289,11 @@ enum Arm {
 impl Arm {
     fn label(self) -> &'static str {
         match self {
-            Arm::SmgRandom => "SMG random",
-            Arm::SmgRoundRobin => "SMG round_robin",
-            Arm::SmgPowerOfTwo => "SMG power_of_two",
-            Arm::SmgCacheAware => "SMG cache_aware",
+            Arm::SmgRandom => "SMG 1.13 random",
+            Arm::SmgRoundRobin => "SMG 1.13 round_robin",
+            Arm::SmgPowerOfTwo => "SMG 1.13 power_of_two",
+            Arm::SmgCacheAware => "SMG 1.13 cache_aware",
+            Arm::GwDefault => "gateway default",
             Arm::GwLeastLoaded => "gateway least_loaded",
             Arm::GwPrefixAffinity => "gateway prefix_affinity",
             Arm::GwCacheAware => "gateway cache_aware",
@@ -135,16 +307,18 @@ impl Arm {
             Arm::SmgRoundRobin => Some("round_robin"),
             Arm::SmgPowerOfTwo => Some("power_of_two"),
             Arm::SmgCacheAware => Some("cache_aware"),
-            Arm::GwLeastLoaded | Arm::GwPrefixAffinity | Arm::GwCacheAware => None,
+            _ => None,
         }
     }
 
-    /// The gateway's pool `policy`, for the gateway arms.
-    fn gateway_policy(self) -> Option<&'static str> {
+    /// The gateway's pool `policy`, for the gateway arms (`None` inside:
+    /// the default, left unconfigured).
+    fn gateway_policy(self) -> Option<Option<&'static str>> {
         match self {
-            Arm::GwLeastLoaded => Some("least_loaded"),
-            Arm::GwPrefixAffinity => Some("prefix_affinity"),
-            Arm::GwCacheAware => Some("cache_aware"),
+            Arm::GwDefault => Some(None),
+            Arm::GwLeastLoaded => Some(Some("least_loaded")),
+            Arm::GwPrefixAffinity => Some(Some("prefix_affinity")),
+            Arm::GwCacheAware => Some(Some("cache_aware")),
             _ => None,
         }
     }
@@ -175,6 +349,12 @@ fn words(rng: &mut StdRng, n: usize) -> String {
         .join(" ")
 }
 
+/// Words of about `tokens` tokens of the reference model's tokenizer
+/// (these words average about 1.3 tokens with their space).
+fn words_for_tokens(rng: &mut StdRng, tokens: usize) -> String {
+    words(rng, tokens * 10 / 13)
+}
+
 /// An index in `0..n` with probability ∝ 1 / (rank + 1)^s.
 fn zipf(rng: &mut StdRng, n: usize, s: f64) -> usize {
     let weights: Vec<f64> = (0..n).map(|k| 1.0 / ((k + 1) as f64).powf(s)).collect();
@@ -192,25 +372,53 @@ fn message(role: &str, content: String) -> Value {
     json!({"role": role, "content": content})
 }
 
-/// The message lists of `n` requests of `workload`.
-fn sequence(workload: Workload, n: usize, seed: u64) -> Vec<Value> {
-    let mut rng = StdRng::seed_from_u64(seed ^ workload as u64);
-    match workload {
-        Workload::A => {
-            let apps: Vec<String> = (0..6)
-                .map(|i| format!("You are the assistant of app {i}. {}", words(&mut rng, 200)))
+/// One request: its messages and the app or conversation it belongs to
+/// (for `--trace`).
+struct Request {
+    messages: Value,
+    group: usize,
+}
+
+/// The requests of a cell.
+fn sequence(shape: Shape, n: usize, seed: u64) -> Vec<Request> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    match shape {
+        Shape::Apps {
+            apps,
+            head_tokens,
+            app_tokens,
+            zipf: s,
+        } => {
+            let head = if head_tokens > 0 {
+                format!(
+                    "Shared policy. {}\n",
+                    words_for_tokens(&mut rng, head_tokens)
+                )
+            } else {
+                String::new()
+            };
+            let prompts: Vec<String> = (0..apps)
+                .map(|i| {
+                    format!(
+                        "{head}You are the assistant of app {i}. {}",
+                        words_for_tokens(&mut rng, app_tokens)
+                    )
+                })
                 .collect();
             (0..n)
                 .map(|r| {
-                    let app = zipf(&mut rng, apps.len(), 0.8);
-                    json!([
-                        message("system", apps[app].clone()),
-                        message("user", format!("Request {r}: {}", words(&mut rng, 12))),
-                    ])
+                    let app = zipf(&mut rng, apps, s);
+                    Request {
+                        messages: json!([
+                            message("system", prompts[app].clone()),
+                            message("user", format!("Request {r}: {}", words(&mut rng, 12))),
+                        ]),
+                        group: app,
+                    }
                 })
                 .collect()
         }
-        Workload::B => {
+        Shape::Conversations => {
             const CONVERSATIONS: usize = 8;
             const MAX_TURNS: usize = 12;
             let mut conversations: Vec<Vec<Value>> = Vec::new();
@@ -236,54 +444,27 @@ fn sequence(workload: Workload, n: usize, seed: u64) -> Vec<Value> {
                         "user",
                         format!("Turn {r}: {}", words(&mut rng, 20)),
                     ));
-                    let request = Value::Array(history.clone());
+                    let messages = Value::Array(history.clone());
                     // The next turn carries a fixed reply, so the sequence
                     // is the same whatever the engines answered.
                     history.push(message("assistant", words(&mut rng, 20)));
-                    request
+                    Request { messages, group: c }
                 })
                 .collect()
         }
-        Workload::C => {
-            let shared = format!("Shared policy. {}", words(&mut rng, 150));
-            let apps: Vec<String> = (0..8)
-                .map(|i| format!("App {i}. {}", words(&mut rng, 55)))
-                .collect();
-            (0..n)
-                .map(|r| {
-                    let app = zipf(&mut rng, apps.len(), 0.3);
-                    json!([
-                        message("system", format!("{shared}\n{}", apps[app])),
-                        message("user", format!("Request {r}: {}", words(&mut rng, 12))),
-                    ])
-                })
-                .collect()
-        }
-        Workload::D => (0..n)
-            .map(|r| {
-                json!([message(
+        Shape::Unrelated { tokens } => (0..n)
+            .map(|r| Request {
+                messages: json!([message(
                     "user",
-                    format!("Note {r}: {}", words(&mut rng, 120))
-                )])
+                    format!("Note {r}: {}", words_for_tokens(&mut rng, tokens))
+                )]),
+                group: r,
             })
             .collect(),
     }
 }
 
 // ---- the fleet ----------------------------------------------------------------
-
-/// A process group (SMG): killed as a whole, so no router outlives its arm.
-struct Group(std::process::Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SAFETY: signals the process group this struct started and owns.
-        unsafe {
-            libc::killpg(self.0.id() as i32, libc::SIGKILL);
-        }
-        let _ = self.0.wait();
-    }
-}
 
 /// Where an engine's counters are read.
 #[derive(Clone)]
@@ -366,48 +547,21 @@ struct Fleet {
     _servers: Vec<LlamaServer>,
     _workers: Vec<Worker>,
     _gateway: Option<Gateway>,
-    _router: Option<Group>,
+    _router: Option<ProcessGroup>,
 }
 
-async fn wait_healthy(http: &reqwest::Client, url: &str, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(r) = http.get(url).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not become healthy at {url}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn smg_python() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/smg.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running scripts/smg.sh")?;
-    if !out.status.success() {
-        bail!("scripts/smg.sh failed");
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
+async fn start_fleet(arm: Arm, cell: &Cell, args: &Args, model: &Path) -> Result<Fleet> {
     let http = reqwest::Client::new();
+    let n_ctx = cell.n_ctx(args.n_ctx);
     let mut servers = Vec::new();
     let mut urls = Vec::new();
     if args.engine == EngineKind::LlamaServer {
         // Host prompt cache off: a slot holds one prefix, as routed.
         let opts = LlamaServerOpts {
             extra_args: vec!["--cache-ram".into(), "0".into()],
-            ..LlamaServerOpts::new(args.n_ctx, args.slots)
+            ..LlamaServerOpts::new(n_ctx, cell.slots)
         };
-        for _ in 0..args.engines {
+        for _ in 0..cell.engines {
             let server = LlamaServer::start_with(model, &opts).await?;
             urls.push(server.url().to_owned());
             servers.push(server);
@@ -429,21 +583,13 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
         if args.engine != EngineKind::LlamaServer {
             bail!("SMG fronts HTTP engines only: use --engine llama-server");
         }
-        let python = smg_python()?;
         let listen = free_addr()?;
         let prometheus = free_addr()?;
         let (host, port) = listen.rsplit_once(':').context("free address")?;
         let (_, prom_port) = prometheus.rsplit_once(':').context("free address")?;
         let log = std::fs::File::create(std::env::temp_dir().join("routebench-smg.log"))?;
-        let child = Command::new(python)
-            .args([
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                host,
-                "--port",
-                port,
-            ])
+        let child = Command::new(harness::smg::binary()?)
+            .args(["launch", "--host", host, "--port", port])
             .args(["--policy", policy, "--worker-urls"])
             .args(&urls)
             .args([
@@ -458,8 +604,9 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
             .process_group(0)
             .spawn()
             .context("starting SMG")?;
-        let router = Group(child);
-        wait_healthy(&http, &format!("http://{listen}/health"), "SMG").await?;
+        let router = ProcessGroup(child);
+        let base = format!("http://{listen}");
+        harness::smg::workers_ready(&Client::new(&base, None), cell.engines).await?;
         let probes = urls
             .iter()
             .map(|u| Probe::Server {
@@ -467,9 +614,10 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
                 worker: None,
             })
             .collect();
+        let model = harness::smg::engine_model_id(&urls[0]).await?;
         return Ok(Fleet {
-            client: Client::new(&format!("http://{listen}/v1"), None),
-            model: "base".into(),
+            client: Client::new(&format!("{base}/v1"), None),
+            model,
             probes,
             _servers: servers,
             _workers: Vec::new(),
@@ -484,13 +632,13 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
     let mut probes = Vec::new();
     // One worker per engine: in front of its llama-server (`upstream`), or
     // the engine itself (`llama`, no URL).
-    let engines: Vec<Option<&String>> = (0..args.engines).map(|i| urls.get(i)).collect();
+    let engines: Vec<Option<&String>> = (0..cell.engines).map(|i| urls.get(i)).collect();
     for url in engines {
         let metrics = free_addr()?;
         let mut opts = match (args.engine, url) {
             (EngineKind::LlamaServer, Some(url)) => WorkerOpts::upstream(url, "llama-server"),
             (EngineKind::LlamaServer, None) => bail!("a llama-server per upstream worker"),
-            (EngineKind::Llama, _) => WorkerOpts::llama(model, args.n_ctx, args.slots),
+            (EngineKind::Llama, _) => WorkerOpts::llama(model, n_ctx, cell.slots),
         };
         opts.extra_args
             .extend(["--metrics-listen".to_owned(), metrics.clone()]);
@@ -510,7 +658,9 @@ async fn start_fleet(arm: Arm, args: &Args, model: &Path) -> Result<Fleet> {
         "base".into(),
         workers.iter().map(|w| w.addr().to_owned()).collect(),
     );
-    gw.extra_toml = format!("[models.base]\npolicy = \"{policy}\"\n");
+    if let Some(policy) = policy {
+        gw.extra_toml = format!("[models.base]\npolicy = \"{policy}\"\n");
+    }
     let gateway = Gateway::start(gw)?;
     let client = gateway.client();
     // Every worker healthy in the gateway's pool before the first request.
@@ -548,10 +698,21 @@ struct Figures {
     ttft_p50: Duration,
     ttft_p95: Duration,
     rps: f64,
+    wall: Duration,
     cv: f64,
     idle_while_waiting: f64,
     failed: usize,
     computed: Vec<f64>,
+}
+
+/// What one streamed request showed.
+struct Outcome {
+    index: usize,
+    ttft: Duration,
+    prompt_tokens: u64,
+    /// Cached prompt tokens as the reply reports them (`usage` or, from
+    /// llama-server through SMG, its `timings`); `None` if it does not.
+    cached_tokens: Option<u64>,
 }
 
 async fn stream_one(
@@ -559,7 +720,7 @@ async fn stream_one(
     model: &str,
     messages: &Value,
     max_tokens: u32,
-) -> Result<(Duration, u64)> {
+) -> Result<(Duration, u64, Option<u64>)> {
     let body = json!({
         "model": model,
         "messages": messages,
@@ -574,7 +735,7 @@ async fn stream_one(
         bail!("HTTP {}", stream.status);
     }
     let mut first = None;
-    let mut prompt_tokens = 0;
+    let (mut prompt_tokens, mut cached) = (0, None);
     while let Some(frame) = stream.next_frame().await? {
         if frame.is_done() {
             break;
@@ -589,8 +750,16 @@ async fn stream_one(
         if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
             prompt_tokens = p;
         }
+        cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .or_else(|| v["timings"]["cache_n"].as_u64())
+            .or(cached);
     }
-    Ok((first.unwrap_or_else(|| started.elapsed()), prompt_tokens))
+    Ok((
+        first.unwrap_or_else(|| started.elapsed()),
+        prompt_tokens,
+        cached,
+    ))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -601,7 +770,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[at]
 }
 
-async fn run_arm(fleet: &Fleet, requests: &[Value], args: &Args) -> Result<Figures> {
+async fn run_arm(fleet: &Fleet, requests: &[Request], cell: &Cell, args: &Args) -> Result<Figures> {
     let http = reqwest::Client::new();
     let mut before = Vec::new();
     for p in &fleet.probes {
@@ -627,14 +796,14 @@ async fn run_arm(fleet: &Fleet, requests: &[Value], args: &Args) -> Result<Figur
             (samples, unbalanced)
         })
     };
-    let requests = Arc::new(requests.to_vec());
+    let messages: Arc<Vec<Value>> = Arc::new(requests.iter().map(|r| r.messages.clone()).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new(Vec::new()));
     let began = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..args.concurrency {
-        let (requests, next, results) = (
-            Arc::clone(&requests),
+    for _ in 0..cell.concurrency {
+        let (messages, next, results) = (
+            Arc::clone(&messages),
             Arc::clone(&next),
             Arc::clone(&results),
         );
@@ -642,11 +811,18 @@ async fn run_arm(fleet: &Fleet, requests: &[Value], args: &Args) -> Result<Figur
             (fleet.client.clone(), fleet.model.clone(), args.max_tokens);
         tasks.push(tokio::spawn(async move {
             loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(messages) = requests.get(i) else {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(m) = messages.get(index) else {
                     break;
                 };
-                let outcome = stream_one(&client, &model, messages, max_tokens).await;
+                let outcome = stream_one(&client, &model, m, max_tokens).await.map(
+                    |(ttft, prompt_tokens, cached_tokens)| Outcome {
+                        index,
+                        ttft,
+                        prompt_tokens,
+                        cached_tokens,
+                    },
+                );
                 if let Ok(mut r) = results.lock() {
                     r.push(outcome.map_err(|e| format!("{e:#}")));
                 }
@@ -666,16 +842,34 @@ async fn run_arm(fleet: &Fleet, requests: &[Value], args: &Args) -> Result<Figur
     let results = std::mem::take(&mut *results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
     let mut ttfts = Vec::new();
     let (mut sent, mut failed) = (0u64, 0usize);
+    let mut traced = Vec::new();
     for r in results {
         match r {
-            Ok((ttft, prompt)) => {
-                ttfts.push(ttft);
-                sent += prompt;
+            Ok(o) => {
+                ttfts.push(o.ttft);
+                sent += o.prompt_tokens;
+                traced.push(o);
             }
             Err(e) => {
                 failed += 1;
                 eprintln!("  request failed: {e}");
             }
+        }
+    }
+    if args.trace {
+        traced.sort_by_key(|o| o.index);
+        for o in &traced {
+            let cached = o
+                .cached_tokens
+                .map_or_else(|| "?".to_owned(), |c| c.to_string());
+            eprintln!(
+                "  #{:<3} group {:<3} prompt {:>5} cached {:>5} ttft {:>6.2} s",
+                o.index,
+                requests[o.index].group,
+                o.prompt_tokens,
+                cached,
+                o.ttft.as_secs_f64()
+            );
         }
     }
     ttfts.sort();
@@ -692,6 +886,7 @@ async fn run_arm(fleet: &Fleet, requests: &[Value], args: &Args) -> Result<Figur
         ttft_p50: percentile(&ttfts, 0.5),
         ttft_p95: percentile(&ttfts, 0.95),
         rps: ttfts.len() as f64 / wall.as_secs_f64(),
+        wall,
         cv: if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
         idle_while_waiting: if samples == 0 {
             0.0
@@ -758,6 +953,143 @@ fn hashing_cost(requests: &[Value]) -> (Duration, Duration) {
     (hashing, parsing)
 }
 
+/// Runs every arm on one cell, cold engines each.
+async fn run_cell(
+    cell: &Cell,
+    args: &Args,
+    model: &Path,
+    seed: u64,
+) -> Result<Vec<(Arm, Figures)>> {
+    let requests = sequence(cell.shape, args.requests, seed);
+    let mut out = Vec::new();
+    for &arm in &args.arms {
+        if arm.smg_policy().is_some() && args.engine != EngineKind::LlamaServer {
+            continue;
+        }
+        let fleet = start_fleet(arm, cell, args, model)
+            .await
+            .with_context(|| format!("starting the fleet of {}", arm.label()))?;
+        if args.trace {
+            eprintln!("{} on {}", arm.label(), cell.name);
+        }
+        let f = run_arm(&fleet, &requests, cell, args).await?;
+        drop(fleet);
+        eprintln!(
+            "  {} {}: hit {:.1} %, TTFT p95 {:.2} s, wall {:.1} s; computed per engine {:?}",
+            cell.name,
+            arm.label(),
+            f.hit * 100.0,
+            f.ttft_p95.as_secs_f64(),
+            f.wall.as_secs_f64(),
+            f.computed
+        );
+        out.push((arm, f));
+    }
+    Ok(out)
+}
+
+fn print_arms(cell: &Cell, arms: &[(Arm, Figures)], args: &Args) {
+    let requests = sequence(cell.shape, args.requests, 0);
+    let messages: Vec<Value> = requests.into_iter().map(|r| r.messages).collect();
+    let (hashing, parsing) = hashing_cost(&messages);
+    let bytes: usize =
+        messages.iter().map(|m| m.to_string().len()).sum::<usize>() / messages.len().max(1);
+    println!("\n{}", cell.describe());
+    println!(
+        "prefix block hashes (cache_aware): {:.1} µs per request of ~{bytes} bytes; parsing its JSON body: {:.1} µs",
+        hashing.as_secs_f64() * 1e6,
+        parsing.as_secs_f64() * 1e6,
+    );
+    println!(
+        "| router | effective hit | TTFT p50 | TTFT p95 | req/s | CV computed | idle while waiting | failed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (arm, f) in arms {
+        println!(
+            "| {} | {:.1} % | {:.2} s | {:.2} s | {:.2} | {:.2} | {:.0} % | {} |",
+            arm.label(),
+            f.hit * 100.0,
+            f.ttft_p50.as_secs_f64(),
+            f.ttft_p95.as_secs_f64(),
+            f.rps,
+            f.cv,
+            f.idle_while_waiting * 100.0,
+            f.failed,
+        );
+    }
+}
+
+fn figures_of(arms: &[(Arm, Figures)], want: Arm) -> Option<&Figures> {
+    arms.iter().find(|(a, _)| *a == want).map(|(_, f)| f)
+}
+
+/// The family's table: per cell, each arm's hit, TTFT p50/p95 and wall;
+/// then, for the first gateway arm against SMG `cache_aware`, the cells
+/// it wins on hit and on TTFT p95, the mean hit difference and the mean
+/// TTFT p95 ratio; on unrelated prompts, the gateway beside `least_loaded`.
+fn print_family(results: &[(Cell, Vec<(Arm, Figures)>)]) {
+    println!("\n| cell | fleet | router | hit | TTFT p50 | TTFT p95 | wall |");
+    println!("|---|---|---|---|---|---|---|");
+    for (cell, arms) in results {
+        for (arm, f) in arms {
+            println!(
+                "| {} | {}x{}, c{} | {} | {:.1} % | {:.2} s | {:.2} s | {:.0} s |",
+                cell.name,
+                cell.engines,
+                cell.slots,
+                cell.concurrency,
+                arm.label(),
+                f.hit * 100.0,
+                f.ttft_p50.as_secs_f64(),
+                f.ttft_p95.as_secs_f64(),
+                f.wall.as_secs_f64()
+            );
+        }
+    }
+    let Some(ours) = results.first().and_then(|(_, arms)| {
+        arms.iter()
+            .map(|(a, _)| *a)
+            .find(|a| a.gateway_policy().is_some())
+    }) else {
+        return;
+    };
+    let (mut cells, mut hit_wins, mut ttft_wins) = (0, 0, 0);
+    let (mut hit_diff, mut ttft_ratio) = (0.0, 0.0);
+    for (cell, arms) in results {
+        let (Some(g), Some(smg)) = (figures_of(arms, ours), figures_of(arms, Arm::SmgCacheAware))
+        else {
+            continue;
+        };
+        if let Shape::Unrelated { .. } = cell.shape {
+            if let Some(ll) = figures_of(arms, Arm::GwLeastLoaded) {
+                println!(
+                    "\nunrelated prompts: {} {:.2} req/s, TTFT p95 {:.2} s; gateway least_loaded {:.2} req/s, {:.2} s ({:.2}x its throughput)",
+                    ours.label(),
+                    g.rps,
+                    g.ttft_p95.as_secs_f64(),
+                    ll.rps,
+                    ll.ttft_p95.as_secs_f64(),
+                    g.rps / ll.rps.max(1e-9)
+                );
+            }
+            continue;
+        }
+        cells += 1;
+        hit_wins += usize::from(g.hit >= smg.hit);
+        ttft_wins += usize::from(g.ttft_p95 <= smg.ttft_p95);
+        hit_diff += (g.hit - smg.hit) * 100.0;
+        ttft_ratio += g.ttft_p95.as_secs_f64() / smg.ttft_p95.as_secs_f64().max(1e-9);
+    }
+    if cells > 0 {
+        println!(
+            "\n{} against SMG 1.13 cache_aware over {cells} cells with shared prefixes: hit at least SMG's in {hit_wins}, TTFT p95 at most SMG's in {ttft_wins}; mean hit difference {:+.1} points; mean TTFT p95 ratio {:.2}",
+            ours.label(),
+            hit_diff / cells as f64,
+            ttft_ratio / cells as f64,
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -765,47 +1097,30 @@ async fn main() -> Result<()> {
         Some(f) => f.clone(),
         None => harness::model::model_file()?,
     };
+    let cells: Vec<Cell> = if args.family {
+        family()
+            .into_iter()
+            .filter(|c| args.cells.is_empty() || args.cells.contains(&c.name))
+            .collect()
+    } else {
+        args.workloads
+            .iter()
+            .map(|&w| workload_cell(w, &args))
+            .collect()
+    };
     println!(
-        "routebench: {} {:?} engines x {} slots, one thread each; {} requests per arm at concurrency {}, max_tokens {}; load average {}",
-        args.engines, args.engine, args.slots, args.requests, args.concurrency, args.max_tokens, load_average()
+        "routebench: {:?} engines, one thread each; {} requests per arm, max_tokens {}, seed {}; load average {}",
+        args.engine, args.requests, args.max_tokens, args.seed, load_average()
     );
-    for &workload in &args.workloads {
-        let requests = sequence(workload, args.requests, args.seed);
-        println!("\n{}", workload.describe());
-        let (hashing, parsing) = hashing_cost(&requests);
-        let bytes: usize =
-            requests.iter().map(|m| m.to_string().len()).sum::<usize>() / requests.len().max(1);
-        println!(
-            "prefix block hashes (cache_aware): {:.1} µs per request of ~{bytes} bytes; parsing its JSON body: {:.1} µs",
-            hashing.as_secs_f64() * 1e6,
-            parsing.as_secs_f64() * 1e6,
-        );
-        println!(
-            "| router | effective hit | TTFT p50 | TTFT p95 | req/s | CV computed | idle while waiting | failed |"
-        );
-        println!("|---|---|---|---|---|---|---|---|");
-        for &arm in &args.arms {
-            if arm.smg_policy().is_some() && args.engine != EngineKind::LlamaServer {
-                continue;
-            }
-            let fleet = start_fleet(arm, &args, &model)
-                .await
-                .with_context(|| format!("starting the fleet of {}", arm.label()))?;
-            let f = run_arm(&fleet, &requests, &args).await?;
-            drop(fleet);
-            println!(
-                "| {} | {:.1} % | {:.2} s | {:.2} s | {:.2} | {:.2} | {:.0} % | {} |",
-                arm.label(),
-                f.hit * 100.0,
-                f.ttft_p50.as_secs_f64(),
-                f.ttft_p95.as_secs_f64(),
-                f.rps,
-                f.cv,
-                f.idle_while_waiting * 100.0,
-                f.failed,
-            );
-            eprintln!("  {}: computed per engine {:?}", arm.label(), f.computed);
-        }
+    let mut results = Vec::new();
+    for (k, cell) in cells.iter().enumerate() {
+        let seed = args.seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let arms = run_cell(cell, &args, &model, seed).await?;
+        print_arms(cell, &arms, &args);
+        results.push((cell.clone(), arms));
+    }
+    if args.family {
+        print_family(&results);
     }
     println!("\nload average at the end {}", load_average());
     Ok(())

@@ -450,7 +450,7 @@ impl ChatEngine for UpstreamEngine {
             batch: req.batch_events,
             prompt_tokens,
             on_cached,
-            _pin: pin,
+            pin,
             abort,
             first_byte,
             bounds: self.bounds,
@@ -496,7 +496,7 @@ struct UpstreamGeneration {
     prompt_tokens: Option<u32>,
     on_cached: OnCached,
     /// The slot the request runs in, released when the reply ends.
-    _pin: Option<slots::Pin>,
+    pin: Option<slots::Pin>,
     abort: Option<AbortOnDrop>,
     /// When the first SSE event is due (the request was sent before).
     first_byte: Instant,
@@ -559,6 +559,9 @@ impl UpstreamGeneration {
                 if !answered {
                     answered = true;
                     self.liveness.answered();
+                    if let Some(pin) = self.pin.as_mut() {
+                        pin.answered();
+                    }
                 }
                 silence.as_mut().reset(Instant::now() + self.bounds.idle);
             }
