@@ -85,6 +85,7 @@ pub mod replicas;
 pub mod responses;
 pub mod smg;
 pub mod stack;
+pub mod steady_engine;
 pub mod websocket;
 pub mod worker;
 

@@ -94,3 +94,20 @@ mod tests {
         assert!(peak_rss_kib(pid).unwrap() >= rss_kib(pid).unwrap());
     }
 }
+
+/// User plus system CPU time, in microseconds, of every live process in
+/// process group `pgid` (a router that forks helpers counts as a whole).
+pub fn group_cpu_micros(pgid: u32) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // SAFETY: getpgid only reads the process table.
+        let group = unsafe { libc::getpgid(pid as i32) };
+        if group == pgid as i32 {
+            total += cpu_micros(pid).unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
