@@ -100,7 +100,11 @@ mod tests {
 pub fn group_cpu_micros(pgid: u32) -> Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir("/proc")? {
-        let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         // SAFETY: getpgid only reads the process table.

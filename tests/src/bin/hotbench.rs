@@ -14,7 +14,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use harness::process::free_addr;
+use harness::process::{free_addr, ChildProcess, Spec};
 use harness::smg::ProcessGroup;
 use harness::steady_engine::{SteadyEngine, MODEL};
 use harness::{Gateway, GatewayOpts, Worker, WorkerOpts};
@@ -39,7 +39,12 @@ struct Args {
     /// Rounds of every front and mode, alternating.
     #[arg(long, default_value_t = 1)]
     rounds: u32,
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "nginx,smg,gateway")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "nginx,smg,gateway,floor"
+    )]
     fronts: Vec<Front>,
 }
 
@@ -48,6 +53,10 @@ enum Front {
     Nginx,
     Smg,
     Gateway,
+    /// `floor_proxy` (Pingora HTTP/1 and a tonic call to the same worker,
+    /// nothing else): the floor of the gateway's architecture. One body
+    /// only: it writes no streams.
+    Floor,
 }
 
 impl Front {
@@ -56,6 +65,7 @@ impl Front {
             Front::Nginx => "nginx (keep-alive proxy)",
             Front::Smg => "SMG 1.13",
             Front::Gateway => "gateway",
+            Front::Floor => "floor (Pingora + tonic, no features)",
         }
     }
 }
@@ -92,6 +102,7 @@ struct Running {
     _smg: Option<ProcessGroup>,
     _gateway: Option<Gateway>,
     _worker: Option<Worker>,
+    _floor: Option<ChildProcess>,
     _dir: Option<PathBuf>,
 }
 
@@ -138,6 +149,7 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
                 _smg: None,
                 _gateway: None,
                 _worker: None,
+                _floor: None,
                 _dir: Some(dir),
             })
         }
@@ -176,22 +188,44 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
                 _smg: Some(group),
                 _gateway: None,
                 _worker: None,
+                _floor: None,
+                _dir: None,
+            })
+        }
+        Front::Floor => {
+            let worker = relay_worker(engine)?;
+            let listen = free_addr()?;
+            let spec = Spec {
+                name: "floor_proxy".into(),
+                program: harness::bins::bin("floor_proxy")?,
+                args: vec![
+                    "--listen".into(),
+                    listen.clone(),
+                    "--worker".into(),
+                    worker.grpc_url(),
+                ],
+                env: vec![],
+                env_remove: vec![],
+                ready_prefix: "floor listening on".into(),
+                ready_timeout: Duration::from_secs(20),
+            };
+            let (floor, _) = ChildProcess::start(&spec)?;
+            Ok(Running {
+                base: format!("http://{listen}"),
+                key: None,
+                model: GATEWAY_MODEL,
+                front: Cpu::Process(floor.pid()),
+                worker_pid: worker.pid(),
+                _nginx: None,
+                _smg: None,
+                _gateway: None,
+                _worker: Some(worker),
+                _floor: Some(floor),
                 _dir: None,
             })
         }
         Front::Gateway => {
-            let worker = Worker::start(GATEWAY_MODEL, WorkerOpts {
-                engine: "upstream".into(),
-                extra_args: vec![
-                    "--upstream-url".into(),
-                    engine.url(),
-                    "--upstream-kind".into(),
-                    "openai".into(),
-                    "--context-window".into(),
-                    "4096".into(),
-                ],
-                ..WorkerOpts::default()
-            })?;
+            let worker = relay_worker(engine)?;
             let mut opts = GatewayOpts::default();
             opts.workers
                 .insert(GATEWAY_MODEL.into(), vec![worker.addr().to_owned()]);
@@ -201,7 +235,13 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
             let client = gateway.client();
             let body = serde_json::json!({"model": GATEWAY_MODEL, "messages": [{"role": "user", "content": "Hi"}]});
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while client.post_json("/chat/completions", &body).await.map(|r| r.status).unwrap_or(0) != 200 {
+            while client
+                .post_json("/chat/completions", &body)
+                .await
+                .map(|r| r.status)
+                .unwrap_or(0)
+                != 200
+            {
                 if std::time::Instant::now() > deadline {
                     bail!("the gateway did not answer:\n{}", gateway.log_tail());
                 }
@@ -217,10 +257,30 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
                 _smg: None,
                 _gateway: Some(gateway),
                 _worker: Some(worker),
+                _floor: None,
                 _dir: None,
             })
         }
     }
+}
+
+/// The gateway's worker before the engine: `upstream`, OpenAI-compatible.
+fn relay_worker(engine: &SteadyEngine) -> Result<Worker> {
+    Worker::start(
+        GATEWAY_MODEL,
+        WorkerOpts {
+            engine: "upstream".into(),
+            extra_args: vec![
+                "--upstream-url".into(),
+                engine.url(),
+                "--upstream-kind".into(),
+                "openai".into(),
+                "--context-window".into(),
+                "4096".into(),
+            ],
+            ..WorkerOpts::default()
+        },
+    )
 }
 
 async fn wait_ready(url: &str) -> Result<()> {
@@ -250,7 +310,9 @@ struct Load {
 
 fn wrk_script(model: &str, key: Option<&str>, stream: bool) -> String {
     let body = if stream {
-        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hi"}}],"stream":true}}"#)
+        format!(
+            r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hi"}}],"stream":true}}"#
+        )
     } else {
         format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hi"}}]}}"#)
     };
@@ -297,7 +359,10 @@ fn run_wrk(base: &str, script: &Path, connections: u32, seconds: u64) -> Result<
     let errors = text
         .lines()
         .filter(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
-        .flat_map(|l| l.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()))
+        .flat_map(|l| {
+            l.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse::<u64>().ok())
+        })
         .sum();
     Ok(Load {
         requests,
@@ -334,12 +399,21 @@ async fn main() -> Result<()> {
         for &front in &args.fronts {
             let running = start(front, &engine).await?;
             for stream in [false, true] {
+                if stream && front == Front::Floor {
+                    continue;
+                }
                 let script = dir.join(format!("hotbench-{}-{stream}.lua", std::process::id()));
-                std::fs::write(&script, wrk_script(running.model, running.key.as_deref(), stream))?;
+                std::fs::write(
+                    &script,
+                    wrk_script(running.model, running.key.as_deref(), stream),
+                )?;
                 // Warm-up: connections, caches, the allocator's pages.
                 run_wrk(&running.base, &script, args.connections, 2)?;
                 let cpu = running.front.micros()?;
-                let worker = running.worker_pid.map(harness::procfs::cpu_micros).transpose()?;
+                let worker = running
+                    .worker_pid
+                    .map(harness::procfs::cpu_micros)
+                    .transpose()?;
                 let load = run_wrk(&running.base, &script, args.connections, args.duration)?;
                 let cpu = running.front.micros()? - cpu;
                 let worker = match (running.worker_pid, worker) {
