@@ -376,8 +376,9 @@ pub struct ModelPool {
     /// ready endpoints from the Kubernetes API); the last two are
     /// re-resolved every few seconds.
     pub workers: Vec<String>,
-    /// `prefix_affinity` (default: requests sharing a prefix or session stick
-    /// to one worker while its load allows) or `least_loaded`.
+    /// `cache_aware` (default: on what the engines hold and how fast they
+    /// prefill), `prefix_affinity` (requests sharing a prefix or session
+    /// stick to one worker while its load allows) or `least_loaded`.
     #[serde(default)]
     pub policy: PoolPolicy,
     /// When every worker is busy, how long a request may wait in the
@@ -428,11 +429,12 @@ pub enum PoolPolicy {
     LeastLoaded,
     /// Requests sharing a prefix, cache key or session stick to one worker
     /// while its load allows.
-    #[default]
     PrefixAffinity,
-    /// The worker whose engine holds the longest part of the prompt (as
-    /// the workers report their prefix caches), weighed against its load;
-    /// never a queue while another worker is idle.
+    /// The worker with the lowest expected time to first token: what its
+    /// engine holds of the prompt (as the workers report their prefix
+    /// caches), the wait for a slot, and the engine's measured prefill.
+    /// The default: it won the routing family (BENCHMARKS.md, routebench).
+    #[default]
     CacheAware,
 }
 

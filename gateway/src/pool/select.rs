@@ -11,24 +11,27 @@
 //!   to its worker so the worker's prefix cache hits, unless that worker
 //!   carries more than `LOAD_FACTOR` × the average; then the next worker in
 //!   the key's order takes it.
-//! - `CacheAware`: on what the engines report they hold. The prompt's
-//!   block hashes ([`inference_proto::prefix`]) against each worker's
-//!   cached prefixes give the prefill each worker would save. Once this
-//!   gateway has measured the engines (prefill time per block and how
-//!   long a request keeps a slot, `timing.rs`; one not measured yet is
-//!   taken at the others' mean), the cost of a worker is the expected
-//!   time to first token: the wait for a slot,
-//!   then the prefill it lacks, slowed by the requests beside it. A busy
-//!   engine holding the prefix then wins when its wait is shorter than the
-//!   prefill it saves (on CPUs, where prefill is slow), and a hot prefix
-//!   spreads to a free engine when it is not (on GPUs). Before that, the
-//!   cost is the prompt bytes left to prefill plus `LOAD_COST_BYTES` per
-//!   request carried, and a worker that would queue is passed over while
-//!   another sits idle (the load gate). A prompt nobody holds any block of
-//!   goes where `PrefixAffinity` would send it (its head's rendezvous
-//!   order, load gate applied), so one app's prompts keep meeting on one
-//!   engine. A prompt shorter than one block has nothing to match: least
-//!   loaded.
+//! - `CacheAware` (the default): on what the engines report they hold.
+//!   The prompt's block hashes ([`inference_proto::prefix`]) against each
+//!   worker's cached prefixes give the prefill each worker would save.
+//!   Once this gateway has measured the engines (prefill time per block
+//!   and how long a request keeps a slot, `timing.rs`; one not measured
+//!   yet is taken at the others' mean), the cost of a worker is the
+//!   expected time to first token: the wait for a slot, then the prefill
+//!   it lacks (a block more per request beside it). On an engine whose
+//!   cached prefix serves one sequence at a time (llama-server's slots),
+//!   a request may also wait behind the running request that holds its
+//!   prefix, as the worker pins it there when that is cheaper. A busy
+//!   engine holding the prefix then wins when its wait is shorter than
+//!   the prefill it saves (on CPUs, where prefill is slow), and a hot
+//!   prefix spreads to a free engine when it is not (on GPUs). Before
+//!   that, the cost is the prompt bytes left to prefill plus
+//!   `LOAD_COST_BYTES` per request carried, and a worker that would queue
+//!   is passed over while another sits idle (the load gate). A prompt
+//!   nobody holds any block of goes where `PrefixAffinity` would send it
+//!   (its head's rendezvous order, load gate applied), so one app's
+//!   prompts keep meeting on one engine. A prompt shorter than one block
+//!   has nothing to match: least loaded.
 
 use super::endpoint::WorkerEndpoint;
 use super::timing::Measured;
@@ -141,11 +144,13 @@ fn cache_aware(
     if matched.iter().all(|&(_, m)| m == 0) {
         // Nobody holds any of it: where this prompt's head (or cache key)
         // belongs, so the prompts of one app keep meeting on one engine
-        // instead of each engine seeing every app.
+        // instead of each engine seeing every app; but never into a queue
+        // while a slot is free elsewhere, since there is no prefill to save.
+        let any_free = candidates.iter().any(|&i| endpoints[i].has_free_slot());
         let allowed: Vec<usize> = matched
             .iter()
             .map(|&(i, _)| i)
-            .filter(|&i| gate(i))
+            .filter(|&i| !any_free || endpoints[i].has_free_slot())
             .collect();
         return bounded_rendezvous(endpoints, &allowed, routing.affinity_key);
     }
@@ -189,9 +194,10 @@ fn timed_choice(
         };
         let cost = if e.has_free_slot() {
             let free = timed_cost(e, &speed, blocks.len() - m);
-            let behind_holder = e.prefixes().running_holder(blocks).map(|(held, age)| {
+            let behind_holder = e.prefixes().running_holder(blocks).map(|h| {
                 any_held = true;
-                speed.remaining_ns(age) + timed_cost(e, &speed, blocks.len() - held)
+                speed.remaining_with_prefill_ns(h.age, h.prefill_blocks)
+                    + timed_cost(e, &speed, blocks.len() - h.shared_blocks)
             });
             any_held |= m > 0;
             behind_holder.map_or(free, |w| w.min(free))
@@ -513,7 +519,7 @@ mod tests {
         }
         // Both slots of engine 0 run, one of them on this prefix: the
         // worker queues the request for that slot, which keeps the prefix.
-        let _running = eps[0].prefixes().start_running(long.clone().into());
+        let _running = eps[0].prefixes().start_running(long.clone().into(), 0);
         assert_eq!(eps[0].prefixes().matched(&long), 0);
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
@@ -530,7 +536,7 @@ mod tests {
         // Engine 0 runs one request on this prefix; its other slot is free
         // and holds nothing of it, like the idle engine 1.
         let _slot = eps[0].acquire();
-        let _running = eps[0].prefixes().start_running(long.clone().into());
+        let _running = eps[0].prefixes().start_running(long.clone().into(), 0);
         assert!(eps[0].has_free_slot());
         assert_eq!(
             eps[0].prefixes().matched(&long),
@@ -557,6 +563,28 @@ mod tests {
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
             Some(1)
         );
+    }
+
+    #[test]
+    fn a_prompt_nobody_holds_never_queues_while_a_slot_is_free_elsewhere() {
+        let eps = pool(2);
+        report_sharing(&eps[0], &[], 2, false);
+        report_sharing(&eps[1], &[], 2, false);
+        // Engine 0 full, engine 1 running one: neither idle.
+        let _busy: Vec<_> = (0..2).map(|_| eps[0].acquire()).collect();
+        let _one = eps[1].acquire();
+        for key in 0..32 {
+            let routing = Routing {
+                affinity_key: key,
+                named: false,
+                blocks: vec![1000 + key, 2000 + key].into(),
+            };
+            assert_eq!(
+                pick(PoolPolicy::CacheAware, &eps, &[0, 1], &routing),
+                Some(1),
+                "key {key}"
+            );
+        }
     }
 
     #[test]

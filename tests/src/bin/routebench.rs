@@ -21,7 +21,8 @@
 //!
 //! `--family` runs a family of cells instead: the shape of (a) varied one
 //! dimension at a time (apps, prompt length, shared head, Zipf exponent,
-//! concurrency, engines, slots) plus unrelated prompts, and prints one
+//! concurrency, engines, slots) plus unrelated prompts (where the
+//! gateway's `least_loaded` runs too, as the yardstick), and prints one
 //! table of every cell with how many the gateway wins.
 //!
 //! Figures per arm: the effective prefix-cache hit, 1 − prompt tokens the
@@ -961,8 +962,17 @@ async fn run_cell(
     seed: u64,
 ) -> Result<Vec<(Arm, Figures)>> {
     let requests = sequence(cell.shape, args.requests, seed);
+    let mut arms = args.arms.clone();
+    // Unrelated prompts in the family: least_loaded is the yardstick there
+    // (nothing to save, balance is all).
+    if args.family
+        && matches!(cell.shape, Shape::Unrelated { .. })
+        && !arms.contains(&Arm::GwLeastLoaded)
+    {
+        arms.push(Arm::GwLeastLoaded);
+    }
     let mut out = Vec::new();
-    for &arm in &args.arms {
+    for arm in arms {
         if arm.smg_policy().is_some() && args.engine != EngineKind::LlamaServer {
             continue;
         }
