@@ -510,14 +510,12 @@ impl WorkerPool {
             let dispatched = Instant::now();
             let slot = endpoint.acquire();
             turn.started();
-            let blocks = routing.prompt_blocks();
-            let prefill_blocks = blocks.len() - endpoint.prefixes().matched_once_free(&blocks);
             // Counted as held at once: the requests that arrive before the
             // worker's next report then follow this one.
             endpoint.prefixes().record_sent(routing.prompt_blocks());
             let prompt = RunningPrompt {
                 endpoint: Arc::clone(endpoint),
-                id: endpoint.prefixes().start_running(blocks, prefill_blocks),
+                id: endpoint.prefixes().start_running(routing.prompt_blocks()),
             };
             match Self::start(endpoint, request.clone(), &metadata).await {
                 Ok((first, rest)) => {

@@ -19,25 +19,6 @@ const SENT_TTL: Duration = Duration::from_secs(3);
 /// Prompts remembered as sent when the worker reports no capacity.
 const MAX_SENT: usize = 64;
 
-/// One of this gateway's requests running on the worker.
-struct Running {
-    id: u64,
-    blocks: Arc<[u64]>,
-    /// Blocks of it the engine was expected to prefill.
-    prefill_blocks: usize,
-    since: Instant,
-}
-
-/// The running request holding the longest prefix of a prompt.
-#[derive(Debug, Clone, Copy)]
-pub struct Holder {
-    /// Leading blocks it shares with the prompt.
-    pub shared_blocks: usize,
-    /// Blocks it was expected to prefill (its hold is at least that).
-    pub prefill_blocks: usize,
-    pub age: Duration,
-}
-
 #[derive(Default)]
 pub struct CachedPrefixes {
     inner: RwLock<Held>,
@@ -54,8 +35,9 @@ struct Held {
     capacity: usize,
     /// A held prefix serves concurrent sequences (as last reported).
     concurrent_reuse: bool,
-    /// Prompts of this gateway's requests running on the worker, by id.
-    running: Vec<Running>,
+    /// Prompts of this gateway's requests running on the worker, by id,
+    /// with when they started.
+    running: Vec<(u64, Arc<[u64]>, Instant)>,
     next_running: u64,
 }
 
@@ -130,27 +112,21 @@ impl CachedPrefixes {
         held.sent.retain(|(at, _)| at.elapsed() < SENT_TTL);
     }
 
-    /// A request with this prompt starts running on the worker, expected
-    /// to prefill `prefill_blocks` of it; the id ends it
-    /// ([`CachedPrefixes::end_running`]).
-    pub fn start_running(&self, blocks: Arc<[u64]>, prefill_blocks: usize) -> Option<u64> {
+    /// A request with this prompt starts running on the worker; the id
+    /// ends it ([`CachedPrefixes::end_running`]).
+    pub fn start_running(&self, blocks: Arc<[u64]>) -> Option<u64> {
         if blocks.is_empty() {
             return None;
         }
         let mut held = self.write();
         let id = held.next_running;
         held.next_running += 1;
-        held.running.push(Running {
-            id,
-            blocks,
-            prefill_blocks,
-            since: Instant::now(),
-        });
+        held.running.push((id, blocks, Instant::now()));
         Some(id)
     }
 
     pub fn end_running(&self, id: u64) {
-        self.write().running.retain(|r| r.id != id);
+        self.write().running.retain(|(i, _, _)| *i != id);
     }
 
     /// This gateway just sent a prompt to the worker.
@@ -184,7 +160,7 @@ impl CachedPrefixes {
             && held
                 .running
                 .iter()
-                .any(|r| shared_blocks(&r.blocks, blocks) >= matched);
+                .any(|(_, r, _)| shared_blocks(r, blocks) >= matched);
         if busy {
             0
         } else {
@@ -203,27 +179,23 @@ impl CachedPrefixes {
     /// request of this gateway whose prompt shares the most leading blocks
     /// with `blocks`: how many, and how long it has run. A request sent
     /// now for that slot waits for it, then reuses them.
-    pub fn running_holder(&self, blocks: &[u64]) -> Option<Holder> {
+    pub fn running_holder(&self, blocks: &[u64]) -> Option<(usize, Duration)> {
         let held = self.read();
         if held.concurrent_reuse {
             return None;
         }
         held.running
             .iter()
-            .map(|r| Holder {
-                shared_blocks: shared_blocks(&r.blocks, blocks),
-                prefill_blocks: r.prefill_blocks,
-                age: r.since.elapsed(),
-            })
-            .filter(|h| h.shared_blocks > 0)
-            .max_by_key(|h| (h.shared_blocks, std::cmp::Reverse(h.age)))
+            .map(|(_, r, at)| (shared_blocks(r, blocks), at.elapsed()))
+            .filter(|&(m, _)| m > 0)
+            .max_by_key(|&(m, age)| (m, std::cmp::Reverse(age)))
     }
 
     /// How long each of this gateway's requests with a prompt of at
     /// least one block has been running on the worker.
     pub fn running_ages(&self) -> Vec<Duration> {
         let held = self.read();
-        held.running.iter().map(|r| r.since.elapsed()).collect()
+        held.running.iter().map(|(_, _, at)| at.elapsed()).collect()
     }
 
     /// Block hashes the worker last reported.
@@ -252,18 +224,15 @@ mod tests {
     fn a_prefix_held_by_a_running_request_is_busy_only_without_sharing() {
         let p = CachedPrefixes::default();
         p.record_report(&report(1, &[10, 11, 12]));
-        let id = p.start_running(vec![10, 11, 12, 13].into(), 1).unwrap();
+        let id = p.start_running(vec![10, 11, 12, 13].into()).unwrap();
         assert_eq!(p.matched(&[10, 11, 12]), 3, "a paged cache shares it");
         let mut slots = report(1, &[10, 11, 12]);
         slots.concurrent_reuse = false;
         p.record_report(&slots);
         assert_eq!(p.matched(&[10, 11, 12]), 0, "one sequence per slot: busy");
         assert_eq!(p.matched_once_free(&[10, 11, 12]), 3, "held once it ends");
-        assert_eq!(
-            p.running_holder(&[10, 11, 12, 14]).map(|h| h.shared_blocks),
-            Some(3)
-        );
-        assert!(p.running_holder(&[20]).is_none());
+        assert_eq!(p.running_holder(&[10, 11, 12, 14]).map(|h| h.0), Some(3));
+        assert_eq!(p.running_holder(&[20]), None);
         assert_eq!(p.matched(&[20]), 0);
         p.end_running(id);
         assert_eq!(p.matched(&[10, 11, 12]), 3, "free again");

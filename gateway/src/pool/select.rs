@@ -142,15 +142,25 @@ fn cache_aware(
     // The load gate: never queue while another engine sits idle.
     let gate = |i: usize| !any_idle || endpoints[i].has_free_slot();
     if matched.iter().all(|&(_, m)| m == 0) {
-        // Nobody holds any of it: where this prompt's head (or cache key)
-        // belongs, so the prompts of one app keep meeting on one engine
-        // instead of each engine seeing every app; but never into a queue
-        // while a slot is free elsewhere, since there is no prefill to save.
+        // Nobody holds any of it free: where this prompt's head (or cache
+        // key) belongs, so the prompts of one app keep meeting on one
+        // engine instead of each engine seeing every app. If not even a
+        // running request holds it, there is no prefill to save: never
+        // into a queue while a slot is free elsewhere.
+        let held_running = candidates
+            .iter()
+            .any(|&i| endpoints[i].prefixes().running_holder(blocks).is_some());
         let any_free = candidates.iter().any(|&i| endpoints[i].has_free_slot());
         let allowed: Vec<usize> = matched
             .iter()
             .map(|&(i, _)| i)
-            .filter(|&i| !any_free || endpoints[i].has_free_slot())
+            .filter(|&i| {
+                if held_running {
+                    gate(i)
+                } else {
+                    !any_free || endpoints[i].has_free_slot()
+                }
+            })
             .collect();
         return bounded_rendezvous(endpoints, &allowed, routing.affinity_key);
     }
@@ -194,10 +204,9 @@ fn timed_choice(
         };
         let cost = if e.has_free_slot() {
             let free = timed_cost(e, &speed, blocks.len() - m);
-            let behind_holder = e.prefixes().running_holder(blocks).map(|h| {
+            let behind_holder = e.prefixes().running_holder(blocks).map(|(held, age)| {
                 any_held = true;
-                speed.remaining_with_prefill_ns(h.age, h.prefill_blocks)
-                    + timed_cost(e, &speed, blocks.len() - h.shared_blocks)
+                speed.remaining_ns(age) + timed_cost(e, &speed, blocks.len() - held)
             });
             any_held |= m > 0;
             behind_holder.map_or(free, |w| w.min(free))
@@ -519,7 +528,7 @@ mod tests {
         }
         // Both slots of engine 0 run, one of them on this prefix: the
         // worker queues the request for that slot, which keeps the prefix.
-        let _running = eps[0].prefixes().start_running(long.clone().into(), 0);
+        let _running = eps[0].prefixes().start_running(long.clone().into());
         assert_eq!(eps[0].prefixes().matched(&long), 0);
         assert_eq!(
             pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
@@ -536,7 +545,7 @@ mod tests {
         // Engine 0 runs one request on this prefix; its other slot is free
         // and holds nothing of it, like the idle engine 1.
         let _slot = eps[0].acquire();
-        let _running = eps[0].prefixes().start_running(long.clone().into(), 0);
+        let _running = eps[0].prefixes().start_running(long.clone().into());
         assert!(eps[0].has_free_slot());
         assert_eq!(
             eps[0].prefixes().matched(&long),

@@ -61,18 +61,8 @@ impl Measured {
     /// usual hold, but at least half its age, since one that has run
     /// longer than usual is likely a long one (a reply of many tokens).
     pub fn remaining_ns(&self, age: Duration) -> f64 {
-        self.remaining_with_prefill_ns(age, 0)
-    }
-
-    /// The same for a request known to prefill `prefill_blocks`: its hold
-    /// is at least that prefill (a cold prompt holds its slot longer than
-    /// the usual, mostly warm, request).
-    pub fn remaining_with_prefill_ns(&self, age: Duration, prefill_blocks: usize) -> f64 {
         let age = age.as_nanos() as f64;
-        let hold = self
-            .hold_ns
-            .max(prefill_blocks as f64 * self.prefill_ns_per_block);
-        (hold - age).max(age / 2.0)
+        (self.hold_ns - age).max(age / 2.0)
     }
 }
 

@@ -24,7 +24,7 @@
 //! wait, it takes the free slot.
 
 use inference_proto::prefix::BLOCK_BYTES;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -51,10 +51,8 @@ struct Slot {
     blocks: Arc<[u64]>,
     /// Requests pinned to it that have not ended.
     running: u32,
-    /// When the oldest of them (the one the engine runs) started there.
+    /// When the oldest of them was pinned.
     busy_since: Option<Instant>,
-    /// The blocks each of them has to prefill, by pin id, oldest first.
-    pinned: VecDeque<(u64, usize)>,
     /// When it was last chosen, on the table's own clock.
     last_used: u64,
 }
@@ -74,8 +72,6 @@ struct Demand {
 struct Speed {
     prefill_ns_per_block: f64,
     hold_ns: f64,
-    /// A hold past its first event: the decode.
-    decode_ns: f64,
 }
 
 impl Speed {
@@ -83,22 +79,11 @@ impl Speed {
         self.prefill_ns_per_block > 0.0 && self.hold_ns > 0.0
     }
 
-    /// How long a request that has `missing` blocks to prefill keeps its
-    /// slot: that prefill, then the usual decode (before the decode is
-    /// measured, the usual hold).
-    fn hold_ns(&self, missing: usize) -> f64 {
-        if self.decode_ns > 0.0 {
-            missing as f64 * self.prefill_ns_per_block + self.decode_ns
-        } else {
-            self.hold_ns
-        }
-    }
-
-    /// What is left of such a request that has run `age_ns`: the rest of
-    /// its hold, but at least half its age (one that ran longer than usual
-    /// is likely a long one).
-    fn remaining_ns(&self, missing: usize, age_ns: f64) -> f64 {
-        (self.hold_ns(missing) - age_ns).max(age_ns / 2.0)
+    /// What is left of a request that has run `age_ns`: the rest of a
+    /// usual hold, but at least half its age (one that ran longer than
+    /// usual is likely a long one).
+    fn remaining_ns(&self, age_ns: f64) -> f64 {
+        (self.hold_ns - age_ns).max(age_ns / 2.0)
     }
 }
 
@@ -164,11 +149,10 @@ impl Table {
     /// The expected cost in nanoseconds of running `blocks` in `slot`.
     fn cost(&self, slot: &Slot, blocks: &[u64], now: Instant) -> f64 {
         let speed = self.speed;
-        let mut pinned = slot.pinned.iter().map(|&(_, missing)| missing);
-        let wait = match (slot.busy_since, pinned.next()) {
-            (Some(since), Some(first)) => {
+        let wait = match slot.busy_since {
+            Some(since) if slot.running > 0 => {
                 let age = now.saturating_duration_since(since).as_nanos() as f64;
-                speed.remaining_ns(first, age) + pinned.map(|m| speed.hold_ns(m)).sum::<f64>()
+                speed.remaining_ns(age) + f64::from(slot.running - 1) * speed.hold_ns
             }
             _ => 0.0,
         };
@@ -208,8 +192,6 @@ pub struct Pin {
     /// The slot was free when pinned: its times are the engine's, not a
     /// wait for the slot.
     alone: bool,
-    /// This pin in its slot's `pinned`.
-    id: u64,
     /// When the engine's first event came; `None` before.
     answered_at: Option<Instant>,
 }
@@ -240,7 +222,6 @@ impl Drop for Pin {
         if let Some(s) = table.slots.get_mut(self.slot as usize) {
             s.running = s.running.saturating_sub(1);
             s.busy_since = (s.running > 0).then(Instant::now);
-            s.pinned.retain(|&(id, _)| id != self.id);
             // Unless a later request has placed its own prompt there since.
             if let Some(previous) = self.previous.take() {
                 if Arc::ptr_eq(&s.blocks, &self.placed) {
@@ -253,8 +234,6 @@ impl Drop for Pin {
         if let (true, true, Some(answered)) = (taken, self.alone, self.answered_at) {
             let hold = self.pinned_at.elapsed().as_nanos() as f64;
             observe(&mut table.speed.hold_ns, hold);
-            let decode = answered.elapsed().as_nanos() as f64;
-            observe(&mut table.speed.decode_ns, decode);
             if self.missing_blocks >= MIN_PREFILLED_BLOCKS {
                 let prefill = answered
                     .saturating_duration_since(self.pinned_at)
@@ -340,18 +319,15 @@ impl SlotPins {
             slot.busy_since = Some(now);
         }
         slot.running += 1;
-        let missing_blocks = blocks.len() - reused;
-        slot.pinned.push_back((clock, missing_blocks));
         slot.last_used = clock;
         Pin {
             pins: Arc::clone(self),
             slot: u32::try_from(best).unwrap_or(u32::MAX),
             placed: Arc::clone(blocks),
             previous: Some(previous),
-            missing_blocks,
+            missing_blocks: blocks.len() - reused,
             pinned_at: now,
             alone,
-            id: clock,
             answered_at: None,
         }
     }
@@ -417,7 +393,6 @@ mod tests {
         pins.table().speed = Speed {
             prefill_ns_per_block: prefill_ms * 1e6,
             hold_ns: hold_ms * 1e6,
-            decode_ns: 0.0,
         };
     }
 
@@ -453,27 +428,6 @@ mod tests {
         let queued = ask(1);
         assert_eq!(queued.slot(), s1, "waits for the slot holding its head");
         assert_eq!(ask(2).slot(), s2, "app 2's prompt is still there");
-    }
-
-    #[test]
-    fn a_slot_still_prefilling_a_cold_prompt_is_not_waited_for() {
-        // 100 ms a block, 50 ms of decode after the first token.
-        let pins = SlotPins::new(2);
-        measured(&pins, 100.0, 300.0);
-        pins.table().speed.decode_ns = 50e6;
-        // App 1's first request prefills all 9 blocks (~950 ms held): a
-        // second one would wait longer than it takes to prefill elsewhere.
-        let cold = taken(&pins, &app_prompt(1, 1));
-        drop(taken(&pins, &app_prompt(2, 2)));
-        let second = taken(&pins, &app_prompt(1, 3));
-        assert_ne!(cold.slot(), second.slot());
-        drop(second);
-        drop(taken(&pins, &app_prompt(2, 4)));
-        drop(cold);
-        // A warm one (1 block, ~150 ms held) is waited for.
-        let warm = taken(&pins, &app_prompt(1, 5));
-        let queued = taken(&pins, &app_prompt(1, 6));
-        assert_eq!(warm.slot(), queued.slot());
     }
 
     #[test]
