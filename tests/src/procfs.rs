@@ -74,27 +74,6 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
     status_kib(pid, "VmRSS")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_own_cpu_and_memory() {
-        let pid = std::process::id();
-        let before = cpu_micros(pid).unwrap();
-        let mut x = 0u64;
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_millis(60) {
-            x = x.wrapping_add(std::hint::black_box(1));
-        }
-        assert!(x > 0);
-        let after = cpu_micros(pid).unwrap();
-        assert!(after > before, "60 ms of spinning must show as CPU time");
-        assert!(rss_kib(pid).unwrap() > 0);
-        assert!(peak_rss_kib(pid).unwrap() >= rss_kib(pid).unwrap());
-    }
-}
-
 /// User plus system CPU time, in microseconds, of every live process in
 /// process group `pgid` (a router that forks helpers counts as a whole).
 pub fn group_cpu_micros(pgid: u32) -> Result<u64> {
@@ -114,4 +93,25 @@ pub fn group_cpu_micros(pgid: u32) -> Result<u64> {
         }
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_cpu_and_memory() {
+        let pid = std::process::id();
+        let before = cpu_micros(pid).unwrap();
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(60) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        let after = cpu_micros(pid).unwrap();
+        assert!(after > before, "60 ms of spinning must show as CPU time");
+        assert!(rss_kib(pid).unwrap() > 0);
+        assert!(peak_rss_kib(pid).unwrap() >= rss_kib(pid).unwrap());
+    }
 }

@@ -31,7 +31,8 @@
 //!   nobody holds any block of goes where `PrefixAffinity` would send it
 //!   (its head's rendezvous order, load gate applied), so one app's
 //!   prompts keep meeting on one engine. A prompt shorter than one block
-//!   has nothing to match: least loaded.
+//!   has nothing to match: least loaded, unless it names its conversation
+//!   (then that conversation's worker, as under `PrefixAffinity`).
 
 use super::endpoint::WorkerEndpoint;
 use super::timing::Measured;
@@ -112,7 +113,15 @@ pub fn pick(
                 bounded_rendezvous(endpoints, candidates, routing.affinity_key)
                     .or_else(|| Some(two_choices(endpoints, candidates)))
             }
+            // A prompt under one block has nothing to match; one that names
+            // its conversation still keeps to that conversation's worker.
             PoolPolicy::CacheAware => cache_aware(endpoints, candidates, routing)
+                .or_else(|| {
+                    routing
+                        .named
+                        .then(|| bounded_rendezvous(endpoints, candidates, routing.affinity_key))
+                        .flatten()
+                })
                 .or_else(|| Some(two_choices(endpoints, candidates))),
         },
     }
@@ -592,6 +601,26 @@ mod tests {
                 pick(PoolPolicy::CacheAware, &eps, &[0, 1], &routing),
                 Some(1),
                 "key {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn cache_aware_keeps_a_named_conversation_s_short_prompts_on_its_worker() {
+        let eps = pool(3);
+        for e in &eps {
+            report(e, &[], 4);
+        }
+        let named = Routing {
+            affinity_key: 42,
+            named: true,
+            blocks: Arc::from([]),
+        };
+        let first = pick(PoolPolicy::CacheAware, &eps, &[0, 1, 2], &named);
+        for _ in 0..20 {
+            assert_eq!(
+                pick(PoolPolicy::CacheAware, &eps, &[0, 1, 2], &named),
+                first
             );
         }
     }
