@@ -73,3 +73,53 @@ pub async fn engine_model_id(engine_url: &str) -> Result<String> {
         .context("the engine lists no model")?
         .to_owned())
 }
+
+/// SMG 1.13 running in front of some engines.
+pub struct Launched {
+    /// `http://host:port`, without `/v1`.
+    pub base: String,
+    /// The process group leader (its CPU: [`crate::procfs::group_cpu_micros`]).
+    pub pgid: u32,
+    pub group: ProcessGroup,
+}
+
+/// Starts `smg launch` in front of `engine_urls` (with `policy`, else its
+/// default), logging to `$TMPDIR/<log_name>`, and waits until it has
+/// registered every engine as healthy.
+pub async fn launch(
+    engine_urls: &[String],
+    policy: Option<&str>,
+    log_name: &str,
+) -> Result<Launched> {
+    use std::os::unix::process::CommandExt;
+    let listen = crate::process::free_addr()?;
+    let prometheus = crate::process::free_addr()?;
+    let (host, port) = listen.rsplit_once(':').context("free address")?;
+    let (_, prom_port) = prometheus.rsplit_once(':').context("free address")?;
+    let log = std::fs::File::create(std::env::temp_dir().join(log_name))?;
+    let mut cmd = Command::new(binary()?);
+    cmd.args(["launch", "--host", host, "--port", port]);
+    if let Some(policy) = policy {
+        cmd.args(["--policy", policy]);
+    }
+    let child = cmd
+        .arg("--worker-urls")
+        .args(engine_urls)
+        .args([
+            "--prometheus-port",
+            prom_port,
+            "--prometheus-host",
+            "127.0.0.1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .spawn()
+        .context("starting SMG")?;
+    let pgid = child.id();
+    let group = ProcessGroup(child);
+    let base = format!("http://{listen}");
+    workers_ready(&Client::new(&base, None), engine_urls.len()).await?;
+    Ok(Launched { base, pgid, group })
+}

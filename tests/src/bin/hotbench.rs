@@ -154,38 +154,15 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
             })
         }
         Front::Smg => {
-            let listen = free_addr()?;
-            let prometheus = free_addr()?;
-            let (host, port) = listen.rsplit_once(':').context("free address")?;
-            let (_, prom_port) = prometheus.rsplit_once(':').context("free address")?;
-            let log = std::fs::File::create(std::env::temp_dir().join("hotbench-smg.log"))?;
-            let child = Command::new(harness::smg::binary()?)
-                .args(["launch", "--host", host, "--port", port, "--worker-urls"])
-                .arg(engine.url())
-                .args([
-                    "--prometheus-port",
-                    prom_port,
-                    "--prometheus-host",
-                    "127.0.0.1",
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(log.try_clone()?))
-                .stderr(Stdio::from(log))
-                .process_group(0)
-                .spawn()
-                .context("starting SMG")?;
-            let pgid = child.id();
-            let group = ProcessGroup(child);
-            let base = format!("http://{listen}");
-            harness::smg::workers_ready(&harness::Client::new(&base, None), 1).await?;
+            let smg = harness::smg::launch(&[engine.url()], None, "hotbench-smg.log").await?;
             Ok(Running {
-                base,
+                base: smg.base,
                 key: None,
                 model: MODEL,
-                front: Cpu::Group(pgid),
+                front: Cpu::Group(smg.pgid),
                 worker_pid: None,
                 _nginx: None,
-                _smg: Some(group),
+                _smg: Some(smg.group),
                 _gateway: None,
                 _worker: None,
                 _floor: None,

@@ -50,9 +50,7 @@ use harness::{Client, Gateway, GatewayOpts, LlamaServer, LlamaServerOpts, Worker
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -584,30 +582,7 @@ async fn start_fleet(arm: Arm, cell: &Cell, args: &Args, model: &Path) -> Result
         if args.engine != EngineKind::LlamaServer {
             bail!("SMG fronts HTTP engines only: use --engine llama-server");
         }
-        let listen = free_addr()?;
-        let prometheus = free_addr()?;
-        let (host, port) = listen.rsplit_once(':').context("free address")?;
-        let (_, prom_port) = prometheus.rsplit_once(':').context("free address")?;
-        let log = std::fs::File::create(std::env::temp_dir().join("routebench-smg.log"))?;
-        let child = Command::new(harness::smg::binary()?)
-            .args(["launch", "--host", host, "--port", port])
-            .args(["--policy", policy, "--worker-urls"])
-            .args(&urls)
-            .args([
-                "--prometheus-port",
-                prom_port,
-                "--prometheus-host",
-                "127.0.0.1",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .process_group(0)
-            .spawn()
-            .context("starting SMG")?;
-        let router = ProcessGroup(child);
-        let base = format!("http://{listen}");
-        harness::smg::workers_ready(&Client::new(&base, None), cell.engines).await?;
+        let smg = harness::smg::launch(&urls, Some(policy), "routebench-smg.log").await?;
         let probes = urls
             .iter()
             .map(|u| Probe::Server {
@@ -617,13 +592,13 @@ async fn start_fleet(arm: Arm, cell: &Cell, args: &Args, model: &Path) -> Result
             .collect();
         let model = harness::smg::engine_model_id(&urls[0]).await?;
         return Ok(Fleet {
-            client: Client::new(&format!("{base}/v1"), None),
+            client: Client::new(&format!("{}/v1", smg.base), None),
             model,
             probes,
             _servers: servers,
             _workers: Vec::new(),
             _gateway: None,
-            _router: Some(router),
+            _router: Some(smg.group),
         });
     }
     let policy = arm
