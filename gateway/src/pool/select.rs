@@ -564,11 +564,18 @@ mod tests {
         for e in &eps {
             measured(e, 100, 400);
         }
-        // A CPU: the rest of a 400 ms hold beats prefilling ten blocks.
-        for _ in 0..10 {
+        // A CPU: the rest of a 400 ms hold beats prefilling ten blocks,
+        // whichever engine the prompt's head would hash to.
+        for key in 0..16 {
+            let routing = Routing {
+                affinity_key: key,
+                named: false,
+                blocks: long.clone().into(),
+            };
             assert_eq!(
-                pick(PoolPolicy::CacheAware, &eps, &[0, 1], &prompt(&long)),
-                Some(0)
+                pick(PoolPolicy::CacheAware, &eps, &[0, 1], &routing),
+                Some(0),
+                "key {key}"
             );
         }
         // A GPU: 1 ms a block, a 2 s hold: the idle engine prefills it.
