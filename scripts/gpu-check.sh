@@ -23,8 +23,10 @@
 # 3. `gateway up` on the CUDA worker: one chat completion through it, the
 #    worker's own line saying its layers went to the GPU, and the GPU's
 #    process list while it runs.
-# 4. the real-model end-to-end suites (--suites; default llama_e2e,
-#    planner_llama_e2e, engine_conformance) against bin-cpu, then bin-cuda.
+# 4. the real-model end-to-end suites (--suites, test targets of tests/tests,
+#    TARGET::FILTER for some of a target's tests; default llama_e2e,
+#    planner_llama_e2e, engine_conformance::llama) against bin-cpu, then
+#    bin-cuda.
 # 5. realbench (tests/src/bin/realbench.rs) against each: the gateway +
 #    llama worker's prefill (cold prompt tokens / time to first token) and
 #    decode tokens/s, with llama.cpp's CPU llama-server as the yardstick of
@@ -64,7 +66,7 @@ cuda_worker=""
 cpu_bin="$repo/target/release"
 out=""
 fake=""
-suites="llama_e2e planner_llama_e2e engine_conformance"
+suites="llama_e2e planner_llama_e2e engine_conformance::llama"
 skip_e2e=false
 skip_bench=false
 detect_only=false
@@ -192,9 +194,11 @@ write_report() {
         echo "| suite | CPU build | CUDA build |"
         echo "|---|---|---|"
         local s cpu cuda
-        for s in $(cat "$results/suites.txt" 2>/dev/null); do
-            cpu=$(suite_summary "$results/e2e-cpu-$s.log")
-            cuda=$(suite_summary "$results/e2e-cuda-$s.log")
+        local suite_list=()
+        [ -f "$results/suites.txt" ] && mapfile -t suite_list <"$results/suites.txt"
+        for s in "${suite_list[@]}"; do
+            cpu=$(suite_summary "$results/e2e-cpu-${s//:/_}.log")
+            cuda=$(suite_summary "$results/e2e-cuda-${s//:/_}.log")
             echo "| $s | $cpu | $cuda |"
             [[ "$cuda" == ok* ]] || failed+=("e2e $s (CUDA)")
             [[ "$cpu" == ok* ]] || failed+=("e2e $s (CPU)")
@@ -283,7 +287,7 @@ detect_gpu() {
     elif [ "$arch" != "$found" ]; then
         no_gpu "the GPU is $found (compute capability $cap) but --arch is $arch; its kernels would not load"
     fi
-    device="$(echo "$q" | sed 's/^ *//')"
+    device="${q#"${q%%[! ]*}"}"
 }
 
 detect_gpu
@@ -386,11 +390,15 @@ if ! $skip_e2e; then
     for variant in cpu cuda; do
         for s in $suites; do
             say "end-to-end: $s on the $variant build"
+            target="${s%%::*}"
+            filter=()
+            [ "$target" = "$s" ] || filter=("::${s#*::}")
+            log="$results/e2e-$variant-${s//:/_}.log"
             rc=0
-            IGW_BIN_DIR="$out/bin-$variant" cargo test --release -p tests --test "$s" -- --test-threads 1 \
-                >"$results/e2e-$variant-$s.log" 2>&1 || rc=$?
-            echo "$rc" >"$results/e2e-$variant-$s.rc"
-            echo "$s ($variant): $(suite_summary "$results/e2e-$variant-$s.log")"
+            IGW_BIN_DIR="$out/bin-$variant" cargo test --release -p tests --test "$target" -- \
+                --test-threads 1 "${filter[@]}" >"$log" 2>&1 || rc=$?
+            echo "$rc" >"${log%.log}.rc"
+            echo "$s ($variant): $(suite_summary "$log")"
         done
     done
 fi
