@@ -232,6 +232,15 @@ gpu_render_has() {
 }
 check "GPU render: GPU limits, toleration without node selector, surge-free rollout, PDB, weights init containers, /dev/shm, long startup, vLLM flags, liveness and user, upstream worker" gpu_render_has
 
+# llama.gpuLayers: null (the default) passes nothing (the worker's default,
+# every layer); a count, 0 included, reaches both llama pools of the profile.
+gpu_layers_rendered() {
+    ! grep -q -- '--n-gpu-layers' "$work/values-gpu.yaml" &&
+        [ "$("$helm" template igw "$chart" --namespace inference --kube-version 1.30.0 "${offline[@]}" \
+            -f "$chart/values-gpu.yaml" --set workerDefaults.llama.gpuLayers=0 | grep -c -- '- --n-gpu-layers=0')" = 2 ]
+}
+check "llama.gpuLayers reaches the llama workers as --n-gpu-layers" gpu_layers_rendered
+
 # ---- plain manifests -------------------------------------------------------------
 k8s_current() {
     bash "$here/render-k8s.sh" "$work/k8s" >/dev/null &&

@@ -29,6 +29,7 @@
 //! - A dropped stream is seen at the next step: the slot is freed.
 
 use super::chat_template::ChatTemplate;
+use super::llama_gpu::{GpuLayers, Placement};
 use crate::sampling_defaults::SamplingDefaults;
 use crate::seam::sequence::{
     ChatMessage, Constraint, SamplingParams, SeqEnd, SeqEvent, Sequence, SequenceEngine,
@@ -66,6 +67,8 @@ pub struct LlamaConfig {
     pub parallel: u32,
     /// CPU threads for decoding.
     pub threads: i32,
+    /// Layers offloaded to the GPU (`--n-gpu-layers`; a GPU build only).
+    pub gpu_layers: GpuLayers,
 }
 
 /// llama.cpp's process-wide backend, initialized once.
@@ -84,6 +87,22 @@ fn backend() -> Result<&'static LlamaBackend, anyhow::Error> {
     let system = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
     tracing::info!(system = %system.to_string_lossy().trim(), "llama.cpp backend ready");
     Ok(BACKEND.get_or_init(|| b))
+}
+
+/// The GPUs llama.cpp's backends found, as "name (description)"; none in
+/// a CPU build, or in a GPU build without a device or driver.
+fn gpu_devices() -> Vec<String> {
+    use llama_cpp_2::{list_llama_ggml_backend_devices, LlamaBackendDeviceType};
+    list_llama_ggml_backend_devices()
+        .into_iter()
+        .filter(|d| {
+            matches!(
+                d.device_type,
+                LlamaBackendDeviceType::Gpu | LlamaBackendDeviceType::IntegratedGpu
+            )
+        })
+        .map(|d| format!("{} ({})", d.name, d.description))
+        .collect()
 }
 
 /// A sequence handed to the engine thread.
@@ -145,9 +164,14 @@ impl LlamaEngine {
     /// startup, before serving).
     pub fn load(config: &LlamaConfig) -> anyhow::Result<Self> {
         let backend = backend()?;
-        let model =
-            LlamaModel::load_from_file(backend, &config.model_file, &LlamaModelParams::default())
-                .map_err(|e| anyhow::anyhow!("loading {}: {e}", config.model_file.display()))?;
+        Placement::decide(cfg!(feature = "cuda"), gpu_devices(), config.gpu_layers).log();
+        let params = match config.gpu_layers {
+            // llama.cpp's default is every layer.
+            GpuLayers::All => LlamaModelParams::default(),
+            GpuLayers::Count(n) => LlamaModelParams::default().with_n_gpu_layers(n),
+        };
+        let model = LlamaModel::load_from_file(backend, &config.model_file, &params)
+            .map_err(|e| anyhow::anyhow!("loading {}: {e}", config.model_file.display()))?;
         let model = Arc::new(model);
         let template = model.chat_template(None).ok();
         let jinja = jinja_template(&model);

@@ -2,6 +2,7 @@
 //! feature too: the flags stay the same, and `--engine llama` then says
 //! the build lacks it.
 
+use crate::engine::llama_gpu::GpuLayers;
 use crate::engine::{Loaded, Serving};
 use crate::seam::sequence::SequenceEngine;
 use std::sync::Arc;
@@ -25,6 +26,11 @@ pub struct LlamaArgs {
     /// llama: CPU threads (default: the available cores).
     #[arg(long)]
     pub threads: Option<i32>,
+    /// llama: model layers offloaded to the GPU in a GPU (`cuda`) build:
+    /// `all` (the default) or a count; 0 keeps the model on the CPU. A GPU
+    /// build that finds no GPU runs on the CPU and says so at warn level.
+    #[arg(long, default_value_t = GpuLayers::All, value_name = "all|N")]
+    pub n_gpu_layers: GpuLayers,
 }
 
 impl LlamaArgs {
@@ -45,6 +51,7 @@ impl LlamaArgs {
             n_ctx: self.n_ctx,
             parallel: self.parallel,
             threads,
+            gpu_layers: self.n_gpu_layers,
         })?;
         let mut model = ModelProfile::new(serving.model, Some(engine.context_window()));
         // A text-only model; the think section honours a budget.

@@ -34,6 +34,7 @@ pub mod chat_template;
 #[cfg(feature = "llama")]
 pub mod llama;
 pub mod llama_args;
+pub mod llama_gpu;
 pub mod synthetic;
 pub mod upstream;
 
