@@ -97,6 +97,19 @@ fn read_chat(frames: &[SseFrame]) -> ChatStream {
     }
 }
 
+/// Generations moved off a worker for `reason`, by the metrics page.
+fn moved_for(page: &str, reason: &str) -> f64 {
+    sample(
+        page,
+        "gateway_generation_moves_total",
+        &[
+            "model=\"base\"",
+            &format!("reason=\"{reason}\""),
+            "outcome=\"moved\"",
+        ],
+    )
+}
+
 /// Eight streams, the worker carrying most of them killed a second in:
 /// every stream ends with `[DONE]` and the same text, finish reason and
 /// usage as the reply the model gives without the fault.
@@ -118,6 +131,10 @@ async fn streams_move_off_a_killed_worker_and_read_as_one_generation() {
             gateway.generation_moves("base", "moved").await >= 4.0,
             "the killed worker's streams moved"
         );
+        // A killed worker is a lost worker, not an engine's own error.
+        let (_, page) = gateway.admin_get("/metrics").await.expect("metrics");
+        assert!(moved_for(&page, "worker_lost") >= 4.0, "{page}");
+        assert_eq!(moved_for(&page, "engine_failure"), 0.0);
         for (i, stream) in got.iter().enumerate() {
             assert_eq!(stream.ids.len(), 1, "one chunk id through the move");
             assert_eq!(stream.finish, ["stop"], "one finish reason");
@@ -133,6 +150,41 @@ async fn streams_move_off_a_killed_worker_and_read_as_one_generation() {
             );
         }
         assert_eq!(gateway.generation_moves("base", "failed").await, 0.0);
+    })
+    .await;
+}
+
+/// A worker stopped mid-reply (SIGSTOP: its sockets open, its process
+/// silent) is caught by the HTTP/2 keepalive before the stall timeout,
+/// and counted as a lost worker, not as an engine's own failure.
+#[tokio::test]
+async fn a_worker_stopped_mid_reply_counts_as_lost_not_as_an_engine_failure() {
+    bounded(90, async {
+        let (workers, gateway) = workers(WorkerOpts::paced(0, PACE));
+        let client = gateway.client();
+        let long = |i: usize| {
+            let mut body = story(i);
+            body["messages"][0]["content"] =
+                json!(format!("Story {i}, please. synthetic:reply_tokens=1500"));
+            body
+        };
+        let streams = spawn_streams(&client, (0..4).map(long));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let victim = busiest(&workers).await;
+        workers[victim].signal(libc::SIGSTOP);
+        for s in streams {
+            let stream = read_chat(&s.await.expect("stream task"));
+            assert_eq!(stream.finish, ["stop"], "one finish reason");
+        }
+        workers[victim].signal(libc::SIGCONT);
+        let (_, page) = gateway.admin_get("/metrics").await.expect("metrics");
+        assert!(moved_for(&page, "worker_lost") >= 1.0, "{page}");
+        assert_eq!(moved_for(&page, "engine_failure"), 0.0);
+        assert_eq!(
+            moved_for(&page, "stalled"),
+            0.0,
+            "the keepalive caught it first"
+        );
     })
     .await;
 }

@@ -69,13 +69,59 @@ async fn a_non_streamed_chat_whose_client_leaves_stops_within_a_second_and_bills
     tokio::time::sleep(Duration::from_millis(500)).await;
     let later = worker.counters().await.expect("counters");
     assert_eq!(later.tokens_generated, c.tokens_generated, "{later:?}");
-    // Billed for the output relayed before the client left (its first
-    // token, then one batch a second), not for 3,000 tokens.
-    let billed = output_tokens_billed(&stack).await;
-    assert!(
-        billed >= 1.0 && billed <= c.tokens_generated as f64,
-        "billed {billed} output tokens of {} generated",
-        c.tokens_generated
+    // Billed for every token the worker generated before it stopped (the
+    // batch it still held included), not only for the batches relayed (its
+    // first token, then one a second), and not for 3,000 tokens.
+    assert!(c.tokens_generated > 100, "{c:?}");
+    billed_reconciles(&stack, c.tokens_generated).await;
+}
+
+/// A stream whose client leaves is billed what its worker generated too:
+/// the events in flight (the worker's buffer, the connection's window)
+/// count, and the worker's counter says the same number.
+#[tokio::test]
+async fn a_stream_whose_client_leaves_is_billed_what_its_worker_generated() {
+    let stack = Stack::single(slow_worker());
+    let worker = stack.worker("base");
+    let mut body = chat_body("base", "Go on. synthetic:reply_tokens=3000");
+    body["stream"] = json!(true);
+    let response = stack
+        .client()
+        .request(Method::POST, "/chat/completions")
+        .json(&body)
+        .send()
+        .await
+        .expect("stream opens");
+    assert_eq!(response.status(), 200);
+    let mut response = response;
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        if response.chunk().await.expect("chunk").is_none() {
+            panic!("the stream ended before the client left");
+        }
+    }
+    drop(response);
+    let c = worker
+        .wait_counters(Duration::from_secs(5), |c| c.cancelled == 1)
+        .await
+        .expect("the worker cancels the generation");
+    assert!(c.tokens_generated > 50, "{c:?}");
+    billed_reconciles(&stack, c.tokens_generated).await;
+}
+
+/// Waits for the reservation to settle, then asserts the output billed is
+/// what the worker says it generated.
+async fn billed_reconciles(stack: &Stack, generated: u64) {
+    wait_until(
+        "the reservation settles",
+        Duration::from_secs(5),
+        || async { output_tokens_billed(stack).await > 0.0 },
+    )
+    .await;
+    let billed = output_tokens_billed(stack).await;
+    assert_eq!(
+        billed, generated as f64,
+        "billed output reconciles with the worker's generated tokens"
     );
 }
 

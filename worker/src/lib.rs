@@ -33,6 +33,7 @@ pub mod engine;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
+pub mod running;
 pub mod sampling_defaults;
 pub mod seam;
 pub mod service;

@@ -291,6 +291,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         drain: DrainFlag::default(),
         cache_report,
         sampling_defaults,
+        running: Arc::default(),
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -316,6 +316,7 @@ mod tests {
                 true,
             ),
             sampling_defaults: Default::default(),
+            running: Default::default(),
         })
     }
 

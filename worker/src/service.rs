@@ -15,6 +15,7 @@ use crate::cache_report::CacheReport;
 use crate::counters::Counters;
 use crate::drain::DrainFlag;
 use crate::model::ModelProfile;
+use crate::running::{self, Running};
 use crate::sampling_defaults::SamplingDefaults;
 use crate::seam::{CacheHit, EventSink, Outcome, Started};
 use crate::status;
@@ -103,6 +104,8 @@ pub struct WorkerState {
     pub cache_report: CacheReport,
     /// Sampling for the fields a request leaves unset.
     pub sampling_defaults: SamplingDefaults,
+    /// Generations running now, by request id (`Cancel`).
+    pub running: Arc<Running>,
 }
 
 /// The gRPC service; cheap to clone.
@@ -204,12 +207,22 @@ impl WorkerService {
     ) -> Response<EventStream> {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let state = Arc::clone(&self.state);
+        let mut registered = state.running.register(&request_id);
         tokio::spawn(
             async move {
                 let _slot = slot;
                 let stop = tx.clone();
+                let sink = EventSink::new(tx);
+                let generated = sink.generated_count();
                 let outcome = tokio::select! {
-                    outcome = started.run(EventSink::new(tx)) => outcome,
+                    outcome = started.run(sink) => outcome,
+                    // `Cancel`: the generation is dropped (stopping the
+                    // engine's sequence), then its count is told.
+                    Ok(reply) = &mut registered.stop => {
+                        let tokens = running::tokens(&generated);
+                        let _ = reply.send(tokens);
+                        Outcome::Cancelled { tokens }
+                    }
                     // The drain's grace period ended first: the generation
                     // is dropped (stopping the engine's sequence) and the
                     // stream ends saying why.
@@ -222,6 +235,7 @@ impl WorkerService {
                         Outcome::Failed { tokens: 0 }
                     }
                 };
+                drop(registered);
                 tracing::debug!(%request_id, ?outcome, "generation ended");
                 state.counters.finished(outcome);
             }
@@ -305,6 +319,19 @@ impl pb::worker_server::Worker for WorkerService {
             .ok_or_else(|| Status::unimplemented("this worker's engine cannot count tokens"))?;
         Ok(Response::new(pb::CountTokensResponse { prompt_tokens }))
     }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let request_id = request.into_inner().request_id;
+        let found = self.state.running.cancel(&request_id).await;
+        tracing::debug!(%request_id, ?found, "cancelled by the gateway");
+        Ok(Response::new(pb::CancelResponse {
+            found: found.is_some(),
+            generated_tokens: found.unwrap_or(0),
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -332,6 +359,7 @@ mod tests {
             drain: DrainFlag::default(),
             cache_report: CacheReport::new(Source::Estimated { ttl: None }, concurrency, true),
             sampling_defaults: SamplingDefaults::default(),
+            running: Arc::default(),
         }))
     }
 

@@ -13,6 +13,10 @@ pub struct Delivered {
     reasoning: String,
     text: String,
     tool_calls: Vec<pb::ToolCall>,
+    /// Output a worker generated that never reached the consumer (it left
+    /// while the worker held a batch or had events in flight): billed,
+    /// never resumed from.
+    undelivered: u64,
 }
 
 impl Delivered {
@@ -29,6 +33,7 @@ impl Delivered {
             reasoning: resume.reasoning.clone(),
             text: resume.text.clone(),
             tool_calls: resume.tool_calls.clone(),
+            undelivered: 0,
         }
     }
 
@@ -65,9 +70,21 @@ impl Delivered {
         call.arguments.push_str(&delta.arguments_fragment);
     }
 
-    /// Generated tokens delivered, for billing.
+    /// Generated tokens delivered.
     pub fn tokens(&self) -> u64 {
         self.output.tokens()
+    }
+
+    /// The consumer left a call whose worker said it generated `generated`
+    /// tokens, `relayed` of which reached the consumer.
+    pub fn left_behind(&mut self, generated: u64, relayed: u64) {
+        self.undelivered += generated.saturating_sub(relayed);
+    }
+
+    /// Generated tokens to bill: those delivered, and those a worker
+    /// generated for a consumer that left before they reached it.
+    pub fn billable_tokens(&self) -> u64 {
+        self.tokens() + self.undelivered
     }
 
     /// What a worker continuing the generation is told was delivered.
@@ -132,6 +149,18 @@ mod tests {
         uncounted.add(0);
         uncounted.add(0);
         assert_eq!(uncounted.tokens(), 2, "one token per event otherwise");
+    }
+
+    #[test]
+    fn output_generated_after_the_consumer_left_is_billed_not_resumed() {
+        let mut d = Delivered::default();
+        d.record(&event(Event::Text(pb::TextDelta { text: "ab".into() }), 21));
+        d.left_behind(40, 21);
+        assert_eq!((d.tokens(), d.billable_tokens()), (21, 40));
+        assert_eq!(d.resume().completion_tokens, 21);
+        // A worker that counted less than arrived adds nothing.
+        d.left_behind(3, 10);
+        assert_eq!(d.billable_tokens(), 40);
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl Generation<'_> {
                 }
             }
         };
-        reservation.observe_output(delivered.tokens().saturating_sub(delivered_before));
+        reservation.observe_output(delivered.billable_tokens().saturating_sub(delivered_before));
         match &end {
             End::Finished(f) => {
                 let usage = billable(f.usage.unwrap_or_default(), continued);

@@ -81,6 +81,7 @@ async fn relay_events<S: Sink>(
     delivered: &mut Delivered,
 ) -> Relayed {
     let series = crate::metrics::model_series(model);
+    let served_before = delivered.tokens();
     let mut decode = DecodeClock::default();
     let mut take = |event: pb::GenerateEvent, sink: &mut S, decode: &mut DecodeClock| {
         if delivered.record(&event) {
@@ -130,7 +131,7 @@ async fn relay_events<S: Sink>(
             return Relayed::Ended(End::Finished(f));
         }
         if delivery.is_err() {
-            return Relayed::Ended(End::Gone);
+            return left(guard, rest, request_id, delivered, served_before).await;
         }
         // The deadline first: with events always ready (a slow consumer
         // behind a fast worker) a later branch would never be polled.
@@ -154,7 +155,9 @@ async fn relay_events<S: Sink>(
                     stall.as_mut().reset(quiet_until);
                 }
                 next = rest.message() => break next,
-                _ = sink.gone() => return Relayed::Ended(End::Gone),
+                _ = sink.gone() => {
+                    return left(guard, rest, request_id, delivered, served_before).await;
+                }
             }
         };
         last_event = tokio::time::Instant::now();
@@ -167,6 +170,25 @@ async fn relay_events<S: Sink>(
             Err(status) => return failed(guard, Some(status), request_id, decode.last),
         }
     }
+}
+
+/// The consumer went away mid-generation. The worker is told to stop
+/// while the stream is still open (dropped first, the worker would stop on
+/// its own with nobody to tell), and says what it generated: the output it
+/// held back or had in flight is billed too, not only what was relayed.
+async fn left(
+    guard: &CallGuard,
+    rest: Streaming<pb::GenerateEvent>,
+    request_id: &str,
+    delivered: &mut Delivered,
+    served_before: u64,
+) -> Relayed {
+    if let Some(generated) = guard.cancel(request_id).await {
+        let relayed = delivered.tokens() - served_before;
+        delivered.left_behind(u64::from(generated), relayed);
+    }
+    drop(rest);
+    Relayed::Ended(End::Gone)
 }
 
 /// When a generation's output events arrived, for its decode-time metrics.

@@ -244,7 +244,13 @@ pub struct CallGuard {
     /// The request's turn in the pool's queue: dropped after the slot (the
     /// fields drop in this order), so the next waiter finds it free.
     turn: queue::Turn,
+    /// The worker's token, for `Cancel`.
+    auth: WorkerAuth,
 }
+
+/// How long a client that left waits for the worker to say what it
+/// generated before the call is dropped and billed for what arrived.
+const CANCEL_WAIT: Duration = Duration::from_millis(500);
 
 /// When a call started and what it asked of the engine, to measure the
 /// engine by ([`timing::EngineTimes`]).
@@ -300,6 +306,28 @@ impl CallGuard {
     /// organisation received, for the order of the pool's queue.
     pub fn record_served(&self, output_tokens: u64) {
         self.turn.served(output_tokens);
+    }
+
+    /// Stops the call's generation on its worker and asks how many tokens
+    /// it generated there; `None` when the worker did not say in time (or
+    /// predates `Cancel`). Called while the call's stream is still open,
+    /// so the worker still finds the generation.
+    pub async fn cancel(&self, request_id: &str) -> Option<u32> {
+        let mut request = tonic::Request::new(pb::CancelRequest {
+            request_id: request_id.to_owned(),
+        });
+        if let Some(value) = &self.auth {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        let mut client = self.endpoint.client();
+        let reply = tokio::time::timeout(CANCEL_WAIT, client.cancel(request))
+            .await
+            .ok()?
+            .ok()?
+            .into_inner();
+        reply.found.then_some(reply.generated_tokens)
     }
 
     /// The worker serving the call (its address).
@@ -537,6 +565,7 @@ impl WorkerPool {
                                 blocks: routing.block_count(),
                             },
                             turn,
+                            auth: self.auth.clone(),
                         },
                     });
                 }
@@ -688,6 +717,16 @@ pub fn classify(status: &Status) -> Failure {
             worker_fault: false,
             reason: "draining",
         },
+        // Made by this side's transport, not sent by the worker: the
+        // connection was reset (the worker process died) or its keepalive
+        // went unanswered (the worker stopped). An operator tells a crash
+        // from an engine's own error by this reason.
+        (None, _) if lost_worker(status) => Failure {
+            error: PoolError::Unreachable,
+            try_elsewhere: true,
+            worker_fault: true,
+            reason: "worker_lost",
+        },
         (_, Code::Unavailable) | (_, Code::Cancelled) => Failure {
             error: PoolError::Unreachable,
             try_elsewhere: true,
@@ -707,6 +746,26 @@ pub fn classify(status: &Status) -> Failure {
             reason: "engine_failure",
         },
     }
+}
+
+/// Whether a status without the worker's reason was made by tonic from a
+/// transport error (a reset connection, an HTTP/2 keepalive timeout, a
+/// refused stream) rather than decoded from the worker's trailers: only
+/// the former carries a source error. A connect error before any call is
+/// left to `unavailable`: no worker was lost, none was reached.
+fn lost_worker(status: &Status) -> bool {
+    use std::error::Error as _;
+    let Some(source) = status.source() else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+    while let Some(err) = cause {
+        if err.is::<tonic::ConnectError>() {
+            return false;
+        }
+        cause = err.source();
+    }
+    true
 }
 
 #[cfg(test)]
@@ -750,6 +809,25 @@ mod tests {
         assert_eq!(f.class(), "fault");
         let f = classify(&Status::internal("boom"));
         assert_eq!(f.error, PoolError::WorkerFailed);
+    }
+
+    /// A worker's own error (its trailers) stays `engine_failure`; a status
+    /// tonic made from a broken connection or a keepalive timeout (it has
+    /// a source) is a lost worker; a connect error is `unavailable`.
+    #[test]
+    fn a_lost_worker_is_told_apart_from_an_engine_failure() {
+        let engine = classify(&with_reason(Code::Internal, "ENGINE_FAILURE"));
+        assert_eq!(engine.reason, "engine_failure");
+        assert_eq!(classify(&Status::unknown("boom")).reason, "engine_failure");
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let lost = Status::from_error(Box::new(reset));
+        assert_eq!(lost.code(), Code::Unknown);
+        let f = classify(&lost);
+        assert_eq!(f.reason, "worker_lost");
+        assert!(f.try_elsewhere && f.worker_fault);
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let connect = Status::from_error(Box::new(tonic::ConnectError(Box::new(refused))));
+        assert_eq!(classify(&connect).reason, "unavailable");
     }
 
     #[test]

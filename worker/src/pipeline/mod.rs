@@ -453,6 +453,7 @@ impl<'a> Emitter<'a> {
                     None
                 }
                 SeqEvent::Token { bytes, .. } => {
+                    self.out.generated(1);
                     tokens += 1;
                     self.completion_tokens += 1;
                     self.pending_tokens += 1;

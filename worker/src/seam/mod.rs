@@ -14,6 +14,8 @@ pub mod sequence;
 pub mod tokens;
 
 use inference_proto::v1 as pb;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -59,11 +61,34 @@ pub struct Cancelled;
 #[derive(Debug, Clone)]
 pub struct EventSink {
     tx: mpsc::Sender<Result<pb::GenerateEvent, Status>>,
+    /// Tokens this generation produced here, sent or still held (a batched
+    /// reply's output waits up to a second): what `Cancel` reports.
+    generated: Arc<AtomicU32>,
 }
 
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Result<pb::GenerateEvent, Status>>) -> Self {
-        Self { tx }
+        Self {
+            tx,
+            generated: Arc::default(),
+        }
+    }
+
+    /// The engine produced `tokens` more output tokens.
+    pub fn generated(&self, tokens: u32) {
+        self.generated.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// The engine has produced `total` output tokens in all (an engine
+    /// server that reports a running count).
+    pub fn generated_at_least(&self, total: u32) {
+        self.generated.fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// The count of tokens produced, shared with whoever cancels the
+    /// generation.
+    pub fn generated_count(&self) -> Arc<AtomicU32> {
+        Arc::clone(&self.generated)
     }
 
     pub async fn send(&self, event: pb::generate_event::Event) -> Result<(), Cancelled> {

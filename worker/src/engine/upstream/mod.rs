@@ -587,6 +587,7 @@ impl UpstreamGeneration {
                     Ok(ev) => ev,
                     Err(s) => return End::Failed(s),
                 };
+                out.generated_at_least(self.relay.completion_tokens());
                 for ev in events {
                     if let Some(ready) = coalescer.push(ev) {
                         if out.send(ready).await.is_err() {
