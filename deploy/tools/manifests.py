@@ -249,7 +249,7 @@ GATEWAY_KEYS = {
 SECTION_KEYS = {
     "store": {"redis_url", "redis_cluster", "redis_ca_file", "key_prefix", "storage_window_seconds", "lease_millis", "heartbeat_millis",
               "sweep_interval_millis", "cancel_poll_millis", "idempotency_window_seconds",
-              "idempotency_max_record_bytes"},
+              "idempotency_max_record_bytes", "idempotency_max_memory_bytes"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},
     "websocket": {"ping_interval_seconds", "idle_timeout_seconds", "max_connection_seconds"},

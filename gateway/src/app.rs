@@ -4,7 +4,7 @@
 use crate::accounts::cache::Accounts;
 use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::idempotency::IdempotencyStore;
+use crate::idempotency::claims::Claims;
 use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 use crate::pool::{PoolSpec, Pools};
@@ -28,8 +28,9 @@ pub struct App {
     /// is set, else in-process.
     pub store: Arc<dyn ResponseStore>,
     /// `Idempotency-Key` records of the generation creates: Redis when
-    /// the store is, else in-process (like `store`).
-    pub idempotency: Arc<dyn IdempotencyStore>,
+    /// the store is, else in-process (like `store`); and the claims this
+    /// replica renews (on the runs' heartbeat).
+    pub idempotency: Arc<Claims>,
     /// Runs owned by this replica: leases, heartbeat, sweeper.
     pub runs: Arc<Runs>,
     /// The shutdown signal and the work in flight it waits for.
@@ -76,12 +77,15 @@ impl App {
                 .map(crate::tls::worker::channel_tls)
                 .transpose()?,
         )?;
-        let idempotency = crate::idempotency::open(redis.clone());
+        let idempotency_store =
+            crate::idempotency::open(redis.clone(), config.store.idempotency_max_memory_bytes);
         let store = crate::store::open(
             redis,
             Duration::from_secs(config.store.storage_window_seconds),
         );
         let runs = Arc::new(Runs::new(store.clone(), &config.store));
+        let idempotency = Arc::new(Claims::new(idempotency_store, runs.lease_span()));
+        runs.renew_also(idempotency.clone());
         Ok(Self {
             config,
             catalog,

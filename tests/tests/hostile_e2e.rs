@@ -327,3 +327,198 @@ async fn stored_responses_are_capped_per_organisation_in_process() {
 async fn stored_responses_are_capped_per_organisation_on_redis() {
     stored_responses_are_capped(true).await;
 }
+
+async fn post_keyed(client: &Client, path: &str, key: &str, body: String) -> Reply {
+    client
+        .send(
+            client
+                .request(reqwest::Method::POST, path)
+                .header("content-type", "application/json")
+                .header("Idempotency-Key", key)
+                .body(body),
+        )
+        .await
+        .unwrap()
+}
+
+/// Issue 52, item 3: with an `Idempotency-Key`, a body the bounded parse
+/// refuses costs what it costs without the header. Before, the body was
+/// fingerprinted as a whole `serde_json::Value` ahead of the parse: the
+/// audit's 16 MiB of zeros took 1.16 s of CPU and a 1,225 MiB peak.
+#[tokio::test]
+async fn an_idempotency_key_adds_nothing_to_a_refused_body() {
+    let stack = Stack::single(WorkerOpts::default());
+    let client = stack.client();
+    let pid = stack.gateway.pid().expect("the gateway's pid");
+    let r = client
+        .post_json(
+            "/chat/completions",
+            &json!({"model":"base","messages":[{"role":"user","content":"hi"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let before = rss_mib(pid);
+    let zeros = chat(&format!(
+        r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","x":[{}0]}}}}}}]"#,
+        "0,".repeat(8_300_000)
+    ));
+    assert!(zeros.len() > 15 << 20 && zeros.len() < 16 << 20);
+    let cpu = stack.gateway.cpu_micros().unwrap();
+    let r = post_keyed(&client, "/chat/completions", "k-zeros", zeros).await;
+    let e = assert_error(&r, 400, "schema_too_large");
+    assert_eq!(e["param"], "tools.0.function.parameters", "{r}");
+    let cpu_ms = (stack.gateway.cpu_micros().unwrap() - cpu) / 1000;
+    // The Responses create too: `metadata` of 5.3M `{}`.
+    let metadata = format!(
+        r#"{{"model":"base","input":"hi","metadata":{{"a":[{}{{}}]}}}}"#,
+        "{},".repeat(5_300_000)
+    );
+    let r = post_keyed(&client, "/responses", "k-metadata", metadata).await;
+    assert_error(&r, 400, "invalid_type");
+    let peak = procfs::peak_rss_kib(pid).unwrap() / MIB;
+    println!(
+        "with an Idempotency-Key, a refused 16 MiB body: {cpu_ms} ms of gateway CPU, \
+         resident memory {before} MiB before, peak {peak} MiB"
+    );
+    assert!(cpu_ms < 500, "{cpu_ms} ms of CPU");
+    assert!(
+        peak < before + 150,
+        "peak resident memory {peak} MiB from {before} MiB"
+    );
+    // The key was never claimed: the same key with a good body runs.
+    let body = chat(r#""max_tokens":4"#);
+    let r = post_keyed(&client, "/chat/completions", "k-zeros", body).await;
+    assert_eq!(r.status, 200, "{r}");
+}
+
+/// A chat body whose synthetic reply echoes about `bytes` of text.
+fn echo_chat(i: usize, bytes: usize) -> String {
+    let text = format!("{i} synthetic:echo {}", "abcd ".repeat(bytes / 5));
+    json!({"model": "base", "messages": [{"role": "user", "content": text}]}).to_string()
+}
+
+/// Issue 52, item 6: the in-process records are bounded by bytes
+/// (`store.idempotency_max_memory_bytes`), the least recently used
+/// finished ones going first, and an evicted key's retry runs again.
+/// Before, 100 keys of about 1 MiB grew the gateway by 89 MiB.
+#[tokio::test]
+async fn in_process_idempotency_records_are_bounded_by_bytes() {
+    let stack = Stack::builder()
+        .models(&["base"])
+        .extra_toml("[store]\nidempotency_max_memory_bytes = 8388608\n")
+        .start()
+        .expect("stack starts");
+    let client = stack.client();
+    let pid = stack.gateway.pid().expect("the gateway's pid");
+    let key = |i: usize| format!("bounded-{i}");
+    // Two rounds first, so the baseline has the request path's allocations.
+    for i in 0..2 {
+        let r = post_keyed(
+            &client,
+            "/chat/completions",
+            &key(1000 + i),
+            echo_chat(i, 700_000),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{r}");
+    }
+    let before = rss_mib(pid);
+    for i in 0..100 {
+        let r = post_keyed(&client, "/chat/completions", &key(i), echo_chat(i, 700_000)).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert!(r.body.len() > 700_000, "{} bytes", r.body.len());
+    }
+    let after = rss_mib(pid);
+    println!(
+        "100 idempotency records of about 0.7 MiB in process: resident memory {before} -> {after} MiB"
+    );
+    assert!(
+        after < before + 40,
+        "resident memory grew from {before} to {after} MiB"
+    );
+    // The newest is replayed; the oldest was evicted, and runs again.
+    let r = post_keyed(
+        &client,
+        "/chat/completions",
+        &key(99),
+        echo_chat(99, 700_000),
+    )
+    .await;
+    assert_eq!(r.header("idempotent-replayed"), Some("true"), "{r}");
+    let r = post_keyed(&client, "/chat/completions", &key(0), echo_chat(0, 700_000)).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(
+        r.header("idempotent-replayed"),
+        None,
+        "evicted: it ran again"
+    );
+}
+
+/// Issue 52, item 6: an `Idempotency-Key`'s record counts against its
+/// organisation's storage cap, as a stored response does. At the cap a
+/// keyed create is refused (403 `storage_quota_exceeded`) and so is a
+/// stored create; a replay still answers (it stores nothing), and another
+/// organisation is not affected. Before, an org at its cap added 9.2 MB.
+async fn idempotency_records_count_against_the_storage_cap(redis: bool) {
+    let (_stack, capped, free) = quota_stack(1_000_000, redis);
+    let mut kept = 0;
+    let refusal = loop {
+        let r = post_keyed(
+            &capped,
+            "/chat/completions",
+            &format!("capped-{kept}"),
+            echo_chat(kept, 300_000),
+        )
+        .await;
+        if r.status != 200 {
+            break r;
+        }
+        kept += 1;
+        assert!(kept < 10, "the cap never refused a keyed create");
+    };
+    // 300 KB each: the fourth passes the cap (an admitted request's record
+    // is kept), the fifth is refused.
+    assert_eq!(kept, 4, "{refusal}");
+    let e = assert_error(&refusal, 403, "storage_quota_exceeded");
+    assert_eq!(e["param"], "store", "{refusal}");
+    // The refused one did not pin its key; a replay of a kept one answers.
+    let r = post_keyed(
+        &capped,
+        "/chat/completions",
+        "capped-0",
+        echo_chat(0, 300_000),
+    )
+    .await;
+    assert_eq!(r.header("idempotent-replayed"), Some("true"), "{r}");
+    // A stored create sees the records' bytes.
+    let r = capped
+        .post_json(
+            "/responses",
+            &json!({"model": "base", "input": "hi", "max_output_tokens": 4}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, 403, "storage_quota_exceeded");
+    // Without a key and unstored: nothing is kept, nothing refused.
+    let r = capped
+        .post_json(
+            "/chat/completions",
+            &json!({"model":"base","messages":[{"role":"user","content":"hi"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let r = post_keyed(&free, "/chat/completions", "free-0", echo_chat(0, 300_000)).await;
+    assert_eq!(r.status, 200, "{r}");
+}
+
+#[tokio::test]
+async fn idempotency_records_count_against_the_storage_cap_in_process() {
+    idempotency_records_count_against_the_storage_cap(false).await;
+}
+
+#[tokio::test]
+async fn idempotency_records_count_against_the_storage_cap_on_redis() {
+    idempotency_records_count_against_the_storage_cap(true).await;
+}

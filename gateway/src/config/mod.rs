@@ -311,6 +311,11 @@ pub struct StoreConfig {
     /// without a replayable reply (409 `idempotency_result_not_kept`).
     #[serde(default = "default_idempotency_max_record_bytes")]
     pub idempotency_max_record_bytes: usize,
+    /// The embedded store only: the most bytes of idempotency records kept
+    /// in the gateway's memory; past it the least recently used finished
+    /// records go (a retry of an evicted key runs again).
+    #[serde(default = "default_idempotency_max_memory_bytes")]
+    pub idempotency_max_memory_bytes: usize,
     /// A run whose lease is not renewed within this is taken for dead and
     /// failed by another replica's sweeper.
     #[serde(default = "default_lease_millis")]
@@ -338,6 +343,7 @@ impl Default for StoreConfig {
             storage_window_seconds: default_storage_window(),
             idempotency_window_seconds: default_idempotency_window(),
             idempotency_max_record_bytes: default_idempotency_max_record_bytes(),
+            idempotency_max_memory_bytes: default_idempotency_max_memory_bytes(),
             lease_millis: default_lease_millis(),
             heartbeat_millis: default_heartbeat_millis(),
             sweep_interval_millis: default_sweep_millis(),
@@ -354,6 +360,9 @@ fn default_idempotency_window() -> u64 {
 }
 fn default_idempotency_max_record_bytes() -> usize {
     1 << 20
+}
+fn default_idempotency_max_memory_bytes() -> usize {
+    64 << 20
 }
 fn default_lease_millis() -> u64 {
     10_000

@@ -5,9 +5,10 @@
 //!
 //! A key's life, as its record says it:
 //! 1. **Claimed** (`outcome: None`): one atomic insert-if-absent with a
-//!    short time to live, the *lease* (the request's deadline plus a
-//!    margin), so a replica that dies mid-run frees the key by itself.
-//!    A duplicate meanwhile is told the key is in use (409).
+//!    short time to live, the *lease* (`store.lease_millis` and a
+//!    heartbeat), renewed by its replica while the request runs
+//!    ([`claims`]), so a replica that dies mid-run frees the key within
+//!    one lease. A duplicate meanwhile is told the key is in use (409).
 //! 2. **Completed** (`outcome: Some`): the claimant, and only it (its
 //!    `token`), replaces the record with what a retry replays, kept for the
 //!    window.
@@ -20,6 +21,7 @@
 //! HTTP: the routes read the header and map [`IdempotencyError`] at the
 //! edge. Keys are kept only as digests.
 
+pub mod claims;
 pub mod memory;
 pub mod redis;
 
@@ -33,7 +35,7 @@ use std::time::Duration;
 pub const MAX_KEY_LEN: usize = 255;
 
 /// What a retry under a key finds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The claimant's random token: only it completes or releases the key.
     pub token: String,
@@ -103,6 +105,10 @@ pub trait IdempotencyStore: Send + Sync {
         lease: Duration,
     ) -> IdempotencyResult<Option<Record>>;
 
+    /// Extends `token`'s claim of `key` to `lease` from now, if it is still
+    /// that claim (not completed, released, or lapsed). False otherwise.
+    async fn renew(&self, key: &str, token: &str, lease: Duration) -> IdempotencyResult<bool>;
+
     /// Replaces the claim with `record` (its outcome) for `keep`, if the
     /// claim is still `record.token`'s. False when it was not (its lease
     /// ran out, and another request may hold the key now).
@@ -114,12 +120,30 @@ pub trait IdempotencyStore: Send + Sync {
 }
 
 /// The idempotency store to use: Redis through `redis` (the process's
-/// handle) when configured, else in-process.
-pub fn open(redis: Option<Arc<crate::redis::RedisHandle>>) -> Arc<dyn IdempotencyStore> {
+/// handle) when configured, else in-process, keeping at most
+/// `max_memory_bytes` of records.
+pub fn open(
+    redis: Option<Arc<crate::redis::RedisHandle>>,
+    max_memory_bytes: usize,
+) -> Arc<dyn IdempotencyStore> {
     match redis {
         Some(handle) => Arc::new(redis::RedisIdempotency::new(handle)),
-        None => Arc::new(memory::MemoryIdempotency::default()),
+        None => Arc::new(memory::MemoryIdempotency::new(max_memory_bytes)),
     }
+}
+
+/// What a record under `key` takes in a store, about: its key, token,
+/// fingerprint and kept reply, and the rest of its encoding. The
+/// in-process bound and the organisation's storage cap count this.
+pub fn record_bytes(key: &str, record: &Record) -> usize {
+    let reply = match &record.outcome {
+        Some(Outcome::Chat { body, .. } | Outcome::Response { body, .. }) => body.len(),
+        Some(Outcome::Stored { response_id, .. }) => response_id.len(),
+        Some(Outcome::NotKept) | None => 0,
+    };
+    // The JSON around the fields, and the map's own entry.
+    const FRAME: usize = 96;
+    key.len() + record.token.len() + record.fingerprint.len() + reply + FRAME
 }
 
 /// Why a header value is not a usable key.
@@ -158,7 +182,9 @@ pub fn record_key(org: &str, key: &str) -> String {
 /// canonical form (object keys sorted, no insignificant whitespace), so a
 /// client that re-serializes its body differently is still the same
 /// request. A body that is not JSON is hashed as its bytes (it is refused
-/// by parsing before any key is claimed anyway).
+/// by parsing before any key is claimed anyway). The routes take it only
+/// of a body their bounded parse accepted, so a hostile body refused by
+/// the parse costs no more with the header than without.
 pub fn fingerprint(route: &str, body: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(route.as_bytes());
@@ -267,6 +293,30 @@ pub mod suite {
             None
         );
 
+        // Only the claimant renews, and only a claim: a renewal never cuts
+        // a finished record's window short.
+        let renewing = record_key("org-a", &format!("k4-{tag}"));
+        let short = Duration::from_millis(150);
+        assert_eq!(
+            store
+                .claim(&renewing, &claim("t1", "fp"), short)
+                .await
+                .unwrap(),
+            None
+        );
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(80)).await;
+            assert!(!store.renew(&renewing, "t2", short).await.unwrap());
+            assert!(store.renew(&renewing, "t1", short).await.unwrap());
+        }
+        let mut finished = claim("t1", "fp");
+        finished.outcome = Some(Outcome::NotKept);
+        assert!(store.complete(&renewing, &finished, long).await.unwrap());
+        assert!(!store.renew(&renewing, "t1", short).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let found = store.claim(&renewing, &claim("t2", "fp"), long).await;
+        assert_eq!(found.unwrap(), Some(finished));
+
         // A lapsed claim frees the key; its claimant can no longer complete.
         let lapsing = record_key("org-a", &format!("k3-{tag}"));
         let short = Duration::from_millis(50);
@@ -307,7 +357,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_memory_store_passes_the_suite() {
-        suite::run(&memory::MemoryIdempotency::default(), "mem").await;
+        suite::run(&memory::MemoryIdempotency::new(1 << 20), "mem").await;
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Idempotency records in Redis, shared by every replica:
 //! `<prefix>idem:{<digest>}`, one JSON string per key (the digest is the
 //! hash tag, so a record is one slot on a cluster). Claiming is one atomic
-//! `SET NX PX` (the lease); completing and releasing are compare-and-set
+//! `SET NX PX` (the lease); renewing, completing and releasing are compare-and-set
 //! scripts on the claimant's token, so a claimant whose lease ran out can
 //! neither overwrite nor delete the record of the request that took the
 //! key after it.
@@ -56,6 +56,14 @@ static COMPLETE: LazyLock<redis::Script> = LazyLock::new(|| {
     ))
 });
 
+/// Extends the claimant's claim to `ARGV[2]` ms, unless it already has an
+/// outcome (whose window a renewal must not cut short).
+static RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(&format!(
+        "{CLAIMANTS_ONLY}if record['outcome'] ~= nil and record['outcome'] ~= cjson.null then return 0 end\nreturn redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+    ))
+});
+
 /// Deletes the claimant's claim unless it already has an outcome.
 static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
@@ -94,6 +102,18 @@ impl IdempotencyStore for RedisIdempotency {
         found
             .map(|text| serde_json::from_str(&text).map_err(|_| IdempotencyError::Corrupt))
             .transpose()
+    }
+
+    async fn renew(&self, key: &str, token: &str, lease: Duration) -> IdempotencyResult<bool> {
+        let mut conn = self.redis.conn().await.map_err(unavailable("connect"))?;
+        let renewed: i64 = RENEW
+            .key(self.key(key))
+            .arg(token)
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable("renew"))?;
+        Ok(renewed == 1)
     }
 
     async fn complete(

@@ -23,8 +23,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
-    let idempotency = idempotent::requested(ex, "chat.completions", &body)?;
+    let key = idempotent::header(ex)?;
     let req: ChatCompletionRequest = parse::json_body(&body)?;
+    // Printed only once the bounded parse accepted the body.
+    let idempotency = key.map(|k| k.with_body("chat.completions", &body));
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
 

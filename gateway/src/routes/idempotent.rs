@@ -5,35 +5,44 @@
 //! records a success's outcome or, on any other end, frees the key.
 //!
 //! The stages, in a create's order:
-//! 1. [`requested`]: the header (400 when invalid) and the body's
-//!    fingerprint, taken while the body is at hand;
+//! 1. [`header`]: the header (400 when invalid), before the body is
+//!    parsed; [`KeyHeader::with_body`]: the body's fingerprint, once the
+//!    bounded parse accepted it (a body it refuses is never fingerprinted);
 //! 2. [`begin`]: claim, or answer from the record: the first's outcome
 //!    (replayed, `idempotent-replayed: true`), 409 while it runs, 422 for
-//!    another body under the same key;
+//!    another body under the same key; a claim is charged to the
+//!    organisation's storage cap, and refused at it;
 //! 3. [`complete`] at a success, before its reply is sent; [`release`] at
 //!    the end of the route for anything else.
+//!
+//! A claim is a short lease that this replica's heartbeat renews while the
+//! request runs (`idempotency::claims`), so it frees within one lease of
+//! its holder's loss.
 
 use crate::accounts::Account;
 use crate::api::responses::ResponseObject;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::http::{Exchange, SseReply};
-use crate::idempotency::{self, IdempotencyStore, KeyProblem, Outcome, Record};
+use crate::idempotency::claims::Claims;
+use crate::idempotency::{self, KeyProblem, Outcome, Record};
+use crate::lifecycle::Shutdown;
+use crate::runs::stored::{FINISH_RETRY_FIRST, FINISH_RETRY_MAX, PATIENCE};
 use crate::sse;
+use crate::store::{ResponseStore, StoreError};
 use crate::translate::replay;
 use bytes::Bytes;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The request header.
 pub const HEADER: &str = "Idempotency-Key";
 
-/// A claim's lease beyond the request's own deadline: the reply is sent
-/// and the outcome recorded after the generation ends.
-const LEASE_MARGIN: Duration = Duration::from_secs(30);
-
 /// The `retry-after` of a 409 while the first request runs.
 const IN_USE_RETRY_AFTER_SECS: u64 = 2;
+
+/// A checked key, before the body is known to be acceptable.
+pub struct KeyHeader(String);
 
 /// What a request with the header asks for: its key and what makes it
 /// "the same request".
@@ -42,9 +51,8 @@ pub struct Requested {
     fingerprint: String,
 }
 
-/// The header, checked, with the fingerprint of `route` and `body`;
-/// `None` without the header.
-pub fn requested(ex: &Exchange, route: &str, body: &[u8]) -> Result<Option<Requested>, ApiError> {
+/// The header, checked; `None` without it.
+pub fn header(ex: &Exchange) -> Result<Option<KeyHeader>, ApiError> {
     let mut values = ex.session.req_header().headers.get_all(HEADER).iter();
     let Some(raw) = values.next() else {
         return Ok(None);
@@ -62,10 +70,19 @@ pub fn requested(ex: &Exchange, route: &str, body: &[u8]) -> Result<Option<Reque
         };
         ApiError::invalid_value(HEADER, format!("The '{HEADER}' header {why}."))
     })?;
-    Ok(Some(Requested {
-        key: key.to_owned(),
-        fingerprint: idempotency::fingerprint(route, body),
-    }))
+    Ok(Some(KeyHeader(key.to_owned())))
+}
+
+impl KeyHeader {
+    /// The key with the fingerprint of `route` and `body`. Call it only
+    /// once the bounded parse accepted `body`: the fingerprint reads the
+    /// whole body as JSON, which only the parse's bounds keep cheap.
+    pub fn with_body(self, route: &str, body: &[u8]) -> Requested {
+        Requested {
+            key: self.0,
+            fingerprint: idempotency::fingerprint(route, body),
+        }
+    }
 }
 
 /// 400: planner mode keeps its own session state and lock (`x-session-id`);
@@ -91,12 +108,22 @@ pub enum Begin {
 /// [`complete`] or [`release`] (a panic, a cancelled future), it frees
 /// the key in the background.
 pub struct Claim {
-    store: Arc<dyn IdempotencyStore>,
+    claims: Arc<Claims>,
     key: String,
     record: Record,
     keep: Duration,
     max_bytes: usize,
+    /// The organisation's storage cap the record is charged to (0: none).
+    cap: Cap,
+    shutdown: Arc<Shutdown>,
     settled: bool,
+}
+
+/// Where and how much a record is charged ([`charge`]).
+struct Cap {
+    store: Arc<dyn ResponseStore>,
+    org: Arc<str>,
+    max_stored_bytes: u64,
 }
 
 impl Drop for Claim {
@@ -104,22 +131,24 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
-        let (store, key, token) = (
-            self.store.clone(),
+        let (claims, key, token) = (
+            self.claims.clone(),
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.record.token),
         );
+        claims.let_go(&key, &token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = store.release(&key, &token).await;
+                let _ = claims.store.release(&key, &token).await;
             });
         }
     }
 }
 
 /// Claims the key of `requested` for this request, or answers a retry
-/// from the key's record. The claim is a lease of the request's deadline
-/// plus a margin: a replica that dies mid-run frees the key by itself.
+/// from the key's record. The claim is renewed until the request's
+/// deadline and a lease; charged to the organisation's storage cap, and
+/// refused (403 `storage_quota_exceeded`) at it.
 pub async fn begin(
     app: &App,
     ex: &mut Exchange,
@@ -136,16 +165,29 @@ pub async fn begin(
         fingerprint,
         outcome: None,
     };
-    let lease = app.request_timeout() + LEASE_MARGIN;
-    let Some(found) = app.idempotency.claim(&key, &record, lease).await? else {
-        return Ok(Begin::Run(Some(Claim {
-            store: app.idempotency.clone(),
-            key,
-            record,
+    let claims = &app.idempotency;
+    let renew_until = Instant::now() + app.request_timeout() + claims.lease();
+    let Some(found) = claims.claim(&key, &record, renew_until).await? else {
+        let claim = Claim {
+            claims: claims.clone(),
             keep: Duration::from_secs(app.config.store.idempotency_window_seconds),
             max_bytes: app.config.store.idempotency_max_record_bytes,
+            cap: Cap {
+                store: app.store.clone(),
+                org: org.clone(),
+                max_stored_bytes: account.plan.max_stored_bytes,
+            },
+            shutdown: app.shutdown.clone(),
             settled: false,
-        })));
+            record,
+            key,
+        };
+        let bytes = idempotency::record_bytes(&claim.key, &claim.record);
+        if let Err(e) = charge(&claim.cap, bytes, claim.keep, true).await {
+            release(Some(claim)).await;
+            return Err(e.into());
+        }
+        return Ok(Begin::Run(Some(claim)));
     };
     if found.fingerprint != record.fingerprint {
         return Err(ApiError::idempotency_key_reused());
@@ -159,10 +201,31 @@ pub async fn begin(
     }
 }
 
+/// Counts `bytes` of a key's record against its organisation's storage
+/// cap, as a stored response's are (nothing without a cap). `enforced`:
+/// refused past the cap (a new claim); else counted whatever (an outcome:
+/// its request was admitted, so like a run that ends past the cap, the
+/// next create is refused, not this reply).
+async fn charge(cap: &Cap, bytes: usize, keep: Duration, enforced: bool) -> Result<(), StoreError> {
+    if cap.max_stored_bytes == 0 {
+        return Ok(());
+    }
+    let max = if enforced {
+        cap.max_stored_bytes
+    } else {
+        u64::MAX
+    };
+    cap.store
+        .charge_record(&cap.org, bytes as u64, max, keep)
+        .await
+}
+
 /// Records a success's outcome: from now on a retry gets it. Call it
 /// before the reply goes out, so a retry that races the reply finds it.
-/// A reply over the record's bound pins the key without it. A record
-/// that cannot be written is logged: the claim's lease then frees the key.
+/// A reply over the record's bound pins the key without it; a kept one
+/// is charged to the organisation's storage cap. A record the store does not take at once
+/// is written in the background, retried until the store answers (the
+/// claim renewed meanwhile), while the reply goes out.
 pub async fn complete(claim: &mut Option<Claim>, outcome: Outcome) {
     let Some(mut claim) = claim.take() else {
         return;
@@ -172,19 +235,56 @@ pub async fn complete(claim: &mut Option<Claim>, outcome: Outcome) {
         Outcome::Chat { body, .. } | Outcome::Response { body, .. } => body.len(),
         Outcome::Stored { .. } | Outcome::NotKept => 0,
     };
-    claim.record.outcome = Some(if size > claim.max_bytes {
-        Outcome::NotKept
+    if size > claim.max_bytes {
+        claim.record.outcome = Some(Outcome::NotKept);
     } else {
-        outcome
-    });
-    match claim
-        .store
-        .complete(&claim.key, &claim.record, claim.keep)
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!("an idempotency claim lapsed before its request finished"),
-        Err(e) => tracing::warn!("an idempotency outcome was not recorded: {e}"),
+        if let Err(e) = charge(&claim.cap, size, claim.keep, false).await {
+            // Unmetered rather than unreplayable.
+            tracing::warn!("an idempotency record was not charged: {e}");
+        }
+        claim.record.outcome = Some(outcome);
+    }
+    let (claims, key, record, keep) = (
+        claim.claims.clone(),
+        std::mem::take(&mut claim.key),
+        std::mem::take(&mut claim.record),
+        claim.keep,
+    );
+    match claims.store.complete(&key, &record, keep).await {
+        Ok(written) => completed(&claims, &key, &record.token, written),
+        Err(e) => {
+            tracing::warn!("an idempotency outcome was not recorded, retrying: {e}");
+            let in_flight = claim.shutdown.begin();
+            tokio::spawn(async move {
+                let give_up = tokio::time::Instant::now() + PATIENCE;
+                let store = &claims.store;
+                let written = crate::runs::retry_store(
+                    &key,
+                    give_up,
+                    FINISH_RETRY_FIRST,
+                    FINISH_RETRY_MAX,
+                    || store.complete(&key, &record, keep),
+                )
+                .await;
+                match written {
+                    Ok(written) => completed(&claims, &key, &record.token, written),
+                    Err(e) => {
+                        // Its lease lapses, and a later retry runs again.
+                        tracing::error!("gave up recording an idempotency outcome: {e}");
+                        claims.let_go(&key, &record.token);
+                    }
+                }
+                drop(in_flight);
+            });
+        }
+    }
+}
+
+/// The outcome write of `key` answered: the claim is no longer renewed.
+fn completed(claims: &Claims, key: &str, token: &str, written: bool) {
+    claims.let_go(key, token);
+    if !written {
+        tracing::warn!("an idempotency claim lapsed before its request finished");
     }
 }
 
@@ -195,7 +295,13 @@ pub async fn release(claim: Option<Claim>) {
         return;
     };
     claim.settled = true;
-    if let Err(e) = claim.store.release(&claim.key, &claim.record.token).await {
+    claim.claims.let_go(&claim.key, &claim.record.token);
+    if let Err(e) = claim
+        .claims
+        .store
+        .release(&claim.key, &claim.record.token)
+        .await
+    {
         // The lease frees it.
         tracing::warn!("an idempotency claim was not released: {e}");
     }

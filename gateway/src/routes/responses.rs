@@ -33,8 +33,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
-    let idempotency = idempotent::requested(ex, "responses", &body)?;
+    let key = idempotent::header(ex)?;
     let checked = check(app, &account, &body, &mut ex.model)?;
+    // Printed only once the bounded parse accepted the body.
+    let idempotency = key.map(|k| k.with_body("responses", &body));
     drop(body);
 
     // 2. With a key: claim it, or answer from the first request's record.

@@ -62,6 +62,15 @@ const UNRECORDED_FOREGROUND: &str = "The gateway replica serving this response s
     renewing its lease before it recorded how the response ended. The reply may have \
     reached the client that created it in full.";
 
+/// Another kind of lease this replica holds beside its runs' (the claims of
+/// `Idempotency-Key`s), renewed on the runs' heartbeat: every lease of a
+/// replica lives and lapses by one clock, `store.lease_millis`.
+#[async_trait::async_trait]
+pub trait Renewal: Send + Sync {
+    /// One heartbeat's renewal of every lease it holds.
+    async fn renew(&self);
+}
+
 /// A handed-over run a sweeper took, for the adopter to run.
 #[derive(Debug)]
 pub struct Adoption {
@@ -80,6 +89,8 @@ pub struct Runs {
     /// Runs the sweeper took over, to the adopter ([`Self::adoptions`]).
     adopted: mpsc::UnboundedSender<Adoption>,
     adoptions: Mutex<Option<mpsc::UnboundedReceiver<Adoption>>>,
+    /// Other leases renewed on this heartbeat ([`Self::renew_also`]).
+    renewals: Mutex<Vec<Arc<dyn Renewal>>>,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub sweep_interval: Duration,
@@ -95,6 +106,7 @@ impl Runs {
             draining: AtomicBool::new(false),
             adopted,
             adoptions: Mutex::new(Some(adoptions)),
+            renewals: Mutex::default(),
             lease: Duration::from_millis(config.lease_millis),
             heartbeat: Duration::from_millis(config.heartbeat_millis),
             sweep_interval: Duration::from_millis(config.sweep_interval_millis),
@@ -109,6 +121,14 @@ impl Runs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
+    }
+
+    /// Renews `renewal`'s leases on this heartbeat too.
+    pub fn renew_also(&self, renewal: Arc<dyn Renewal>) {
+        self.renewals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(renewal);
     }
 
     /// This replica began draining: from now on its sweeper leaves other
@@ -206,7 +226,13 @@ impl Runs {
             async {
                 loop {
                     heartbeat.tick().await;
-                    self.renew().await;
+                    let others: Vec<Arc<dyn Renewal>> = self
+                        .renewals
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    let others = futures::future::join_all(others.iter().map(|r| r.renew()));
+                    tokio::join!(self.renew(), others);
                 }
             },
             async {
@@ -410,22 +436,25 @@ impl Runs {
 /// last try is made at `give_up` itself (a pause is cut short to it), so a
 /// store back by then is always tried. Then its last error. The owners'
 /// writes are idempotent, so a retry of a write that landed is success.
-async fn retry_store<T, F, Fut>(
+/// (Also the retry of an `Idempotency-Key`'s outcome write, whose `id` is
+/// its record's digest.)
+pub(crate) async fn retry_store<T, E, F, Fut>(
     id: &str,
     give_up: tokio::time::Instant,
     first: Duration,
     max: Duration,
     mut attempt: F,
-) -> crate::store::StoreResult<T>
+) -> Result<T, E>
 where
+    E: std::fmt::Display,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
     let mut backoff = first;
     loop {
         match attempt().await {
             Err(e) if tokio::time::Instant::now() < give_up => {
-                tracing::warn!(response_id = %id, "store write failed, retrying: {e}");
+                tracing::warn!(id = %id, "store write failed, retrying: {e}");
                 tokio::time::sleep_until(give_up.min(tokio::time::Instant::now() + backoff)).await;
                 backoff = (backoff * 2).min(max);
             }
@@ -695,6 +724,15 @@ mod tests {
         }
         fn shared(&self) -> bool {
             self.0.shared()
+        }
+        async fn charge_record(
+            &self,
+            org: &str,
+            bytes: u64,
+            cap: u64,
+            keep: Duration,
+        ) -> crate::store::StoreResult<()> {
+            self.0.charge_record(org, bytes, cap, keep).await
         }
         async fn expired_leases(
             &self,

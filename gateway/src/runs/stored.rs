@@ -35,9 +35,10 @@ use std::time::Duration;
 /// says the outcome was not recorded.
 pub const PATIENCE: Duration = Duration::from_secs(300);
 
-/// First and longest pause between retries of a foreground final write.
-const FINISH_RETRY_FIRST: Duration = Duration::from_millis(50);
-const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
+/// First and longest pause between retries of a foreground final write
+/// (and of an `Idempotency-Key`'s outcome write).
+pub(crate) const FINISH_RETRY_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// First and longest pause between retries of a background write.
 const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);

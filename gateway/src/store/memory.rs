@@ -11,7 +11,7 @@ use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent, ResponseStatus};
 use crate::api::responses::{InputItem, ResponseObject};
 use async_trait::async_trait;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -41,7 +41,15 @@ struct State {
     handovers: HashMap<String, Handover>,
     /// When expired responses were last dropped (see [`State::purge`]).
     purged: Option<Instant>,
+    /// Other records charged to an organisation's cap
+    /// ([`ResponseStore::charge_record`]): per org, (bytes, until), those
+    /// ending within [`RECORDS_STRETCH`] of each other added up.
+    records: HashMap<String, VecDeque<(u64, Instant)>>,
 }
+
+/// Charges of other records that end this close together are kept as one
+/// (ending with the last), so their ledger stays small however many.
+const RECORDS_STRETCH: Duration = Duration::from_secs(60);
 
 struct Handover {
     record: String,
@@ -107,6 +115,10 @@ impl State {
         }
         self.purged = Some(now);
         self.responses.retain(|_, e| e.expires_at > now);
+        self.records.retain(|_, charges| {
+            charges.retain(|(_, until)| *until > now);
+            !charges.is_empty()
+        });
     }
 
     /// The bytes `org`'s live responses count against its cap. A walk over
@@ -119,6 +131,18 @@ impl State {
             .values()
             .filter(|e| e.org == org && e.expires_at > now)
             .map(|e| e.charged)
+            .sum::<u64>()
+            + self.records_charged(org, now)
+    }
+
+    /// The bytes of `org`'s other live records ([`ResponseStore::charge_record`]).
+    fn records_charged(&self, org: &str, now: Instant) -> u64 {
+        self.records
+            .get(org)
+            .into_iter()
+            .flatten()
+            .filter(|(_, until)| *until > now)
+            .map(|(bytes, _)| bytes)
             .sum()
     }
 }
@@ -351,6 +375,34 @@ impl ResponseStore for MemoryStore {
         let record = handover.record.clone();
         state.leases.insert(id.to_owned(), until_ms);
         Ok(TakeHandover::Taken(record))
+    }
+
+    async fn charge_record(
+        &self,
+        org: &str,
+        bytes: u64,
+        cap: u64,
+        keep: Duration,
+    ) -> StoreResult<()> {
+        let mut state = lock(&self.state);
+        state.purge();
+        let used = state.charged(org);
+        if used.saturating_add(bytes) > cap {
+            return Err(StoreError::QuotaExceeded {
+                used,
+                needed: bytes,
+                cap,
+            });
+        }
+        let until = Instant::now() + keep;
+        let charges = state.records.entry(org.to_owned()).or_default();
+        match charges.back_mut() {
+            Some(last) if until <= last.1 + RECORDS_STRETCH => {
+                *last = (last.0 + bytes, last.1.max(until));
+            }
+            _ => charges.push_back((bytes, until)),
+        }
+        Ok(())
     }
 
     /// In process: no other replica could adopt a run.

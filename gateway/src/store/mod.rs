@@ -17,7 +17,9 @@
 //!   stored bytes past it is refused ([`StoreError::QuotaExceeded`]);
 //!   a delete gives the bytes back, and so does expiry (the in-process
 //!   store exactly; Redis when the usage bucket of the hour, or so, the
-//!   response was stored in expires: see `redis.rs`).
+//!   response was stored in expires: see `redis.rs`). An
+//!   `Idempotency-Key`'s record counts too, for its window
+//!   ([`ResponseStore::charge_record`]).
 //! - The terminal status is written once: every write that can end a run is
 //!   a compare-and-set against "not yet terminal", and the event log takes
 //!   no event after the terminal one.
@@ -227,6 +229,19 @@ pub trait ResponseStore: Send + Sync {
 
     /// Whether other replicas share this store (and so may adopt a run).
     fn shared(&self) -> bool;
+
+    /// Counts `bytes` of a record kept beside the responses for `keep` (an
+    /// `Idempotency-Key`'s record) against `org`'s cap `cap`; refused like
+    /// a create that would pass it ([`StoreError::QuotaExceeded`]). They
+    /// count until `keep` has passed (on Redis: at most one bucket's
+    /// stretch longer), and a stored create sees them.
+    async fn charge_record(
+        &self,
+        org: &str,
+        bytes: u64,
+        cap: u64,
+        keep: Duration,
+    ) -> StoreResult<()>;
 }
 
 /// What a sweeper learns from [`ResponseStore::take_handover`].

@@ -19,7 +19,11 @@
 //!   at once (the response's hash names its bucket: `qkey`, `qbytes`). The
 //!   buckets of an org share its `{org}` tag: the check-and-add is one
 //!   script in one slot, apart from the response's own slot (so a create
-//!   refused by the store after its bytes were added gives them back).
+//!   refused by the store after its bytes were added gives them back);
+//! - `<p>quota:{org}:records:<n>`: the same for the records of
+//!   `Idempotency-Key`s charged in the `n`th period, each bucket expiring
+//!   the idempotency window after its period ends; every check of the cap
+//!   adds both kinds up.
 //!
 //! A response's keys share its `{id}` hash tag, so every script and
 //! transaction over them stays in one Redis Cluster slot; the leases set is
@@ -284,6 +288,10 @@ impl RedisStore {
     ) -> StoreResult<String> {
         let (keys, ttl) = self.quota_buckets(org, super::now_ms());
         let mut script = CHARGE.prepare_invoke();
+        // Idempotency records count too; the current bucket stays last.
+        for key in self.record_buckets(org, super::now_ms()).0 {
+            script.key(key);
+        }
         for key in &keys {
             script.key(key);
         }
@@ -303,6 +311,20 @@ impl RedisStore {
         }
         // Never empty: the range of buckets includes the current one.
         Ok(keys.last().cloned().unwrap_or_default())
+    }
+
+    /// `org`'s usage buckets of other records ([`ResponseStore::charge_record`],
+    /// `quota:{org}:records:<n>`): the same periods as the responses'
+    /// buckets, but each expires `keep` after its period ends (the last
+    /// record it counts expires by then). The current one last.
+    fn record_buckets(&self, org: &str, now_ms: u64) -> (Vec<String>, u64) {
+        let window = self.window.as_millis() as u64;
+        let period = (window / QUOTA_BUCKETS).max(1000);
+        let current = now_ms / period;
+        let keys = (current.saturating_sub(window.div_ceil(period))..=current)
+            .map(|n| self.redis.key("quota", org, &format!(":records:{n}")))
+            .collect();
+        (keys, (current + 1) * period - now_ms)
     }
 
     /// Gives `bytes` back to a usage bucket; a failure only logs (the
@@ -801,6 +823,40 @@ impl ResponseStore for RedisStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    async fn charge_record(
+        &self,
+        org: &str,
+        bytes: u64,
+        cap: u64,
+        keep: Duration,
+    ) -> StoreResult<()> {
+        let _rt = RoundTrip::start("charge");
+        let mut conn = self.conn().await?;
+        let now = super::now_ms();
+        let (records, until_period_ends) = self.record_buckets(org, now);
+        let mut script = CHARGE.prepare_invoke();
+        // The responses' buckets, then the records' with the current last
+        // (the one the script adds to).
+        for key in self.quota_buckets(org, now).0.iter().chain(&records) {
+            script.key(key);
+        }
+        let (added, used): (i64, u64) = script
+            .arg(bytes)
+            .arg(cap)
+            .arg(until_period_ends + keep.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable("charge"))?;
+        if added != 1 {
+            return Err(StoreError::QuotaExceeded {
+                used,
+                needed: bytes,
+                cap,
+            });
+        }
+        Ok(())
     }
 
     async fn expired_leases(&self, now_ms: u64, limit: usize) -> StoreResult<Vec<String>> {

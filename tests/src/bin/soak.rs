@@ -13,7 +13,11 @@
 //! restarted on its data (under paused planner sessions) or its
 //! connections dropped; a worker link partitioned, slowed or refusing; a
 //! primary of B's cluster killed and, once its replica took over, started
-//! again (it returns as a replica).
+//! again (it returns as a replica); an idempotent create (`Idempotency-Key`)
+//! on A's peer replica (a third gateway on A's Redis), that replica
+//! SIGKILLed mid-reply and the create retried on A: the retry must be
+//! answered within one lease of the kill (its claim freed), with the
+//! first's reply if the first had one, and the peer is started again.
 //!
 //! With `--worker-fault-every`, workers are also killed and rolled on
 //! their own clock, in turn: one SIGKILLed and started again 3 s later
@@ -192,6 +196,12 @@ struct Faulty {
     /// The worker processes behind `workers`, killed and restarted in
     /// place.
     processes: Arc<Mutex<Vec<harness::Worker>>>,
+    /// A's peer replica (on A's Redis), killed under an idempotent create.
+    peer: Arc<Mutex<Gateway>>,
+    peer_client: harness::Client,
+    a_client: harness::Client,
+    /// Tokens of the idempotent create: about four seconds of decoding.
+    idempotent_tokens: u64,
 }
 
 #[tokio::main]
@@ -247,6 +257,9 @@ async fn main() -> Result<()> {
         "redis_cluster = true\n",
         "",
     ))?;
+    let mut peer_opts = gateway_opts(redis_link.redis_url(), &prefix_a, "", "");
+    peer_opts.keys = gateway_a.keys().to_vec();
+    let peer = Gateway::start(peer_opts)?;
     let cluster_urls: Vec<String> = cluster.urls().split(',').map(str::to_owned).collect();
     let targets = Arc::new(vec![
         Target {
@@ -274,6 +287,10 @@ async fn main() -> Result<()> {
         cluster: Arc::new(Mutex::new(cluster)),
         workers: worker_links,
         processes: Arc::new(Mutex::new(workers)),
+        peer_client: peer.client(),
+        a_client: gateway_a.client(),
+        peer: Arc::new(Mutex::new(peer)),
+        idempotent_tokens: args.tokens_per_second * 4,
     };
 
     let tally: Tally = Arc::default();
@@ -396,6 +413,7 @@ async fn main() -> Result<()> {
     }
     overdue.abort();
     let ever_overdue = OVERDUE_SEEN.load(std::sync::atomic::Ordering::Relaxed);
+    let idempotent_violations = IDEMPOTENT_VIOLATIONS.load(std::sync::atomic::Ordering::Relaxed);
     let (bad_logs, replay_mismatches) = audit_logs(&targets, &runs)?;
     // Final writes deferred by a fault land within their retries: give them
     // a minute, then every stored response must say what its client got.
@@ -454,6 +472,9 @@ async fn main() -> Result<()> {
         SESSION_LOCK_LEASE.as_secs()
     );
     println!("planner session violations: {}", sessions.violations);
+    println!(
+        "idempotent creates whose killed replica's claim held past one lease, or whose retry ran again after a reply: {idempotent_violations}"
+    );
     // Answers that were not whole, and among them those a worker fault
     // caused (what a move absorbs): every one but a refusal of the store
     // (503 `store_unavailable`), which no worker fault causes.
@@ -501,6 +522,7 @@ async fn main() -> Result<()> {
         || replay_mismatches > 0
         || told_mismatches > 0
         || sessions.violations > 0
+        || idempotent_violations > 0
     {
         anyhow::bail!("stranded or overdue runs, bad event logs, a store that disagrees with what clients were told, or planner sessions lost or stuck");
     }
@@ -511,7 +533,7 @@ async fn main() -> Result<()> {
 fn inject(i: usize, faulty: &Faulty) {
     let at = chrono_like_now();
     let (redis, workers) = (&faulty.redis_link, &faulty.workers);
-    match i % 9 {
+    match i % 10 {
         0 => {
             println!("[{at}] fault: A's Redis stalled for one lease ({LEASE_MILLIS} ms)");
             redis.stall(Duration::from_millis(LEASE_MILLIS));
@@ -567,11 +589,99 @@ fn inject(i: usize, faulty: &Faulty) {
             workers[2].drop_connections();
             heal_later(&workers[2], Duration::from_secs(10));
         }
+        9 => {
+            println!("[{at}] fault: an idempotent create on A's peer replica, SIGKILLed 1 s in; retried on A");
+            tokio::spawn(idempotent_create_killed(
+                faulty.peer.clone(),
+                faulty.peer_client.clone(),
+                faulty.a_client.clone(),
+                faulty.idempotent_tokens,
+            ));
+        }
         _ => {
             println!("[{at}] fault: every connection to A's Redis dropped");
             redis.drop_connections();
         }
     }
+}
+
+/// Idempotent creates whose retry broke the contract.
+static IDEMPOTENT_VIOLATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// An idempotent create on A's peer replica, the replica SIGKILLed 1 s in
+/// and the create retried on A as the SDKs do (honouring a 409's
+/// `retry-after`): the retry must be answered within one lease of the kill
+/// and a heartbeat (and a margin), and if the first got its reply after
+/// all, with that reply. Then the peer is started again.
+async fn idempotent_create_killed(
+    peer: Arc<Mutex<Gateway>>,
+    on_peer: harness::Client,
+    on_a: harness::Client,
+    tokens: u64,
+) {
+    let key = format!("soak-killed-{}", harness::random_hex(8));
+    let body = json!({"model": "base", "messages": [{"role": "user",
+        "content": format!("synthetic:reply_tokens={tokens} idempotent")}]});
+    let post = |client: harness::Client, key: String, body: Value| async move {
+        client
+            .send(
+                client
+                    .request(reqwest::Method::POST, "/chat/completions")
+                    .header("Idempotency-Key", key)
+                    .json(&body),
+            )
+            .await
+    };
+    let first = tokio::spawn(post(on_peer, key.clone(), body.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killer = peer.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Ok(mut p) = killer.lock() {
+            p.kill();
+        }
+    })
+    .await;
+    let killed = Instant::now();
+    let first = first
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .filter(|r| r.status == 200);
+    let bound = Duration::from_millis(LEASE_MILLIS + 500 + 5000);
+    let violated = |why: String| {
+        println!("  idempotent create {key}: {why}");
+        IDEMPOTENT_VIOLATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let answer = loop {
+        match post(on_a.clone(), key.clone(), body.clone()).await {
+            Ok(r) if r.status == 409 && killed.elapsed() < Duration::from_secs(60) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => break other,
+        }
+    };
+    let took = killed.elapsed();
+    match (&answer, &first) {
+        (Ok(r), _) if r.status != 200 => {
+            violated(format!("the retry answered {} after {took:?}", r.status))
+        }
+        (Err(e), _) => violated(format!("the retry failed: {e}")),
+        (Ok(_), _) if took > bound => violated(format!("answered only {took:?} after the kill")),
+        (Ok(r), Some(f)) if r.body != f.body => {
+            violated("the first got a reply, the retry another".into())
+        }
+        (Ok(_), _) => {
+            println!("  idempotent create {key}: the retry answered {took:?} after the kill")
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Ok(mut p) = peer.lock() {
+            if let Err(e) = p.restart() {
+                println!("  A's peer replica did not come back: {e}");
+            }
+        }
+    })
+    .await;
 }
 
 /// The next worker fault, in turn on each worker: a SIGKILL and a start
