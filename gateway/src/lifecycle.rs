@@ -3,11 +3,13 @@
 //! shutdown sequence, as mini-redis passes its `Shutdown` and guard.
 //!
 //! On SIGTERM the gateway (1) fails `/readyz` so load balancers stop sending
-//! traffic, (2) keeps serving while in-flight work finishes, up to the grace
-//! period, (3) at its end *cuts* what is still going: every reply ends in
-//! band (an error frame, a final Responses event, an error body), is billed
-//! for what it delivered and stored as its client got it, within a short
-//! tail, then (4) lets Pingora close listeners and runtimes.
+//! traffic and answers the requests waiting in its pool queues (they had
+//! not started; a peer serves the retry), (2) keeps serving while in-flight
+//! work finishes, up to the grace period, (3) at its end *cuts* what is
+//! still going: every reply ends in band (an error frame, a final Responses
+//! event, an error body), is billed for what it delivered and stored as its
+//! client got it, within a short tail, then (4) lets Pingora close
+//! listeners and runtimes.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -38,8 +38,9 @@ pub struct Metrics {
     /// Time requests waited in a model pool's queue (0 when a worker was
     /// free), by model and tier.
     pub queue_wait: HistogramVec,
-    /// Requests the queue turned away, by model and reason (`queue_full`,
-    /// `queue_timeout`).
+    /// Requests the queue turned away, by model, reason (`queue_full`,
+    /// `queue_timeout`, `draining`) and organisation (the account store's
+    /// ids, as on the usage series: never client input).
     pub queue_shed: IntCounterVec,
     /// Weighted tokens served per organisation in a model's pool (its
     /// virtual counter's increments: prompt + 2 × output, ÷ plan weight).
@@ -195,8 +196,8 @@ impl Metrics {
             )?,
             queue_shed: register_int_counter_vec_with_registry!(
                 "gateway_queue_shed_total",
-                "Requests refused by a model pool's queue (503), by reason.",
-                &["model", "reason"],
+                "Requests refused by a model pool's queue (503), by reason and by the organisation refused.",
+                &["model", "reason", "org"],
                 registry
             )?,
             queue_served: register_counter_vec_with_registry!(

@@ -59,6 +59,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         readiness_delay,
         grace,
         runs: app.runs.clone(),
+        pools: app.pools.clone(),
         shutdown: app.shutdown.clone(),
     };
     let pool_maintainer = background_service("worker pools", PoolMaintainer(app.pools.clone()));
@@ -141,8 +142,10 @@ const CUT_TAIL: Duration = Duration::from_secs(5);
 /// Pingora's graceful close. SIGINT stops at once.
 ///
 /// In order: (1) draining: readiness fails, keep-alive ends, new
-/// background runs are refused, and background runs whose worker has not
-/// started are handed to the peers (`runs::background`); (2) the grace
+/// background runs are refused, requests waiting in a pool's queue are
+/// answered 503 `replica_shutdown` (their clients retry on a peer), and
+/// background runs whose worker has not started are handed to the peers
+/// (`runs::background`); (2) the grace
 /// period, in which open replies finish; (3) the cut (`Shutdown::cutting`):
 /// a chat stream ends with an error frame, a Responses stream with
 /// `response.incomplete`, a body not yet sent with a 503, a background run
@@ -154,6 +157,7 @@ struct DrainingSignal {
     readiness_delay: Duration,
     grace: Duration,
     runs: Arc<crate::runs::Runs>,
+    pools: Arc<crate::pool::Pools>,
     shutdown: Arc<Shutdown>,
 }
 
@@ -175,6 +179,9 @@ impl ShutdownSignalWatch for DrainingSignal {
         tracing::info!(in_flight = self.shutdown.in_flight(), "SIGTERM: draining");
         self.runs.stop_adopting();
         self.shutdown.start_draining();
+        // Requests still waiting for a worker go to a peer now rather than
+        // wait out the grace period here.
+        self.pools.drain();
         let started = tokio::time::Instant::now();
         tokio::time::sleep(self.readiness_delay.min(self.grace)).await;
         let left = self.grace.saturating_sub(started.elapsed());

@@ -518,3 +518,74 @@ async fn equal_organisations_backlogged_on_one_slot_take_turns() {
     // a's first had the slot; from then on they alternate.
     assert_eq!(order, "abababab");
 }
+
+#[tokio::test]
+async fn an_organisation_that_fills_the_queue_gives_up_its_newest_place_to_another() {
+    let (a_toml, a) = key_on_plan("org-flood", "standard");
+    let (b_toml, b) = key_on_plan("org-quiet", "standard");
+    let stack = saturated_stack(&format!(
+        "{a_toml}{b_toml}[plans.standard]\n[models.base]\nqueue_max_depth = 3\n"
+    ));
+    wait_for_capacity(&stack).await;
+    let send = |key: &str, prompt: &str| {
+        let c = stack.client().with_key(Some(key));
+        let body = chat_body("base", prompt);
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let r = c
+                .post_json("/chat/completions", &body)
+                .await
+                .expect("reply");
+            (r, sent.elapsed())
+        })
+    };
+    // The flood holds the one slot for a second, then fills the queue.
+    let running = send(&a, "Go on. synthetic:reply_tokens=100");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut flood = Vec::new();
+    for i in 0..3 {
+        flood.push(send(&a, &format!("flood {i} synthetic:reply_tokens=5")));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, page) = stack.gateway.admin_get("/metrics").await.expect("metrics");
+    assert_eq!(
+        prometheus::sample(
+            &page,
+            "gateway_queue_depth",
+            &["model=\"base\"", "tier=\"default\""]
+        ),
+        3.0,
+        "the flood fills the queue"
+    );
+    // Another organisation's request is queued and served, not shed.
+    let quiet = send(&b, "quiet synthetic:reply_tokens=5");
+    // The flood's newest waiting request gives up its place, at once, with
+    // the answer a shed newcomer gets.
+    let newest = flood.pop().expect("flood");
+    let (shed, waited) = newest.await.expect("task");
+    harness::assert_error(&shed, 503, "server_overloaded");
+    assert!(shed.header("retry-after").is_some(), "{shed}");
+    assert!(
+        waited < Duration::from_millis(900),
+        "shed when the other organisation arrived, not after a wait: {waited:?}"
+    );
+    let (r, _) = quiet.await.expect("task");
+    assert_eq!(r.status, 200, "{r}");
+    for waiter in flood {
+        let (r, _) = waiter.await.expect("task");
+        assert_eq!(r.status, 200, "the flood's older requests are served: {r}");
+    }
+    let (r, _) = running.await.expect("task");
+    assert_eq!(r.status, 200, "{r}");
+    let (_, page) = stack.gateway.admin_get("/metrics").await.expect("metrics");
+    let shed_of = |org: &str| {
+        let org = format!("org=\"{org}\"");
+        prometheus::sample(
+            &page,
+            "gateway_queue_shed_total",
+            &["reason=\"queue_full\"", org.as_str()],
+        )
+    };
+    assert_eq!(shed_of("org-flood"), 1.0, "{page}");
+    assert_eq!(shed_of("org-quiet"), 0.0);
+}

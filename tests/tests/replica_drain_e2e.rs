@@ -263,8 +263,9 @@ async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_han
 
         // Billed: every request that reached a worker, for exactly the output
         // its client (or the store) got; A's unstarted handed-over runs not
-        // at all; the continued run by A for its part and by B for the rest.
-        let expected_requests = (2 * STREAMS + 2 + QUEUED_RUNS) as u64;
+        // at all; the continued run as one request, by A for its part and
+        // by B for the rest.
+        let expected_requests = (2 * STREAMS + 1 + QUEUED_RUNS) as u64;
         let rows = eventually(
             Duration::from_secs(5),
             "every request settled",
@@ -292,6 +293,155 @@ async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_han
             || (r.leases_left().ok()? == 0).then_some(()),
         )
         .await;
+    })
+    .await;
+}
+
+/// Requests waiting in a draining replica's pool queue had not started:
+/// they are answered at SIGTERM (503 `replica_shutdown`, `retry-after`),
+/// not when the grace period ends, and their retry is served by the peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_replica_answers_its_queued_requests_at_once() {
+    bounded(90, async {
+        // Two sequences, both held by A's long streams: what comes next waits
+        // in A's queue. A grace period long enough to tell "at once" apart.
+        let worker = WorkerOpts {
+            max_concurrency: Some(2),
+            ..WorkerOpts::default()
+        };
+        let drain = "grace_period_seconds = 8\nreadiness_drain_millis = 200\n";
+        let r = Replicas::start(worker, drain).expect("replicas");
+        let (a, b) = (r.a.client(), r.b.client());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut holding = Vec::new();
+        for i in 0..2 {
+            let s = a
+                .stream(
+                    "/chat/completions",
+                    &stream_body("base", &format!("hold {i} {LONG}")),
+                )
+                .await
+                .expect("stream");
+            assert_eq!(s.status, 200);
+            holding.push(s);
+        }
+        let queued_body = harness::chat_body("base", "queued synthetic:reply_tokens=5");
+        let queued = tokio::spawn({
+            let (a, body) = (a.clone(), queued_body.clone());
+            async move { a.post_json("/chat/completions", &body).await }
+        });
+        let queued_stream = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.stream(
+                    "/chat/completions",
+                    &stream_body("base", "queued stream synthetic:reply_tokens=5"),
+                )
+                .await
+                .map(|s| s.status)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!queued.is_finished(), "the request waits in A's queue");
+
+        r.a.signal(libc::SIGTERM);
+        let sent = Instant::now();
+        let reply = queued.await.expect("task").expect("reply");
+        let answered = sent.elapsed();
+        let e = harness::assert_error(&reply, 503, "replica_shutdown");
+        assert!(reply.header("retry-after").is_some(), "{reply}");
+        assert!(
+            e["message"].as_str().unwrap_or_default().contains("retry"),
+            "{e}"
+        );
+        assert!(
+            answered < Duration::from_millis(1500),
+            "answered at SIGTERM, not at the grace period's end: {answered:?}\n{}",
+            r.logs()
+        );
+        let status = queued_stream.await.expect("task").expect("stream");
+        assert_eq!(status, 503, "a queued stream is answered before its head");
+        assert!(sent.elapsed() < Duration::from_millis(1500));
+
+        // The client retries on the peer, which serves it (the streams that
+        // held the worker leave).
+        drop(holding);
+        let retried = b
+            .post_json("/chat/completions", &queued_body)
+            .await
+            .expect("retry");
+        assert_eq!(retried.status, 200, "{retried}\n{}", r.logs());
+    })
+    .await;
+}
+
+/// A background run handed over mid-generation continues the request that
+/// was admitted: the peer runs it although the org is at its requests-per-
+/// minute limit, and the usage shows one request with one input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_run_is_one_request_that_its_plan_limits_never_refuse() {
+    bounded(90, async {
+        let limits = format!("{DRAIN}[plans.default]\nrpm = 1\n");
+        let worker = WorkerOpts {
+            max_queue: Some(64),
+            ..WorkerOpts::default()
+        };
+        let r = Replicas::start(worker, &limits).expect("replicas");
+        let org = r.a.keys()[0].org.clone();
+        let a = r.a.client();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let input = format!("generating {LONG}");
+        let id = create_background(&a, &input).await;
+        // The org is at its limit now: its next create is refused.
+        let refused = a
+            .post_json(
+                "/responses",
+                &json!({"model": "base", "input": "one more", "background": true}),
+            )
+            .await
+            .expect("reply");
+        harness::assert_error(&refused, 429, "rate_limit_exceeded");
+        eventually(
+            Duration::from_secs(10),
+            "the background run generating",
+            || r.logs(),
+            || {
+                r.stored_events(&id)
+                    .ok()
+                    .filter(|log| log.iter().any(|(n, _)| n == "response.output_text.delta"))
+            },
+        )
+        .await;
+
+        // The grace period runs out mid-generation: A hands the run over
+        // with its output, and B continues it.
+        r.a.signal(libc::SIGTERM);
+        let object = r.terminal(&id, Duration::from_secs(40)).await;
+        assert_eq!(object["status"], "completed", "{object}\n{}", r.logs());
+        assert_eq!(object["usage"]["output_tokens"], LONG_TOKENS, "{object}");
+        assert_one_log(&r, &id, &object);
+
+        // One request, its input billed once (A's admission estimate), every
+        // output token billed once.
+        let body = json!({"model": "base", "input": input, "background": true});
+        let estimate = (serde_json::to_vec(&body).expect("json").len() as u64).div_ceil(4);
+        let rows = eventually(
+            Duration::from_secs(5),
+            "the run settled on both replicas",
+            || r.logs(),
+            || {
+                let rows = r.usage(&org).ok()?;
+                let output: u64 = rows
+                    .iter()
+                    .filter_map(|r| r["output_tokens"].as_u64())
+                    .sum();
+                (output == LONG_TOKENS).then_some(rows)
+            },
+        )
+        .await;
+        let sum = |field: &str| -> u64 { rows.iter().filter_map(|r| r[field].as_u64()).sum() };
+        assert_eq!(sum("requests"), 1, "{rows:?}");
+        assert_eq!(sum("input_tokens"), estimate, "{rows:?}");
     })
     .await;
 }

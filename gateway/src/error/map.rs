@@ -110,6 +110,10 @@ impl From<PoolError> for ApiError {
             PoolError::Shed(Shed::Timeout) => ApiError::overloaded(
                 "The model is at capacity: the request waited its longest in the queue; retry shortly.",
             ),
+            PoolError::Shed(Shed::Draining) => ApiError::replica_shutdown().with_message(
+                "The gateway replica holding this request is restarting and had not started it; \
+                 retry the request (another replica will serve it).",
+            ),
         }
     }
 }

@@ -18,7 +18,7 @@ mod relay;
 use crate::accounts::ServiceTier;
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
-use crate::pool::{Pools, Ticket, WorkerCall, WorkerPool};
+use crate::pool::{Pools, Stage, Ticket, WorkerCall, WorkerPool};
 pub use delivered::Delivered;
 use inference_proto::v1 as pb;
 use relay::{Relayed, WorkerFailure};
@@ -61,6 +61,12 @@ pub trait Sink {
     /// request queued, or its prompt still being read): the call is
     /// dropped, which cancels it on the worker.
     fn gone_while_starting(&mut self) -> impl Future<Output = ()> + Send;
+    /// Whether, on a draining replica, the consumer hands a generation
+    /// still waiting for a worker to a peer itself (a background run):
+    /// otherwise the pool's queue answers it (503 `replica_shutdown`).
+    fn hands_over_on_drain(&self) -> bool {
+        false
+    }
     /// The generation failed after its first event: deliver what is
     /// pending, then the failure, in band.
     fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
@@ -117,6 +123,11 @@ impl Generation<'_> {
             tier: self.tier,
             weight: account.plan.weight,
             input_tokens: reservation.input_estimate(),
+            stage: if sink.hands_over_on_drain() {
+                Stage::Detached
+            } else {
+                Stage::New
+            },
         };
         let started = tokio::select! {
             call = start(self.pools, self.model, &self.work, &self.trace, self.deadline, ticket.clone()) => call,

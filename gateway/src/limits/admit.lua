@@ -14,7 +14,10 @@
 --                             (renew.lua)
 -- KEYS[5] org spend     string (nano-dollars)
 -- ARGV: request id, rpm, tpm, max concurrent, tokens, slot lease ms,
---       budget nano (-1 = none), window ms, renewal period ms
+--       budget nano (-1 = none), window ms, renewal period ms,
+--       taken over (1: admitted on another replica and taken over here, a
+--       handed-over background run: recorded, never refused, and not
+--       counted again in the request log)
 --       (limits: 0 = unlimited)
 --
 -- Returns {verdict, used requests, used tokens, reset requests ms,
@@ -32,6 +35,7 @@ local ttl = tonumber(ARGV[6])
 local budget = tonumber(ARGV[7])
 local window = tonumber(ARGV[8])
 local renew = tonumber(ARGV[9])
+local taken_over = tonumber(ARGV[10]) == 1
 local edge = now - window
 
 -- Forget what left the windows.
@@ -64,7 +68,10 @@ end
 
 local verdict = 0
 local retry = 0
-if budget >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') >= budget then
+if taken_over then
+  -- Admitted once already: refusing it now would lose promised work.
+  verdict = 0
+elseif budget >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') >= budget then
   verdict = 4
 elseif maxc > 0 and inflight >= maxc then
   verdict = 3
@@ -104,7 +111,7 @@ elseif tpm > 0 and used_tok + tokens > tpm then
 end
 
 if verdict == 0 then
-  if rpm > 0 then
+  if rpm > 0 and not taken_over then
     redis.call('ZADD', KEYS[1], now, rid)
     redis.call('PEXPIRE', KEYS[1], window)
     used_req = used_req + 1

@@ -6,10 +6,11 @@
 
 use super::headers;
 use super::limiter::Limiter;
+use super::local::LocalEntry;
 use super::refusal::{RateLimited, Refusal};
 use super::reservation::Reservation;
 use super::store::{Admission, AdmitRequest, Holder, Verdict};
-use crate::accounts::Account;
+use crate::accounts::{Account, RatePlan};
 use crate::catalog::ModelSpec;
 use crate::metrics::LimitStage;
 use std::sync::Arc;
@@ -34,12 +35,7 @@ impl Limiter {
         max_tokens: u32,
     ) -> (Result<Reservation, Refusal>, Vec<(&'static str, String)>) {
         let plan = account.plan;
-        let output_allowance = match (max_tokens, plan.default_max_tokens) {
-            (0, 0) => FALLBACK_MAX_TOKENS,
-            (0, d) => d,
-            (m, _) => m,
-        };
-        let tokens = input_estimate + u64::from(output_allowance);
+        let tokens = input_estimate + u64::from(output_allowance(&plan, max_tokens));
         let org = &account.principal.org;
 
         // Stage 1: this process.
@@ -61,6 +57,7 @@ impl Limiter {
             budget_nano: account.org.budget_nano,
             slot_lease_ms: self.slots.lease_ms(),
             renew_every_ms: self.slots.renew_every_ms(),
+            taken_over: false,
         };
         let asked = if plan.is_unlimited() && req.budget_nano.is_none() {
             let holder = if self.global.is_some() {
@@ -85,29 +82,15 @@ impl Limiter {
         }
         let headers = headers::rate_limit_headers(&plan, &admission);
         let result = match admission.verdict {
-            Verdict::Admitted => Ok(Reservation {
-                limiter: self.clone(),
-                account: account.clone(),
+            Verdict::Admitted => Ok(self.reservation(
+                account,
                 model,
-                // Only a plan with a concurrency limit takes a slot.
-                slot: (plan.max_concurrent > 0).then(|| {
-                    self.live.hold(
-                        org,
-                        model.id,
-                        &request_id,
-                        holder,
-                        Instant::now() + self.slots.max_hold,
-                    )
-                }),
                 request_id,
                 input_estimate,
-                reserved_tokens: if plan.tpm > 0 { tokens } else { 0 },
+                tokens,
                 holder,
                 local,
-                output_seen: 0,
-                started: false,
-                done: false,
-            }),
+            )),
             verdict => {
                 local.release();
                 Err(match verdict {
@@ -122,6 +105,118 @@ impl Limiter {
             }
         };
         (result, headers)
+    }
+
+    /// Takes over a request admitted on another replica: a background run
+    /// a draining peer handed over (`runs::adopt`). The plan's limits never
+    /// refuse it (it was admitted once; refusing it now would lose work its
+    /// client was promised), but it holds its tokens and concurrency slot
+    /// while it runs, and is not counted again as a request. `billed`: the
+    /// first owner had started it and billed the request and its input, so
+    /// this settlement bills only the output it adds and counts no request.
+    /// `Err` only when the store cannot be asked under `fail_closed`.
+    pub async fn take_over(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        model: &'static ModelSpec,
+        request_id: String,
+        input_estimate: u64,
+        max_tokens: u32,
+        billed: bool,
+    ) -> Result<Reservation, Refusal> {
+        let plan = account.plan;
+        let input_estimate = if billed { 0 } else { input_estimate };
+        let tokens = input_estimate + u64::from(output_allowance(&plan, max_tokens));
+        let org = &account.principal.org;
+        let local = self.local.entry(org, model.id, &plan);
+        local.hold();
+        let req = AdmitRequest {
+            org,
+            model: model.id,
+            request_id: &request_id,
+            tokens,
+            plan,
+            budget_nano: account.org.budget_nano,
+            slot_lease_ms: self.slots.lease_ms(),
+            renew_every_ms: self.slots.renew_every_ms(),
+            taken_over: true,
+        };
+        let holder = if plan.is_unlimited() {
+            if self.global.is_some() {
+                Holder::Global
+            } else {
+                Holder::Memory
+            }
+        } else {
+            match self.ask_store(&req).await {
+                Ok((_, holder)) => holder,
+                Err(e) => {
+                    local.release();
+                    return Err(e);
+                }
+            }
+        };
+        let mut reservation = self.reservation(
+            account,
+            model,
+            request_id,
+            input_estimate,
+            tokens,
+            holder,
+            local,
+        );
+        reservation.counts_request = !billed;
+        Ok(reservation)
+    }
+
+    /// The hold of an admitted request: its local count, its reserved
+    /// tokens and (under a concurrency limit) its slot in the heartbeat.
+    #[allow(clippy::too_many_arguments)]
+    fn reservation(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        model: &'static ModelSpec,
+        request_id: String,
+        input_estimate: u64,
+        tokens: u64,
+        holder: Holder,
+        local: Arc<LocalEntry>,
+    ) -> Reservation {
+        let plan = account.plan;
+        Reservation {
+            limiter: self.clone(),
+            account: account.clone(),
+            model,
+            // Only a plan with a concurrency limit takes a slot.
+            slot: (plan.max_concurrent > 0).then(|| {
+                self.live.hold(
+                    &account.principal.org,
+                    model.id,
+                    &request_id,
+                    holder,
+                    Instant::now() + self.slots.max_hold,
+                )
+            }),
+            request_id,
+            input_estimate,
+            reserved_tokens: if plan.tpm > 0 { tokens } else { 0 },
+            holder,
+            local,
+            output_seen: 0,
+            started: false,
+            done: false,
+            counts_request: true,
+        }
+    }
+}
+
+/// Output tokens a request may use: its own `max_tokens`, else its plan's
+/// default, else [`FALLBACK_MAX_TOKENS`].
+fn output_allowance(plan: &RatePlan, max_tokens: u32) -> u32 {
+    match (max_tokens, plan.default_max_tokens) {
+        (0, 0) => FALLBACK_MAX_TOKENS,
+        (0, d) => d,
+        (m, _) => m,
     }
 }
 

@@ -80,6 +80,7 @@ impl Limiter {
             reserved_tokens: if req.plan.tpm > 0 { req.tokens } else { 0 },
             actual_tokens: 0,
             usage: None,
+            counts_request: false,
             cost_nano: 0,
             day: crate::usage::utc_today().to_string(),
         };

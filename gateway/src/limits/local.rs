@@ -66,6 +66,12 @@ impl LocalEntry {
         Ok(())
     }
 
+    /// Takes a local slot without checking: a request admitted on another
+    /// replica and taken over here ([`super::Limiter::take_over`]).
+    pub(crate) fn hold(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The global stage refused for requests: the window is full for
     /// `retry_after_ms` from `now_ms`.
     pub(crate) fn requests_full_for(&self, now_ms: u64, retry_after_ms: u64) {

@@ -85,7 +85,10 @@ impl MemoryLimits {
         let used_req = w.requests.len() as u64;
         let mut verdict = Verdict::Admitted;
         let mut retry = 0;
-        if r.budget_nano.is_some_and(|b| spent >= b) {
+        if r.taken_over {
+            // Admitted once already (on another replica): never refused.
+            verdict = Verdict::Admitted;
+        } else if r.budget_nano.is_some_and(|b| spent >= b) {
             verdict = Verdict::OverBudget;
         } else if plan.max_concurrent > 0
             && w.in_flight.len() as u64 >= u64::from(plan.max_concurrent)
@@ -112,7 +115,7 @@ impl MemoryLimits {
             }
         }
         if verdict == Verdict::Admitted {
-            if plan.rpm > 0 {
+            if plan.rpm > 0 && !r.taken_over {
                 w.requests.push_back(now);
             }
             if plan.tpm > 0 {

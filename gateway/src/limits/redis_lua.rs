@@ -154,6 +154,7 @@ impl LimitStore for RedisLimits {
                     r.budget_nano.unwrap_or(-1).into(),
                     WINDOW_MS.into(),
                     r.renew_every_ms.into(),
+                    u64::from(r.taken_over).into(),
                 ],
             )
         };
@@ -209,7 +210,7 @@ impl LimitStore for RedisLimits {
                     s.actual_tokens.into(),
                     WINDOW_MS.into(),
                     field_prefix.as_str().into(),
-                    u64::from(s.usage.is_some()).into(),
+                    u64::from(s.usage.is_some() && s.counts_request).into(),
                     u.input.into(),
                     u.cached_input.into(),
                     u.output.into(),
@@ -316,6 +317,24 @@ mod tests {
         assert_eq!(usage.get("k1|base|requests"), Some(&1));
         assert_eq!(usage.get("k1|base|input"), Some(&100));
         assert_eq!(usage.get("k1|base|cost_nano"), Some(&777));
+        // The rest of a request billed elsewhere (a handed-over run) adds
+        // its output but no request.
+        let rest = crate::limits::TokenUsage {
+            output: 7,
+            ..Default::default()
+        };
+        let continued = crate::limits::Settlement {
+            counts_request: false,
+            ..tests_shared::settlement("base", "r1-adopted", 0, Some(rest), 1)
+        };
+        store.settle(&continued).await.unwrap();
+        store.flush().await;
+        let usage: std::collections::HashMap<String, i64> =
+            redis::AsyncCommands::hgetall(&mut conn, usage_key(&redis, "org-suite", "2026-11-23"))
+                .await
+                .unwrap();
+        assert_eq!(usage.get("k1|base|requests"), Some(&1));
+        assert_eq!(usage.get("k1|base|output"), Some(&7));
         cleanup(&redis).await;
     }
 
@@ -418,6 +437,7 @@ mod tests {
                 budget_nano: None,
                 slot_lease_ms: 60_000,
                 renew_every_ms: 1_000,
+                taken_over: false,
             };
             assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Admitted);
             assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Requests);
@@ -469,6 +489,7 @@ mod tests {
             budget_nano: None,
             slot_lease_ms: 1000,
             renew_every_ms: 100,
+            taken_over: false,
         };
         assert_eq!(store.admit(&r).await.unwrap().verdict, Verdict::Admitted);
         let mut conn = redis.conn().await.unwrap();

@@ -40,6 +40,9 @@ pub struct Reservation {
     pub(super) output_seen: u64,
     pub(super) started: bool,
     pub(super) done: bool,
+    /// Its usage counts a request: not when it continues one another
+    /// replica billed ([`Limiter::take_over`]).
+    pub(super) counts_request: bool,
 }
 
 impl Reservation {
@@ -122,6 +125,7 @@ impl Reservation {
             reserved_tokens: self.reserved_tokens,
             actual_tokens: usage.map(|u| u.total()).unwrap_or(0),
             usage,
+            counts_request: self.counts_request,
             cost_nano,
             day: &day,
         };
@@ -149,6 +153,7 @@ impl Drop for Reservation {
             output_seen: self.output_seen,
             started: self.started,
             done: true,
+            counts_request: self.counts_request,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

@@ -30,6 +30,10 @@ pub struct AdmitRequest<'a> {
     /// How often owners renew their slots (a slot written more than two of
     /// these ago has a dead owner, for `retry-after`).
     pub renew_every_ms: u64,
+    /// A request admitted on another replica and taken over here (a
+    /// background run handed over on a drain): recorded (its tokens, its
+    /// slot) but never refused, and not counted again in the request window.
+    pub taken_over: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +99,9 @@ pub struct Settlement<'a> {
     pub actual_tokens: u64,
     /// Usage to add to the day's counters (`None`: nothing ran).
     pub usage: Option<TokenUsage>,
+    /// Whether its usage counts a request: not for the rest of a request
+    /// another replica already billed (a run continued after a hand-over).
+    pub counts_request: bool,
     pub cost_nano: i64,
     /// UTC day of the usage counters, `YYYY-MM-DD`.
     pub day: &'a str,
@@ -147,6 +154,7 @@ pub(super) struct OwnedSettlement {
     pub(super) reserved_tokens: u64,
     pub(super) actual_tokens: u64,
     pub(super) usage: Option<TokenUsage>,
+    pub(super) counts_request: bool,
     pub(super) cost_nano: i64,
     pub(super) day: String,
 }
@@ -161,6 +169,7 @@ impl OwnedSettlement {
             reserved_tokens: s.reserved_tokens,
             actual_tokens: s.actual_tokens,
             usage: s.usage,
+            counts_request: s.counts_request,
             cost_nano: s.cost_nano,
             day: s.day.to_owned(),
         }
@@ -175,6 +184,7 @@ impl OwnedSettlement {
             reserved_tokens: self.reserved_tokens,
             actual_tokens: self.actual_tokens,
             usage: self.usage,
+            counts_request: self.counts_request,
             cost_nano: self.cost_nano,
             day: &self.day,
         }

@@ -80,6 +80,7 @@ async fn the_heartbeat_keeps_a_live_slot_and_an_unrenewed_one_lapses_within_a_le
         budget_nano: None,
         slot_lease_ms: limiter.slots.lease_ms(),
         renew_every_ms: limiter.slots.renew_every_ms(),
+        taken_over: false,
     };
     let a = limiter.memory.admit_now(&r2);
     assert_eq!(a.verdict, Verdict::Concurrency);
@@ -142,6 +143,7 @@ async fn a_reservation_past_its_deadline_is_no_longer_renewed() {
         budget_nano: None,
         slot_lease_ms: limiter.slots.lease_ms(),
         renew_every_ms: limiter.slots.renew_every_ms(),
+        taken_over: false,
     };
     assert_eq!(limiter.memory.admit_now(&r2).verdict, Verdict::Admitted);
     heartbeat.abort();
@@ -287,4 +289,45 @@ fn refusal_messages_and_retry_after() {
     assert!(refusal_error(Verdict::Tokens, 500, &plan, 60_000)
         .message
         .contains("too large"));
+}
+
+/// A background run handed over by a draining replica continues the
+/// request that was admitted: its plan's limits never refuse it, and when
+/// the first owner had started it (and billed the request and its input)
+/// it bills only the rest.
+#[tokio::test]
+async fn a_taken_over_request_is_never_refused_and_is_billed_as_the_rest_of_one() {
+    let limiter = Arc::new(Limiter::new(
+        None,
+        OnStoreFailure::FailOpenLocal,
+        test_slots(),
+    ));
+    let plan = RatePlan {
+        rpm: 1,
+        max_concurrent: 1,
+        ..RatePlan::default()
+    };
+    let acc = account(plan);
+    let base = crate::catalog::Catalog::default().find("base").unwrap();
+    let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 50, 10).await;
+    let first = r.expect("admitted");
+    let (refused, _) = limiter.admit_request(&acc, base, "r2".into(), 50, 10).await;
+    assert!(refused.is_err(), "the org is at its limits");
+    let continued = limiter
+        .take_over(&acc, base, "r1-adopted".into(), 50, 10, true)
+        .await
+        .expect("taken over at the limits");
+    assert_eq!(continued.input_estimate(), 0, "its input was billed");
+    assert!(!continued.counts_request);
+    let from_start = limiter
+        .take_over(&acc, base, "r3-adopted".into(), 50, 10, false)
+        .await
+        .expect("taken over at the limits");
+    assert_eq!(from_start.input_estimate(), 50);
+    assert!(from_start.counts_request);
+    assert_eq!(limiter.live.len(), 3, "each holds its slot while it runs");
+    for r in [first, continued, from_start] {
+        r.settle(Outcome::NotRun).await;
+    }
+    assert_eq!(limiter.live.len(), 0);
 }

@@ -21,6 +21,7 @@ fn req<'a>(
         budget_nano: budget,
         slot_lease_ms: 60_000,
         renew_every_ms: 1_000,
+        taken_over: false,
     }
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn settlement<'a>(
         reserved_tokens: reserved,
         actual_tokens: usage.map(|u| u.total()).unwrap_or(0),
         usage,
+        counts_request: true,
         cost_nano: cost,
         day: "2026-11-23",
     }
@@ -69,6 +71,7 @@ pub(crate) async fn lease_suite(store: &dyn LimitStore) {
             budget_nano: None,
             slot_lease_ms: LEASE_MS,
             renew_every_ms: RENEW_MS,
+            taken_over: false,
         };
         async move { store.admit(&r).await.unwrap() }
     };
@@ -279,4 +282,46 @@ pub(crate) async fn suite(store: &dyn LimitStore) {
         .await
         .unwrap();
     assert_eq!(a.verdict, Verdict::Admitted);
+    taken_over(store).await;
+}
+
+/// A request taken over from another replica (a handed-over background
+/// run): never refused (requests, tokens, concurrency, budget), holding its
+/// tokens and slot, and not counted again as a request.
+async fn taken_over(store: &dyn LimitStore) {
+    let plan = RatePlan {
+        rpm: 1,
+        tpm: 100,
+        max_concurrent: 1,
+        default_max_tokens: 0,
+        ..RatePlan::default()
+    };
+    let a = store
+        .admit(&req("handed", "h1", 60, plan, None))
+        .await
+        .unwrap();
+    assert_eq!(a.verdict, Verdict::Admitted);
+    let over = AdmitRequest {
+        taken_over: true,
+        ..req("handed", "h1-adopted", 60, plan, Some(0))
+    };
+    let a = store.admit(&over).await.unwrap();
+    assert_eq!(
+        (a.verdict, a.used_requests, a.used_tokens),
+        (Verdict::Admitted, 1, 120)
+    );
+    // It holds a slot: the next request waits for it.
+    let a = store
+        .admit(&req("handed", "h2", 1, plan, None))
+        .await
+        .unwrap();
+    assert_eq!(a.verdict, Verdict::Concurrency);
+    settle_now(store, settlement("handed", "h1", 60, None, 0)).await;
+    settle_now(store, settlement("handed", "h1-adopted", 60, None, 0)).await;
+    // The window holds one request, the one admitted.
+    let a = store
+        .admit(&req("handed", "h2", 1, plan, None))
+        .await
+        .unwrap();
+    assert_eq!((a.verdict, a.used_requests), (Verdict::Requests, 1));
 }

@@ -15,7 +15,7 @@ pub mod select;
 mod timing;
 
 pub use endpoint::WorkerEndpoint;
-pub use queue::{QueueLimits, Shed, Ticket};
+pub use queue::{QueueLimits, Shed, Stage, Ticket};
 
 use crate::config::PoolPolicy;
 use crate::metrics::METRICS;
@@ -126,6 +126,14 @@ impl Pools {
 
     pub fn get(&self, model: &str) -> Option<&Arc<WorkerPool>> {
         self.by_model.get(model)
+    }
+
+    /// The replica is draining: every pool's queue answers the requests
+    /// that have not started (see [`queue::PoolQueue::drain`]).
+    pub fn drain(&self) {
+        for pool in self.by_model.values() {
+            pool.queue.drain();
+        }
     }
 
     /// Runs discovery and health checks until the process ends. Started once
@@ -480,6 +488,11 @@ impl WorkerPool {
         ticket: Ticket,
         failed: &'a [String],
     ) -> Pin<Box<dyn Future<Output = Result<WorkerCall, PoolError>> + Send + 'a>> {
+        // It continues output already delivered: not a queued request.
+        let ticket = Ticket {
+            stage: Stage::Started,
+            ..ticket
+        };
         Box::pin(
             self.start_call(request, trace, ticket, move |e: &WorkerEndpoint| {
                 e.resumes() && !failed.iter().any(|f| f == e.addr())

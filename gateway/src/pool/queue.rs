@@ -12,10 +12,19 @@
 //! counter of those already active, so idling earns no credit. Requests of
 //! one organisation keep their arrival order. A request waits at most the
 //! pool's `queue_timeout_ms`, and no more than `queue_max_depth` wait: then
-//! it is refused (503 `server_overloaded` with `Retry-After`). A full queue
-//! makes room for a higher tier: the newest request of the lowest tier
-//! below it is refused instead, so a flood of `flex` work cannot keep
-//! `priority` requests out.
+//! it is refused (503 `server_overloaded` with `Retry-After`).
+//!
+//! A full queue refuses the newest request of the organisation holding the
+//! most places in the lowest tier waiting, the newcomer counted (so the
+//! newcomer itself when it is of that organisation and tier, or of a tier
+//! below everything waiting). So one organisation's flood fills the queue
+//! but cannot keep the others out: each newcomer of another organisation
+//! takes the place of the flood's newest request; and a flood of `flex`
+//! work cannot keep `priority` requests out.
+//!
+//! On a draining replica (SIGTERM) the requests that have not started are
+//! answered at once (503 `replica_shutdown`): their clients retry on a
+//! peer rather than wait out the grace period here ([`PoolQueue::drain`]).
 //!
 //! Counters are this replica's: each gateway replica orders its own
 //! waiting requests. Capacity is the workers' (what they report, plus what
@@ -46,6 +55,29 @@ pub struct Ticket {
     pub weight: u32,
     /// Prompt tokens (the admission estimate), charged at dispatch.
     pub input_tokens: u64,
+    /// Where its generation stands, for a drain and a full queue.
+    pub stage: Stage,
+}
+
+/// Where a waiting generation stands. Only a request that has not started
+/// is a queued request: a draining replica answers it at once, and a full
+/// queue may refuse it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A client's request no worker has started: a draining replica
+    /// answers it 503 `replica_shutdown` at once (its client retries on a
+    /// peer).
+    New,
+    /// A background run no worker has started: on a drain its owner hands
+    /// it to a peer (`runs::background`), or it waits here when no peer
+    /// could take it; the queue does not answer it.
+    Detached,
+    /// A generation that already delivered output and waits for a worker
+    /// to continue it (moving off a failed worker; one paused by
+    /// preemption would too). Not a queued request: a full queue never
+    /// refuses it and a drain ends it in band or hands it over like a
+    /// running one, never from here.
+    Started,
 }
 
 /// Why a request was not dispatched.
@@ -55,6 +87,9 @@ pub enum Shed {
     Full,
     /// It waited `queue_timeout_ms`.
     Timeout,
+    /// The replica is draining: a request that has not started goes to a
+    /// peer rather than wait here.
+    Draining,
 }
 
 impl Shed {
@@ -62,6 +97,7 @@ impl Shed {
         match self {
             Shed::Full => "queue_full",
             Shed::Timeout => "queue_timeout",
+            Shed::Draining => "draining",
         }
     }
 }
@@ -93,6 +129,8 @@ struct State {
     /// running here.
     orgs: HashMap<Arc<str>, OrgState>,
     next_id: u64,
+    /// The replica is draining: requests that have not started do not wait.
+    draining: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -105,8 +143,9 @@ struct Waiter {
     id: u64,
     ticket: Ticket,
     since: Instant,
-    /// `true`: its turn; `false`: refused to make room for a higher tier.
-    grant: oneshot::Sender<bool>,
+    /// `Ok`: its turn; `Err`: refused (a full queue made room for another,
+    /// or the replica is draining).
+    grant: oneshot::Sender<Result<(), Shed>>,
 }
 
 impl PoolQueue {
@@ -144,16 +183,24 @@ impl PoolQueue {
                 self.observe_wait(tier, Duration::ZERO);
                 return Ok(Turn::new(self, ticket));
             }
+            if st.draining && ticket.stage == Stage::New {
+                st.deactivate(&ticket.org);
+                drop(st);
+                self.count_shed(Shed::Draining, &ticket.org);
+                return Err(Shed::Draining);
+            }
             if st.depth() >= self.limits.max_depth {
-                match st.newest_below(tier) {
+                match st.to_refuse(&ticket) {
                     // Its `Waiting` counts the shed and leaves the org.
-                    Some(displaced) => {
-                        let _ = displaced.grant.send(false);
+                    Some((tier, index)) => {
+                        if let Some(displaced) = st.waiting[tier].remove(index) {
+                            let _ = displaced.grant.send(Err(Shed::Full));
+                        }
                     }
                     None => {
                         st.deactivate(&ticket.org);
                         drop(st);
-                        self.count_shed(Shed::Full);
+                        self.count_shed(Shed::Full, &ticket.org);
                         return Err(Shed::Full);
                     }
                 }
@@ -206,7 +253,7 @@ impl PoolQueue {
             let t = &waiter.ticket;
             st.charge(&self.model, &t.org, t.input_tokens as f64, t.weight);
             st.granted += 1;
-            if waiter.grant.send(true).is_err() {
+            if waiter.grant.send(Ok(())).is_err() {
                 st.granted -= 1;
                 continue;
             }
@@ -215,6 +262,29 @@ impl PoolQueue {
         }
         if changed {
             self.publish_depth(&st);
+        }
+    }
+
+    /// The replica is draining: every waiting request that has not started
+    /// is answered now ([`Shed::Draining`]), and later ones that would wait
+    /// are answered at once. Background runs and continuations stay (see
+    /// [`Stage`]), and whatever can go still goes as capacity frees.
+    pub fn drain(&self) {
+        let mut st = self.lock();
+        st.draining = true;
+        let mut refused = Vec::new();
+        for queue in &mut st.waiting {
+            let (new, kept): (VecDeque<Waiter>, VecDeque<Waiter>) = std::mem::take(queue)
+                .into_iter()
+                .partition(|w| w.ticket.stage == Stage::New);
+            *queue = kept;
+            refused.extend(new);
+        }
+        self.publish_depth(&st);
+        drop(st);
+        // Each one's `Waiting` counts the shed and leaves the org.
+        for waiter in refused {
+            let _ = waiter.grant.send(Err(Shed::Draining));
         }
     }
 
@@ -231,10 +301,13 @@ impl PoolQueue {
             .observe(waited.as_secs_f64());
     }
 
-    fn count_shed(&self, why: Shed) {
+    /// Counts a refusal, by the organisation refused: its values are the
+    /// account store's organisations (never client input), as on the usage
+    /// and queue-served series.
+    fn count_shed(&self, why: Shed, org: &str) {
         METRICS
             .queue_shed
-            .with_label_values(&[&self.model, why.as_str()])
+            .with_label_values(&[&self.model, why.as_str(), org])
             .inc();
     }
 
@@ -253,14 +326,39 @@ impl State {
         self.waiting.iter().map(VecDeque::len).sum()
     }
 
-    /// Takes out the newest waiter of the lowest tier below `tier` that has
-    /// any: the one a full queue refuses to make room for `tier`.
-    fn newest_below(&mut self, tier: ServiceTier) -> Option<Waiter> {
-        ServiceTier::BY_PRECEDENCE
+    /// The waiter a full queue refuses to let `newcomer` in, as (tier,
+    /// index); `None`: the newcomer itself. In the lowest tier with a
+    /// request waiting (continuations aside: see [`Stage`]), the
+    /// organisation holding the most places, the newcomer counted, gives up
+    /// its newest: the newcomer when it is of that organisation (it is the
+    /// newest of all), and on a tie the newest of the tied. A newcomer of a
+    /// tier below everything waiting is refused.
+    fn to_refuse(&self, newcomer: &Ticket) -> Option<(usize, usize)> {
+        let refusable = |w: &&Waiter| w.ticket.stage != Stage::Started;
+        let lowest = ServiceTier::BY_PRECEDENCE
             .iter()
             .rev()
-            .filter(|t| **t < tier)
-            .find_map(|t| self.waiting[*t as usize].pop_back())
+            .find(|t| self.waiting[**t as usize].iter().any(|w| refusable(&w)))?;
+        if newcomer.tier < *lowest {
+            return None;
+        }
+        let queue = &self.waiting[*lowest as usize];
+        let mut places: HashMap<&str, usize> = HashMap::new();
+        for w in queue.iter().filter(refusable) {
+            *places.entry(&*w.ticket.org).or_default() += 1;
+        }
+        let joins = newcomer.tier == *lowest;
+        if joins {
+            *places.entry(&*newcomer.org).or_default() += 1;
+        }
+        let most = places.values().copied().max()?;
+        if joins && places.get(&*newcomer.org) == Some(&most) {
+            return None;
+        }
+        queue
+            .iter()
+            .rposition(|w| refusable(&w) && places.get(&*w.ticket.org) == Some(&most))
+            .map(|index| (*lowest as usize, index))
     }
 
     /// The next waiter to serve: the best tier with anyone waiting; in it,
@@ -332,7 +430,7 @@ struct Waiting {
     queue: Arc<PoolQueue>,
     id: u64,
     org: Arc<str>,
-    rx: oneshot::Receiver<bool>,
+    rx: oneshot::Receiver<Result<(), Shed>>,
     done: bool,
 }
 
@@ -340,18 +438,18 @@ impl Waiting {
     async fn wait(mut self, ticket: Ticket, max_wait: Duration) -> Result<Turn, Shed> {
         let granted = tokio::time::timeout(max_wait, &mut self.rx).await;
         match granted {
-            Ok(Ok(true)) => {
+            Ok(Ok(Ok(()))) => {
                 self.done = true;
                 Ok(Turn::new(&self.queue, ticket))
             }
-            Ok(Ok(false)) => {
-                self.queue.count_shed(Shed::Full);
-                Err(Shed::Full)
+            Ok(Ok(Err(why))) => {
+                self.queue.count_shed(why, &self.org);
+                Err(why)
             }
             // Timed out (or the queue dropped the sender, which it does not
             // do while the waiter is in it).
             _ => {
-                self.queue.count_shed(Shed::Timeout);
+                self.queue.count_shed(Shed::Timeout, &self.org);
                 Err(Shed::Timeout)
             }
         }
@@ -376,7 +474,7 @@ impl Drop for Waiting {
             // Granted, but nobody took the turn: hand back what it was
             // promised, to the next in line.
             self.rx.close();
-            if matches!(self.rx.try_recv(), Ok(true)) {
+            if matches!(self.rx.try_recv(), Ok(Ok(()))) {
                 st.granted = st.granted.saturating_sub(1);
                 handed_back = true;
             }
@@ -474,6 +572,7 @@ mod tests {
             tier,
             weight: 1,
             input_tokens: 100,
+            stage: Stage::New,
         }
     }
 
@@ -680,5 +779,124 @@ mod tests {
         drop(turn);
         let next = tokio::time::timeout(Duration::from_secs(1), served.recv()).await;
         assert_eq!(next.ok().flatten(), Some("c"));
+    }
+
+    fn shed_count(why: Shed, org: &str) -> u64 {
+        METRICS
+            .queue_shed
+            .with_label_values(&["base", why.as_str(), org])
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_the_newest_of_the_organisation_holding_most_places() {
+        let (q, endpoint) = queue(1, 3, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("x", ServiceTier::Default)).await;
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let enter = |name: &'static str, org: &'static str| {
+            let (q, endpoint, tx) = (Arc::clone(&q), Arc::clone(&endpoint), tx.clone());
+            tokio::spawn(async move {
+                let (turn, slot) = match q.enter(ticket(org, ServiceTier::Default)).await {
+                    Ok(turn) => (turn, endpoint.acquire()),
+                    Err(why) => return Err(why),
+                };
+                let _ = tx.send(name);
+                drop(slot);
+                drop(turn);
+                Ok(())
+            })
+        };
+        let shed_before = shed_count(Shed::Full, "flood");
+        // The flood fills the queue.
+        let a1 = enter("a1", "flood");
+        settle().await;
+        let a2 = enter("a2", "flood");
+        settle().await;
+        let a3 = enter("a3", "flood");
+        settle().await;
+        assert_eq!(q.depth(), 3);
+        // Another organisation's request takes the place of the flood's
+        // newest, rather than being refused.
+        let b = enter("b", "other");
+        settle().await;
+        assert_eq!(a3.await.unwrap(), Err(Shed::Full));
+        assert_eq!(q.depth(), 3);
+        // The flood's next request is its own newest: refused at once.
+        let a4 = enter("a4", "flood");
+        assert_eq!(a4.await.unwrap(), Err(Shed::Full));
+        assert_eq!(shed_count(Shed::Full, "flood") - shed_before, 2);
+        assert_eq!(shed_count(Shed::Full, "other"), 0);
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        for waiter in [a1, a2, b] {
+            assert_eq!(waiter.await.unwrap(), Ok(()));
+        }
+        let mut order = Vec::new();
+        while let Ok(name) = served.try_recv() {
+            order.push(name);
+        }
+        assert_eq!(order, ["a1", "b", "a2"]);
+    }
+
+    #[tokio::test]
+    async fn a_drain_answers_the_requests_waiting_and_keeps_runs_and_continuations() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let at = |stage| Ticket {
+            stage,
+            ..ticket("drained", ServiceTier::Default)
+        };
+        let enter = |t: Ticket| {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move { q.enter(t).await.map(|_turn| ()) })
+        };
+        let request = enter(at(Stage::New));
+        settle().await;
+        let background = enter(at(Stage::Detached));
+        settle().await;
+        let continuation = enter(at(Stage::Started));
+        settle().await;
+        assert_eq!(q.depth(), 3);
+        let before = shed_count(Shed::Draining, "drained");
+        q.drain();
+        // The request that had not started is answered now, not when the
+        // grace period ends; the others wait on.
+        let answered = tokio::time::timeout(Duration::from_secs(1), request).await;
+        assert_eq!(answered.expect("at once").unwrap(), Err(Shed::Draining));
+        assert_eq!(q.depth(), 2);
+        // A later one that would have to wait is answered at once.
+        let late = q.enter(at(Stage::New)).await.err();
+        assert_eq!(late, Some(Shed::Draining));
+        assert_eq!(shed_count(Shed::Draining, "drained") - before, 2);
+        // What stayed goes as capacity frees.
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert_eq!(background.await.unwrap(), Ok(()));
+        assert_eq!(continuation.await.unwrap(), Ok(()));
+        // A free worker still serves a request on a draining replica.
+        let _now = run(&q, &endpoint, at(Stage::New)).await;
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_never_refuses_a_continuation() {
+        let (q, endpoint) = queue(1, 1, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let q2 = Arc::clone(&q);
+        let continuation = tokio::spawn(async move {
+            let t = Ticket {
+                stage: Stage::Started,
+                ..ticket("a", ServiceTier::Flex)
+            };
+            q2.enter(t).await.map(|_turn| ())
+        });
+        settle().await;
+        let refused = q.enter(ticket("b", ServiceTier::Priority)).await.err();
+        assert_eq!(refused, Some(Shed::Full));
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert_eq!(continuation.await.unwrap(), Ok(()));
     }
 }

@@ -1,8 +1,11 @@
 //! Adopting a background run another replica handed over while draining
 //! (`handover.rs`): the sweeper took its record and renewed its lease for
 //! this replica; the adopter makes this replica its owner and runs the
-//! generation, admitted and billed under the key that created it,
-//! continuing the run's event log where the first owner stopped.
+//! generation under the key that created it, continuing the run's event
+//! log where the first owner stopped. It continues the admitted request:
+//! the plan's limits never refuse it (a revoked key or a blocked
+//! organisation does), and it is billed as one request with one input
+//! (`Limiter::take_over`).
 //!
 //! A run handed over before its worker started runs from the start. One
 //! handed over mid-generation carries what its log holds (`resume` in the
@@ -111,6 +114,8 @@ impl Adopter {
                     .await
             }
         };
+        // A revoked key or a blocked organisation stops the run, as it
+        // stops any request; the plan's limits do not (see below).
         let account = match self.accounts.by_digest(adoptable.key_digest).await {
             Ok(account) => account,
             Err(e) => {
@@ -119,31 +124,42 @@ impl Adopter {
                     .await
             }
         };
+        if let Err(e) = account.check_org() {
+            return self
+                .give_up(id, format!("its organisation is blocked ({e:?})"))
+                .await;
+        }
         let Some(model) = self.catalog.find(&object.model) else {
             return self
                 .give_up(id, format!("model '{}' is not served here", object.model))
                 .await;
         };
-        // A request id of its own: the first owner's reservation settled
-        // under the original one, and a settlement is once per request id.
+        // The run goes on as the request that was admitted: one request,
+        // its input billed once, never refused by the plan's limits. A
+        // request id of its own all the same: the first owner's hold
+        // settled under the original one, and a settlement is once per
+        // request id.
         let mut work = adoptable.work;
         work.request_id = format!("{}-adopted", work.request_id);
         let request_id = work.request_id.clone();
-        let (admitted, _headers) = self
+        let reservation = match self
             .limiter
-            .admit_request(
+            .take_over(
                 &account,
                 model,
                 request_id,
                 adoptable.input_estimate,
                 adoptable.max_output_tokens,
+                // Started on the first owner, which billed the request and
+                // its input (`resume` is what it delivered).
+                work.resume.is_some(),
             )
-            .await;
-        let reservation = match admitted {
+            .await
+        {
             Ok(reservation) => reservation,
             Err(refusal) => {
                 return self
-                    .give_up(id, format!("its plan's limits refused it ({refusal:?})"))
+                    .give_up(id, format!("its limits could not be held ({refusal:?})"))
                     .await
             }
         };

@@ -286,6 +286,12 @@ impl Sink for RunWriter {
         }
     }
 
+    /// The pool's queue keeps it on a drain: [`Sink::gone_while_starting`]
+    /// hands it over, or it waits when no peer could take it.
+    fn hands_over_on_drain(&self) -> bool {
+        true
+    }
+
     /// Before its worker started, a run on a draining replica goes to a
     /// peer at once: nothing of it was generated, billed or stored yet.
     async fn gone_while_starting(&mut self) {
