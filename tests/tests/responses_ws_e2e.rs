@@ -380,7 +380,8 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
 
         // A schema that admits no value is the turn's 400 naming where,
         // not a turn that fails its output check.
-        let schema = json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
+        let schema =
+            json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
         let format = json!({"format": {"type": "json_schema", "name": "a", "schema": schema}});
         let events = ws
             .create(&json!({"model": "base", "input": "x", "text": format}))

@@ -220,7 +220,7 @@ mod tests {
     use super::*;
     use crate::catalog::Catalog;
 
-    fn valid(catalog: &Catalog, items: Vec<InputItem>) -> ValidResponseRequest {
+    fn validated(catalog: &Catalog, items: Vec<InputItem>) -> ValidResponseRequest {
         let req = CreateResponseRequest {
             model: Some("base".into()),
             input: Some(crate::api::responses::Input::Items(items)),
@@ -265,7 +265,7 @@ mod tests {
             ..Default::default()
         }];
         let items = vec![message("hi".into()), reference("msg_old")];
-        let valid = valid(&catalog, items.clone());
+        let valid = validated(&catalog, items.clone());
         let (out, used) = resolve_items(&items, &ctx, bounds(&valid, 1 << 20)).unwrap();
         assert!(out[0].id.as_deref().unwrap().starts_with("msg_"));
         assert!(matches!(out[0].content, Some(ItemContent::Parts(_))));
@@ -289,7 +289,7 @@ mod tests {
             ..message("x".repeat(1 << 20))
         }];
         items.extend((0..150).map(|_| reference("msg_big")));
-        let valid = valid(&catalog, items.clone());
+        let valid = validated(&catalog, items.clone());
         let Err(e) = resolve_items(&items, &[], bounds(&valid, 16 << 20)) else {
             panic!("150 MiB of input fits no window");
         };
@@ -299,7 +299,7 @@ mod tests {
         );
         // A chain whose text already fills the window counts too.
         let small = vec![message("hi".into())];
-        let valid = valid(&catalog, small.clone());
+        let valid = validated(&catalog, small.clone());
         let mut full = bounds(&valid, 16 << 20);
         full.text = 200_000 * 8;
         assert!(resolve_items(&small, &[], full).is_err());
@@ -320,7 +320,7 @@ mod tests {
             },
         ];
         items.extend((0..10).map(|_| reference("rs_1")));
-        let valid = valid(&catalog, items.clone());
+        let valid = validated(&catalog, items.clone());
         let (out, _) = resolve_items(&items, &[], bounds(&valid, 1 << 20)).unwrap();
         assert_eq!(out.len(), 12);
         let Err(e) = resolve_items(&items, &[], bounds(&valid, 500_000)) else {
