@@ -522,3 +522,163 @@ async fn idempotency_records_count_against_the_storage_cap_in_process() {
 async fn idempotency_records_count_against_the_storage_cap_on_redis() {
     idempotency_records_count_against_the_storage_cap(true).await;
 }
+
+/// `{"model":"base","input":[one message of `text` with id `msg_big`,
+/// then `refs` references to it]}` plus `extra` top-level fields.
+fn fan_out(text: &str, refs: usize, extra: &str) -> String {
+    let reference = r#"{"type":"item_reference","id":"msg_big"}"#;
+    format!(
+        r#"{{"model":"base","input":[{{"type":"message","id":"msg_big","role":"user","content":"{text}"}},{}]{extra}}}"#,
+        vec![reference; refs].join(",")
+    )
+}
+
+/// Issue 52, item 2: one 1 MiB message referenced 150 times asks for
+/// 150 MiB once resolved. Before the bound the gateway built it (589 to
+/// 1,229 MiB, kept) and answered 502; now the resolution stops at the
+/// reference that passes the model's window: a 400
+/// `context_length_exceeded` naming `input`, on `POST /v1/responses`, on
+/// compaction and on a WebSocket turn, with the gateway's memory flat. A
+/// fan-out within the window is served.
+#[tokio::test]
+async fn item_references_are_bounded_once_resolved() {
+    let stack = Stack::single(WorkerOpts::default());
+    let client = stack.client();
+    let pid = stack.gateway.pid().expect("the gateway's pid");
+    let r = client
+        .post_json("/responses", &json!({"model": "base", "input": "hi"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let before = rss_mib(pid);
+
+    let big = "x".repeat(1 << 20);
+    let body = fan_out(&big, 150, "");
+    assert!(body.len() < 1_100_000, "a 1 MB body");
+    let started = std::time::Instant::now();
+    let (c, p) = ("context_length_exceeded", "input");
+    let r = post(&client, "/responses", body.clone()).await;
+    let after_one = rss_mib(pid);
+    println!(
+        "150 references to a 1 MiB message: {} in {:?}; gateway {before} MiB before, {after_one} after",
+        r.status,
+        started.elapsed()
+    );
+    let e = assert_error(&r, 400, c);
+    assert_eq!(
+        (&e["param"], &e["type"]),
+        (&json!(p), &json!("invalid_request_error"))
+    );
+    refused(&client, "/responses/compact", body.clone(), c, p).await;
+    let mut ws = harness::websocket::connect(&stack.gateway.base_url(), stack.gateway.api_key())
+        .await
+        .expect("connects");
+    let mut turn: Value = serde_json::from_str(&body).unwrap();
+    turn["type"] = "response.create".into();
+    ws.send_text(&turn.to_string()).await.unwrap();
+    let events = ws.reply().await.unwrap();
+    assert_eq!(events[0]["type"], "error", "{events:?}");
+    assert_eq!(events[0]["status"], 400, "{events:?}");
+    assert_eq!(events[0]["error"]["code"], c, "{events:?}");
+    assert_eq!(events[0]["error"]["param"], p, "{events:?}");
+    // The stored chain's text counts too: a response that continues a
+    // 1 MiB conversation with 1 MiB more is over the window.
+    let first = client
+        .post_json(
+            "/responses",
+            &json!({"model": "base", "input": big, "max_output_tokens": 4}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200, "{first}");
+    let prev = first.json()["id"].as_str().unwrap().to_owned();
+    let chained = json!({"model": "base", "input": big, "previous_response_id": prev});
+    refused(&client, "/responses", chained.to_string(), c, p).await;
+    let elapsed = started.elapsed();
+
+    let after = rss_mib(pid);
+    let peak = procfs::peak_rss_kib(pid).unwrap() / MIB;
+    println!(
+        "150 references to a 1 MiB message: 400 three times in {elapsed:?}; gateway resident \
+         memory {before} MiB before, {after} after (peak {peak} MiB)"
+    );
+    assert!(
+        after < before + 64,
+        "resident memory grew from {before} to {after} MiB"
+    );
+
+    // Within the window a fan-out is served, not refused.
+    let body = fan_out(&"y".repeat(20 << 10), 10, r#","max_output_tokens":4"#);
+    let r = post(&client, "/responses", body).await;
+    assert_eq!(r.status, 200, "{r}");
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let items = client
+        .get(&format!("/responses/{id}/input_items?limit=100"))
+        .await
+        .unwrap();
+    assert_eq!(
+        items.json()["data"].as_array().unwrap().len(),
+        11,
+        "{items}"
+    );
+}
+
+/// Issue 52, item 7: the cap counts what a response holds once its run
+/// ends, not only its input. Before, an org capped at 200 KB held 25.8 MB
+/// (long outputs, background runs' event logs) before an input was
+/// refused. An admitted run may end past the cap; the next stored create
+/// is then refused (403 `storage_quota_exceeded`), an unstored one is
+/// still served, and a delete gives back all the response held.
+async fn ended_runs_count_against_the_cap(redis: bool) {
+    let (_stack, capped, _free) = quota_stack(60_000, redis);
+    let small = json!({"model": "base", "input": "hi", "max_output_tokens": 4});
+    let stored_create = |client: &Client, body: Value| {
+        let client = client.clone();
+        async move { client.post_json("/responses", &body).await.unwrap() }
+    };
+    // A background run whose event log (1,500 deltas) outgrows the cap.
+    let body = json!({"model": "base", "input": "go synthetic:reply_tokens=1500",
+                      "background": true, "max_output_tokens": 2000});
+    let r = stored_create(&capped, body).await;
+    assert_eq!(r.status, 200, "{r}");
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let within = std::time::Duration::from_secs(60);
+    let done = harness::responses::wait_for_status(&capped, &id, &["completed"], within).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let refused = stored_create(&capped, small.clone()).await;
+    assert_error(&refused, 403, "storage_quota_exceeded");
+    let mut unstored = small.clone();
+    unstored["store"] = false.into();
+    let r = stored_create(&capped, unstored).await;
+    assert_eq!(r.status, 200, "{r}");
+    // The delete gives back the log with the rest.
+    let r = capped.delete(&format!("/responses/{id}")).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let r = stored_create(&capped, small.clone()).await;
+    assert_eq!(r.status, 200, "{r}");
+    let first = r.json()["id"].as_str().unwrap().to_owned();
+
+    // A foreground reply's output counts the same.
+    let body = json!({"model": "base", "input": "go synthetic:reply_tokens=15000",
+                      "max_output_tokens": 16000});
+    let r = stored_create(&capped, body).await;
+    assert_eq!(r.status, 200, "{r}");
+    let output = r.json()["output"].to_string().len();
+    assert!(output > 60_000, "an output of {output} bytes");
+    let refused = stored_create(&capped, small.clone()).await;
+    assert_error(&refused, 403, "storage_quota_exceeded");
+    let r = capped.delete(&format!("/responses/{first}")).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let refused = stored_create(&capped, small).await;
+    assert_error(&refused, 403, "storage_quota_exceeded");
+}
+
+#[tokio::test]
+async fn ended_runs_count_against_the_cap_in_process() {
+    ended_runs_count_against_the_cap(false).await;
+}
+
+#[tokio::test]
+async fn ended_runs_count_against_the_cap_on_redis() {
+    ended_runs_count_against_the_cap(true).await;
+}

@@ -378,6 +378,18 @@ async fn bad_messages_get_error_events_and_the_connection_stays_open() {
         let e = assert_error_event(&events, 400, "invalid_value");
         assert_eq!(e["error"]["param"], "temperature");
 
+        // A schema that admits no value is the turn's 400 naming where,
+        // not a turn that fails its output check.
+        let schema =
+            json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
+        let format = json!({"format": {"type": "json_schema", "name": "a", "schema": schema}});
+        let events = ws
+            .create(&json!({"model": "base", "input": "x", "text": format}))
+            .await
+            .unwrap();
+        let e = assert_error_event(&events, 400, "invalid_json_schema");
+        assert_eq!(e["error"]["param"], "text.format.schema.properties.a.$ref");
+
         let events = ws
             .create(&json!({"model": "nope", "input": "x"}))
             .await

@@ -4,7 +4,7 @@
 //! and one `compaction` item holding the summary, which a later
 //! `POST /v1/responses` takes as input in place of what it replaces.
 
-use super::responses::{conversation, response_object};
+use super::responses::{conversation, response_object, Conversation};
 use super::sinks::ResponseEvents;
 use crate::accounts::Account;
 use crate::api::responses::{
@@ -38,8 +38,13 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     account.check_model(valid.model.id)?;
     let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
 
-    // 2. The conversation: the stored chain, then this input.
-    let (conversation, _) = conversation(app, &principal, &pass, &valid, None).await?;
+    // 2. The conversation: the stored chain, then this input (bounded).
+    let Conversation {
+        context: conversation,
+        tokens,
+        ..
+    } = conversation(app, &principal, &pass, &valid, None).await?;
+    let input_estimate = input_estimate.max(tokens);
     let mut prompt = conversation.clone();
     prompt.push(user_message(compaction::ASK.to_owned()));
 

@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod compact;
+mod conversation;
 mod follow;
 mod idempotent;
 pub mod models;

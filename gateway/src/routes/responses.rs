@@ -2,13 +2,14 @@
 //! bottom), retrieve (with replay of a background run's events), delete,
 //! cancel, and input item listing.
 
+pub(super) use super::conversation::{conversation, Conversation};
 use super::follow::{follow, not_found};
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::ResponseEvents;
 use crate::accounts::{Account, ServiceTier};
 use crate::api::responses::{
-    ContentPart, CreateResponseRequest, DeletedResponse, InputItem, InputItemList, ItemContent,
-    ResponseObject, ResponseStatus,
+    CreateResponseRequest, DeletedResponse, InputItem, InputItemList, ResponseObject,
+    ResponseStatus,
 };
 use crate::app::App;
 use crate::auth::Principal;
@@ -20,7 +21,7 @@ use crate::ids::new_id;
 use crate::limits::{estimate_input_tokens, Outcome};
 use crate::runs::background::{BackgroundRun, Origin};
 use crate::runs::{Cancel, NewRun, StoredRun};
-use crate::translate::responses::{new_object, output_as_input, to_worker, ResponseEncoder};
+use crate::translate::responses::{new_object, to_worker, ResponseEncoder};
 use crate::validate::responses::ValidResponseRequest;
 use crate::{parse, validate};
 use inference_proto::v1 as pb;
@@ -67,8 +68,13 @@ async fn run(
         sampling,
     } = checked;
 
-    // 3. The conversation: the stored chain, then this input.
-    let (context, input_items) = conversation(app, &principal, &req, &valid, None).await?;
+    // 3. The conversation: the stored chain, then this input (bounded).
+    let Conversation {
+        context,
+        input_items,
+        tokens,
+    } = conversation(app, &principal, &req, &valid, None).await?;
+    let input_estimate = input_estimate.max(tokens);
 
     // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
     let reservation = super::admit(
@@ -338,28 +344,6 @@ pub(super) fn check(
     })
 }
 
-/// The conversation a request continues, with its own input appended, and
-/// its input items as stored and listed. `known` is the continued
-/// response's conversation when the caller holds it (a WebSocket's
-/// connection-local state); otherwise `previous_response_id` is read from
-/// the store.
-pub(super) async fn conversation(
-    app: &App,
-    principal: &Principal,
-    req: &CreateResponseRequest,
-    valid: &ValidResponseRequest,
-    known: Option<Vec<InputItem>>,
-) -> Result<(Vec<InputItem>, Vec<InputItem>), ApiError> {
-    let mut context = match (known, &req.previous_response_id) {
-        (Some(known), _) => known,
-        (None, Some(prev)) => previous_conversation(app, principal, prev).await?,
-        (None, None) => Vec::new(),
-    };
-    let input_items = resolve_items(&valid.items, &context)?;
-    context.extend(input_items.iter().cloned());
-    Ok((context, input_items))
-}
-
 /// A new response object with a fresh id, served at the tier it asked for
 /// as far as its plan allows.
 pub(super) fn response_object(
@@ -405,106 +389,6 @@ pub(super) async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &Resp
         run.finish(encoder.object.clone(), app.shutdown.begin())
             .await;
     }
-}
-
-/// The conversation a `previous_response_id` continues: its context and
-/// its output. Missing, expired or another org's → 404; unfinished → 409.
-async fn previous_conversation(
-    app: &App,
-    principal: &Principal,
-    prev: &str,
-) -> Result<Vec<InputItem>, ApiError> {
-    let conv = app
-        .store
-        .conversation(&principal.org, prev)
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                404,
-                "previous_response_not_found",
-                format!("Previous response with id '{prev}' not found."),
-            )
-            .with_param("previous_response_id")
-        })?;
-    if !conv.object.is_terminal() {
-        return Err(ApiError::new(
-            409,
-            "previous_response_not_finished",
-            format!(
-                "Previous response '{prev}' is still {}; retry once it has finished.",
-                conv.object.status
-            ),
-        )
-        .with_param("previous_response_id"));
-    }
-    let mut items = conv.context;
-    items.extend(conv.object.output.iter().map(output_as_input));
-    Ok(items)
-}
-
-/// This request's items as stored and listed: typed, with ids, string
-/// content as parts, and item references replaced by the items they name
-/// (looked up in the conversation being continued).
-fn resolve_items(items: &[InputItem], context: &[InputItem]) -> Result<Vec<InputItem>, ApiError> {
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let kind = item.kind.as_deref().unwrap_or("message");
-        if kind == "item_reference" {
-            let wanted = item.id.as_deref().unwrap_or_default();
-            let found = context
-                .iter()
-                .chain(out.iter())
-                .find(|c: &&InputItem| c.id.as_deref() == Some(wanted))
-                .cloned()
-                .ok_or_else(|| {
-                    ApiError::invalid_value(
-                        format!("input.{i}.id"),
-                        format!(
-                            "Item '{wanted}' was not found in the conversation being continued."
-                        ),
-                    )
-                })?;
-            out.push(found);
-            continue;
-        }
-        let mut item = item.clone();
-        item.kind = Some(kind.to_owned());
-        match kind {
-            "message" => {
-                if item.id.is_none() {
-                    item.id = Some(new_id("msg_"));
-                }
-                if let Some(ItemContent::Text(t)) = &item.content {
-                    let part = if item.role.as_deref() == Some("assistant") {
-                        ContentPart::OutputText {
-                            text: t.clone(),
-                            annotations: Vec::new(),
-                        }
-                    } else {
-                        ContentPart::InputText { text: t.clone() }
-                    };
-                    item.content = Some(ItemContent::Parts(vec![part]));
-                }
-                item.status.get_or_insert_with(|| "completed".into());
-            }
-            "function_call" => {
-                item.id.get_or_insert_with(|| new_id("fc_"));
-                item.status.get_or_insert_with(|| "completed".into());
-            }
-            "function_call_output" => {
-                item.id.get_or_insert_with(|| new_id("fco_"));
-                item.status.get_or_insert_with(|| "completed".into());
-            }
-            "compaction" => {
-                item.id.get_or_insert_with(|| new_id("cmp_"));
-            }
-            _ => {
-                item.id.get_or_insert_with(|| new_id("rs_"));
-            }
-        }
-        out.push(item);
-    }
-    Ok(out)
 }
 
 /// `GET /v1/responses/{id}` (`?stream=true&starting_after=N` for background runs).
@@ -735,39 +619,5 @@ mod tests {
         assert_eq!(q.u64("starting_after").unwrap(), Some(3));
         assert_eq!(q.get("include[]"), Some("a b"));
         assert!(Query::parse(Some("limit=x")).u64("limit").is_err());
-    }
-
-    #[test]
-    fn items_get_ids_and_references_resolve() {
-        let ctx = vec![InputItem {
-            kind: Some("message".into()),
-            id: Some("msg_old".into()),
-            role: Some("user".into()),
-            content: Some(ItemContent::Text("earlier".into())),
-            ..Default::default()
-        }];
-        let items = vec![
-            InputItem {
-                role: Some("user".into()),
-                content: Some(ItemContent::Text("hi".into())),
-                ..Default::default()
-            },
-            InputItem {
-                kind: Some("item_reference".into()),
-                id: Some("msg_old".into()),
-                ..Default::default()
-            },
-        ];
-        let out = resolve_items(&items, &ctx).unwrap();
-        assert!(out[0].id.as_deref().unwrap().starts_with("msg_"));
-        assert!(matches!(out[0].content, Some(ItemContent::Parts(_))));
-        assert_eq!(out[1].id.as_deref(), Some("msg_old"));
-        let missing = vec![InputItem {
-            kind: Some("item_reference".into()),
-            id: Some("nope".into()),
-            ..Default::default()
-        }];
-        let e = resolve_items(&missing, &[]).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("input.0.id"));
     }
 }

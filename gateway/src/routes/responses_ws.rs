@@ -398,8 +398,12 @@ impl Connection<'_, '_> {
                 .filter(|c| &c.id == prev)
                 .map(|c| c.items.clone())
         });
-        let (context, input_items) =
-            responses::conversation(app, &account.principal, &req, &valid, known).await?;
+        let responses::Conversation {
+            context,
+            input_items,
+            tokens,
+        } = responses::conversation(app, &account.principal, &req, &valid, known).await?;
+        let input_estimate = input_estimate.max(tokens);
         if !generate {
             return self
                 .warm_up(&account, &req, &valid, sampling, context, &input_items)

@@ -4,8 +4,8 @@
 //! followers wake as soon as events arrive.
 
 use super::{
-    stored_bytes_of, EndedBy, EventFollower, NewResponse, ResponseStore, StoreError, StoreResult,
-    StoredConversation, TakeHandover, WriteOutcome,
+    charged_at_end, input_bytes_of, stored_bytes_of, EndedBy, EventFollower, NewResponse,
+    ResponseStore, StoreError, StoreResult, StoredConversation, TakeHandover, WriteOutcome,
 };
 use crate::api::event_log::fold_output;
 use crate::api::responses::{external_terminal, EncodedEvent, ResponseStatus};
@@ -26,8 +26,11 @@ struct Entry {
     /// The terminal status is a sweeper's: its owner's final write may
     /// replace it.
     swept: bool,
-    /// Bytes counted against its organisation's cap (0: none was set).
+    /// Bytes counted against its organisation's cap (0: none was set):
+    /// its inputs and first object, then, once its run ended, all of it.
     charged: u64,
+    /// The encoded input items and conversation, counted in `charged`.
+    inputs: u64,
     /// Bumped on every append; followers wait on it.
     appended: watch::Sender<usize>,
 }
@@ -147,6 +150,15 @@ impl State {
     }
 }
 
+/// A capped response whose run just ended counts all it holds: the
+/// final object and the event log (never refused: the run was admitted).
+fn charge_end(entry: &mut Entry) {
+    if entry.charged > 0 {
+        let all = charged_at_end(entry.inputs, &entry.object, &entry.events);
+        entry.charged = entry.charged.max(all);
+    }
+}
+
 fn append(entry: &mut Entry, events: &[EncodedEvent]) {
     if events.is_empty() {
         return;
@@ -159,9 +171,9 @@ fn append(entry: &mut Entry, events: &[EncodedEvent]) {
 #[async_trait]
 impl ResponseStore for MemoryStore {
     async fn create(&self, new: NewResponse<'_>) -> StoreResult<()> {
-        let charged = match new.max_stored_bytes {
-            0 => 0,
-            _ => stored_bytes_of(&new)?,
+        let (inputs, charged) = match new.max_stored_bytes {
+            0 => (0, 0),
+            _ => (input_bytes_of(&new), stored_bytes_of(&new)),
         };
         let mut state = lock(&self.state);
         state.purge();
@@ -187,6 +199,7 @@ impl ResponseStore for MemoryStore {
                 expires_at: Instant::now() + self.window,
                 swept: false,
                 charged,
+                inputs,
                 appended,
             },
         );
@@ -257,6 +270,9 @@ impl ResponseStore for MemoryStore {
             entry.object = o.clone();
         }
         append(entry, events);
+        if entry.object.is_terminal() {
+            charge_end(entry);
+        }
         Ok(WriteOutcome::Written)
     }
 
@@ -273,6 +289,7 @@ impl ResponseStore for MemoryStore {
         }
         entry.object = object.clone();
         entry.swept = false;
+        charge_end(entry);
         Ok(WriteOutcome::Written)
     }
 
@@ -299,6 +316,7 @@ impl ResponseStore for MemoryStore {
             let seq = entry.events.last().map_or(0, |f| f.seq + 1);
             append(entry, &[external_terminal(object, seq)]);
         }
+        charge_end(entry);
         Ok(WriteOutcome::Written)
     }
 

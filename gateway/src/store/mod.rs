@@ -17,9 +17,13 @@
 //!   stored bytes past it is refused ([`StoreError::QuotaExceeded`]);
 //!   a delete gives the bytes back, and so does expiry (the in-process
 //!   store exactly; Redis when the usage bucket of the hour, or so, the
-//!   response was stored in expires: see `redis.rs`). An
-//!   `Idempotency-Key`'s record counts too, for its window
-//!   ([`ResponseStore::charge_record`]).
+//!   response was stored in expires: see `redis.rs`). When its run ends
+//!   (the terminal write, whoever makes it) a capped response is charged
+//!   again at its full size: the final object with its output and the
+//!   event log ([`charged_at_end`]). That charge is never refused (the run
+//!   was admitted), so an organisation may end past its cap; its next
+//!   stored create is then refused. An `Idempotency-Key`'s record counts
+//!   too, for its window ([`ResponseStore::charge_record`]).
 //! - The terminal status is written once: every write that can end a run is
 //!   a compare-and-set against "not yet terminal", and the event log takes
 //!   no event after the terminal one.
@@ -83,25 +87,39 @@ pub struct NewResponse<'a> {
     pub max_stored_bytes: u64,
 }
 
-/// The bytes a new response puts in the store, as its cap counts them:
-/// the encoded object, input items and conversation (the bulk of it: the
-/// conversation repeats the chain's input). A run's event log and its
-/// final output are not counted; they are bounded per response by its
-/// output tokens.
+/// The bytes a new response puts in the store, as its cap counts them
+/// when it is created: the encoded object, input items and conversation
+/// (the bulk of it: the conversation repeats the chain's input). The
+/// output and the event log are counted when the run ends
+/// ([`charged_at_end`]).
 pub fn stored_bytes(object: &str, input_items: &str, context: &str) -> u64 {
     (object.len() + input_items.len() + context.len()) as u64
 }
 
-/// [`stored_bytes`] of a new response, encoding it.
-pub fn stored_bytes_of(new: &NewResponse<'_>) -> StoreResult<u64> {
-    Ok(encoded_len(new.object)? + encoded_len(new.input_items)? + encoded_len(new.context)?)
+/// [`stored_bytes`] of a new response, counted without encoding it.
+pub fn stored_bytes_of(new: &NewResponse<'_>) -> u64 {
+    input_bytes_of(new) + encoded_len(new.object)
 }
 
-/// The length of a value's JSON encoding (what the stores write).
-fn encoded_len<T: serde::Serialize + ?Sized>(v: &T) -> StoreResult<u64> {
-    serde_json::to_vec(v)
-        .map(|v| v.len() as u64)
-        .map_err(|_| StoreError::Encode)
+/// The encoded bytes of a new response's input items and conversation.
+pub fn input_bytes_of(new: &NewResponse<'_>) -> u64 {
+    encoded_len(new.input_items) + encoded_len(new.context)
+}
+
+/// What an ended response counts against its organisation's cap: the
+/// bytes its inputs were charged at creation (`inputs`: input items and
+/// conversation), its final object and its event log, each entry's name
+/// and payload (the Redis store counts the same in Lua).
+pub fn charged_at_end(inputs: u64, object: &ResponseObject, events: &[EncodedEvent]) -> u64 {
+    let log: u64 = events
+        .iter()
+        .map(|e| (e.name.len() + e.data.len()) as u64)
+        .sum();
+    inputs + encoded_len(object) + log
+}
+
+fn encoded_len<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
+    crate::api::encoded_len(v) as u64
 }
 
 /// What a run's owner learns when it writes.
@@ -390,7 +408,6 @@ pub mod suite {
             lease_until_ms: None,
             max_stored_bytes: 0,
         })
-        .unwrap()
     }
 
     /// Runs every case against `store`.
@@ -402,6 +419,7 @@ pub mod suite {
         follow_sees_live_events(store).await;
         leases_expire(store).await;
         stored_bytes_are_capped_per_org(store).await;
+        the_end_of_a_run_is_charged(store).await;
         a_handed_over_run_is_taken_once(store).await;
     }
 
@@ -496,6 +514,76 @@ pub mod suite {
             store.delete(&org, id).await.unwrap();
         }
         store.delete(&other, &elsewhere).await.unwrap();
+    }
+
+    /// Issue 52, item 7: a capped response counts its output and its
+    /// event log once its run ends, however it ends (the owner's final
+    /// write of a background run or of a foreground one, a cancel). An
+    /// admitted run may end past the cap; the next create is refused, and
+    /// a delete gives back everything the response was charged.
+    async fn the_end_of_a_run_is_charged(store: &dyn ResponseStore) {
+        let org = new_id();
+        let size = one_response(&object(&new_id(), false));
+        let cap = size * 4;
+        let output = "o".repeat(size as usize * 2);
+        // A background run whose log outgrows the cap.
+        let bg = new_id();
+        let mut obj = object(&bg, true);
+        create_capped(store, &org, &obj, cap).await.unwrap();
+        obj.status = ResponseStatus::InProgress;
+        let log: Vec<EncodedEvent> = (0..4)
+            .map(|seq| EncodedEvent {
+                seq,
+                name: "response.output_text.delta".into(),
+                data: output.clone(),
+            })
+            .collect();
+        store.write(&bg, Some(&obj), &log).await.unwrap();
+        // Running, it counts what it was created with: another fits.
+        let fg = new_id();
+        let mut foreground = object(&fg, false);
+        create_capped(store, &org, &foreground, cap).await.unwrap();
+        obj.status = ResponseStatus::Completed;
+        let end = [ev(4, "response.completed")];
+        assert_eq!(
+            store.write(&bg, Some(&obj), &end).await.unwrap(),
+            WriteOutcome::Written
+        );
+        let refused = create_capped(store, &org, &object(&new_id(), false), cap).await;
+        let Err(StoreError::QuotaExceeded { used, .. }) = refused else {
+            panic!("the ended run's log was not charged: {refused:?}");
+        };
+        assert!(used > cap, "{used} of {cap}");
+        // A delete gives back all of it.
+        assert!(store.delete(&org, &bg).await.unwrap());
+        // A foreground run's final object with its output, by `finish`.
+        foreground.status = ResponseStatus::Completed;
+        foreground.metadata.insert("o".into(), output.repeat(2));
+        store.finish(&fg, &foreground).await.unwrap();
+        assert!(create_capped(store, &org, &object(&new_id(), false), cap)
+            .await
+            .is_err());
+        assert!(store.delete(&org, &fg).await.unwrap());
+        // A cancelled run counts its log too.
+        let cancelled = new_id();
+        let mut obj = object(&cancelled, true);
+        create_capped(store, &org, &obj, cap).await.unwrap();
+        obj.status = ResponseStatus::InProgress;
+        store.write(&cancelled, Some(&obj), &log).await.unwrap();
+        obj.status = ResponseStatus::Cancelled;
+        store
+            .terminate(&cancelled, &mut obj, EndedBy::Cancel)
+            .await
+            .unwrap();
+        assert!(create_capped(store, &org, &object(&new_id(), false), cap)
+            .await
+            .is_err());
+        assert!(store.delete(&org, &cancelled).await.unwrap());
+        let last = new_id();
+        create_capped(store, &org, &object(&last, false), cap)
+            .await
+            .unwrap();
+        store.delete(&org, &last).await.unwrap();
     }
 
     async fn put_get_delete_and_org_scope(store: &dyn ResponseStore) {

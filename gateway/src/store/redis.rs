@@ -16,7 +16,11 @@
 //!   22 hours of a 30-day window), counted only under a plan with a cap.
 //!   A bucket expires when the last response it counts does, so expiry
 //!   gives the bytes back at most one period late; a delete gives them back
-//!   at once (the response's hash names its bucket: `qkey`, `qbytes`). The
+//!   at once (the response's hash names its bucket: `qkey`, `qbytes`).
+//!   When a capped response's run ends, the script of its terminal write
+//!   recounts it whole (object, items, conversation and `ebytes`, the
+//!   bytes of its event log) into `qbytes`, and the difference is added
+//!   to its bucket, unrefused (see [`SETTLE`]). The
 //!   buckets of an org share its `{org}` tag: the check-and-add is one
 //!   script in one slot, apart from the response's own slot (so a create
 //!   refused by the store after its bytes were added gives them back);
@@ -53,38 +57,71 @@ use std::time::Duration;
 
 /// The owner's write: object (optional) and events, unless terminal or gone.
 /// KEYS: hash, events. ARGV: obj JSON or "", status, then seq/name/data triples.
-/// Returns 0 written, 1 already terminal, -1 gone.
+/// Returns {0 written / 1 already terminal / -1 gone, then [`SETTLE`]'s
+/// bucket and bytes}.
 ///
 /// Idempotent: a write whose reply was lost (a client timeout while Redis
 /// applied it) is retried by the owner, and the retry finds its own last
 /// event (same id, same payload) already in the log, or, for an object
 /// alone, the same object already stored: that is success, not a conflict.
 static WRITE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    settling(
         r#"
 local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return -1 end
+if not st then return {-1, '', 0} end
 if #ARGV >= 5 then
   local n = #ARGV - 2
   local landed = redis.call('XRANGE', KEYS[2], '0-' .. (tonumber(ARGV[n]) + 1), '0-' .. (tonumber(ARGV[n]) + 1))
-  if #landed > 0 and landed[1][2][4] == ARGV[n + 2] then return 0 end
+  if #landed > 0 and landed[1][2][4] == ARGV[n + 2] then return {0, '', 0} end
 elseif ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then
-  return 0
+  return {0, '', 0}
 end
-if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
-if redis.call('HEXISTS', KEYS[1], 'closing') == 1 then return 1 end
+if terminal(st) then return {1, '', 0} end
+if redis.call('HEXISTS', KEYS[1], 'closing') == 1 then return {1, '', 0} end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2]) end
 if #ARGV >= 5 then
+  local bytes = 0
   for i = 3, #ARGV, 3 do
     redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[i]) + 1), 't', ARGV[i + 1], 'd', ARGV[i + 2])
+    bytes = bytes + #ARGV[i + 1] + #ARGV[i + 2]
   end
+  redis.call('HINCRBY', KEYS[1], 'ebytes', bytes)
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
-return 0
+if ARGV[1] ~= '' and terminal(ARGV[2]) then return settle(0) end
+return {0, '', 0}
 "#,
     )
 });
+
+/// Lua shared by the scripts that may end a run: `terminal(status)`, and
+/// `settle(code)`, which recounts a capped response (one with `qkey`) at
+/// its full size (object, input items, conversation and the event log's
+/// `ebytes`, each entry's name and payload, as `store::charged_at_end`
+/// counts) and returns {code, its bucket, the bytes to add to the bucket}
+/// ({code, '', 0} when nothing is to be added). The bucket is in another
+/// slot, so the caller adds them ([`RedisStore::adjust`]).
+const SETTLE: &str = r#"
+local function terminal(st)
+  return st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete'
+end
+local function settle(code)
+  local q = redis.call('HMGET', KEYS[1], 'qkey', 'qbytes', 'ebytes')
+  if not q[1] then return {code, '', 0} end
+  local total = redis.call('HSTRLEN', KEYS[1], 'obj') + redis.call('HSTRLEN', KEYS[1], 'items')
+    + redis.call('HSTRLEN', KEYS[1], 'ctx') + (tonumber(q[3]) or 0)
+  local extra = total - (tonumber(q[2]) or 0)
+  if extra <= 0 then return {code, '', 0} end
+  redis.call('HSET', KEYS[1], 'qbytes', total)
+  return {code, q[1], extra}
+end
+"#;
+
+/// A script that may end a run, with [`SETTLE`]'s functions.
+fn settling(body: &str) -> redis::Script {
+    redis::Script::new(&format!("{SETTLE}{body}"))
+}
 
 /// A new response's hash and its time to live, in one step. KEYS: hash.
 /// ARGV: time to live (ms), then field/value pairs.
@@ -136,18 +173,18 @@ return 0
 /// The owner's final write of a foreground response. KEYS: hash.
 /// ARGV: obj JSON, status. Replaces a running status, or a terminal one
 /// that a sweeper wrote (`swept`); a repeat of a landed write is success.
-/// Returns 0 written, 1 already terminal, -1 gone.
+/// Returns {0 written / 1 already terminal / -1 gone, then [`SETTLE`]'s
+/// bucket and bytes}.
 static FINISH: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    settling(
         r#"
 local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return -1 end
-if redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then return 0 end
-local terminal = st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete'
-if terminal and redis.call('HGET', KEYS[1], 'swept') ~= '1' then return 1 end
+if not st then return {-1, '', 0} end
+if redis.call('HGET', KEYS[1], 'obj') == ARGV[1] then return {0, '', 0} end
+if terminal(st) and redis.call('HGET', KEYS[1], 'swept') ~= '1' then return {1, '', 0} end
 redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
 redis.call('HDEL', KEYS[1], 'swept')
-return 0
+return settle(0)
 "#,
     )
 });
@@ -157,29 +194,31 @@ return 0
 /// run its terminal event: sequence number, name, payload. The log was
 /// closed to its owner before it was read, so the event's number is the
 /// one after the log's last entry; the script checks that before it writes
-/// anything (-2 if not), rather than append out of order.
+/// anything (-2 if not), rather than append out of order. Returns {code,
+/// then [`SETTLE`]'s bucket and bytes}.
 static TERMINATE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    settling(
         r#"
 local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return -1 end
-if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'incomplete' then return 1 end
+if not st then return {-1, '', 0} end
+if terminal(st) then return {1, '', 0} end
 local event = #ARGV >= 6
 if event then
   local seq = 0
   local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if #last > 0 then seq = tonumber(string.match(last[1][1], '-(%d+)$')) end
-  if seq ~= tonumber(ARGV[4]) then return -2 end
+  if seq ~= tonumber(ARGV[4]) then return {-2, '', 0} end
 end
 redis.call('HSET', KEYS[1], 'obj', ARGV[1], 'status', ARGV[2])
 redis.call('HDEL', KEYS[1], 'closing')
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'swept', '1') end
 if event then
   redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[4]) + 1), 't', ARGV[5], 'd', ARGV[6])
+  redis.call('HINCRBY', KEYS[1], 'ebytes', #ARGV[5] + #ARGV[6])
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
-return 0
+return settle(0)
 "#,
     )
 });
@@ -222,13 +261,14 @@ return {1, used}
     )
 });
 
-/// Gives bytes back to a usage bucket, unless it already expired (which
-/// gave back everything it counted). KEYS: bucket. ARGV: bytes.
-static REFUND: LazyLock<redis::Script> = LazyLock::new(|| {
+/// Adds bytes to a usage bucket (negative: gives them back), unless it
+/// already expired (which gave back everything it counted). KEYS: bucket.
+/// ARGV: bytes.
+static ADJUST: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-return redis.call('DECRBY', KEYS[1], ARGV[1])
+return redis.call('INCRBY', KEYS[1], ARGV[1])
 "#,
     )
 });
@@ -330,11 +370,31 @@ impl RedisStore {
     /// Gives `bytes` back to a usage bucket; a failure only logs (the
     /// bucket's expiry gives them back later).
     async fn refund(&self, conn: &mut RedisConn, bucket: &str, bytes: u64) {
-        let refunded: Result<i64, _> = REFUND.key(bucket).arg(bytes).invoke_async(conn).await;
-        if let Err(e) = refunded {
-            tracing::warn!("response store: giving back stored bytes failed: {e}");
-            crate::metrics::redis_error("store", "refund");
+        self.adjust(conn, bucket, -(bytes as i64), "refund").await;
+    }
+
+    /// Adds `bytes` to a usage bucket (what an ended run holds beyond its
+    /// creation, [`SETTLE`]): never refused, the run was admitted. A
+    /// failure only logs: the organisation's next create then counts less.
+    async fn adjust(&self, conn: &mut RedisConn, bucket: &str, bytes: i64, op: &'static str) {
+        let adjusted: Result<i64, _> = ADJUST.key(bucket).arg(bytes).invoke_async(conn).await;
+        if let Err(e) = adjusted {
+            tracing::warn!("response store: counting stored bytes ({op}) failed: {e}");
+            crate::metrics::redis_error("store", op);
         }
+    }
+
+    /// The outcome of a script that may end a run, charging what the
+    /// ended run holds beyond what its creation counted.
+    async fn settled(
+        &self,
+        conn: &mut RedisConn,
+        (code, bucket, extra): (i64, String, i64),
+    ) -> i64 {
+        if extra > 0 && !bucket.is_empty() {
+            self.adjust(conn, &bucket, extra, "charge").await;
+        }
+        code
     }
 
     async fn conn(&self) -> StoreResult<RedisConn> {
@@ -613,24 +673,24 @@ impl ResponseStore for RedisStore {
         for f in events {
             inv.arg(f.seq).arg(&f.name).arg(&f.data);
         }
-        let code: i64 = inv
+        let reply = inv
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("write"))?;
-        Ok(outcome(code))
+        Ok(outcome(self.settled(&mut conn, reply).await))
     }
 
     async fn finish(&self, id: &str, object: &ResponseObject) -> StoreResult<WriteOutcome> {
         let _rt = RoundTrip::start("write");
         let mut conn = self.conn().await?;
-        let code: i64 = FINISH
+        let reply = FINISH
             .key(self.hash(id))
             .arg(to_json(object)?)
             .arg(object.status.as_str())
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("write"))?;
-        Ok(outcome(code))
+        Ok(outcome(self.settled(&mut conn, reply).await))
     }
 
     async fn terminate(
@@ -673,10 +733,11 @@ impl ResponseStore for RedisStore {
         if let Some(event) = &terminal {
             inv.arg(event.seq).arg(&event.name).arg(&event.data);
         }
-        let code: i64 = inv
+        let reply = inv
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable("terminate"))?;
+        let code = self.settled(&mut conn, reply).await;
         if code == OUT_OF_SEQUENCE {
             tracing::error!(response_id = %id, "a closed event log grew before its terminal event");
             return Err(corrupt("event log"));

@@ -164,8 +164,13 @@ pub fn check_function_tool(f: &FunctionSpec<'_>) -> Result<(), ApiError> {
             format!("'{param}' must be a JSON Schema object."),
         ));
     }
-    check_schema_validity(schema)
-        .map_err(|e| bad(format!("Invalid schema for function '{name}': {e}")))?;
+    check_schema_validity(schema).map_err(|e| {
+        bad(format!(
+            "Invalid schema for function '{name}': {}",
+            e.message
+        ))
+        .with_param(e.param(&param))
+    })?;
     if f.strict {
         check_strict_schema(schema).map_err(|e| {
             bad(format!(
@@ -266,8 +271,13 @@ pub fn check_format(f: &FormatSpec<'_>) -> Result<FormatKind, ApiError> {
     let bad = |msg: String| {
         ApiError::new(400, "invalid_json_schema", msg).with_param(schema_param.as_str())
     };
-    check_schema_validity(schema)
-        .map_err(|e| bad(format!("Invalid schema for response format '{name}': {e}")))?;
+    check_schema_validity(schema).map_err(|e| {
+        bad(format!(
+            "Invalid schema for response format '{name}': {}",
+            e.message
+        ))
+        .with_param(e.param(&schema_param))
+    })?;
     if f.strict {
         check_strict_schema(schema).map_err(|e| {
             bad(format!(
@@ -292,11 +302,33 @@ pub fn check_format(f: &FormatSpec<'_>) -> Result<FormatKind, ApiError> {
 /// A schema that certainly admits no value is refused too: a model held
 /// to it could only fail the output check, a 500 a client would retry in
 /// vain ([`super::satisfiable`]).
-pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
-    compiled_schema(schema)?;
+pub fn check_schema_validity(schema: &Value) -> Result<(), SchemaFault> {
+    compiled_schema(schema).map_err(|message| SchemaFault { message, at: None })?;
     match super::satisfiable::unsatisfiable(schema) {
         None => Ok(()),
-        Some(why) => Err(format!("it admits no value: {why}")),
+        Some(why) => Err(SchemaFault {
+            message: format!("it admits no value: {why}"),
+            at: Some(why.dot_path()),
+        }),
+    }
+}
+
+/// Why a schema was refused, for a human, and where in it when that is
+/// known precisely (an impossible keyword: `properties.a.minItems`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaFault {
+    pub message: String,
+    pub at: Option<String>,
+}
+
+impl SchemaFault {
+    /// The `param` to report: the schema's own (`text.format.schema`),
+    /// extended by the place in it when known.
+    pub fn param(&self, schema_param: &str) -> String {
+        match self.at.as_deref() {
+            Some(at) if !at.is_empty() => format!("{schema_param}.{at}"),
+            _ => schema_param.to_owned(),
+        }
     }
 }
 

@@ -591,7 +591,36 @@ pub fn chat_cases() -> Vec<Case> {
                 r#""response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","minLength":3,"maxLength":1}},"required":["s"]}}}"#,
             ),
             "invalid_json_schema",
-            Some("response_format.json_schema.schema"),
+            Some("response_format.json_schema.schema.properties.s.minLength"),
+        ),
+        bad(
+            "response format asking for more items than a reply holds",
+            chat(
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"array","minItems":18446744073709551616}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("response_format.json_schema.schema.minItems"),
+        ),
+        bad(
+            "response format with a required self-reference",
+            chat(
+                r##""response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}}}"##,
+            ),
+            "invalid_json_schema",
+            Some("response_format.json_schema.schema.properties.a.$ref"),
+        ),
+        bad(
+            "tool parameters whose allOf types share nothing",
+            chat(&format!(
+                r#""tools":[{}]"#,
+                tool(
+                    "f",
+                    r#"{"type":"object","properties":{"v":{"allOf":[{"type":"string"},{"type":"integer"}]}},"required":["v"]}"#,
+                    false
+                )
+            )),
+            "invalid_function_parameters",
+            Some("tools.0.function.parameters.properties.v.allOf"),
         ),
         bad(
             "invalid JSON Schema",
@@ -1180,7 +1209,44 @@ pub fn responses_cases() -> Vec<Case> {
                 r#""text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":5,"maximum":1}},"required":["n"]}}}"#,
             ),
             "invalid_json_schema",
-            Some("text.format.schema"),
+            Some("text.format.schema.properties.n.minimum"),
+        ),
+        bad(
+            "text.format schema asking for more items than a reply holds",
+            resp(
+                r#""text":{"format":{"type":"json_schema","name":"a","schema":{"type":"array","minItems":18446744073709551616}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("text.format.schema.minItems"),
+        ),
+        bad(
+            "text.format schema with a required self-reference",
+            resp(
+                r##""text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}}}"##,
+            ),
+            "invalid_json_schema",
+            Some("text.format.schema.properties.a.$ref"),
+        ),
+        bad(
+            "text.format schema whose allOf types share nothing",
+            resp(
+                r#""text":{"format":{"type":"json_schema","name":"a","schema":{"allOf":[{"type":"string"},{"type":"integer"}]}}}"#,
+            ),
+            "invalid_json_schema",
+            Some("text.format.schema.allOf"),
+        ),
+        bad(
+            "flat tool parameters with a required self-reference",
+            resp(&format!(
+                r#""tools":[{}]"#,
+                flat_tool(
+                    "f",
+                    r##"{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}"##,
+                    false
+                )
+            )),
+            "invalid_function_parameters",
+            Some("tools.0.parameters.properties.a.$ref"),
         ),
         bad(
             "text.format invalid schema",

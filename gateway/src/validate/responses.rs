@@ -276,29 +276,50 @@ pub fn validate(
 
 /// Text bytes of the instructions and input items (the early context check).
 fn input_text_bytes(items: &[InputItem], instructions: Option<&str>) -> usize {
-    let mut bytes = instructions.map_or(0, str::len);
-    for item in items {
-        bytes += match &item.content {
-            None => 0,
-            Some(ItemContent::Text(t)) => t.len(),
-            Some(ItemContent::Parts(parts)) => parts
-                .iter()
-                .map(|p| match p {
-                    ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => {
-                        text.len()
-                    }
-                    ContentPart::Refusal { refusal } => refusal.len(),
-                    _ => 0,
-                })
-                .sum(),
-        };
-        bytes += item.arguments.as_deref().map_or(0, str::len);
-        bytes += match &item.output {
-            Some(Value::String(s)) => s.len(),
-            _ => 0,
-        };
-    }
-    bytes
+    let own = items.iter().map(item_text_bytes).sum::<usize>();
+    own + instructions.map_or(0, str::len)
+}
+
+/// The bytes of text the model reads of one item: its content, a call's
+/// name and arguments, a call's output, a reasoning summary, and the
+/// summary a compaction item seals (base64, so three bytes in four).
+pub fn item_text_bytes(item: &InputItem) -> usize {
+    let content = match &item.content {
+        None => 0,
+        Some(ItemContent::Text(t)) => t.len(),
+        Some(ItemContent::Parts(parts)) => parts
+            .iter()
+            .map(|p| match p {
+                ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => {
+                    text.len()
+                }
+                ContentPart::Refusal { refusal } => refusal.len(),
+                _ => 0,
+            })
+            .sum(),
+    };
+    let output = match &item.output {
+        None => 0,
+        Some(Value::String(s)) => s.len(),
+        // Sent to the model as its JSON text.
+        Some(other) => crate::api::encoded_len(other),
+    };
+    let summary = item
+        .summary
+        .iter()
+        .flatten()
+        .map(|s| s.text.len())
+        .sum::<usize>();
+    let sealed = match item.kind.as_deref() {
+        Some("compaction") => item.encrypted_content.as_deref().map_or(0, str::len) * 3 / 4,
+        _ => 0,
+    };
+    content
+        + output
+        + summary
+        + sealed
+        + item.arguments.as_deref().map_or(0, str::len)
+        + item.name.as_deref().map_or(0, str::len)
 }
 
 fn check_item(item: &InputItem, i: usize) -> Result<(), ApiError> {
