@@ -252,7 +252,8 @@ SECTION_KEYS = {
               "idempotency_max_record_bytes", "idempotency_max_memory_bytes"},
     "limits": {"on_store_failure", "key_cache_ttl_ms", "default_plan", "concurrency_ttl_seconds"},
     "telemetry": {"otlp_endpoint", "service_name"},
-    "websocket": {"ping_interval_seconds", "idle_timeout_seconds", "max_connection_seconds"},
+    "websocket": {"ping_interval_seconds", "idle_timeout_seconds", "max_connection_seconds",
+                  "max_connections_per_key"},
     "tls": {"cert_file", "key_file"},
     "worker_tls": {"ca_file", "cert_file", "key_file", "server_name"},
     # gateway/src/config.rs PlannerConfig (allowed_networks: #29).

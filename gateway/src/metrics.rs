@@ -54,6 +54,14 @@ pub struct Metrics {
     pub open_streams: IntGauge,
     /// Responses WebSocket connections currently open.
     pub websocket_connections: IntGauge,
+    /// The same per organisation (what `[websocket]
+    /// max_connections_per_key` bounds, summed over the org's keys).
+    pub websocket_org_connections: IntGaugeVec,
+    /// Connection-local conversations held (a connection's latest response,
+    /// kept for chaining, `store: false` included), per organisation.
+    pub websocket_conversations: IntGaugeVec,
+    /// The input items those conversations hold, per organisation.
+    pub websocket_conversation_items: IntGaugeVec,
     /// 1 while a worker is selectable (healthy, not draining, circuit closed).
     pub worker_up: IntGaugeVec,
     /// 1 while a worker's circuit breaker is open.
@@ -232,6 +240,26 @@ impl Metrics {
             websocket_connections: register_int_gauge_with_registry!(
                 "gateway_websocket_connections",
                 "Responses WebSocket connections currently open.",
+                registry
+            )?,
+            // `org` is bounded as the usage metrics' is: organisations
+            // come from keys an operator made, never from a request.
+            websocket_org_connections: register_int_gauge_vec_with_registry!(
+                "gateway_websocket_org_connections",
+                "Responses WebSocket connections currently open, by organisation.",
+                &["org"],
+                registry
+            )?,
+            websocket_conversations: register_int_gauge_vec_with_registry!(
+                "gateway_websocket_conversations",
+                "Connection-local conversations held by open Responses WebSocket connections (each connection's latest response, kept for chaining), by organisation.",
+                &["org"],
+                registry
+            )?,
+            websocket_conversation_items: register_int_gauge_vec_with_registry!(
+                "gateway_websocket_conversation_items",
+                "Input items held in connection-local conversations of open Responses WebSocket connections, by organisation.",
+                &["org"],
                 registry
             )?,
             worker_up: register_int_gauge_vec_with_registry!(

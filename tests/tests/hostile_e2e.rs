@@ -4,6 +4,7 @@
 //! (`/proc/<pid>/status`) bounded across all of them. Before the bounds
 //! one 16 MiB body of tool parameters took a fresh gateway from 29 to
 //! 1,271 MiB, and forty 1 MB `json_schema` formats left it at 1,112 MiB.
+//! Issue 52 adds what one WebSocket connection may cost.
 
 use harness::procfs;
 use harness::{assert_error, json, Client, Reply, Stack, Value, WorkerOpts};
@@ -681,4 +682,68 @@ async fn ended_runs_count_against_the_cap_in_process() {
 #[tokio::test]
 async fn ended_runs_count_against_the_cap_on_redis() {
     ended_runs_count_against_the_cap(true).await;
+}
+
+/// Issue 52, item 4: replies to messages sent while a response is quiet
+/// (error events, pongs) wait for its next delivery; before the bound,
+/// 7.6 MiB of tiny messages grew the gateway by 237 MiB. Now past 16 KiB
+/// of waiting replies the gateway stops reading: the client's messages
+/// wait in its own socket, and the gateway stays small.
+#[tokio::test]
+async fn websocket_replies_while_a_response_waits_stay_bounded() {
+    use harness::websocket;
+    use tokio::io::AsyncWriteExt;
+    use tokio_tungstenite::MaybeTlsStream;
+
+    let stack = Stack::single(WorkerOpts::default());
+    let pid = stack.gateway.pid().expect("the gateway's pid");
+    let (base, key) = (stack.gateway.base_url(), stack.gateway.api_key().to_owned());
+    let mut ws = websocket::connect(&base, &key).await.unwrap();
+    let warm = json!({"model": "base", "input": "hi synthetic:reply_tokens=2", "store": false,
+                      "max_output_tokens": 16});
+    let events = ws.create(&warm).await.unwrap();
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let before = rss_mib(pid);
+
+    // A response that stays quiet (the worker sends nothing).
+    let quiet = json!({"type": "response.create", "model": "base",
+                       "input": "wait synthetic:hang", "store": false});
+    ws.send_json(&quiet).await.unwrap();
+    // Then 16 MiB of 8-byte messages (`{}`, each worth a ~170-byte error
+    // event), masked with a zero key, straight onto the socket.
+    let frame: [u8; 8] = [0x81, 0x82, 0, 0, 0, 0, b'{', b'}'];
+    let chunk: Vec<u8> = frame.repeat(8192);
+    let MaybeTlsStream::Plain(socket) = ws.ws.get_mut() else {
+        panic!("a plain socket");
+    };
+    let mut sent = 0usize;
+    let flood = async {
+        while sent < 16 << 20 {
+            socket.write_all(&chunk).await.unwrap();
+            sent += chunk.len();
+        }
+    };
+    // Past the bound the writes block: the flood ends at the deadline.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(8), flood).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let after = rss_mib(pid);
+    println!(
+        "gateway resident memory: {before} MiB before, {after} MiB after {} KiB of messages \
+         sent while a response waited",
+        sent / 1024
+    );
+    assert!(
+        sent >= 64 * 1024,
+        "the flood reached the gateway: {sent} bytes"
+    );
+    assert!(
+        after < before + 40,
+        "resident memory grew from {before} to {after} MiB on {sent} bytes of messages"
+    );
+    drop(ws);
+
+    // Still serving, on a new connection.
+    let mut ws = websocket::connect(&base, &key).await.unwrap();
+    let events = ws.create(&warm).await.unwrap();
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
 }

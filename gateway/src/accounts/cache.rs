@@ -17,6 +17,7 @@ use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
 
 /// Most cached digests; past it the cache is emptied (a flood of random
 /// keys must not grow memory without bound).
@@ -42,7 +43,22 @@ pub struct Accounts {
     /// After a Redis failure, lookups skip Redis until this instant, so an
     /// outage costs one timeout per second rather than one per request.
     redis_down_until: RwLock<Option<Instant>>,
+    /// Every invalidation applied, for holders of a key's rights beyond
+    /// one request (an open WebSocket re-checks its key on each).
+    changes: broadcast::Sender<Invalidation>,
 }
+
+/// A change to the keys, organisations or plans: one key's digest, or
+/// any (`orgs block`, `orgs budget`, `plans set`, a resubscription).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalidation {
+    Key([u8; 32]),
+    All,
+}
+
+/// Invalidations kept for a slow holder; one that falls further behind
+/// sees [`broadcast::error::RecvError::Lagged`], to be taken as `All`.
+const CHANGES_KEPT: usize = 64;
 
 /// How long Redis is left alone after a failed lookup.
 const REDIS_RETRY: Duration = Duration::from_secs(1);
@@ -58,10 +74,28 @@ impl Accounts {
         authorization: Option<&[u8]>,
         scope: super::Scope,
     ) -> Result<Arc<Account>, AccountError> {
-        let account = self.authenticate(authorization).await?;
+        let token = bearer_token(authorization).ok_or(AccountError::InvalidKey)?;
+        self.authorize_digest(hash_key(token), scope).await
+    }
+
+    /// [`Self::authorize`] for a key already hashed: what a holder of a
+    /// key's rights beyond one request (an open WebSocket) asks again, so
+    /// each of its requests runs under the key's and organisation's
+    /// current state.
+    pub async fn authorize_digest(
+        &self,
+        digest: [u8; 32],
+        scope: super::Scope,
+    ) -> Result<Arc<Account>, AccountError> {
+        let account = self.by_digest(digest).await?;
         account.check_org()?;
         account.check_scope(scope)?;
         Ok(account)
+    }
+
+    /// The invalidations applied from now on (see [`Invalidation`]).
+    pub fn changes(&self) -> broadcast::Receiver<Invalidation> {
+        self.changes.subscribe()
     }
 
     pub fn from_config(config: &Config, redis: Option<Arc<RedisHandle>>) -> anyhow::Result<Self> {
@@ -117,6 +151,7 @@ impl Accounts {
             orgs,
             policy: config.limits.on_store_failure,
             redis_down_until: RwLock::new(None),
+            changes: broadcast::channel(CHANGES_KEPT).0,
         })
     }
 
@@ -271,22 +306,30 @@ impl Accounts {
         }
     }
 
-    /// Applies one invalidation message (`key:<hex>` or `all`).
+    /// Applies one invalidation message (`key:<hex>` or `all`), then tells
+    /// the holders of [`Self::changes`].
     pub fn invalidate(&self, message: &str) {
-        let Ok(mut cache) = self.cache.write() else {
-            return;
-        };
-        match message.strip_prefix("key:") {
+        let change = match message.strip_prefix("key:") {
             Some(hex_digest) => {
                 let mut digest = [0u8; 32];
-                if hex::decode_to_slice(hex_digest, &mut digest).is_ok() {
-                    cache.remove(&digest);
-                } else {
-                    cache.clear();
+                match hex::decode_to_slice(hex_digest, &mut digest) {
+                    Ok(()) => Invalidation::Key(digest),
+                    Err(_) => Invalidation::All,
                 }
             }
-            None => cache.clear(),
+            None => Invalidation::All,
+        };
+        if let Ok(mut cache) = self.cache.write() {
+            match change {
+                Invalidation::Key(digest) => {
+                    cache.remove(&digest);
+                }
+                Invalidation::All => cache.clear(),
+            }
         }
+        // After the cache is cleared, so a holder's re-check reads anew.
+        // No receiver is not an error.
+        let _ = self.changes.send(change);
     }
 
     /// Follows the invalidation channel for as long as the process runs,
@@ -371,6 +414,30 @@ mod tests {
             a.authenticate(None).await.unwrap_err(),
             AccountError::InvalidKey
         );
+    }
+
+    #[tokio::test]
+    async fn every_invalidation_reaches_the_holders_of_a_key_s_rights() {
+        let a = Accounts::from_config(&config_with_static_key(), None).unwrap();
+        let digest = hash_key("sk-static");
+        // A held key is authorized again by its digest, as by its header.
+        let acc = a.authorize_digest(digest, Scope::ChatWrite).await.unwrap();
+        assert_eq!(&*acc.principal.org, "org-s");
+        assert_eq!(
+            a.authorize_digest(digest, Scope::ModelsRead)
+                .await
+                .unwrap_err(),
+            AccountError::MissingScope(Scope::ModelsRead)
+        );
+        let mut changes = a.changes();
+        a.invalidate(&format!("key:{}", hex::encode(digest)));
+        a.invalidate("all");
+        a.invalidate("key:not-hex");
+        assert_eq!(changes.try_recv(), Ok(Invalidation::Key(digest)));
+        assert_eq!(changes.try_recv(), Ok(Invalidation::All));
+        // A message it cannot read concerns every key.
+        assert_eq!(changes.try_recv(), Ok(Invalidation::All));
+        assert!(changes.try_recv().is_err());
     }
 
     #[tokio::test]

@@ -205,6 +205,11 @@ pub struct WebSocketConfig {
     /// state.
     #[serde(default = "default_ws_max_connection")]
     pub max_connection_seconds: u64,
+    /// The most connections one key holds open on this replica at once (an
+    /// upgrade past it: 429 `too_many_connections`); 0: no cap. Each costs
+    /// memory for as long as it is open, whatever its plan's rate limits.
+    #[serde(default = "default_ws_max_connections_per_key")]
+    pub max_connections_per_key: u32,
 }
 
 impl Default for WebSocketConfig {
@@ -213,6 +218,7 @@ impl Default for WebSocketConfig {
             ping_interval_seconds: default_ws_ping_interval(),
             idle_timeout_seconds: default_ws_idle_timeout(),
             max_connection_seconds: default_ws_max_connection(),
+            max_connections_per_key: default_ws_max_connections_per_key(),
         }
     }
 }
@@ -225,6 +231,9 @@ fn default_ws_idle_timeout() -> u64 {
 }
 fn default_ws_max_connection() -> u64 {
     3600
+}
+fn default_ws_max_connections_per_key() -> u32 {
+    64
 }
 
 #[derive(Debug, Clone, Deserialize)]

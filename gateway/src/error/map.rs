@@ -12,7 +12,7 @@
 use super::{ApiError, BLOCKED_EV, OVER_BUDGET_EV};
 use crate::accounts::AccountError;
 use crate::idempotency::IdempotencyError;
-use crate::limits::Refusal;
+use crate::limits::{Refusal, TooManyConnections};
 use crate::pool::{PoolError, Shed};
 use crate::store::StoreError;
 use planner::SessionError;
@@ -80,6 +80,12 @@ impl From<AccountError> for ApiError {
                 "The account store is temporarily unavailable. Retry shortly.",
             ),
         }
+    }
+}
+
+impl From<TooManyConnections> for ApiError {
+    fn from(e: TooManyConnections) -> Self {
+        ApiError::too_many_connections(e.limit)
     }
 }
 

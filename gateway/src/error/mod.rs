@@ -252,6 +252,18 @@ impl ApiError {
         Self::new(429, "rate_limit_exceeded", message).with_retry_after(retry_after_secs)
     }
 
+    /// An upgrade past `[websocket] max_connections_per_key`.
+    pub fn too_many_connections(limit: u32) -> Self {
+        Self::new(
+            429,
+            "too_many_connections",
+            format!(
+                "This API key already holds {limit} open WebSocket connections to this server, its limit; close one, or retry later."
+            ),
+        )
+        .with_retry_after(5)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "internal_error", message)
     }

@@ -45,6 +45,9 @@ pub enum Close {
     Protocol,
     /// 1007: a text message that is not UTF-8.
     InvalidData,
+    /// 1008: the connection's rights are gone (its key revoked, its
+    /// organisation blocked).
+    Policy,
     /// 1009: a message over the size bound.
     TooBig,
 }
@@ -56,6 +59,7 @@ impl Close {
             Close::GoingAway => CloseCode::Away,
             Close::Protocol => CloseCode::Protocol,
             Close::InvalidData => CloseCode::Invalid,
+            Close::Policy => CloseCode::Policy,
             Close::TooBig => CloseCode::Size,
         };
         CloseFrame {
@@ -282,6 +286,11 @@ impl<'a> WebSocket<'a> {
     /// Whether anything waits to be written.
     pub fn has_pending(&self) -> bool {
         !self.pipe.output.is_empty()
+    }
+
+    /// The bytes waiting to be written.
+    pub fn pending_bytes(&self) -> usize {
+        self.pipe.output.len()
     }
 
     /// Writes everything queued, in one write bounded by the session's

@@ -32,6 +32,9 @@ pub struct Limiter {
     /// asked (so an outage costs one timeout per second, not per request).
     global_down_until: AtomicU64,
     epoch: Instant,
+    /// Open WebSocket connections per key (`[websocket]
+    /// max_connections_per_key`).
+    pub connections: super::connections::Connections,
 }
 
 /// How long Redis is left alone after a failure.
@@ -42,11 +45,14 @@ const MAX_RENEW_IDS: usize = 500;
 
 impl Limiter {
     pub fn from_config(config: &Config, redis: Option<Arc<RedisHandle>>) -> Self {
-        Self::new(
+        let mut limiter = Self::new(
             redis.map(|r| Arc::new(redis_lua::RedisLimits::new(r)) as Arc<dyn LimitStore>),
             config.limits.on_store_failure,
             SlotLease::from_config(config),
-        )
+        );
+        limiter.connections =
+            super::connections::Connections::new(config.websocket.max_connections_per_key);
+        limiter
     }
 
     pub fn new(
@@ -63,6 +69,7 @@ impl Limiter {
             live: LiveSlots::default(),
             global_down_until: AtomicU64::new(0),
             epoch: Instant::now(),
+            connections: Default::default(),
         }
     }
 

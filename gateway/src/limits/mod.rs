@@ -29,9 +29,11 @@
 //! `limiter.rs` the [`Limiter`], which asks them and keeps the slot
 //! heartbeat; `gate.rs` admission ([`Limiter::admit_request`]);
 //! `reservation.rs` an admitted request's hold and its settlement;
-//! `refusal.rs` what a refused one is told. Cost is
+//! `refusal.rs` what a refused one is told; `connections.rs` the cap on
+//! a key's open WebSocket connections. Cost is
 //! [`crate::usage::cost_nano`]'s.
 
+pub mod connections;
 mod gate;
 pub mod headers;
 mod limiter;
@@ -52,6 +54,7 @@ pub(crate) mod tests_shared;
 
 pub use crate::accounts::RatePlan;
 pub use crate::usage::TokenUsage;
+pub use connections::{Connections, OpenConnection, TooManyConnections};
 pub use gate::{estimate_input_tokens, FALLBACK_MAX_TOKENS};
 pub use limiter::Limiter;
 pub use refusal::{RateLimited, Refusal};

@@ -20,6 +20,11 @@ pub enum Outcome<'a> {
     /// The client went away or the worker failed mid-way: billed as the
     /// input estimate plus the output relayed so far.
     Abandoned,
+    /// Nothing was generated, but the input was taken in (a WebSocket
+    /// warm-up, `generate: false`, prepares a response from it): the
+    /// request and its input estimate stay counted in the plan's windows;
+    /// nothing is billed.
+    Prepared,
 }
 
 /// An admitted request's hold on its limits. Settle it with
@@ -83,8 +88,13 @@ impl Reservation {
                 self.started = true;
                 self.abandoned_usage()
             }
+            Outcome::Prepared => {
+                let input = self.input_estimate;
+                return self.settle_with(None, input).await;
+            }
         };
-        self.settle_with(usage).await;
+        let counted = usage.map(|u| u.total()).unwrap_or(0);
+        self.settle_with(usage, counted).await;
     }
 
     fn abandoned_usage(&self) -> Option<TokenUsage> {
@@ -104,7 +114,9 @@ impl Reservation {
         }
     }
 
-    async fn settle_with(&self, usage: Option<TokenUsage>) {
+    /// Settles with `usage` billed and `counted` tokens left in the
+    /// token window.
+    async fn settle_with(&self, usage: Option<TokenUsage>, counted: u64) {
         self.release_here();
         let cost_nano = usage.map(|u| cost_nano(self.model, &u)).unwrap_or(0);
         if let Some(u) = &usage {
@@ -123,7 +135,7 @@ impl Reservation {
             key_id: &self.account.principal.key_id,
             request_id: &self.request_id,
             reserved_tokens: self.reserved_tokens,
-            actual_tokens: usage.map(|u| u.total()).unwrap_or(0),
+            actual_tokens: counted,
             usage,
             counts_request: self.counts_request,
             cost_nano,
@@ -157,7 +169,8 @@ impl Drop for Reservation {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move { this.settle_with(usage).await });
+                let counted = usage.map(|u| u.total()).unwrap_or(0);
+                rt.spawn(async move { this.settle_with(usage, counted).await });
             }
             // No runtime (process teardown): release locally; the global
             // slot lapses unrenewed within a lease.

@@ -35,11 +35,12 @@
 //!    during a response), or when the replica drains (1001, after the
 //!    response running ends).
 
+mod event;
+mod rights;
+
 use super::responses::{self, Checked};
 use crate::accounts::Account;
-use crate::api::responses::{
-    EncodedEvent, InputItem, ResponseStatus, StreamEvent, WebSocketError, WebSocketErrorEvent,
-};
+use crate::api::responses::{EncodedEvent, InputItem, ResponseStatus, StreamEvent};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::generation::{self, End, Generation, Gone, Sink};
@@ -48,10 +49,9 @@ use crate::http::{Exchange, WebSocket};
 use crate::ids::new_id;
 use crate::limits::Outcome;
 use crate::translate::responses::{frame, output_as_input, to_worker, usage, ResponseEncoder};
+use event::{binary_refused, error_event, ClientEvent};
 use inference_proto::v1 as pb;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use rights::{ends_connection, HeldConversation, Rights};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -68,133 +68,27 @@ pub async fn serve(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resul
             "This gateway replica is shutting down; open the connection again.",
         ));
     }
+    // The key's place under its connection cap (429), before the upgrade.
+    let rights = Rights::open(app, ex, account)?;
     let affinity = match ex.session_id() {
         Some(session) => session.to_owned(),
         None => new_id("ws_"),
     };
+    let held = HeldConversation::new(&rights.account().principal.org);
     let Ok(ws) = WebSocket::accept(ex, handshake, app.config.max_body_bytes).await else {
         return Ok(());
     };
     let mut conn = Connection {
         app,
-        account,
+        rights,
         ws,
         affinity,
         last: None,
+        held,
+        ending: None,
     };
     conn.run().await;
     Ok(())
-}
-
-/// A client event, its `type` read (and `generate`, which only this
-/// transport has).
-#[derive(Debug)]
-enum ClientEvent {
-    /// `response.create`: the create body (without `type` and `generate`).
-    Create { body: String, generate: bool },
-    /// `response.processed`: the client consumed a response. Nothing to do.
-    Processed,
-}
-
-/// The head of a client event.
-#[derive(Deserialize)]
-struct Head {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    generate: Option<bool>,
-}
-
-/// Most top-level fields of one client event: the create body has about
-/// fifty; more is a message built to cost work.
-const MAX_FIELDS: usize = 256;
-
-impl ClientEvent {
-    /// Reads one text message. Failures are the 400s of a create body
-    /// (`invalid_json`, `missing_required_parameter`, `invalid_value` with
-    /// `param` `type`).
-    fn parse(text: &str) -> Result<ClientEvent, ApiError> {
-        let head: Head = crate::parse::json_body(text.as_bytes())?;
-        match head.kind.as_deref() {
-            Some("response.create") => {}
-            Some("response.processed") => return Ok(ClientEvent::Processed),
-            Some(other) => {
-                return Err(ApiError::invalid_value(
-                    "type",
-                    format!(
-                    "Unknown client event type '{other}'; this connection takes 'response.create'."
-                ),
-                ))
-            }
-            None => return Err(ApiError::missing_parameter("type")),
-        }
-        let members: Members = serde_json::from_str(text)
-            .map_err(|_| ApiError::invalid_value("body", too_many_fields()))?;
-        let mut body = String::with_capacity(text.len());
-        body.push('{');
-        for (name, value) in members
-            .0
-            .iter()
-            .filter(|(n, _)| n != "type" && n != "generate")
-        {
-            if body.len() > 1 {
-                body.push(',');
-            }
-            // A key read from JSON encodes back to JSON.
-            body.push_str(&serde_json::to_string(name).unwrap_or_default());
-            body.push(':');
-            body.push_str(value.get());
-        }
-        body.push('}');
-        Ok(ClientEvent::Create {
-            body,
-            generate: head.generate.unwrap_or(true),
-        })
-    }
-}
-
-fn too_many_fields() -> String {
-    format!("A client event has at most {MAX_FIELDS} top-level fields.")
-}
-
-/// The top-level members of a JSON object, values left as their text.
-struct Members<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Members<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
-                    if out.len() == MAX_FIELDS {
-                        return Err(serde::de::Error::custom(too_many_fields()));
-                    }
-                    out.push(entry);
-                }
-                Ok(Members(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// The error event of a failure (Open Responses' `WebSocketErrorEvent`).
-fn error_event(e: &ApiError) -> String {
-    let event = WebSocketErrorEvent {
-        kind: "error",
-        status: e.status,
-        error: WebSocketError {
-            kind: e.error_type(),
-            code: &e.code,
-            message: &e.message,
-            param: e.param.as_deref(),
-        },
-    };
-    serde_json::to_string(&event).unwrap_or_default()
 }
 
 /// The conversation of the latest response on the connection: what a
@@ -222,12 +116,18 @@ impl From<ApiError> for Refused {
 /// One upgraded connection.
 struct Connection<'c, 'x> {
     app: &'c App,
-    account: Arc<Account>,
+    /// The key, authorized again for each response.
+    rights: Rights,
     ws: WebSocket<'x>,
     /// The prefix-affinity key of every response on the connection.
     affinity: String,
     /// The latest response's conversation.
     last: Option<Chain>,
+    /// `last` on the operator's gauges.
+    held: HeldConversation,
+    /// Set when a turn found the key's rights gone: the close reason of
+    /// the 1008 that follows its error event.
+    ending: Option<&'static str>,
 }
 
 impl Connection<'_, '_> {
@@ -243,6 +143,8 @@ impl Connection<'_, '_> {
         let mut last_request = tokio::time::Instant::now();
         let mut last_heard = tokio::time::Instant::now();
         let mut ping_sent: Option<tokio::time::Instant> = None;
+        // When to check the key again after a change to the accounts.
+        let mut recheck_at: Option<tokio::time::Instant> = None;
         loop {
             let ping_at = ping_sent.unwrap_or(last_heard) + ping_every;
             let incoming = tokio::select! {
@@ -273,6 +175,21 @@ impl Connection<'_, '_> {
                     }
                     continue;
                 }
+                delay = self.rights.changed() => {
+                    let at = tokio::time::Instant::now() + delay;
+                    recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
+                    continue;
+                }
+                _ = tokio::time::sleep_until(recheck_at.unwrap_or(closes_at)), if recheck_at.is_some() => {
+                    recheck_at = None;
+                    if let Err(e) = self.rights.current(&app.accounts).await {
+                        if let Some(reason) = ends_connection(&e) {
+                            self.ws.close(Close::Policy, reason).await;
+                            return;
+                        }
+                    }
+                    continue;
+                }
                 incoming = self.ws.recv() => incoming,
             };
             last_heard = tokio::time::Instant::now();
@@ -287,6 +204,11 @@ impl Connection<'_, '_> {
                             Some(code) => self.ws.close(code, close_reason(code)).await,
                             None => self.ws.finish().await,
                         }
+                        return;
+                    }
+                    if let Some(reason) = self.ending {
+                        // The turn's error event goes out first.
+                        self.ws.close(Close::Policy, reason).await;
                         return;
                     }
                     last_request = tokio::time::Instant::now();
@@ -375,7 +297,16 @@ impl Connection<'_, '_> {
         model: &mut &'static str,
     ) -> Result<u16, Refused> {
         let app = self.app;
-        let account = self.account.clone();
+        // 0. The key and its organisation as they are now (401, 402, 403,
+        // as the route's check answers); a key no longer valid or an
+        // organisation blocked also ends the connection.
+        let account = match self.rights.current(&app.accounts).await {
+            Ok(account) => account,
+            Err(e) => {
+                self.ending = ends_connection(&e);
+                return Err(ApiError::from(e).into());
+            }
+        };
         // 1. Parse and validate as `POST` does; `background` has no meaning
         // here (every response streams on the connection).
         let Checked {
@@ -404,12 +335,10 @@ impl Connection<'_, '_> {
             tokens,
         } = responses::conversation(app, &account.principal, &req, &valid, known).await?;
         let input_estimate = input_estimate.max(tokens);
-        if !generate {
-            return self
-                .warm_up(&account, &req, &valid, sampling, context, &input_items)
-                .await;
-        }
-        // 3. Admit under the plan's limits, per response.
+        // 3. Admit under the plan's limits, per response: a warm-up too
+        // (it is a request, and it stores its input), with an output
+        // allowance of one token since it generates none.
+        let max_output = if generate { valid.max_output_tokens } else { 1 };
         let (admitted, _headers) = app
             .limiter
             .admit_request(
@@ -417,10 +346,21 @@ impl Connection<'_, '_> {
                 valid.model,
                 request_id.to_owned(),
                 input_estimate,
-                valid.max_output_tokens,
+                max_output,
             )
             .await;
         let reservation = admitted.map_err(ApiError::from)?;
+        if !generate {
+            let prepared = self
+                .warm_up(&account, &req, &valid, sampling, context, &input_items)
+                .await;
+            let outcome = match prepared {
+                Ok(_) => Outcome::Prepared,
+                Err(_) => Outcome::NotRun,
+            };
+            reservation.settle(outcome).await;
+            return prepared;
+        }
         // 4. Translate (the connection's affinity key); store when asked.
         let mut work = to_worker(&req, &valid, &context, request_id);
         generation::session_affinity(&mut work, Some(&self.affinity));
@@ -490,10 +430,7 @@ impl Connection<'_, '_> {
         }
         let mut items = context;
         items.extend(encoder.object.output.iter().map(output_as_input));
-        self.last = Some(Chain {
-            id: encoder.object.id.clone(),
-            items,
-        });
+        self.keep(encoder.object.id.clone(), items);
         Ok(status)
     }
 
@@ -536,20 +473,15 @@ impl Connection<'_, '_> {
         {
             self.ws.queue_text(frame(event, seq as u64).data);
         }
-        self.last = Some(Chain {
-            id: object.id,
-            items: context,
-        });
+        self.keep(object.id, context);
         Ok(200)
     }
-}
 
-fn binary_refused() -> ApiError {
-    ApiError::new(
-        400,
-        "invalid_message",
-        "Client events are JSON text messages; a binary message is not accepted.",
-    )
+    /// Keeps `id`'s conversation as the connection's latest.
+    fn keep(&mut self, id: String, items: Vec<InputItem>) {
+        self.held.hold(items.len());
+        self.last = Some(Chain { id, items });
+    }
 }
 
 fn close_reason(code: Close) -> &'static str {
@@ -559,6 +491,7 @@ fn close_reason(code: Close) -> &'static str {
         Close::Protocol => "protocol error",
         Close::InvalidData => "a text message that is not UTF-8",
         Close::TooBig => "message too big",
+        Close::Policy => "policy violation",
     }
 }
 
@@ -620,11 +553,27 @@ impl Sink for WsEvents<'_, '_> {
     }
 }
 
+/// The most bytes of replies (pongs, error events) that wait for a
+/// running response's next delivery: a few hundred error events, far
+/// more than a client that reads its replies needs.
+const MAX_PENDING_REPLIES: usize = 16 * 1024;
+
 /// Reads the client while a response runs, until it goes away: pings are
 /// answered (with the next delivery), and a message gets its error event
 /// (a `response.create` a 409: one response at a time).
+///
+/// Replies can only go out with the response's next delivery (nothing
+/// writes while this races the worker), so a response queued or quiet
+/// would let them pile up. Past [`MAX_PENDING_REPLIES`] reading stops
+/// until that delivery: the client's further messages wait in its socket
+/// (TCP backpressure) rather than in this process, and none is dropped or
+/// the connection closed. A client gone meanwhile is noticed at that
+/// delivery, or at the response's deadline.
 async fn busy(ws: &mut WebSocket<'_>) {
     loop {
+        if ws.pending_bytes() >= MAX_PENDING_REPLIES {
+            return std::future::pending().await;
+        }
         let refused = match ws.recv().await {
             Incoming::Control => continue,
             Incoming::Gone | Incoming::Broken(_) => return,
@@ -640,83 +589,5 @@ async fn busy(ws: &mut WebSocket<'_>) {
             },
         };
         ws.queue_text(error_event(&refused));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::{json, Value};
-
-    fn create(text: &str) -> (Value, bool) {
-        match ClientEvent::parse(text).unwrap() {
-            ClientEvent::Create { body, generate } => {
-                (serde_json::from_str(&body).unwrap(), generate)
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_create_event_is_the_create_body_with_a_type() {
-        let (body, generate) = create(
-            r#"{"type":"response.create","model":"base","input":[{"role":"user","content":"hi \"x\""}],"store":false,"stream":true}"#,
-        );
-        assert_eq!(
-            body,
-            json!({"model":"base","input":[{"role":"user","content":"hi \"x\""}],"store":false,"stream":true})
-        );
-        assert!(generate);
-        let (body, generate) =
-            create(r#"{"generate":false,"type":"response.create","model":"base","input":"x"}"#);
-        assert_eq!(body, json!({"model":"base","input":"x"}));
-        assert!(!generate);
-        // Keys with escapes survive the round trip.
-        let (body, _) = create(r#"{"type":"response.create","mo\u0064el":"base"}"#);
-        assert_eq!(body, json!({"model":"base"}));
-    }
-
-    #[test]
-    fn bad_messages_are_400s_naming_what_is_wrong() {
-        let e = ClientEvent::parse("{not json").unwrap_err();
-        assert_eq!((e.status, e.code.as_ref()), (400, "invalid_json"));
-        let e = ClientEvent::parse(r#"{"type":"response.cancel"}"#).unwrap_err();
-        assert_eq!(
-            (e.code.as_ref(), e.param.as_deref()),
-            ("invalid_value", Some("type"))
-        );
-        let e = ClientEvent::parse(r#"{"model":"base"}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("type"));
-        let e = ClientEvent::parse(r#"[1]"#).unwrap_err();
-        assert_eq!(e.status, 400);
-        let e = ClientEvent::parse(r#"{"type":"response.create","generate":"no"}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("generate"));
-        let many: String = (0..=MAX_FIELDS).map(|i| format!(",\"f{i}\":0")).collect();
-        let e = ClientEvent::parse(&format!("{{\"type\":\"response.create\"{many}}}")).unwrap_err();
-        assert_eq!(e.code, "invalid_value");
-        assert!(matches!(
-            ClientEvent::parse(r#"{"type":"response.processed","response_id":"resp_1"}"#),
-            Ok(ClientEvent::Processed)
-        ));
-    }
-
-    #[test]
-    fn the_error_event_is_open_responses_shape() {
-        let e = ApiError::new(404, "previous_response_not_found", "gone")
-            .with_param("previous_response_id");
-        let v: Value = serde_json::from_str(&error_event(&e)).unwrap();
-        assert_eq!(
-            v,
-            json!({
-                "type": "error",
-                "status": 404,
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "previous_response_not_found",
-                    "message": "gone",
-                    "param": "previous_response_id",
-                }
-            })
-        );
     }
 }

@@ -3,7 +3,7 @@
 //! top-level `url`) into an [`AgentCard`].
 
 use super::{wire, Protocol};
-use crate::net::{AgentHttp, NetError, NetLimits};
+use crate::net::{redact_url, AgentHttp, NetError, NetLimits};
 use serde::{Deserialize, Serialize};
 
 /// What the planner knows of an agent from its card.
@@ -25,17 +25,30 @@ pub struct Skill {
     pub tags: Vec<String>,
 }
 
-/// Where an agent's card is: the address itself when it names a `.json`
-/// file, else the v1.0 well-known path, then (v0.3 and older) `agent.json`.
+/// Where an agent's card is: the address itself when its path names a
+/// `.json` file, else the v1.0 well-known path, then (v0.3 and older)
+/// `agent.json`, each under the address's path. The well-known path goes
+/// into the parsed URL's path, so a query (`?token=…`) stays a query and
+/// is sent with the card request rather than swallowing the path.
 pub fn card_urls(address: &str) -> Vec<String> {
-    let trimmed = address.trim_end_matches('/');
-    if trimmed.ends_with(".json") {
-        return vec![trimmed.to_owned()];
+    let Ok(base) = url::Url::parse(address.trim()) else {
+        // Not a URL: the fetch refuses it (`not an http(s) URL`).
+        return vec![address.to_owned()];
+    };
+    let path = base.path().trim_end_matches('/');
+    if path.ends_with(".json") {
+        let mut url = base.clone();
+        url.set_path(path);
+        return vec![url.to_string()];
     }
-    vec![
-        format!("{trimmed}/.well-known/agent-card.json"),
-        format!("{trimmed}/.well-known/agent.json"),
-    ]
+    ["agent-card.json", "agent.json"]
+        .into_iter()
+        .map(|file| {
+            let mut url = base.clone();
+            url.set_path(&format!("{path}/.well-known/{file}"));
+            url.to_string()
+        })
+        .collect()
 }
 
 /// Why an agent's card could not be had.
@@ -122,13 +135,15 @@ pub async fn fetch_card(
     headers: &[(String, String)],
     limits: NetLimits,
 ) -> Result<AgentCard, CardError> {
+    // An error names its URL redacted: errors are logged.
     let mut last = CardError::Invalid {
-        url: address.to_owned(),
+        url: redact_url(address),
         why: InvalidCard::NoCardUrl,
     };
     for url in card_urls(address) {
+        let shown = redact_url(&url);
         let net = |error: NetError| CardError::Net {
-            url: url.clone(),
+            url: shown.clone(),
             error,
         };
         let response = http
@@ -137,19 +152,19 @@ pub async fn fetch_card(
             .map_err(net)?;
         if response.status == 404 {
             last = CardError::Http {
-                url: url.clone(),
+                url: shown,
                 status: 404,
             };
             continue;
         }
         if !(200..300).contains(&response.status) {
             return Err(CardError::Http {
-                url: url.clone(),
+                url: shown,
                 status: response.status,
             });
         }
         let body = response.body.all().await.map_err(net)?;
-        return parse_card(&body, &url).map_err(|why| CardError::Invalid { url, why });
+        return parse_card(&body, &url).map_err(|why| CardError::Invalid { url: shown, why });
     }
     Err(last)
 }
@@ -247,6 +262,6 @@ fn resolve_url(card_url: &str, url: &str) -> Result<String, InvalidCard> {
     if url.starts_with('/') {
         Ok(format!("{scheme}://{authority}{url}"))
     } else {
-        Err(InvalidCard::NotHttpUrl(url.to_owned()))
+        Err(InvalidCard::NotHttpUrl(redact_url(url)))
     }
 }

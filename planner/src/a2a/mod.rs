@@ -276,6 +276,21 @@ mod tests {
         );
     }
 
+    #[test]
+    fn card_urls_extend_the_path_and_keep_the_query_a_query() {
+        assert_eq!(
+            card_urls("http://bob:pw@h:1/base/?token=t1"),
+            vec![
+                "http://bob:pw@h:1/base/.well-known/agent-card.json?token=t1".to_string(),
+                "http://bob:pw@h:1/base/.well-known/agent.json?token=t1".to_string()
+            ]
+        );
+        assert_eq!(
+            card_urls("https://h/x/card.json?v=2"),
+            vec!["https://h/x/card.json?v=2".to_string()]
+        );
+    }
+
     fn fold(results: &[Value]) -> Result<AgentAnswer, AgentFailure> {
         let mut acc = Accumulator::default();
         let slot = TaskSlot::default();

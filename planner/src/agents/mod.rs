@@ -22,7 +22,7 @@ pub use discovery::slug;
 pub use entry::{same_origin, valid_allowed_host, valid_id, AgentEntry};
 
 use crate::a2a::{AgentCard, CardError, Endpoint};
-use crate::net::{AgentHttp, NetLimits};
+use crate::net::{redact_url, AgentHttp, NetLimits};
 use crate::ports::DirectoryStore;
 use discovery::{score, unique_id, words};
 use serde::{Deserialize, Serialize};
@@ -284,8 +284,8 @@ impl Directory {
             tracing::warn!(
                 agent = %e.id,
                 "agent card names endpoint {} outside the entry's origin {} and allowed_hosts {:?}: not called",
-                card.endpoint,
-                e.url,
+                redact_url(&card.endpoint),
+                redact_url(&e.url),
                 e.allowed_hosts
             );
             return Err(UnusableReason::OutsideOrigins);
@@ -424,8 +424,8 @@ impl Directory {
                     tracing::warn!(
                         agent = %e.id,
                         "agent endpoint {} is outside the entry's origin {} and allowed_hosts {:?}: not called",
-                        agent.card.endpoint,
-                        e.url,
+                        redact_url(&agent.card.endpoint),
+                        redact_url(&e.url),
                         e.allowed_hosts
                     );
                     refused = Some(
@@ -604,6 +604,33 @@ mod tests {
             },
             true,
         )
+    }
+
+    #[tokio::test]
+    async fn a_failed_card_is_logged_without_the_url_s_credentials() {
+        // Loopback is refused by the strict policy: no traffic.
+        let d = directory();
+        let e = d
+            .anonymous_card("http://bob:pw@127.0.0.1:9/a?token=sekrit")
+            .await
+            .unwrap_err();
+        // What the WARN line prints, and what the caller is told.
+        for shown in [e.to_string(), e.public()] {
+            assert!(shown.contains("http://***@127.0.0.1:9/a/"), "{shown}");
+            assert!(
+                !shown.contains("pw") && !shown.contains("sekrit"),
+                "{shown}"
+            );
+        }
+        let e = d
+            .anonymous_card("ftp://bob:pw@h/?token=sekrit")
+            .await
+            .unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            !shown.contains("pw") && !shown.contains("sekrit"),
+            "{shown}"
+        );
     }
 
     #[tokio::test]

@@ -108,12 +108,14 @@ impl AgentHttp {
 
 /// The policy's check of a URL (see [`AgentHttp::check_url`]).
 pub fn check_url(policy: &AddressPolicy, url: &str) -> Result<http::Uri, NetError> {
-    let uri: http::Uri = url.parse().map_err(|_| NetError::BadUrl(url.to_owned()))?;
+    // The message goes to logs: never the URL's credentials.
+    let bad = || NetError::BadUrl(super::redact_url(url));
+    let uri: http::Uri = url.parse().map_err(|_| bad())?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => return Err(NetError::BadUrl(url.to_owned())),
+        _ => return Err(bad()),
     }
-    let host = uri.host().ok_or_else(|| NetError::BadUrl(url.to_owned()))?;
+    let host = uri.host().ok_or_else(bad)?;
     let literal = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = literal.parse::<IpAddr>() {
         policy

@@ -8,10 +8,12 @@
 
 mod client;
 mod policy;
+mod redact;
 mod sse;
 
 pub use client::{check_url, AgentHttp, BodyReader, Response};
 pub use policy::{AddressPolicy, AllowedNetwork};
+pub use redact::redact_url;
 pub use sse::SseReader;
 
 use std::time::Duration;
