@@ -11,10 +11,12 @@
 # 4. checks gateway/src's and worker/src's dependency rules
 #    (scripts/check-deps.py: no import cycle, no forbidden import), runs the unit tests, then the end-to-end and conformance tests (they
 #    start the real gateway and workers on free loopback ports);
-# 5. runs the Python conformance suite (official `openai` SDK and
-#    LangChain's `ChatOpenAI`, pinned, in a venv it creates), the Node one
-#    (official `openai` npm package) and the Codex CLI (`codex exec` against
-#    `gateway up`), both pinned by lock files and installed with `npm ci`;
+# 5. runs the Python conformance suite (official `openai` and `anthropic`
+#    SDKs and LangChain's `ChatOpenAI`, pinned, in a venv it creates), the
+#    Node one (official `openai` npm package), the Codex CLI (`codex exec`
+#    against `gateway up`) and Claude Code (`claude -p` against `gateway
+#    up`, with the official `@anthropic-ai/sdk`), pinned by lock files and
+#    installed with `npm ci`;
 # 6. runs schemathesis (pinned, in a venv under target/) against
 #    `gateway up --engine synthetic`, with the served OpenAPI document;
 # 7. runs deploy/check.sh (Helm chart, Kubernetes 1.27/1.35 and CRD schemas, promtool,
@@ -117,7 +119,7 @@ step "end-to-end tests" timeout 1500 cargo test --release --workspace --no-fail-
 
 # ---- 5. Python conformance ---------------------------------------------------
 if [ "${SKIP_PYTHON:-0}" != "1" ]; then
-    step "python openai SDK and LangChain conformance" timeout 900 bash tests/conformance/python/run.sh
+    step "python openai and anthropic SDK and LangChain conformance" timeout 900 bash tests/conformance/python/run.sh
 fi
 
 # ---- 5b. Node clients ------------------------------------------------------------
@@ -127,6 +129,7 @@ fi
 if [ "${SKIP_NODE:-0}" != "1" ]; then
     step "node openai SDK conformance" timeout 600 bash tests/conformance/node/run.sh
     step "codex CLI" timeout 600 bash tests/conformance/codex/run.sh
+    step "claude code and the anthropic TypeScript SDK" timeout 600 bash tests/conformance/claude-code/run.sh
 fi
 
 # ---- 5c. the OpenAPI document against the live gateway ------------------------

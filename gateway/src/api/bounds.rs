@@ -284,6 +284,15 @@ where
     optional_seq(d, MAX_TOOLS, "tools")
 }
 
+/// `messages` (and input items): at most [`MAX_MESSAGES`].
+pub fn messages<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    optional_seq(d, MAX_MESSAGES, "messages")
+}
+
 /// Any other list (tool calls, `include`, `agents`...): bounded by the
 /// request's [`MAX_ELEMENTS`] only; validation checks its own limits.
 pub fn list<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>

@@ -6,6 +6,7 @@ pub mod bounds;
 pub mod chat;
 pub mod compaction;
 pub mod event_log;
+pub mod messages;
 pub mod models;
 pub mod responses;
 

@@ -58,3 +58,29 @@ pub struct TruncationPolicy {
     pub mode: &'static str,
     pub limit: u32,
 }
+
+/// Anthropic's model list (`GET /v1/models` from an Anthropic client):
+/// Claude Code's gateway model discovery reads each model's window from
+/// `max_input_tokens`.
+#[derive(Debug, Serialize)]
+pub struct AnthropicModelList {
+    pub data: Vec<AnthropicModel>,
+    pub has_more: bool,
+    pub first_id: Option<&'static str>,
+    pub last_id: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AnthropicModel {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub id: &'static str,
+    pub display_name: &'static str,
+    /// RFC 3339.
+    pub created_at: &'static str,
+    /// The context window: prompt and output together.
+    pub max_input_tokens: u32,
+    /// The most a reply may hold: the window (a larger `max_tokens` is
+    /// clamped to what the prompt leaves).
+    pub max_tokens: u32,
+}

@@ -10,7 +10,10 @@
 //! sessions) get theirs mapped in `map.rs`, the only file here that
 //! imports them.
 
+mod anthropic;
 mod map;
+
+pub use anthropic::AnthropicError;
 
 use serde::Serialize;
 use std::borrow::Cow;

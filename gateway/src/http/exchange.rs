@@ -30,6 +30,18 @@ pub struct Exchange {
     response_started: bool,
     /// Extra headers every response of this exchange carries (rate limits).
     pub extra_headers: Vec<(&'static str, String)>,
+    /// Whose envelope and statuses its errors take: set by the route.
+    pub dialect: Dialect,
+}
+
+/// The wire family of a route, for its errors: the OpenAI-shaped envelope
+/// of every route, or Anthropic's on the Messages routes
+/// (`crate::error::AnthropicError`'s table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dialect {
+    #[default]
+    OpenAi,
+    Anthropic,
 }
 
 impl Exchange {
@@ -44,6 +56,7 @@ impl Exchange {
             status: 0,
             response_started: false,
             extra_headers: Vec::new(),
+            dialect: Dialect::OpenAi,
         }
     }
 
@@ -159,6 +172,10 @@ impl Exchange {
         };
         set(&mut h, "content-type", content_type)?;
         set(&mut h, "x-request-id", &self.request_id)?;
+        // Anthropic's clients read theirs from `request-id`.
+        if self.dialect == Dialect::Anthropic {
+            set(&mut h, "request-id", &self.request_id)?;
+        }
         for (k, v) in std::mem::take(&mut self.extra_headers) {
             set(&mut h, k, &v)?;
         }
@@ -260,7 +277,11 @@ impl Exchange {
             tracing::warn!(request_id = %self.request_id, status = e.status, code = %e.code, "request failed: {}", e.message);
         }
         let headers = e.headers();
-        self.send(e.status, "application/json", &headers, e.body().into())
+        let (status, body) = match self.dialect {
+            Dialect::OpenAi => (e.status, e.body()),
+            Dialect::Anthropic => (e.anthropic().status, e.anthropic_body(&self.request_id)),
+        };
+        self.send(status, "application/json", &headers, body.into())
             .await;
     }
 

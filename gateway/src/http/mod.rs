@@ -8,6 +8,6 @@ pub mod exchange;
 mod reply;
 pub mod websocket;
 
-pub use exchange::Exchange;
+pub use exchange::{Dialect, Exchange};
 pub use reply::{ClientGone, Pumped, SseReply};
 pub use websocket::WebSocket;

@@ -5,6 +5,7 @@
 //! then reaches the client as an error frame, never as a silent retry (the
 //! client already saw tokens).
 
+mod count;
 mod discovery;
 mod endpoint;
 mod health;

@@ -8,12 +8,14 @@ pub mod compact;
 mod conversation;
 mod follow;
 mod idempotent;
+pub mod messages;
 pub mod models;
 pub mod openapi;
 pub mod planner;
 pub mod responses;
 pub mod responses_ws;
 mod sinks;
+mod sinks_messages;
 
 use crate::accounts::{Account, Scope, ServiceTier};
 use crate::app::App;
@@ -21,7 +23,7 @@ use crate::catalog::ModelSpec;
 use crate::error::ApiError;
 use crate::generation::Generation;
 use crate::http::websocket::Handshake;
-use crate::http::Exchange;
+use crate::http::{Dialect, Exchange};
 use crate::limits::Reservation;
 use http::Method;
 use std::sync::Arc;
@@ -46,6 +48,25 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             let route = Box::pin(chat::create(app, ex, account));
             route.await
         }
+        // Anthropic's Messages API: its envelope for every error, from
+        // the key check on (Claude Code adds `?beta=true`: the query is
+        // not part of the path).
+        ["v1", "messages"] => {
+            ex.route = "messages.create";
+            ex.dialect = Dialect::Anthropic;
+            allow(ex, &[Method::POST], &path)?;
+            let account = authorize(app, ex, Scope::ChatWrite).await?;
+            let route = Box::pin(messages::create(app, ex, account));
+            route.await
+        }
+        ["v1", "messages", "count_tokens"] => {
+            ex.route = "messages.count_tokens";
+            ex.dialect = Dialect::Anthropic;
+            allow(ex, &[Method::POST], &path)?;
+            let account = authorize(app, ex, Scope::ChatWrite).await?;
+            let route = Box::pin(messages::count_tokens(app, ex, account));
+            route.await
+        }
         ["v1", "openapi.json"] => {
             ex.route = "openapi";
             allow(ex, &[Method::GET, Method::HEAD], &path)?;
@@ -53,12 +74,14 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         ["v1", "models"] => {
             ex.route = "models.list";
+            ex.dialect = models::dialect(ex);
             allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
             models::list(&app.catalog, ex).await
         }
         ["v1", "models", id] => {
             ex.route = "models.retrieve";
+            ex.dialect = models::dialect(ex);
             allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
             models::retrieve(&app.catalog, ex, id).await
@@ -159,19 +182,28 @@ fn generation<'a>(
 /// The access check of every route (see `Accounts::authorize`). Two
 /// `Authorization` headers are refused before either is looked at: which
 /// one counts would otherwise depend on who reads them (a proxy in front
-/// may check the last one while we used the first).
+/// may check the last one while we used the first). An Anthropic client
+/// may send its key as `x-api-key` instead (checked the same way, when
+/// there is no `Authorization`).
 async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
-    let mut values = ex
-        .session
-        .req_header()
-        .headers
-        .get_all(http::header::AUTHORIZATION)
-        .iter();
-    let first = values.next().map(|v| v.as_bytes());
-    if values.next().is_some() {
-        return Err(duplicate_header("Authorization"));
-    }
-    Ok(app.accounts.authorize(first, scope).await?)
+    let single = |name: &str| {
+        let mut values = ex.session.req_header().headers.get_all(name).iter();
+        let first = values.next().map(|v| v.as_bytes());
+        match values.next() {
+            Some(_) => Err(duplicate_header(name)),
+            None => Ok(first),
+        }
+    };
+    let from_key;
+    let header = match single("Authorization")? {
+        Some(h) => Some(h),
+        None if ex.dialect == Dialect::Anthropic => {
+            from_key = single("x-api-key")?.map(|key| [b"Bearer ".as_slice(), key].concat());
+            from_key.as_deref()
+        }
+        None => None,
+    };
+    Ok(app.accounts.authorize(header, scope).await?)
 }
 
 /// 400 for a header that must appear at most once.

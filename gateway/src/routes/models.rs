@@ -1,11 +1,15 @@
 //! `GET /v1/models` and `GET /v1/models/{model}`. Codex CLI requests get
-//! the Codex catalogue on the list route, with a stable `ETag`.
+//! the Codex catalogue on the list route, with a stable `ETag`; Anthropic
+//! clients (an `anthropic-version` header) get Anthropic's shapes and
+//! error envelope.
 
 use crate::api::models::{
-    CodexCatalogue, CodexModel, Model, ModelList, ReasoningLevel, TruncationPolicy,
+    AnthropicModel, AnthropicModelList, CodexCatalogue, CodexModel, Model, ModelList,
+    ReasoningLevel, TruncationPolicy,
 };
 use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
+use crate::http::Dialect;
 use crate::http::Exchange;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -51,8 +55,35 @@ fn is_codex(ex: &Exchange) -> bool {
         .any(|h| ex.header(h).is_some_and(|v| v.starts_with(b"codex_")))
 }
 
+/// An Anthropic client sends `anthropic-version` on every request.
+pub fn dialect(ex: &Exchange) -> Dialect {
+    if ex.header("anthropic-version").is_some() {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    }
+}
+
+/// Anthropic's list: every model, one page (`has_more: false`).
+fn anthropic_list(catalog: &Catalog) -> AnthropicModelList {
+    let data: Vec<AnthropicModel> = catalog
+        .models()
+        .iter()
+        .copied()
+        .map(AnthropicModel::from)
+        .collect();
+    AnthropicModelList {
+        first_id: data.first().map(|m| m.id),
+        last_id: data.last().map(|m| m.id),
+        data,
+        has_more: false,
+    }
+}
+
 pub async fn list(catalog: &Catalog, ex: &mut Exchange) -> Result<(), ApiError> {
-    if is_codex(ex) {
+    if ex.dialect == Dialect::Anthropic {
+        ex.send_json(200, &anthropic_list(catalog), &[]).await;
+    } else if is_codex(ex) {
         let (body, etag) = codex_catalogue(catalog);
         ex.send_cacheable("application/json", &etag, body).await;
     } else {
@@ -66,8 +97,26 @@ pub async fn retrieve(catalog: &Catalog, ex: &mut Exchange, id: &str) -> Result<
     let model = catalog
         .find(id)
         .ok_or_else(|| ApiError::model_not_found(id))?;
-    ex.send_json(200, &Model::from(model), &[]).await;
+    if ex.dialect == Dialect::Anthropic {
+        ex.send_json(200, &AnthropicModel::from(model), &[]).await;
+    } else {
+        ex.send_json(200, &Model::from(model), &[]).await;
+    }
     Ok(())
+}
+
+impl From<&ModelSpec> for AnthropicModel {
+    fn from(m: &ModelSpec) -> Self {
+        AnthropicModel {
+            kind: "model",
+            id: m.id,
+            display_name: m.display_name,
+            // The catalogue has no dates; a fixed one keeps the list stable.
+            created_at: "2025-01-01T00:00:00Z",
+            max_input_tokens: m.context_window,
+            max_tokens: m.context_window,
+        }
+    }
 }
 
 impl From<&ModelSpec> for Model {

@@ -1,6 +1,7 @@
-//! The generation sinks of replies to an HTTP client: a chat stream, a chat
-//! body, and Responses events (streamed, or folded into the response
-//! object). Streams write through [`SseReply`].
+//! The generation sinks of replies to an HTTP client: a chat stream, a
+//! folded body (chat, Anthropic Messages), and Responses events (streamed,
+//! or folded into the response object); the Anthropic Messages stream is
+//! `sinks_messages.rs`. Streams write through [`SseReply`].
 //!
 //! Every sink also watches the replica's drain ([`Cut`]): when the grace
 //! period runs out it ends the generation like a client that left (the
@@ -14,6 +15,7 @@ use crate::http::{ClientGone, Exchange, SseReply};
 use crate::lifecycle::Shutdown;
 use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
+use crate::translate::messages::MessageAggregate;
 use crate::translate::responses::ResponseEncoder;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
@@ -44,7 +46,7 @@ impl Cut {
 
     /// Notes the worker's `Finished` event: a batch that carries it is
     /// delivered whole, never cut after.
-    fn observe(&mut self, event: &pb::GenerateEvent) {
+    pub(super) fn observe(&mut self, event: &pb::GenerateEvent) {
         use pb::generate_event::Event;
         self.finished |= matches!(event.event, Some(Event::Finished(_)));
     }
@@ -56,7 +58,7 @@ impl Cut {
 
     /// Checked after each delivery: a worker that always has the next
     /// event ready would otherwise never let the relay wait on [`Self::wait`].
-    fn now(&mut self) -> bool {
+    pub(super) fn now(&mut self) -> bool {
         self.happened |= !self.finished && self.shutdown.is_cutting();
         self.happened
     }
@@ -68,7 +70,7 @@ impl Cut {
 }
 
 /// The generation stops when the client leaves or the drain cuts it.
-async fn gone_or_cut(client_gone: impl std::future::Future<Output = ()>, cut: &mut Cut) {
+pub(super) async fn gone_or_cut(client_gone: impl std::future::Future<Output = ()>, cut: &mut Cut) {
     tokio::select! {
         _ = client_gone => {}
         _ = cut.wait() => {}
@@ -148,24 +150,45 @@ impl Sink for ChatStream<'_> {
     }
 }
 
+/// A reply folded from worker events into one body.
+pub trait Fold: Default + Send {
+    fn push(&mut self, event: pb::GenerateEvent);
+}
+
+impl Fold for ChatAggregate {
+    fn push(&mut self, event: pb::GenerateEvent) {
+        ChatAggregate::push(self, event)
+    }
+}
+
+impl Fold for MessageAggregate {
+    fn push(&mut self, event: pb::GenerateEvent) {
+        MessageAggregate::push(self, event)
+    }
+}
+
 /// One `chat.completion` body, folded from the whole generation.
-pub struct ChatBody<'a> {
+pub type ChatBody<'a> = FoldedBody<'a, ChatAggregate>;
+
+/// One body folded from the whole generation (a `chat.completion`, an
+/// Anthropic `message`).
+pub struct FoldedBody<'a, A> {
     ex: &'a mut Exchange,
-    pub aggregate: ChatAggregate,
+    pub aggregate: A,
     pub cut: Cut,
 }
 
-impl<'a> ChatBody<'a> {
+impl<'a, A: Fold> FoldedBody<'a, A> {
     pub fn new(ex: &'a mut Exchange, shutdown: Arc<Shutdown>) -> Self {
         Self {
             ex,
-            aggregate: ChatAggregate::default(),
+            aggregate: A::default(),
             cut: Cut::new(shutdown),
         }
     }
 }
 
-impl Sink for ChatBody<'_> {
+impl<A: Fold> Sink for FoldedBody<'_, A> {
     fn event(&mut self, event: pb::GenerateEvent) {
         self.cut.observe(&event);
         self.aggregate.push(event);

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod compaction;
+pub mod messages;
 pub mod planner;
 pub mod replay;
 pub mod responses;

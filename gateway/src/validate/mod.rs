@@ -7,6 +7,7 @@ pub mod chat;
 pub mod common;
 #[cfg(test)]
 pub mod contract_cases;
+pub mod messages;
 pub mod responses;
 mod satisfiable;
 

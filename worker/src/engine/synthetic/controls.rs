@@ -26,6 +26,10 @@
 //! - `synthetic:ignore_format`: answer in plain words even when a JSON
 //!   format was requested, as an engine whose constrained decoding failed
 //!   would; for testing the gateway's output check.
+//! - `synthetic:tool_path=<path>` (up to the next whitespace): a tool
+//!   call's string arguments whose name ends in `path` (`path`,
+//!   `file_path`) name `<path>`, so an agent under test (Claude Code,
+//!   Codex) really reads that file.
 
 /// The controls found in a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +43,7 @@ pub struct Controls {
     pub echo: bool,
     pub echo_messages: bool,
     pub ignore_format: bool,
+    pub tool_path: Option<String>,
 }
 
 impl Controls {
@@ -65,6 +70,11 @@ impl Controls {
                 None if directive == "echo_messages" => c.echo_messages = true,
                 None if directive == "ignore_format" => c.ignore_format = true,
                 _ => {}
+            }
+            // A path holds characters the directives above stop at.
+            if let Some(path) = rest.strip_prefix("tool_path=") {
+                let path = path.split(char::is_whitespace).next().unwrap_or("");
+                c.tool_path = (!path.is_empty()).then(|| path.to_owned());
             }
         }
         c
@@ -96,6 +106,10 @@ mod tests {
             }
         );
         assert!(Controls::parse("synthetic:ignore_format").ignore_format);
+        assert_eq!(
+            Controls::parse("read it synthetic:tool_path=/tmp/x y/a.txt now").tool_path,
+            Some("/tmp/x".to_owned())
+        );
         let c = Controls::parse("synthetic:fail_unavailable synthetic:trailers_ms=400");
         assert!(c.fail_unavailable);
         assert_eq!(c.trailers_ms, Some(400));

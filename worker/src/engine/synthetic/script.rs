@@ -91,7 +91,7 @@ fn reply(
         let schema = without_guidance(schema);
         if conv.call_now {
             if let Some((calls, array)) = constrained_calls(&schema, last_user) {
-                return calls_text(&calls, array, rng).map(|t| tokenizer::tokens(&t));
+                return calls_text(&calls, array, controls, rng).map(|t| tokenizer::tokens(&t));
             }
         }
         // `ignore_format` plays an engine whose constrained decoding failed:
@@ -118,7 +118,7 @@ fn reply(
         }
         if !calls.is_empty() {
             let array = calls.len() > 1;
-            return calls_text(&calls, array, rng).map(|t| tokenizer::tokens(&t));
+            return calls_text(&calls, array, controls, rng).map(|t| tokenizer::tokens(&t));
         }
     }
     Ok(text_reply(conv, controls, last_user, rng))
@@ -189,14 +189,22 @@ fn mentioned<T: Copy>(items: &[T], text: &str, name: impl Fn(&T) -> &str) -> Vec
 fn calls_text(
     calls: &[(&str, Option<&Value>)],
     array: bool,
+    controls: &Controls,
     rng: &mut Rng,
 ) -> Result<String, Status> {
     let mut out = Vec::with_capacity(calls.len());
     for (name, params) in calls {
-        let args = match params {
+        let mut args = match params {
             Some(schema) => schema_gen::generate(schema, rng),
             None => Value::Object(serde_json::Map::new()),
         };
+        if let (Some(path), Value::Object(map)) = (&controls.tool_path, &mut args) {
+            for (key, value) in map.iter_mut() {
+                if key.ends_with("path") && value.is_string() {
+                    *value = Value::String(path.clone());
+                }
+            }
+        }
         let call = serde_json::json!({"name": name, "arguments": args});
         out.push(
             spaced_json(&call)

@@ -379,7 +379,13 @@ fn calls_are_written_the_way_the_constraint_makes_a_model_write_them() {
     let params = json!({"type": "object",
         "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
         "required": ["city", "days"]});
-    let text = calls_text(&[("f", Some(&params))], false, &mut Rng::new(7)).expect("calls");
+    let text = calls_text(
+        &[("f", Some(&params))],
+        false,
+        &Controls::default(),
+        &mut Rng::new(7),
+    )
+    .expect("calls");
     assert!(
         text.starts_with(r#"{"name": "f", "arguments": {"city": ""#),
         "{text}"
@@ -388,12 +394,37 @@ fn calls_are_written_the_way_the_constraint_makes_a_model_write_them() {
     let value: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(value["name"], "f");
     assert_eq!(spaced_json(&value).expect("JSON"), text, "one spelling");
-    let two = calls_text(&[("f", None), ("g", None)], true, &mut Rng::new(7)).expect("calls");
+    let two = calls_text(
+        &[("f", None), ("g", None)],
+        true,
+        &Controls::default(),
+        &mut Rng::new(7),
+    )
+    .expect("calls");
     assert_eq!(
         two,
         r#"[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]"#
     );
     // Under a constraint of parallel calls, one call is an array too.
-    let one = calls_text(&[("f", None)], true, &mut Rng::new(7)).expect("calls");
+    let one =
+        calls_text(&[("f", None)], true, &Controls::default(), &mut Rng::new(7)).expect("calls");
     assert_eq!(one, r#"[{"name": "f", "arguments": {}}]"#);
+}
+
+#[test]
+fn a_tool_path_control_names_the_file_a_call_reads() {
+    let params = json!({"type": "object",
+        "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
+        "required": ["file_path", "limit"]});
+    let controls = Controls::parse("Read it. synthetic:tool_path=/tmp/scratch/a.txt");
+    let text = calls_text(
+        &[("Read", Some(&params))],
+        false,
+        &controls,
+        &mut Rng::new(7),
+    )
+    .expect("calls");
+    let value: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(value["arguments"]["file_path"], "/tmp/scratch/a.txt");
+    assert!(value["arguments"]["limit"].is_i64(), "{text}");
 }

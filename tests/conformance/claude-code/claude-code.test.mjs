@@ -1,0 +1,198 @@
+// Claude Code (pinned in package.json) in print mode (`claude -p`) and the
+// official Anthropic TypeScript SDK against `gateway up --engine
+// synthetic`, configured as README.md's "Claude Code" section says:
+// ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, the gateway's model names, and
+// no traffic beyond the gateway (telemetry, auto-update and the other
+// non-essential calls off). Every child runs under a deadline.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Anthropic from '@anthropic-ai/sdk';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const ROOT = path.resolve(HERE, '../../..');
+const CLAUDE = path.join(HERE, 'node_modules', '.bin', 'claude');
+const TURN_DEADLINE_MS = 120_000;
+
+function gatewayBin() {
+  const target = path.resolve(ROOT, process.env.CARGO_TARGET_DIR ?? 'target');
+  return path.join(target, 'release', 'gateway');
+}
+
+async function freePort() {
+  const server = net.createServer();
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+function run(cmd, args, { env, cwd, deadlineMs }) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { env, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      child.kill('SIGKILL');
+    }, deadlineMs);
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout, stderr, timedOut });
+    });
+  });
+}
+
+let gateway;
+let gatewayLog = '';
+let origin;
+let adminUrl;
+let devKey;
+let scratch;
+
+before(async () => {
+  const [port, adminPort] = [await freePort(), await freePort()];
+  origin = `http://127.0.0.1:${port}`;
+  adminUrl = `http://127.0.0.1:${adminPort}`;
+  devKey = `sk-claude-${randomBytes(8).toString('hex')}`;
+  const args = ['up', '--listen', `127.0.0.1:${port}`, '--admin-listen', `127.0.0.1:${adminPort}`, '--dev-key', devKey,
+    '--engine', 'synthetic', '--ttft-ms', '20', '--tokens-per-second', '400'];
+  gateway = spawn(gatewayBin(), args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  gateway.stdout.on('data', (d) => (gatewayLog += d));
+  gateway.stderr.on('data', (d) => (gatewayLog += d));
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    if (gateway.exitCode !== null) throw new Error(`gateway up exited (${gateway.exitCode}):\n${gatewayLog}`);
+    try {
+      if ((await fetch(`${adminUrl}/readyz`)).ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) throw new Error(`gateway up was not ready in 120 s:\n${gatewayLog}`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  scratch = mkdtempSync(path.join(os.tmpdir(), 'igw-claude-'));
+});
+
+after(async () => {
+  if (gateway && gateway.exitCode === null) {
+    const exited = new Promise((resolve) => gateway.once('exit', resolve));
+    gateway.kill('SIGTERM');
+    const timer = setTimeout(() => gateway.kill('SIGKILL'), 10_000);
+    await exited;
+    clearTimeout(timer);
+  }
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+});
+
+/** `gateway_requests_total` of a route, summed by status. */
+async function requestsByStatus(route) {
+  const text = await (await fetch(`${adminUrl}/metrics`)).text();
+  const byStatus = {};
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('gateway_requests_total{') || !line.includes(`route="${route}"`)) continue;
+    const status = /status="(\d+)"/.exec(line)?.[1];
+    byStatus[status] = (byStatus[status] ?? 0) + Number(line.split(' ').at(-1));
+  }
+  return byStatus;
+}
+
+/** `claude -p PROMPT` with only the README's environment, in `work`. */
+async function claude(name, prompt, extraArgs = []) {
+  const home = path.join(scratch, name);
+  const work = path.join(home, 'work');
+  mkdirSync(work, { recursive: true });
+  const env = {
+    PATH: process.env.PATH,
+    HOME: home,
+    ANTHROPIC_BASE_URL: origin,
+    ANTHROPIC_API_KEY: devKey,
+    ANTHROPIC_MODEL: 'base',
+    ANTHROPIC_SMALL_FAST_MODEL: 'base-mini',
+    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+    CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY: '1',
+    DISABLE_AUTOUPDATER: '1',
+    DISABLE_TELEMETRY: '1',
+    DISABLE_ERROR_REPORTING: '1',
+    NO_COLOR: '1',
+  };
+  const args = ['-p', prompt, '--output-format', 'json', ...extraArgs];
+  const result = await run(CLAUDE, args, { env, cwd: work, deadlineMs: TURN_DEADLINE_MS });
+  let reply = null;
+  try {
+    reply = JSON.parse(result.stdout.trim().split('\n').at(-1));
+  } catch {
+    // not JSON: the assertion shows the output
+  }
+  return { ...result, reply, work };
+}
+
+function explain(r) {
+  return `exit ${r.code} ${r.signal ?? ''}${r.timedOut ? ' (deadline)' : ''}\n--- stdout\n${r.stdout.slice(-4000)}\n--- stderr\n${r.stderr.slice(-4000)}\n--- gateway\n${gatewayLog.slice(-3000)}`;
+}
+
+test('claude -p answers one turn through the gateway', async () => {
+  const before = await requestsByStatus('messages.create');
+  const r = await claude('one-turn', 'Say hello. synthetic:reply_tokens=12');
+  assert.equal(r.code, 0, explain(r));
+  assert.ok(r.reply && r.reply.is_error === false, explain(r));
+  assert.ok(typeof r.reply.result === 'string' && r.reply.result.length > 0, explain(r));
+  const now = await requestsByStatus('messages.create');
+  assert.ok((now['200'] ?? 0) > (before['200'] ?? 0), `messages.create served: ${JSON.stringify(now)}`);
+});
+
+test('claude -p reads a file with its Read tool, then answers', async () => {
+  const name = 'tool-turn';
+  const work = path.join(scratch, name, 'work');
+  mkdirSync(work, { recursive: true });
+  const file = path.join(work, 'notes.txt');
+  const secret = `igw-${randomBytes(4).toString('hex')}`;
+  writeFileSync(file, `The code word is ${secret}.\n`);
+  const r = await claude(
+    name,
+    `Use the Read tool to read the file. synthetic:tool_path=${file} synthetic:reply_tokens=8`,
+    ['--allowedTools', 'Read', '--output-format', 'stream-json', '--verbose'],
+  );
+  assert.equal(r.code, 0, explain(r));
+  const events = r.stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+  const uses = events
+    .filter((e) => e.type === 'assistant')
+    .flatMap((e) => e.message?.content ?? [])
+    .filter((c) => c.type === 'tool_use');
+  assert.ok(uses.some((u) => u.name === 'Read' && u.input?.file_path === file), explain(r));
+  const results = events
+    .filter((e) => e.type === 'user')
+    .flatMap((e) => e.message?.content ?? [])
+    .filter((c) => c.type === 'tool_result');
+  assert.ok(JSON.stringify(results).includes(secret), `the tool read the file: ${explain(r)}`);
+  const final = events.find((e) => e.type === 'result');
+  assert.ok(final && final.is_error === false, explain(r));
+});
+
+test('the TypeScript SDK streams one turn', async () => {
+  const client = new Anthropic({ baseURL: origin, apiKey: devKey, maxRetries: 0 });
+  const stream = client.messages.stream({
+    model: 'base',
+    max_tokens: 64,
+    messages: [{ role: 'user', content: 'Stream it. synthetic:reply_tokens=10' }],
+  });
+  const kinds = [];
+  stream.on('streamEvent', (e) => kinds.push(e.type));
+  const message = await stream.finalMessage();
+  assert.equal(message.stop_reason, 'end_turn');
+  assert.equal(message.usage.output_tokens, 10);
+  assert.ok(message.content[0].type === 'text' && message.content[0].text.length > 0);
+  assert.equal(kinds[0], 'message_start');
+  assert.equal(kinds.at(-1), 'message_stop');
+  assert.ok(kinds.includes('content_block_delta'));
+});
