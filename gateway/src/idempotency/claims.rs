@@ -106,13 +106,6 @@ impl Claims {
     }
 }
 
-#[async_trait::async_trait]
-impl crate::runs::Renewal for Claims {
-    async fn renew(&self) {
-        Claims::renew(self).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{memory::MemoryIdempotency, record_key, Outcome};

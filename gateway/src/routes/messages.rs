@@ -32,8 +32,10 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
-    let idempotency = idempotent::requested(ex, ROUTE, &body)?;
+    let key = idempotent::header(ex)?;
     let req: MessagesRequest = parse::json_body(&body)?;
+    // Printed only once the bounded parse accepted the body.
+    let idempotency = key.map(|k| k.with_body(ROUTE, &body));
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
 

@@ -71,6 +71,15 @@ pub trait Renewal: Send + Sync {
     async fn renew(&self);
 }
 
+/// The heartbeat renews the `Idempotency-Key` claims of requests running
+/// here, as it renews their runs' leases (the claims know nothing of runs).
+#[async_trait::async_trait]
+impl Renewal for crate::idempotency::claims::Claims {
+    async fn renew(&self) {
+        crate::idempotency::claims::Claims::renew(self).await
+    }
+}
+
 /// A handed-over run a sweeper took, for the adopter to run.
 #[derive(Debug)]
 pub struct Adoption {
