@@ -609,3 +609,24 @@ async fn an_idempotency_key_replays_the_first_reply() {
     assert_anthropic_error(&send(other).await, 422, "invalid_request_error");
     assert_eq!(stack.worker("base").counters().await.unwrap().started, 1);
 }
+
+/// Claude Code's `max_tokens: 32000` on a model whose workers have a
+/// smaller window than the catalogue's: clamped to what the workers'
+/// window leaves, not refused as over the window.
+#[tokio::test]
+async fn max_tokens_is_clamped_to_the_workers_window() {
+    let stack = Stack::single(WorkerOpts {
+        context_window: Some(4096),
+        ..WorkerOpts::default()
+    });
+    // The window is known from the worker's Info, read by the health loop.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut b = body("Hi. synthetic:reply_tokens=5");
+    b["max_tokens"] = json!(32000);
+    let r = create(&stack, &b).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.json()["usage"]["output_tokens"], 5);
+    // Below the window the bound holds as asked.
+    b["max_tokens"] = json!(3);
+    assert_eq!(create(&stack, &b).await.json()["stop_reason"], "max_tokens");
+}

@@ -1,4 +1,5 @@
-//! `CountTokens` on a worker of the pool: the prompt of a request as the
+//! What a Messages request asks of the pool besides a generation: the
+//! workers' context window, and `CountTokens` on a worker of the pool: the prompt of a request as the
 //! model's own tokenizer and template count it, without generating
 //! (`POST /v1/messages/count_tokens`). Cheap and stateless on the worker,
 //! so it takes no queue turn and no slot; a worker that fails is skipped
@@ -11,6 +12,16 @@ use rand::seq::SliceRandom;
 use telemetry::TraceParent;
 
 impl WorkerPool {
+    /// The smallest context window the pool's workers reported: a small
+    /// real model's window is below the catalogue's (the Messages route
+    /// clamps `max_tokens` to it).
+    pub fn context_window(&self) -> Option<u32> {
+        self.snapshot()
+            .iter()
+            .filter_map(|e| e.context_window())
+            .min()
+    }
+
     /// The prompt tokens `request` would be billed for.
     pub async fn count_tokens(
         &self,

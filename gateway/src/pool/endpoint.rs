@@ -45,6 +45,8 @@ pub struct WorkerEndpoint {
     draining: AtomicBool,
     /// Its engine continues a moved generation (`Capabilities.resume`).
     resumes: AtomicBool,
+    /// Its engine's context window (`Info.context_window`); 0 until known.
+    context_window: AtomicU32,
     /// The sampling its worker applies to fields a request leaves unset.
     sampling_defaults: RwLock<Option<pb::SamplingDefaults>>,
     /// Last active health check passed. Starts true so that a fresh gateway
@@ -127,6 +129,7 @@ impl WorkerEndpoint {
             // Until its first Info says: a worker that cannot resume
             // refuses the move (INVALID_REQUEST), which then ends in band.
             resumes: AtomicBool::new(true),
+            context_window: AtomicU32::new(0),
             sampling_defaults: RwLock::new(None),
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
@@ -301,6 +304,15 @@ impl WorkerEndpoint {
 
     pub fn record_resumes(&self, resumes: bool) {
         self.resumes.store(resumes, Ordering::Relaxed);
+    }
+
+    /// Its engine's context window, once its worker reported one.
+    pub fn context_window(&self) -> Option<u32> {
+        Some(self.context_window.load(Ordering::Relaxed)).filter(|w| *w > 0)
+    }
+
+    pub fn record_context_window(&self, window: u32) {
+        self.context_window.store(window, Ordering::Relaxed);
     }
 
     /// What its worker last reported it samples with by default.

@@ -43,6 +43,7 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
         }
         endpoint.record_sampling_defaults(info.sampling_defaults);
         endpoint.record_resumes(info.capabilities.is_some_and(|c| c.resume));
+        endpoint.record_context_window(info.context_window);
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))
     };

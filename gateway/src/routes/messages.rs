@@ -71,10 +71,16 @@ async fn generate(
     ex: &mut Exchange,
     account: &Arc<Account>,
     req: MessagesRequest,
-    valid: ValidMessagesRequest,
+    mut valid: ValidMessagesRequest,
     input_estimate: u64,
     claim: &mut Option<Claim>,
 ) -> Result<(), ApiError> {
+    if let Some(window) = generation::pool_of(&app.pools, valid.model.id)
+        .ok()
+        .and_then(|pool| pool.context_window())
+    {
+        valid.fit_window(window);
+    }
     let reservation = super::admit(
         app,
         ex,

@@ -47,6 +47,20 @@ pub struct ValidMessagesRequest {
     pub omit_thinking: bool,
     /// The public tier name the plan is asked for.
     pub service_tier: Option<&'static str>,
+    /// `max_tokens` as requested.
+    pub requested_max_tokens: u32,
+}
+
+impl ValidMessagesRequest {
+    /// Clamps `max_tokens` to `window` as to the catalogue's (see
+    /// [`validate`]): the window the model's workers report, which for a
+    /// small real model is well below the catalogue's.
+    pub fn fit_window(&mut self, window: u32) {
+        if self.requested_max_tokens >= window {
+            self.max_tokens = 0;
+            self.max_output = self.max_output.min(window);
+        }
+    }
 }
 
 /// Checks a parsed request against every rule above.
@@ -251,6 +265,7 @@ pub fn validate(
         effort,
         omit_thinking,
         service_tier,
+        requested_max_tokens: requested,
     })
 }
 
@@ -431,7 +446,13 @@ mod tests {
         .unwrap();
         assert_eq!(v.max_tokens, 0, "the rest of the window");
         assert_eq!(v.max_output, v.model.context_window);
-        let v = check(&format!(r#"{{"model":"base","max_tokens":64,{MSG}}}"#)).unwrap();
+        let mut v = check(&format!(r#"{{"model":"base","max_tokens":32000,{MSG}}}"#)).unwrap();
+        assert_eq!((v.max_tokens, v.max_output), (32000, 32000));
+        // Workers whose window is smaller than the catalogue's.
+        v.fit_window(8192);
+        assert_eq!((v.max_tokens, v.max_output), (0, 8192));
+        let mut v = check(&format!(r#"{{"model":"base","max_tokens":64,{MSG}}}"#)).unwrap();
+        v.fit_window(8192);
         assert_eq!((v.max_tokens, v.max_output), (64, 64));
     }
 

@@ -103,6 +103,7 @@ mod tests {
                 echo: true,
                 echo_messages: false,
                 ignore_format: false,
+                tool_path: None,
             }
         );
         assert!(Controls::parse("synthetic:ignore_format").ignore_format);
