@@ -393,21 +393,26 @@ async fn an_idempotency_key_adds_nothing_to_a_refused_body() {
     assert_eq!(r.status, 200, "{r}");
 }
 
-/// A chat body whose synthetic reply echoes about `bytes` of text.
+/// A chat body whose synthetic reply echoes about `bytes` of text (up to
+/// about 200 KB: the echo and its input share the context window).
 fn echo_chat(i: usize, bytes: usize) -> String {
     let text = format!("{i} synthetic:echo {}", "abcd ".repeat(bytes / 5));
-    json!({"model": "base", "messages": [{"role": "user", "content": text}]}).to_string()
+    json!({"model": "base", "max_tokens": bytes / 2,
+           "messages": [{"role": "user", "content": text}]})
+    .to_string()
 }
 
 /// Issue 52, item 6: the in-process records are bounded by bytes
 /// (`store.idempotency_max_memory_bytes`), the least recently used
 /// finished ones going first, and an evicted key's retry runs again.
-/// Before, 100 keys of about 1 MiB grew the gateway by 89 MiB.
+/// Before, 100 keys of about 1 MiB grew the gateway by 89 MiB; here 200
+/// of about 0.2 MiB (as large as the synthetic model's context allows)
+/// within a bound of 4 MiB.
 #[tokio::test]
 async fn in_process_idempotency_records_are_bounded_by_bytes() {
     let stack = Stack::builder()
         .models(&["base"])
-        .extra_toml("[store]\nidempotency_max_memory_bytes = 8388608\n")
+        .extra_toml("[store]\nidempotency_max_memory_bytes = 4194304\n")
         .start()
         .expect("stack starts");
     let client = stack.client();
@@ -419,35 +424,35 @@ async fn in_process_idempotency_records_are_bounded_by_bytes() {
             &client,
             "/chat/completions",
             &key(1000 + i),
-            echo_chat(i, 700_000),
+            echo_chat(i, 200_000),
         )
         .await;
         assert_eq!(r.status, 200, "{r}");
     }
     let before = rss_mib(pid);
-    for i in 0..100 {
-        let r = post_keyed(&client, "/chat/completions", &key(i), echo_chat(i, 700_000)).await;
+    for i in 0..200 {
+        let r = post_keyed(&client, "/chat/completions", &key(i), echo_chat(i, 200_000)).await;
         assert_eq!(r.status, 200, "{r}");
-        assert!(r.body.len() > 700_000, "{} bytes", r.body.len());
+        assert!(r.body.len() > 190_000, "{} bytes", r.body.len());
     }
     let after = rss_mib(pid);
     println!(
-        "100 idempotency records of about 0.7 MiB in process: resident memory {before} -> {after} MiB"
+        "200 idempotency records of about 0.2 MiB in process: resident memory {before} -> {after} MiB"
     );
     assert!(
-        after < before + 40,
+        after < before + 16,
         "resident memory grew from {before} to {after} MiB"
     );
     // The newest is replayed; the oldest was evicted, and runs again.
     let r = post_keyed(
         &client,
         "/chat/completions",
-        &key(99),
-        echo_chat(99, 700_000),
+        &key(199),
+        echo_chat(199, 200_000),
     )
     .await;
     assert_eq!(r.header("idempotent-replayed"), Some("true"), "{r}");
-    let r = post_keyed(&client, "/chat/completions", &key(0), echo_chat(0, 700_000)).await;
+    let r = post_keyed(&client, "/chat/completions", &key(0), echo_chat(0, 200_000)).await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(
         r.header("idempotent-replayed"),
@@ -464,23 +469,26 @@ async fn in_process_idempotency_records_are_bounded_by_bytes() {
 async fn idempotency_records_count_against_the_storage_cap(redis: bool) {
     let (_stack, capped, free) = quota_stack(1_000_000, redis);
     let mut kept = 0;
+    let mut record = 0;
     let refusal = loop {
         let r = post_keyed(
             &capped,
             "/chat/completions",
             &format!("capped-{kept}"),
-            echo_chat(kept, 300_000),
+            echo_chat(kept, 200_000),
         )
         .await;
         if r.status != 200 {
             break r;
         }
+        record = r.body.len();
         kept += 1;
-        assert!(kept < 10, "the cap never refused a keyed create");
+        assert!(kept < 20, "the cap never refused a keyed create");
     };
-    // 300 KB each: the fourth passes the cap (an admitted request's record
-    // is kept), the fifth is refused.
-    assert_eq!(kept, 4, "{refusal}");
+    // The create that passes the cap is kept whole (it was admitted under
+    // it); the next is refused.
+    let expected = 1_000_000usize.div_ceil(record);
+    assert_eq!(kept, expected, "{record} bytes a record: {refusal}");
     let e = assert_error(&refusal, 403, "storage_quota_exceeded");
     assert_eq!(e["param"], "store", "{refusal}");
     // The refused one did not pin its key; a replay of a kept one answers.
@@ -488,7 +496,7 @@ async fn idempotency_records_count_against_the_storage_cap(redis: bool) {
         &capped,
         "/chat/completions",
         "capped-0",
-        echo_chat(0, 300_000),
+        echo_chat(0, 200_000),
     )
     .await;
     assert_eq!(r.header("idempotent-replayed"), Some("true"), "{r}");
@@ -510,7 +518,7 @@ async fn idempotency_records_count_against_the_storage_cap(redis: bool) {
         .await
         .unwrap();
     assert_eq!(r.status, 200, "{r}");
-    let r = post_keyed(&free, "/chat/completions", "free-0", echo_chat(0, 300_000)).await;
+    let r = post_keyed(&free, "/chat/completions", "free-0", echo_chat(0, 200_000)).await;
     assert_eq!(r.status, 200, "{r}");
 }
 
