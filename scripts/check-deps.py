@@ -104,15 +104,16 @@ WORKER_ONLY_IMPORTED_BY = {
 }
 
 # The planner crate's rooms, one way: run/ → agents/ → a2a/ → net/, with
-# ports.rs (what the host implements), metrics.rs and text.rs below
+# ports.rs (what the host implements), metrics.rs, text.rs and ids.rs below
 # everything.
 PLANNER_ONLY_IMPORTS = {
     "ports": ((), "ports.rs is what the host implements: it imports nothing of the planner"),
     "metrics": ((), "metrics.rs holds the planner's series: it imports nothing"),
     "text": ((), "text.rs quotes and clips untrusted text for every room: it imports nothing"),
+    "ids": ((), "ids.rs mints the planner's random ids for every room: it imports nothing"),
     "net": ((), "net/ is the agents' HTTP (address policy, client, SSE): it knows no A2A, "
             "directory or run"),
-    "a2a": (("net", "text"), "a2a/ speaks A2A over net/: it knows no directory or run"),
+    "a2a": (("net", "text", "ids"), "a2a/ speaks A2A over net/: it knows no directory or run"),
     "agents": (("a2a", "net", "ports", "text"), "agents/ is the directory (entries, cards, "
                "discovery): it knows no run"),
     "config": (("agents",), "config.rs is the planner's settings and their rules; an entry's "

@@ -93,8 +93,14 @@ fi
 # CPU, as scripts/up.sh builds it (scripts/ggml-cpu-flags.sh says why).
 while read -r flag; do export "${flag?}"; done < <(bash scripts/ggml-cpu-flags.sh)
 say "building (release, whole workspace: binaries and tests)"
+# The build and its test artifacts take about 12 GB; a full disk fails the
+# link with a bus error, so say it first.
+free_kb=$(df -Pk "$root" | awk 'NR == 2 {print $4}')
+if [ "${free_kb:-0}" -lt $((15 * 1024 * 1024)) ]; then
+    echo "warning: $((free_kb / 1024)) MiB free on $(df -P "$root" | awk 'NR == 2 {print $6}'); the build needs about 12 GB" >&2
+fi
 if ! cargo build --release --workspace --bins --tests; then
-    echo "tests/run.sh: FAIL (build) in $(elapsed)"
+    echo "tests/run.sh: FAIL (build) in $(elapsed); disk: $(df -Ph "$root" | awk 'NR == 2 {print $4 " free of " $2}')"
     exit 1
 fi
 built_at=$(($(date +%s) - started))

@@ -12,6 +12,7 @@
 pub mod a2a;
 pub mod agents;
 pub mod config;
+pub mod ids;
 pub mod metrics;
 pub mod net;
 pub mod ports;
@@ -23,13 +24,3 @@ pub use run::{
     Answer, Begun, Ending, Event, PendingCall, Planner, RunError, RunInput, RunStateBox,
     SessionError, SessionLock, Start, ToolResult, ToolThought, Turn,
 };
-
-/// `prefix` + 24 random alphanumerics: ids of tool calls, A2A messages
-/// and requests, lock tokens.
-pub(crate) fn new_id(prefix: &str) -> String {
-    use rand::distr::{Alphanumeric, SampleString};
-    let mut id = String::with_capacity(prefix.len() + 24);
-    id.push_str(prefix);
-    Alphanumeric.append_string(&mut rand::rng(), &mut id, 24);
-    id
-}

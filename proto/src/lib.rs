@@ -5,6 +5,7 @@
 //! versioned; changes are additive only.
 
 pub mod codec;
+pub mod engine_timing;
 pub mod limits;
 pub mod models;
 pub mod prefix;

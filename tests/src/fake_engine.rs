@@ -54,6 +54,8 @@ struct Seen {
 struct Shared {
     behavior: Mutex<Behavior>,
     seen: Seen,
+    /// Every chat completion body received, in order.
+    chat_bodies: Mutex<Vec<Value>>,
 }
 
 /// A running fake engine; it stops when dropped.
@@ -75,6 +77,7 @@ impl FakeEngine {
         let shared = Arc::new(Shared {
             behavior: Mutex::new(behavior),
             seen: Seen::default(),
+            chat_bodies: Mutex::default(),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,6 +131,16 @@ impl FakeEngine {
     /// Replies the worker hung up on before they ended.
     pub fn hung_up(&self) -> u64 {
         self.shared.seen.hung_up.load(Ordering::Relaxed)
+    }
+
+    /// The chat completion bodies received so far (streamed and probes),
+    /// as the engine read them.
+    pub fn chat_requests(&self) -> Vec<Value> {
+        self.shared
+            .chat_bodies
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default()
     }
 
     /// Bytes of endless lines written before the worker hung up.
@@ -194,7 +207,12 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
         ("GET", "/health") => {
             let _ = write_json(&mut sock, &json!({})).await;
         }
-        ("POST", "/v1/chat/completions") => chat(sock, &shared, behavior, &body).await,
+        ("POST", "/v1/chat/completions") => {
+            if let Ok(mut bodies) = shared.chat_bodies.lock() {
+                bodies.push(body.clone());
+            }
+            chat(sock, &shared, behavior, &body).await
+        }
         _ => {
             let _ = sock
                 .write_all(

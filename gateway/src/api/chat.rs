@@ -364,6 +364,8 @@ pub struct ChatChunk<'a> {
     pub object: &'static str,
     pub created: u64,
     pub model: &'a str,
+    /// The tier the request is served at, on every chunk as on a body.
+    pub service_tier: &'a str,
     pub system_fingerprint: Option<&'a str>,
     pub choices: Vec<ChunkChoice<'a>>,
     #[serde(skip_serializing_if = "UsageField::is_absent")]

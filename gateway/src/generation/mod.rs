@@ -8,9 +8,10 @@
 //! in band; read a finished call to its trailers; settle the reservation on
 //! every ending. What differs between chat streams, chat bodies, Responses
 //! events, background runs and planner model calls is only where the
-//! events go: a [`Sink`] (`routes/sinks.rs` for HTTP replies,
-//! `runs::background` for the store, `planner::model` for a plan). This
-//! module knows nothing of HTTP.
+//! events go: a [`Sink`] (`routes/sinks.rs` and `routes/sinks_messages.rs`
+//! for HTTP replies, the WebSocket route's events, `runs::background` for
+//! the store, `planner_mode::calls` for a plan's model calls). This module
+//! knows nothing of HTTP.
 
 mod delivered;
 mod relay;
@@ -93,6 +94,15 @@ pub enum End {
     Failed(ApiError),
 }
 
+/// The tier as the worker protocol names it.
+fn worker_tier(tier: ServiceTier) -> pb::ServiceTier {
+    match tier {
+        ServiceTier::Priority => pb::ServiceTier::Priority,
+        ServiceTier::Default => pb::ServiceTier::Default,
+        ServiceTier::Flex => pb::ServiceTier::Flex,
+    }
+}
+
 /// One generation to drive.
 pub struct Generation<'a> {
     pub pools: &'a Pools,
@@ -115,7 +125,8 @@ pub struct Generation<'a> {
 impl Generation<'_> {
     /// Drives the generation to its end through `sink`, and settles
     /// `reservation` however it ends.
-    pub async fn run<S: Sink>(self, mut reservation: Reservation, sink: &mut S) -> End {
+    pub async fn run<S: Sink>(mut self, mut reservation: Reservation, sink: &mut S) -> End {
+        self.work.service_tier = worker_tier(self.tier) as i32;
         let request_id = self.work.request_id.clone();
         let account = reservation.account();
         let ticket = Ticket {

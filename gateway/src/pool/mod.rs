@@ -5,9 +5,11 @@
 //! then reaches the client as an error frame, never as a silent retry (the
 //! client already saw tokens).
 
+mod call;
 mod count;
 mod discovery;
 mod endpoint;
+mod failure;
 mod health;
 mod kubernetes;
 mod prefixes;
@@ -15,7 +17,10 @@ mod queue;
 pub mod select;
 mod timing;
 
+pub use call::{CallGuard, WorkerCall};
+use call::{CallTiming, RunningPrompt};
 pub use endpoint::WorkerEndpoint;
+pub use failure::{classify, Failure, PoolError};
 pub use queue::{QueueLimits, Shed, Stage, Ticket};
 
 use crate::config::PoolPolicy;
@@ -30,7 +35,7 @@ use std::time::{Duration, Instant};
 use telemetry::TraceParent;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::ClientTlsConfig;
-use tonic::{Code, Status, Streaming};
+use tonic::{Status, Streaming};
 
 /// How many distinct workers one request may try before the first token.
 const MAX_ATTEMPTS: usize = 3;
@@ -232,131 +237,6 @@ impl Members {
     }
 }
 
-/// A running generation: the first event (already received) and the rest.
-pub struct WorkerCall {
-    pub first: pb::GenerateEvent,
-    pub rest: Streaming<pb::GenerateEvent>,
-    /// Keep until the call ends: the worker's in-flight slot, and where to
-    /// report a failure after the first event.
-    pub guard: CallGuard,
-}
-
-/// The worker side of a started call.
-pub struct CallGuard {
-    /// The worker serving the call, so a failure after the first event
-    /// still counts against its health.
-    endpoint: Arc<WorkerEndpoint>,
-    /// Holds the worker's in-flight slot until the guard is dropped.
-    _slot: endpoint::InflightSlot,
-    _prompt: RunningPrompt,
-    timing: CallTiming,
-    /// The request's turn in the pool's queue: dropped after the slot (the
-    /// fields drop in this order), so the next waiter finds it free.
-    turn: queue::Turn,
-    /// The worker's token, for `Cancel`.
-    auth: WorkerAuth,
-}
-
-/// How long a client that left waits for the worker to say what it
-/// generated before the call is dropped and billed for what arrived.
-const CANCEL_WAIT: Duration = Duration::from_millis(500);
-
-/// When a call started and what it asked of the engine, to measure the
-/// engine by ([`timing::EngineTimes`]).
-struct CallTiming {
-    dispatched: Instant,
-    first_event: Instant,
-    /// The worker had no free slot when the call went out: its times
-    /// include a wait and say nothing of the engine's speed.
-    waited: bool,
-    /// The prompt's prefix blocks (0: not computed for this pool's policy).
-    blocks: usize,
-}
-
-/// The call's prompt, running on its worker until dropped (cache-aware
-/// routing on engines whose cached prefix serves one sequence at a time).
-struct RunningPrompt {
-    endpoint: Arc<WorkerEndpoint>,
-    id: Option<u64>,
-}
-
-impl Drop for RunningPrompt {
-    fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.endpoint.prefixes().end_running(id);
-        }
-    }
-}
-
-impl CallGuard {
-    /// The worker finished the reply: resets its failure count, and
-    /// measures the engine by it.
-    pub fn record_finished(&self, usage: Option<&pb::Usage>) {
-        self.endpoint.record_success();
-        let t = &self.timing;
-        let Some(usage) = usage.filter(|u| u.prompt_tokens > 0) else {
-            return;
-        };
-        if t.waited || t.blocks == 0 {
-            return;
-        }
-        let uncached = usage
-            .prompt_tokens
-            .saturating_sub(usage.cached_prompt_tokens);
-        self.endpoint.times().record(timing::CallSample {
-            first_event: t.first_event.duration_since(t.dispatched),
-            whole: t.dispatched.elapsed(),
-            prefilled_blocks: t.blocks as f64 * f64::from(uncached)
-                / f64::from(usage.prompt_tokens),
-        });
-    }
-
-    /// The call ended having relayed `output_tokens`: the service its
-    /// organisation received, for the order of the pool's queue.
-    pub fn record_served(&self, output_tokens: u64) {
-        self.turn.served(output_tokens);
-    }
-
-    /// Stops the call's generation on its worker and asks how many tokens
-    /// it generated there; `None` when the worker did not say in time (or
-    /// predates `Cancel`). Called while the call's stream is still open,
-    /// so the worker still finds the generation.
-    pub async fn cancel(&self, request_id: &str) -> Option<u32> {
-        let mut request = tonic::Request::new(pb::CancelRequest {
-            request_id: request_id.to_owned(),
-        });
-        if let Some(value) = &self.auth {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        let mut client = self.endpoint.client();
-        let reply = tokio::time::timeout(CANCEL_WAIT, client.cancel(request))
-            .await
-            .ok()?
-            .ok()?
-            .into_inner();
-        reply.found.then_some(reply.generated_tokens)
-    }
-
-    /// The worker serving the call (its address).
-    pub fn worker(&self) -> &str {
-        self.endpoint.addr()
-    }
-
-    /// Records a failure of the stream after its first event: a worker
-    /// fault (the worker died, reset the stream, ended it unfinished)
-    /// counts toward opening its circuit like one before the first token,
-    /// so a worker that always fails mid-reply leaves selection. Client
-    /// errors never count.
-    pub fn record_stream_failure(&self, status: Option<&Status>) {
-        let fault = status.is_none_or(|s| classify(s).worker_fault);
-        if fault {
-            self.endpoint.record_failure();
-        }
-    }
-}
-
 impl WorkerPool {
     fn snapshot(&self) -> Arc<Vec<Arc<WorkerEndpoint>>> {
         self.endpoints.snapshot()
@@ -440,9 +320,7 @@ impl WorkerPool {
                 .worker_cached_prefix_blocks
                 .with_label_values(&[&self.model, e.addr()])
                 .set(e.prefixes().reported_blocks() as i64);
-            let times = e.times();
-            let measured = [times.prefill_ns_per_block(), times.hold_ns()];
-            for (measure, ns) in timing::MEASURES.iter().zip(measured) {
+            for (measure, ns) in timing::MEASURES.iter().zip(e.times().figures()) {
                 if let Some(ns) = ns {
                     METRICS
                         .worker_engine_seconds
@@ -646,203 +524,9 @@ fn call_metadata(
     metadata
 }
 
-/// Why the pool could not start a call, or why a worker call failed: the
-/// pool's own error; `error/map.rs` gives each its status.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PoolError {
-    /// The prompt is over the model's context window (the worker's message).
-    ContextLengthExceeded { message: String },
-    /// The worker refused the request as invalid (its message).
-    InvalidRequest { message: String },
-    /// The worker is at capacity.
-    AtCapacity,
-    /// The worker is draining for a restart.
-    Draining,
-    /// The worker could not be reached, or dropped the call.
-    Unreachable,
-    /// The worker did not answer within its deadline.
-    WorkerTimeout,
-    /// The worker failed for another reason.
-    WorkerFailed,
-    /// Every worker of the model was tried, busy, draining or unreachable.
-    NoWorkerAvailable { model: String },
-    /// Every worker was busy and the request could not wait (the pool's
-    /// queue was full, or the wait ran out).
-    Shed(Shed),
-}
-
-/// What a failed worker call means for the client and for the worker.
-pub struct Failure {
-    pub error: PoolError,
-    /// Another worker may succeed (overload, draining, connection failure).
-    pub try_elsewhere: bool,
-    /// Counts against the worker's health. Client errors never do.
-    pub worker_fault: bool,
-    pub reason: &'static str,
-}
-
-impl Failure {
-    /// The `class` label: the request's fault, the pool's capacity, or the
-    /// worker's fault.
-    pub fn class(&self) -> &'static str {
-        if self.worker_fault {
-            "fault"
-        } else if self.try_elsewhere {
-            "capacity"
-        } else {
-            "client"
-        }
-    }
-}
-
-/// Maps a worker's gRPC status to the public error and the retry decision.
-pub fn classify(status: &Status) -> Failure {
-    let reason = status
-        .metadata()
-        .get(pb::ERROR_REASON_METADATA)
-        .and_then(|v| v.to_str().ok())
-        .and_then(pb::ErrorReason::from_str_name);
-    match (reason, status.code()) {
-        (Some(pb::ErrorReason::ContextLengthExceeded), _) => Failure {
-            error: PoolError::ContextLengthExceeded {
-                message: status.message().to_owned(),
-            },
-            try_elsewhere: false,
-            worker_fault: false,
-            reason: "context_length_exceeded",
-        },
-        (Some(pb::ErrorReason::InvalidRequest), _) | (None, Code::InvalidArgument) => Failure {
-            error: PoolError::InvalidRequest {
-                message: status.message().to_owned(),
-            },
-            try_elsewhere: false,
-            worker_fault: false,
-            reason: "invalid_request",
-        },
-        (Some(pb::ErrorReason::Overloaded), _) | (None, Code::ResourceExhausted) => Failure {
-            error: PoolError::AtCapacity,
-            try_elsewhere: true,
-            worker_fault: false,
-            reason: "overloaded",
-        },
-        (Some(pb::ErrorReason::Draining), _) => Failure {
-            error: PoolError::Draining,
-            try_elsewhere: true,
-            worker_fault: false,
-            reason: "draining",
-        },
-        // Made by this side's transport, not sent by the worker: the
-        // connection was reset (the worker process died) or its keepalive
-        // went unanswered (the worker stopped). An operator tells a crash
-        // from an engine's own error by this reason.
-        (None, _) if lost_worker(status) => Failure {
-            error: PoolError::Unreachable,
-            try_elsewhere: true,
-            worker_fault: true,
-            reason: "worker_lost",
-        },
-        (_, Code::Unavailable) | (_, Code::Cancelled) => Failure {
-            error: PoolError::Unreachable,
-            try_elsewhere: true,
-            worker_fault: true,
-            reason: "unavailable",
-        },
-        (_, Code::DeadlineExceeded) => Failure {
-            error: PoolError::WorkerTimeout,
-            try_elsewhere: true,
-            worker_fault: true,
-            reason: "deadline",
-        },
-        _ => Failure {
-            error: PoolError::WorkerFailed,
-            try_elsewhere: true,
-            worker_fault: true,
-            reason: "engine_failure",
-        },
-    }
-}
-
-/// Whether a status without the worker's reason was made by tonic from a
-/// transport error (a reset connection, an HTTP/2 keepalive timeout, a
-/// refused stream) rather than decoded from the worker's trailers: only
-/// the former carries a source error. A connect error before any call is
-/// left to `unavailable`: no worker was lost, none was reached.
-fn lost_worker(status: &Status) -> bool {
-    use std::error::Error as _;
-    let Some(source) = status.source() else {
-        return false;
-    };
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
-    while let Some(err) = cause {
-        if err.is::<tonic::ConnectError>() {
-            return false;
-        }
-        cause = err.source();
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::metadata::MetadataValue;
-
-    fn with_reason(code: Code, reason: &'static str) -> Status {
-        let mut s = Status::new(code, "x");
-        s.metadata_mut().insert(
-            pb::ERROR_REASON_METADATA,
-            MetadataValue::from_static(reason),
-        );
-        s
-    }
-
-    #[test]
-    fn context_length_is_a_client_error_not_retried() {
-        let f = classify(&with_reason(
-            Code::InvalidArgument,
-            "CONTEXT_LENGTH_EXCEEDED",
-        ));
-        assert_eq!(
-            f.error,
-            PoolError::ContextLengthExceeded {
-                message: "x".into()
-            }
-        );
-        assert!(!f.try_elsewhere && !f.worker_fault);
-        assert_eq!(f.class(), "client");
-    }
-
-    #[test]
-    fn overload_and_unreachable_try_elsewhere() {
-        let f = classify(&with_reason(Code::ResourceExhausted, "OVERLOADED"));
-        assert!(f.try_elsewhere && !f.worker_fault);
-        assert_eq!(f.error, PoolError::AtCapacity);
-        assert_eq!(f.class(), "capacity");
-        let f = classify(&Status::unavailable("connection refused"));
-        assert!(f.try_elsewhere && f.worker_fault);
-        assert_eq!(f.class(), "fault");
-        let f = classify(&Status::internal("boom"));
-        assert_eq!(f.error, PoolError::WorkerFailed);
-    }
-
-    /// A worker's own error (its trailers) stays `engine_failure`; a status
-    /// tonic made from a broken connection or a keepalive timeout (it has
-    /// a source) is a lost worker; a connect error is `unavailable`.
-    #[test]
-    fn a_lost_worker_is_told_apart_from_an_engine_failure() {
-        let engine = classify(&with_reason(Code::Internal, "ENGINE_FAILURE"));
-        assert_eq!(engine.reason, "engine_failure");
-        assert_eq!(classify(&Status::unknown("boom")).reason, "engine_failure");
-        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        let lost = Status::from_error(Box::new(reset));
-        assert_eq!(lost.code(), Code::Unknown);
-        let f = classify(&lost);
-        assert_eq!(f.reason, "worker_lost");
-        assert!(f.try_elsewhere && f.worker_fault);
-        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let connect = Status::from_error(Box::new(tonic::ConnectError(Box::new(refused))));
-        assert_eq!(classify(&connect).reason, "unavailable");
-    }
 
     #[test]
     fn calls_carry_traceparent_request_id_and_the_worker_token() {

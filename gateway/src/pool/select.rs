@@ -1,11 +1,12 @@
 //! Worker selection policies.
 //!
+//! Every policy ends in the same session rule ([`session_worker`]): where
+//! the policy itself has no choice, a request that names its conversation
+//! keeps to that conversation's worker while load allows; then the least
+//! loaded of two.
+//!
 //! - `LeastLoaded`: power of two choices over the load score. Cheap, and
-//!   avoids the herd behaviour of always picking the global minimum. A
-//!   request that names its conversation (`prompt_cache_key`,
-//!   `x-session-id`, a WebSocket connection's turns) still keeps to that
-//!   conversation's worker, as under `PrefixAffinity`: its engine holds the
-//!   conversation, and sending the next turn elsewhere prefills all of it.
+//!   avoids the herd behaviour of always picking the global minimum.
 //! - `PrefixAffinity`: rendezvous hashing on an affinity key (cache key,
 //!   session, or a hash of the prompt's head) with bounded load: a key sticks
 //!   to its worker so the worker's prefix cache hits, unless that worker
@@ -31,8 +32,7 @@
 //!   nobody holds any block of goes where `PrefixAffinity` would send it
 //!   (its head's rendezvous order, load gate applied), so one app's
 //!   prompts keep meeting on one engine. A prompt shorter than one block
-//!   has nothing to match: least loaded, unless it names its conversation
-//!   (then that conversation's worker, as under `PrefixAffinity`).
+//!   has nothing to match: the session rule decides.
 
 use super::endpoint::WorkerEndpoint;
 use super::timing::Measured;
@@ -103,28 +103,36 @@ pub fn pick(
     match candidates.len() {
         0 => None,
         1 => Some(candidates[0]),
-        _ => match policy {
-            PoolPolicy::LeastLoaded if routing.named => {
-                bounded_rendezvous(endpoints, candidates, routing.affinity_key)
-                    .or_else(|| Some(two_choices(endpoints, candidates)))
-            }
-            PoolPolicy::LeastLoaded => Some(two_choices(endpoints, candidates)),
-            PoolPolicy::PrefixAffinity => {
-                bounded_rendezvous(endpoints, candidates, routing.affinity_key)
-                    .or_else(|| Some(two_choices(endpoints, candidates)))
-            }
-            // A prompt under one block has nothing to match; one that names
-            // its conversation still keeps to that conversation's worker.
-            PoolPolicy::CacheAware => cache_aware(endpoints, candidates, routing)
-                .or_else(|| {
-                    routing
-                        .named
-                        .then(|| bounded_rendezvous(endpoints, candidates, routing.affinity_key))
-                        .flatten()
-                })
-                .or_else(|| Some(two_choices(endpoints, candidates))),
-        },
+        _ => {
+            let by_policy = match policy {
+                PoolPolicy::LeastLoaded => None,
+                PoolPolicy::PrefixAffinity => {
+                    bounded_rendezvous(endpoints, candidates, routing.affinity_key)
+                }
+                // `None` for a prompt under one block: nothing to match.
+                PoolPolicy::CacheAware => cache_aware(endpoints, candidates, routing),
+            };
+            by_policy
+                .or_else(|| session_worker(endpoints, candidates, routing))
+                .or_else(|| Some(two_choices(endpoints, candidates)))
+        }
     }
+}
+
+/// The session rule every policy applies where its own choice gives
+/// none: a request that names its conversation (`prompt_cache_key`,
+/// `x-session-id`, a WebSocket connection's turns) keeps to that
+/// conversation's worker while its load allows, since its engine holds
+/// the conversation and another would prefill all of it.
+fn session_worker(
+    endpoints: &[Arc<WorkerEndpoint>],
+    candidates: &[usize],
+    routing: &Routing,
+) -> Option<usize> {
+    routing
+        .named
+        .then(|| bounded_rendezvous(endpoints, candidates, routing.affinity_key))
+        .flatten()
 }
 
 /// The cheapest worker for a prompt; `None` for a prompt below one block.

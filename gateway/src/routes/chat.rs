@@ -107,7 +107,8 @@ async fn generate(
             valid.model.id,
             valid.include_usage,
             format.clone(),
-        );
+        )
+        .served_at(tier.as_str());
         let mut stream = ChatStream::new(ex, encoder, app.shutdown.clone());
         // A key's record keeps the reply folded: the events are folded too.
         stream.aggregate = claim.is_some().then(ChatAggregate::default);
@@ -138,8 +139,9 @@ async fn generate(
                 // A kept reply is recorded before its last batch (held by
                 // the sink) goes out.
                 if let (None, Some(aggregate)) = (encoder.failure(), aggregate) {
-                    let completion =
+                    let mut completion =
                         aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+                    completion.service_tier = tier.as_str();
                     let mut folded = bytes::BytesMut::new();
                     replay::chat_stream(&completion, valid.include_usage, &mut folded);
                     let body = String::from_utf8_lossy(&folded).into_owned();

@@ -136,7 +136,8 @@ pub async fn create(
             ended.unwrap_or_else(|_| Err(ApiError::internal("the planner run ended unheard"))),
         )
     }));
-    let frames = StreamFrames::new(id, valid.model.id, &session, valid.include_usage);
+    let frames = StreamFrames::new(id, valid.model.id, &session, valid.include_usage)
+        .served_at(calls.tier.as_str());
     let keepalive = Duration::from_millis(app.planner.config.keepalive_ms.max(100));
     let mut reply = SseReply::new(ex, 0).with_keepalive(keepalive);
     let mut opened = false;

@@ -121,6 +121,8 @@ pub fn to_worker(
         // token-sized frames.
         batch_events: !valid.stream,
         resume: None,
+        // The generation driver sets the tier it serves the request at.
+        service_tier: 0,
     }
 }
 
@@ -351,12 +353,14 @@ pub fn call_arguments(index: u32, arguments: &str) -> Delta<'_> {
     }
 }
 
-/// What every chunk of one stream repeats: its id, creation time and
-/// model, and whether its chunks carry `usage` (`null` until the last).
+/// What every chunk of one stream repeats: its id, creation time, model
+/// and service tier, and whether its chunks carry `usage` (`null` until
+/// the last).
 pub struct ChunkHead<'a> {
     pub id: &'a str,
     pub created: u64,
     pub model: &'a str,
+    pub service_tier: &'a str,
     pub include_usage: bool,
 }
 
@@ -403,6 +407,7 @@ impl ChunkHead<'_> {
             object: "chat.completion.chunk",
             created: self.created,
             model: self.model,
+            service_tier: self.service_tier,
             system_fingerprint: None,
             choices,
             usage,
@@ -415,6 +420,7 @@ pub struct ChatStreamEncoder {
     id: String,
     model: String,
     created: u64,
+    service_tier: &'static str,
     include_usage: bool,
     /// Tool-call indices whose header (`id`, `type`, `name`) was already sent.
     announced_calls: Vec<u32>,
@@ -479,6 +485,7 @@ impl ChatStreamEncoder {
             id,
             model: model.to_owned(),
             created: now_unix(),
+            service_tier: "default",
             include_usage,
             announced_calls: Vec::new(),
             format,
@@ -526,8 +533,16 @@ impl ChatStreamEncoder {
             id: &self.id,
             created: self.created,
             model: &self.model,
+            service_tier: self.service_tier,
             include_usage: self.include_usage,
         }
+    }
+
+    /// The tier the stream's chunks report (`default` unless set).
+    pub fn served_at(mut self, tier: &'static str) -> Self {
+        self.service_tier = tier;
+        self.delta_frames = [None, None];
+        self
     }
 
     /// The first frame: `delta:{role:"assistant", content:""}`.

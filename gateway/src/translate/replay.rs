@@ -21,6 +21,7 @@ pub fn chat_stream(c: &ChatCompletion, include_usage: bool, out: &mut BytesMut) 
         id: &c.id,
         created: c.created,
         model: &c.model,
+        service_tier: c.service_tier,
         include_usage,
     };
     if let Some(choice) = c.choices.first() {

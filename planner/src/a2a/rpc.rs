@@ -167,7 +167,7 @@ async fn rpc(
     }
     let body = serde_json::to_vec(&wire::RpcRequest {
         jsonrpc: "2.0",
-        id: crate::new_id("rpc-"),
+        id: crate::ids::new_id("rpc-"),
         method,
         params,
     })
@@ -200,7 +200,7 @@ async fn rpc(
 
 /// The outgoing message in the agent's version.
 pub(super) fn message(protocol: Protocol, r: &Request) -> Value {
-    let id = crate::new_id("msg-");
+    let id = crate::ids::new_id("msg-");
     match protocol {
         Protocol::V1 => {
             let mut parts = vec![serde_json::json!({ "text": r.text })];

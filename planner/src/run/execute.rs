@@ -356,7 +356,7 @@ fn skip_blocked(state: &mut RunState, started: &[String], emit: &(dyn Fn(Event) 
 
 /// A function step: a call of the caller's tool, which the run pauses for.
 fn await_caller(state: &mut RunState, step: &Step, emit: &(dyn Fn(Event) + Send + Sync)) {
-    let call_id = crate::new_id("call_");
+    let call_id = crate::ids::new_id("call_");
     let arguments = step
         .arguments
         .as_ref()

@@ -187,7 +187,7 @@ impl Planner {
         results: Vec<ToolResult>,
         input: impl FnOnce() -> RunInput,
     ) -> Result<Begun, SessionError> {
-        let token = crate::new_id("lock_");
+        let token = crate::ids::new_id("lock_");
         let locked = match self.sessions.lock(&key, &token, LOCK_LEASE).await {
             Ok(locked) => locked,
             Err(e) => {

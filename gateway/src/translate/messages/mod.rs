@@ -99,6 +99,8 @@ pub fn to_worker(
         // A body is relayed whole: no need for token-sized frames.
         batch_events: !valid.stream,
         resume: None,
+        // The generation driver sets the tier it serves the request at.
+        service_tier: 0,
     }
 }
 

@@ -70,6 +70,8 @@ pub fn to_worker(call: &PlannerCall<'_>) -> pb::GenerateRequest {
         cache_key: format!("session:{}", call.session_id),
         batch_events: !call.streamed,
         resume: None,
+        // The generation driver sets the tier it serves the request at.
+        service_tier: 0,
     }
 }
 

@@ -91,6 +91,7 @@ pub struct StreamFrames {
     model: String,
     session: String,
     created: u64,
+    service_tier: &'static str,
     include_usage: bool,
 }
 
@@ -101,8 +102,15 @@ impl StreamFrames {
             model: model.to_owned(),
             session: session.to_owned(),
             created: now_unix(),
+            service_tier: "default",
             include_usage,
         }
+    }
+
+    /// The tier the stream's chunks report (`default` unless set).
+    pub fn served_at(mut self, tier: &'static str) -> Self {
+        self.service_tier = tier;
+        self
     }
 
     fn head(&self) -> ChunkHead<'_> {
@@ -110,6 +118,7 @@ impl StreamFrames {
             id: &self.id,
             created: self.created,
             model: &self.model,
+            service_tier: self.service_tier,
             include_usage: self.include_usage,
         }
     }

@@ -58,6 +58,12 @@ pub struct UpstreamArgs {
     /// estimate from what it sent.
     #[arg(long)]
     pub upstream_no_slot_pinning: bool,
+    /// upstream vLLM or SGLang: tell the engine each request's service
+    /// tier in its `priority` field (`docs/upstream-engines.md`). Only for
+    /// an engine started with priority scheduling: vLLM refuses a
+    /// `priority` under its default first-come policy.
+    #[arg(long)]
+    pub upstream_priority: bool,
 }
 
 impl UpstreamArgs {
@@ -83,6 +89,7 @@ impl UpstreamArgs {
             idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
             max_event_bytes: self.upstream_max_event_bytes,
             pin_slots: !self.upstream_no_slot_pinning,
+            pass_priority: self.upstream_priority,
         })
         .await?;
         let ready = engine.spawn_scraper(scrape);

@@ -3,6 +3,7 @@
 //! are what the code does with it.
 
 use clap::ValueEnum;
+use inference_proto::v1::ServiceTier;
 
 /// The engine behind `--upstream-url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -31,6 +32,7 @@ pub const FIELD_TABLE: &[(&str, [&str; 4])] = &[
     ("reasoning budget", ["`thinking_token_budget`", "none", "server flag `--reasoning-budget`", "none"]),
     ("reasoning deltas read", ["`reasoning`, `reasoning_content`"; 4]),
     ("usage", ["`stream_options.include_usage`; cached tokens need `--enable-prompt-tokens-details`", "`stream_options.include_usage`; cached tokens need `--enable-cache-report`", "`stream_options.include_usage` (cached tokens always)", "`stream_options.include_usage`"]),
+    ("service tier (with `--upstream-priority`)", ["`priority`: priority -1, default 0, flex 1 (lower first; needs `--scheduling-policy priority`)", "`priority`: priority 1, default 0, flex -1 (higher first, SGLang's default order; needs `--enable-priority-scheduling`)", "none: the gateway's queue alone", "none: the gateway's queue alone"]),
     ("cancellation", ["close the connection", "close the connection + `POST /abort_request {rid}`", "close the connection", "close the connection"]),
     ("readiness", ["`GET /health`", "`GET /health`", "`GET /health`", "`GET /v1/models`"]),
     ("load", ["`/metrics` `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (old `vllm:gpu_cache_usage_perc`)", "`/metrics` `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`", "`/metrics` `llamacpp:requests_processing`, `llamacpp:requests_deferred` (needs `--metrics`); slots from `/props`", "none: the worker's own admission"]),
@@ -161,6 +163,23 @@ impl Kind {
         !matches!(self, Kind::LlamaServer)
     }
 
+    /// The `priority` field a tier travels as, on an engine that
+    /// schedules by priority itself: vLLM serves lower values first, SGLang
+    /// (in its default order) higher ones; `default` is both engines' own
+    /// default, 0. llama-server and other servers have no such field.
+    pub fn priority(self, tier: ServiceTier) -> Option<i64> {
+        let rank = match tier {
+            ServiceTier::Priority => 1,
+            ServiceTier::Default | ServiceTier::Unspecified => 0,
+            ServiceTier::Flex => -1,
+        };
+        match self {
+            Kind::Vllm => Some(-rank),
+            Kind::Sglang => Some(rank),
+            Kind::LlamaServer | Kind::Openai => None,
+        }
+    }
+
     /// The readiness probe path.
     pub fn health_path(self) -> &'static str {
         match self {
@@ -205,6 +224,18 @@ pub fn markdown_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiers_travel_in_each_engine_s_own_priority_order() {
+        use ServiceTier::*;
+        assert_eq!(Kind::Vllm.priority(Priority), Some(-1));
+        assert_eq!(Kind::Vllm.priority(Flex), Some(1));
+        assert_eq!(Kind::Sglang.priority(Priority), Some(1));
+        assert_eq!(Kind::Sglang.priority(Flex), Some(-1));
+        assert_eq!(Kind::Sglang.priority(Default), Some(0));
+        assert_eq!(Kind::LlamaServer.priority(Priority), None);
+        assert_eq!(Kind::Openai.priority(Flex), None);
+    }
 
     #[test]
     fn the_docs_carry_the_table_of_the_code() {

@@ -84,6 +84,9 @@ pub struct UpstreamConfig {
     /// llama-server: the worker chooses each request's slot
     /// ([`slots`]); off when other clients share the engine.
     pub pin_slots: bool,
+    /// vLLM, SGLang: each request's tier goes to the engine's own
+    /// priority scheduling.
+    pub pass_priority: bool,
 }
 
 impl UpstreamConfig {
@@ -102,6 +105,7 @@ impl UpstreamConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_event_bytes: relay::DEFAULT_MAX_EVENT_BYTES,
             pin_slots: true,
+            pass_priority: false,
         }
     }
 }
@@ -129,6 +133,8 @@ pub struct UpstreamEngine {
     window: u32,
     capacity: Option<u32>,
     enforce_tools: bool,
+    /// Each request's tier goes to the engine ([`Kind::priority`]).
+    pass_priority: bool,
     load: Arc<load::LoadCell>,
     /// A load older than this is not reported.
     load_max_age: Duration,
@@ -211,6 +217,7 @@ impl UpstreamEngine {
             enforce_tools: cfg
                 .enforce_tools
                 .unwrap_or_else(|| cfg.kind.enforces_tools_by_default()),
+            pass_priority: cfg.pass_priority,
             load: Arc::default(),
             load_max_age: cfg.scrape_interval * 4 + Duration::from_secs(1),
             can_count: AtomicBool::new(cfg.kind.counting() != Counting::None),
@@ -395,6 +402,9 @@ impl ChatEngine for UpstreamEngine {
         )?;
         let mut pin = self.pins.as_ref().map(|p| p.pin(prompt_blocks));
         built.body.id_slot = pin.as_ref().map(slots::Pin::slot);
+        if self.pass_priority {
+            built.body.priority = self.kind.priority(req.service_tier());
+        }
         let body = to_json(&built.body)?;
         let first_byte = Instant::now() + self.bounds.first_byte;
         let resp = match tokio::time::timeout_at(

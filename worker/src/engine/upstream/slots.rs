@@ -23,13 +23,10 @@
 //! prompt from the free one; on a GPU, where prefill is cheap beside a
 //! wait, it takes the free slot.
 
-use inference_proto::prefix::BLOCK_BYTES;
+use inference_proto::engine_timing::Measured;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
-
-/// Weight of a new sample in the moving averages of the engine's speed.
-const SAMPLE_WEIGHT: f64 = 1.0 / 8.0;
 
 /// Weight of one request in the moving share of requests per prompt head
 /// (about the last 30 requests).
@@ -67,39 +64,12 @@ struct Demand {
     reused_blocks: usize,
 }
 
-/// The engine's speed as measured on its requests, in nanoseconds.
-#[derive(Debug, Default, Clone, Copy)]
-struct Speed {
-    prefill_ns_per_block: f64,
-    hold_ns: f64,
-}
-
-impl Speed {
-    fn measured(&self) -> bool {
-        self.prefill_ns_per_block > 0.0 && self.hold_ns > 0.0
-    }
-
-    /// What is left of a request that has run `age_ns`: the rest of a
-    /// usual hold, but at least half its age (one that ran longer than
-    /// usual is likely a long one).
-    fn remaining_ns(&self, age_ns: f64) -> f64 {
-        (self.hold_ns - age_ns).max(age_ns / 2.0)
-    }
-}
-
-fn observe(average: &mut f64, sample: f64) {
-    *average = if *average == 0.0 {
-        sample
-    } else {
-        *average + SAMPLE_WEIGHT * (sample - *average)
-    };
-}
-
 #[derive(Debug, Default)]
 struct Table {
     slots: Vec<Slot>,
     clock: u64,
-    speed: Speed,
+    /// The engine's speed as measured on its requests.
+    speed: Measured,
     demand: HashMap<u64, Demand>,
 }
 
@@ -151,13 +121,13 @@ impl Table {
         let speed = self.speed;
         let wait = match slot.busy_since {
             Some(since) if slot.running > 0 => {
-                let age = now.saturating_duration_since(since).as_nanos() as f64;
+                let age = now.saturating_duration_since(since);
                 speed.remaining_ns(age) + f64::from(slot.running - 1) * speed.hold_ns
             }
             _ => 0.0,
         };
         let shared = shared(&slot.blocks, blocks);
-        let prefill = (blocks.len() - shared) as f64 * speed.prefill_ns_per_block;
+        let prefill = speed.prefill_ns(blocks.len() - shared);
         let lost = slot
             .blocks
             .first()
@@ -232,25 +202,14 @@ impl Drop for Pin {
         // Speed from requests that found their slot free and prefilled
         // enough for the time to be mostly prefill.
         if let (true, true, Some(answered)) = (taken, self.alone, self.answered_at) {
-            let hold = self.pinned_at.elapsed().as_nanos() as f64;
-            observe(&mut table.speed.hold_ns, hold);
-            if self.missing_blocks >= MIN_PREFILLED_BLOCKS {
-                let prefill = answered
-                    .saturating_duration_since(self.pinned_at)
-                    .as_nanos() as f64;
-                observe(
-                    &mut table.speed.prefill_ns_per_block,
-                    prefill / self.missing_blocks as f64,
-                );
-            }
+            table.speed.record(
+                self.pinned_at.elapsed(),
+                answered.saturating_duration_since(self.pinned_at),
+                self.missing_blocks as f64,
+            );
         }
     }
 }
-
-/// A sample of the prefill rate needs at least this many prefilled blocks
-/// (about 128 tokens): below it the time to first token is mostly the
-/// first decode step.
-const MIN_PREFILLED_BLOCKS: usize = 512 / BLOCK_BYTES;
 
 /// Leading blocks two prompts share (the hashes are chained, so the first
 /// difference ends the common prefix).
@@ -284,7 +243,7 @@ impl SlotPins {
         table.clock += 1;
         let clock = table.clock;
         let now = Instant::now();
-        let best = if table.speed.measured() {
+        let best = if table.speed.is_measured() {
             // The cheapest; among equals, the one used longest ago.
             table
                 .slots
@@ -390,7 +349,7 @@ mod tests {
     /// An engine measured at `prefill_ms` per block and `hold_ms` per
     /// request.
     fn measured(pins: &Arc<SlotPins>, prefill_ms: f64, hold_ms: f64) {
-        pins.table().speed = Speed {
+        pins.table().speed = Measured {
             prefill_ns_per_block: prefill_ms * 1e6,
             hold_ns: hold_ms * 1e6,
         };

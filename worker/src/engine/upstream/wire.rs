@@ -53,6 +53,10 @@ pub struct ChatRequest {
     /// SGLang: the request id `/abort_request` takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rid: Option<String>,
+    /// vLLM, SGLang: the request's place in the engine's own priority
+    /// scheduling ([`super::kind::Kind::priority`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     /// llama-server: the slot to run in ([`super::slots`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id_slot: Option<u32>,
