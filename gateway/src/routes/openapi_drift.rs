@@ -19,7 +19,7 @@ const RENAMED: &[(&str, &str, &str)] = &[
     ("api/chat.rs", "ContentPart", "ChatContentPart"),
     ("api/chat.rs", "ChatChunk", "ChatCompletionChunk"),
     ("api/chat.rs", "PlannerChunk", "PlannerCompletionChunk"),
-    ("api/responses.rs", "ContentPart", "InputContentPart"),
+    ("api/responses/request.rs", "ContentPart", "InputContentPart"),
     ("api/messages.rs", "InputMessage", "AnthropicInputMessage"),
     ("api/messages.rs", "Block", "AnthropicInputBlock"),
     ("api/messages.rs", "ImageSource", "AnthropicImageSource"),
@@ -263,14 +263,26 @@ fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// Every serde type of `api/*.rs` and the error shapes of `error/mod.rs`.
-fn wire_types() -> Vec<WireType> {
-    let mut files: Vec<String> = std::fs::read_dir(src_dir().join("api"))
-        .expect("gateway/src/api")
+/// The `.rs` files under `dir` (relative to `src/`), at any depth.
+fn rust_files(dir: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(src_dir().join(dir))
+        .expect("a source folder")
         .filter_map(|e| e.ok())
-        .map(|e| format!("api/{}", e.file_name().to_string_lossy()))
-        .filter(|f| f.ends_with(".rs"))
-        .collect();
+    {
+        let path = format!("{dir}/{}", entry.file_name().to_string_lossy());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            files.extend(rust_files(&path));
+        } else if path.ends_with(".rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Every serde type of `api/**/*.rs` and the error shapes of `error/mod.rs`.
+fn wire_types() -> Vec<WireType> {
+    let mut files = rust_files("api");
     files.sort();
     files.push("error/mod.rs".into());
     let mut out = Vec::new();

@@ -112,10 +112,8 @@ mod tests {
     use super::*;
     use crate::api::responses::OutputItem;
     use crate::error::ApiError;
-    use crate::ids::new_id;
     use crate::output_check::OutputFormat;
     use crate::parse::json_body;
-    use crate::translate::chat::tool_choice;
     use crate::validate::responses::validate;
     use pb::generate_event::Event;
     use serde_json::json;
