@@ -23,7 +23,7 @@
 //!   requests are running) is copied into the free slot (one copy of that
 //!   slot's KV stream, milliseconds, against seconds of prefill), so
 //!   concurrent sequences share a prefix as a paged engine's would.
-//! - Sampling: temperature (0 = greedy), top_p, seed (`dist(seed)`); an
+//! - Sampling: temperature (0 = greedy), top_k, top_p, seed (`dist(seed)`); an
 //!   output constraint is an llguidance sampler first in the chain, so a
 //!   token the schema forbids is never sampled.
 //! - A dropped stream is seen at the next step: the slot is freed.
@@ -493,6 +493,10 @@ fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>, n_vocab: i32) ->
     if temperature <= 0.0 {
         chain.push(LlamaSampler::greedy());
     } else {
+        // llama.cpp's own order: top-k, then top-p, then temperature.
+        if let Some(k) = sampling.top_k {
+            chain.push(LlamaSampler::top_k(i32::try_from(k).unwrap_or(i32::MAX)));
+        }
         if let Some(p) = sampling.top_p.filter(|p| *p > 0.0 && *p < 1.0) {
             chain.push(LlamaSampler::top_p(p, 1));
         }
