@@ -186,6 +186,7 @@ pub fn to_worker(
             frequency_penalty: req.frequency_penalty,
             // The worker's model default; no public field sets it.
             repeat_penalty: None,
+            top_k: None,
         }),
         response_format: match &valid.format {
             OutputFormat::Text => None,
@@ -817,6 +818,7 @@ mod tests {
     fn finished(reason: pb::finished::Reason) -> pb::GenerateEvent {
         ev(Event::Finished(pb::Finished {
             reason: reason as i32,
+                stop_index: None,
             usage: Some(pb::Usage {
                 prompt_tokens: 10,
                 cached_prompt_tokens: 4,

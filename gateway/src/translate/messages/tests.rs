@@ -22,6 +22,7 @@ fn ev(e: Event) -> pb::GenerateEvent {
 fn finished(reason: pb::finished::Reason) -> pb::GenerateEvent {
     ev(Event::Finished(pb::Finished {
         reason: reason as i32,
+        stop_index: None,
         usage: Some(pb::Usage {
             prompt_tokens: 100,
             cached_prompt_tokens: 60,
@@ -125,15 +126,22 @@ fn a_body_has_thinking_text_and_tool_use_blocks_with_anthropic_usage() {
 
 #[test]
 fn stop_reasons_map() {
-    assert_eq!(stop_reason(pb::finished::Reason::Stop as i32), "end_turn");
-    assert_eq!(
-        stop_reason(pb::finished::Reason::Length as i32),
-        "max_tokens"
-    );
-    assert_eq!(
-        stop_reason(pb::finished::Reason::ToolCalls as i32),
-        "tool_use"
-    );
+    use pb::finished::Reason;
+    let stops = ["zz".to_owned(), "END".to_owned()];
+    let of = |reason: Reason, stop_index| {
+        let f = pb::Finished {
+            reason: reason as i32,
+            stop_index,
+            usage: None,
+        };
+        stop_of(&f, &stops)
+    };
+    assert_eq!(of(Reason::Stop, None), ("end_turn", None));
+    assert_eq!(of(Reason::Stop, Some(1)), ("stop_sequence", Some("END")));
+    // An index the request does not have names nothing.
+    assert_eq!(of(Reason::Stop, Some(7)), ("end_turn", None));
+    assert_eq!(of(Reason::Length, None), ("max_tokens", None));
+    assert_eq!(of(Reason::ToolCalls, None), ("tool_use", None));
 }
 
 #[test]
