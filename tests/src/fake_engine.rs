@@ -25,7 +25,9 @@ pub const MODEL: &str = "fake-model";
 /// What chat completions do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behavior {
-    /// Honours `max_tokens` (at most 5 tokens), then finish, usage, `[DONE]`.
+    /// Honours `max_tokens` (at most 5 tokens, `tok0 ` to `tok4 `), then
+    /// finish, usage, `[DONE]`; a stop string `tokN` ends the reply before
+    /// that token, named as vLLM names it (`stop_reason`).
     Normal,
     /// Reads the request and never answers.
     StallBeforeHead,
@@ -43,6 +45,8 @@ pub enum Behavior {
 /// What the engine saw.
 #[derive(Debug, Default)]
 struct Seen {
+    /// The body of the last streamed chat completion.
+    last_streamed: Mutex<Option<Value>>,
     streamed: AtomicU64,
     probes: AtomicU64,
     /// Replies the reader hung up on before they ended.
@@ -118,6 +122,12 @@ impl FakeEngine {
     /// Streamed chat completions received.
     pub fn streamed(&self) -> u64 {
         self.shared.seen.streamed.load(Ordering::Relaxed)
+    }
+
+    /// The body of the last streamed chat completion received: what the
+    /// worker sent its engine.
+    pub fn last_streamed_request(&self) -> Option<Value> {
+        self.shared.seen.last_streamed.lock().ok()?.clone()
     }
 
     /// Non-streamed chat completions received (the worker's stall probes).
@@ -225,8 +235,14 @@ fn delta(text: &str) -> String {
 }
 
 fn ending(reason: &str, completion_tokens: u32) -> String {
+    ending_stopped(reason, None, completion_tokens)
+}
+
+/// The finish (with the stop string that ended the reply, as vLLM names
+/// it in `stop_reason`), usage and `[DONE]`.
+fn ending_stopped(reason: &str, stop_reason: Option<&str>, completion_tokens: u32) -> String {
     let finish = json!({"object": "chat.completion.chunk", "model": MODEL,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]});
+        "choices": [{"index": 0, "delta": {}, "finish_reason": reason, "stop_reason": stop_reason}]});
     let usage = json!({"object": "chat.completion.chunk", "model": MODEL, "choices": [],
         "usage": {"prompt_tokens": 7, "completion_tokens": completion_tokens,
                   "total_tokens": 7 + completion_tokens}});
@@ -244,6 +260,9 @@ async fn chat(mut sock: TcpStream, shared: &Shared, behavior: Behavior, body: &V
     let streamed = body["stream"].as_bool().unwrap_or(false);
     if streamed {
         seen.streamed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = seen.last_streamed.lock() {
+            *last = Some(body.clone());
+        }
     } else {
         seen.probes.fetch_add(1, Ordering::Relaxed);
     }
@@ -277,9 +296,16 @@ async fn chat(mut sock: TcpStream, shared: &Shared, behavior: Behavior, body: &V
     }
     let outcome = match behavior {
         Behavior::Normal => {
-            let n = max_tokens.min(5);
+            let stops: Vec<&str> = body["stop"]
+                .as_array()
+                .map(|s| s.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let stopped_at = (0..max_tokens.min(5)).find(|i| stops.contains(&format!("tok{i}").as_str()));
+            let n = stopped_at.unwrap_or(max_tokens.min(5));
             let mut text: String = (0..n).map(|i| delta(&format!("tok{i} "))).collect();
-            text.push_str(&ending(if n < 5 { "length" } else { "stop" }, n));
+            let reason = if stopped_at.is_some() || n == 5 { "stop" } else { "length" };
+            let stop_reason = stopped_at.map(|i| format!("tok{i}"));
+            text.push_str(&ending_stopped(reason, stop_reason.as_deref(), n));
             sock.write_all(text.as_bytes()).await
         }
         Behavior::StallBeforeHead | Behavior::HeadThenNothing => {
