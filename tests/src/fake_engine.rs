@@ -300,10 +300,15 @@ async fn chat(mut sock: TcpStream, shared: &Shared, behavior: Behavior, body: &V
                 .as_array()
                 .map(|s| s.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            let stopped_at = (0..max_tokens.min(5)).find(|i| stops.contains(&format!("tok{i}").as_str()));
+            let stopped_at =
+                (0..max_tokens.min(5)).find(|i| stops.contains(&format!("tok{i}").as_str()));
             let n = stopped_at.unwrap_or(max_tokens.min(5));
             let mut text: String = (0..n).map(|i| delta(&format!("tok{i} "))).collect();
-            let reason = if stopped_at.is_some() || n == 5 { "stop" } else { "length" };
+            let reason = if stopped_at.is_some() || n == 5 {
+                "stop"
+            } else {
+                "length"
+            };
             let stop_reason = stopped_at.map(|i| format!("tok{i}"));
             text.push_str(&ending_stopped(reason, stop_reason.as_deref(), n));
             sock.write_all(text.as_bytes()).await

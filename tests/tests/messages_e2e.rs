@@ -471,33 +471,48 @@ async fn a_client_that_leaves_cancels_the_generation() {
     assert!(after.tokens_generated < 1000, "{after:?}");
 }
 
-/// The relay's keep-alive: a `ping` in each 5 s silence of the worker
-/// (two in a silence of 11 s), between whole events, and none while the
-/// worker keeps talking.
+/// The relay's keep-alive: a `ping` in each 5 s silence of the worker,
+/// between whole events (the synthetic worker's 11 s between tokens, on
+/// its step grid, is a silence of 11 to 22 s), and none while the worker
+/// keeps talking.
 #[tokio::test]
 async fn a_quiet_worker_gets_pings() {
     let stack = Stack::single(WorkerOpts::default());
-    let frames = stream(
+    let mut s = open(
         &stack,
         &body("Slowly. synthetic:reply_tokens=2 synthetic:slow_ms=11000"),
     )
     .await;
-    let n = names(&frames);
-    let first_delta = n.iter().position(|e| e == "content_block_delta").unwrap();
-    let second_delta = first_delta
-        + 1
-        + n[first_delta + 1..]
-            .iter()
-            .position(|e| e == "content_block_delta")
-            .unwrap();
-    let pings = n[first_delta..second_delta]
-        .iter()
-        .filter(|e| *e == "ping")
-        .count();
-    assert_eq!(pings, 2, "two pings in the 11 s silence: {n:?}");
-    for f in frames.iter().filter(|f| f.event.as_deref() == Some("ping")) {
-        assert_eq!(f.json(), json!({"type": "ping"}));
+    assert_eq!(s.status, 200);
+    let mut timed = Vec::new();
+    while let Some(f) = s.next_frame().await.unwrap() {
+        timed.push((std::time::Instant::now(), f));
     }
+    let n: Vec<&str> = timed
+        .iter()
+        .filter_map(|(_, f)| f.event.as_deref())
+        .collect();
+    let deltas: Vec<usize> = (0..timed.len())
+        .filter(|&i| timed[i].1.event.as_deref() == Some("content_block_delta"))
+        .collect();
+    let (first, next) = (deltas[0], deltas[1]);
+    let pings = &timed[first + 1..next];
+    assert!(pings.len() >= 2, "a ping in each 5 s of the silence: {n:?}");
+    // Each 5 s after the frame before it; the next token within 5 s of the
+    // last ping.
+    for i in first + 1..=next {
+        let gap = timed[i].0 - timed[i - 1].0;
+        if i < next {
+            assert_eq!(timed[i].1.json(), json!({"type": "ping"}));
+            assert!(
+                gap > Duration::from_millis(4500) && gap < Duration::from_millis(5800),
+                "ping {i} after {gap:?}: {n:?}"
+            );
+        } else {
+            assert!(gap < Duration::from_millis(5500), "{gap:?}: {n:?}");
+        }
+    }
+    let frames: Vec<SseFrame> = timed.into_iter().map(|(_, f)| f).collect();
     assert_eq!(accumulate(&frames)["usage"]["output_tokens"], 2);
 
     // A worker that never pauses for 5 s: only the opening ping.
@@ -557,7 +572,9 @@ async fn top_k_and_the_stop_sequence_travel_through_an_upstream_engine() {
     b["stop_sequences"] = json!(["tok2"]);
     let r = create(&stack, &b).await;
     assert_eq!(r.status, 200, "{r}");
-    let sent = engine.last_streamed_request().expect("the engine got a request");
+    let sent = engine
+        .last_streamed_request()
+        .expect("the engine got a request");
     assert_eq!(sent["top_k"], 7, "{sent}");
     assert_eq!(sent["stop"], json!(["tok2"]), "{sent}");
     let m = r.json();

@@ -91,7 +91,12 @@ async fn a_message_whole_and_streamed_on_the_real_model() {
 async fn top_k_and_a_stop_sequence_on_the_real_model() {
     let file = model_file().expect("the SmolLM2 GGUF (scripts/fetch-model.sh)");
     let stack = Stack::single(WorkerOpts::llama(&file, N_CTX, 1));
-    let text = |m: &Value| m["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let text = |m: &Value| {
+        m["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
     let mut b = body("Write one sentence about the sea.");
     b["max_tokens"] = json!(24);
     let greedy = post(&stack, "/messages", &b).await.json();

@@ -757,7 +757,7 @@ mod tests {
             arguments_fragment: "{}".into(),
         })));
         agg.push(ev(Event::Finished(pb::Finished {
-                stop_index: None,
+            stop_index: None,
             reason: pb::finished::Reason::ToolCalls as i32,
             usage: None,
         })));

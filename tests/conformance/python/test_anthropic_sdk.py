@@ -128,7 +128,7 @@ def test_a_stop_sequence_is_named(stack, streamed):
         model="base",
         max_tokens=64,
         stop_sequences=["NEVER", "HALT"],
-        top_k=5,
+        extra_body={"top_k": 5},
         messages=[{"role": "user", "content": "alpha beta HALT gamma synthetic:echo"}],
     )
     client = _client(stack)

@@ -374,7 +374,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
         });
         conversation.extend(pending.iter().cloned());
         match arm.transport {
-            Transport::HttpFull => body["input"] = json!(conversation),
+            Transport::HttpFull | Transport::Messages => body["input"] = json!(conversation),
             Transport::HttpChain | Transport::WebSocket => {
                 body["input"] = json!(pending);
                 if let Some(prev) = &previous {

@@ -152,7 +152,7 @@ impl Automaton {
         let mut which = vec![0u32];
         for &(index, stop) in stops {
             let mut s = ROOT as usize;
-            for &b in *stop {
+            for &b in stop {
                 s = match children[s].iter().find(|(c, _)| *c == b) {
                     Some(&(_, t)) => t as usize,
                     None => {

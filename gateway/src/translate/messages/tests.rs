@@ -247,7 +247,7 @@ fn a_replay_says_what_the_stream_said_and_the_signature_matches_the_body() {
         enc.event(&e, &mut live);
         agg.push(e);
     }
-    let replayed = replay("m".into(), "base", false, &agg.folded_events());
+    let replayed = replay("m".into(), &valid, &agg.folded_events());
     let sig = |out: &[u8]| {
         frames(out)
             .into_iter()
@@ -267,4 +267,39 @@ fn an_in_band_error_is_an_error_event() {
     let f = frames(&out);
     assert_eq!(f[0].0, "error");
     assert_eq!(f[0].1["error"]["type"], "overloaded_error");
+}
+
+/// The stop sequence that ended a reply is named in the body, the stream's
+/// `message_delta` and a replay of it (an `Idempotency-Key`'s record).
+#[test]
+fn the_stop_sequence_is_named_whole_streamed_and_replayed() {
+    let (_, valid) = validated(
+        r#"{"model":"base","max_tokens":50,"stop_sequences":["zz","HALT"],"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    let mut agg = MessageAggregate::default();
+    let mut enc = MessagesStreamEncoder::of("m".into(), &valid);
+    let mut live = BytesMut::new();
+    enc.start(&mut live);
+    let stopped = ev(Event::Finished(pb::Finished {
+        reason: pb::finished::Reason::Stop as i32,
+        stop_index: Some(1),
+        usage: None,
+    }));
+    for e in [ev(Event::Text(pb::TextDelta { text: "A".into() })), stopped] {
+        enc.event(&e, &mut live);
+        agg.push(e);
+    }
+    let replayed = replay("m".into(), &valid, &agg.folded_events());
+    for out in [&live, &replayed] {
+        let delta = frames(out)
+            .into_iter()
+            .find(|(name, _)| name == "message_delta")
+            .expect("message_delta")
+            .1;
+        assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+        assert_eq!(delta["delta"]["stop_sequence"], "HALT", "{delta}");
+    }
+    let body = serde_json::to_value(agg.into_message("m".into(), &valid)).unwrap();
+    assert_eq!(body["stop_reason"], "stop_sequence");
+    assert_eq!(body["stop_sequence"], "HALT");
 }

@@ -534,15 +534,23 @@ mod tests {
         for field in ["stop_reason", "matched_stop"] {
             let mut r = Relay::new("r", false).with_stops(stops.clone());
             r.chunk(content("a")).expect("ok");
-            let end = format!(r#"{{"choices":[{{"delta":{{}},"finish_reason":"stop","{field}":"END"}}]}}"#);
+            let end = format!(
+                r#"{{"choices":[{{"delta":{{}},"finish_reason":"stop","{field}":"END"}}]}}"#
+            );
             r.chunk(chunk(&end)).expect("ok");
             let f = r.finish(None);
-            assert_eq!((f.reason(), f.stop_index), (Reason::Stop, Some(1)), "{field}");
+            assert_eq!(
+                (f.reason(), f.stop_index),
+                (Reason::Stop, Some(1)),
+                "{field}"
+            );
         }
         // A token id (vLLM's stop_reason for a stop token) or nothing: none.
         let mut r = Relay::new("r", false).with_stops(stops);
-        r.chunk(chunk(r#"{"choices":[{"delta":{},"finish_reason":"stop","stop_reason":2}]}"#))
-            .expect("ok");
+        r.chunk(chunk(
+            r#"{"choices":[{"delta":{},"finish_reason":"stop","stop_reason":2}]}"#,
+        ))
+        .expect("ok");
         assert_eq!(r.finish(None).stop_index, None);
     }
 
@@ -747,7 +755,7 @@ mod tests {
                         content: Some(piece.into()),
                         ..Default::default()
                     },
-                    finish_reason: None,
+                    ..Default::default()
                 }],
                 ..Default::default()
             };
