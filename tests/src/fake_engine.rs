@@ -25,7 +25,9 @@ pub const MODEL: &str = "fake-model";
 /// What chat completions do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behavior {
-    /// Honours `max_tokens` (at most 5 tokens), then finish, usage, `[DONE]`.
+    /// Honours `max_tokens` (at most 5 tokens, `tok0 ` to `tok4 `), then
+    /// finish, usage, `[DONE]`; a stop string `tokN` ends the reply before
+    /// that token, named as vLLM names it (`stop_reason`).
     Normal,
     /// Reads the request and never answers.
     StallBeforeHead,
@@ -43,6 +45,8 @@ pub enum Behavior {
 /// What the engine saw.
 #[derive(Debug, Default)]
 struct Seen {
+    /// The body of the last streamed chat completion.
+    last_streamed: Mutex<Option<Value>>,
     streamed: AtomicU64,
     probes: AtomicU64,
     /// Replies the reader hung up on before they ended.
@@ -54,8 +58,6 @@ struct Seen {
 struct Shared {
     behavior: Mutex<Behavior>,
     seen: Seen,
-    /// Every chat completion body received, in order.
-    chat_bodies: Mutex<Vec<Value>>,
 }
 
 /// A running fake engine; it stops when dropped.
@@ -77,7 +79,6 @@ impl FakeEngine {
         let shared = Arc::new(Shared {
             behavior: Mutex::new(behavior),
             seen: Seen::default(),
-            chat_bodies: Mutex::default(),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -121,6 +122,101 @@ impl FakeEngine {
     /// Streamed chat completions received.
     pub fn streamed(&self) -> u64 {
         self.shared.seen.streamed.load(Ordering::Relaxed)
+    }
+
+    /// The body of the last streamed chat completion received: what the
+    /// worker sent its engine.
+    pub fn last_streamed_request(&self) -> Option<Value> {
+        self.shared.seen.last_streamed.lock().ok()?.clone()
+    }
+
+    /// Non-streamed chat completions received (the worker's stall probes).
+    pub fn probes(&self) -> u64 {
+        self.shared.seen.probes.load(Ordering::Relaxed)
+    }
+
+    /// Replies the worker hung up on before they ended.
+    pub fn hung_up(&self) -> u64 {
+        self.shared.seen.hung_up.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of endless lines written.
+    endless_bytes: AtomicU64,
+}
+
+struct Shared {
+    behavior: Mutex<Behavior>,
+    seen: Seen,
+}
+
+/// A running fake engine; it stops when dropped.
+pub struct FakeEngine {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+impl FakeEngine {
+    /// Listens on a free loopback port, on a runtime of its own (the
+    /// harness starts workers synchronously, and a worker waits for this
+    /// engine's `/v1/models` before it is ready).
+    pub fn start(behavior: Behavior) -> Result<FakeEngine> {
+        let std_listener =
+            std::net::TcpListener::bind("127.0.0.1:0").context("binding the fake engine")?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            behavior: Mutex::new(behavior),
+            seen: Seen::default(),
+        });
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("fake engine runtime")?;
+        let state = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("fake-engine-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(std_listener) else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = accept_loop(listener, state) => {}
+                        _ = shutdown_rx => {}
+                    }
+                });
+                // Dropping the runtime aborts every connection task.
+            })?;
+        Ok(FakeEngine {
+            addr,
+            shared,
+            _shutdown: shutdown,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`, for `--upstream-url`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set(&self, behavior: Behavior) {
+        if let Ok(mut b) = self.shared.behavior.lock() {
+            *b = behavior;
+        }
+    }
+
+    /// Streamed chat completions received.
+    pub fn streamed(&self) -> u64 {
+        self.shared.seen.streamed.load(Ordering::Relaxed)
+    }
+
+    /// The body of the last streamed chat completion received: what the
+    /// worker sent its engine.
+    pub fn last_streamed_request(&self) -> Option<Value> {
+        self.shared.seen.last_streamed.lock().ok()?.clone()
     }
 
     /// Non-streamed chat completions received (the worker's stall probes).
@@ -207,12 +303,7 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
         ("GET", "/health") => {
             let _ = write_json(&mut sock, &json!({})).await;
         }
-        ("POST", "/v1/chat/completions") => {
-            if let Ok(mut bodies) = shared.chat_bodies.lock() {
-                bodies.push(body.clone());
-            }
-            chat(sock, &shared, behavior, &body).await
-        }
+        ("POST", "/v1/chat/completions") => chat(sock, &shared, behavior, &body).await,
         _ => {
             let _ = sock
                 .write_all(
@@ -243,8 +334,14 @@ fn delta(text: &str) -> String {
 }
 
 fn ending(reason: &str, completion_tokens: u32) -> String {
+    ending_stopped(reason, None, completion_tokens)
+}
+
+/// The finish (with the stop string that ended the reply, as vLLM names
+/// it in `stop_reason`), usage and `[DONE]`.
+fn ending_stopped(reason: &str, stop_reason: Option<&str>, completion_tokens: u32) -> String {
     let finish = json!({"object": "chat.completion.chunk", "model": MODEL,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]});
+        "choices": [{"index": 0, "delta": {}, "finish_reason": reason, "stop_reason": stop_reason}]});
     let usage = json!({"object": "chat.completion.chunk", "model": MODEL, "choices": [],
         "usage": {"prompt_tokens": 7, "completion_tokens": completion_tokens,
                   "total_tokens": 7 + completion_tokens}});
@@ -262,6 +359,9 @@ async fn chat(mut sock: TcpStream, shared: &Shared, behavior: Behavior, body: &V
     let streamed = body["stream"].as_bool().unwrap_or(false);
     if streamed {
         seen.streamed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = seen.last_streamed.lock() {
+            *last = Some(body.clone());
+        }
     } else {
         seen.probes.fetch_add(1, Ordering::Relaxed);
     }
@@ -295,9 +395,21 @@ async fn chat(mut sock: TcpStream, shared: &Shared, behavior: Behavior, body: &V
     }
     let outcome = match behavior {
         Behavior::Normal => {
-            let n = max_tokens.min(5);
+            let stops: Vec<&str> = body["stop"]
+                .as_array()
+                .map(|s| s.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let stopped_at =
+                (0..max_tokens.min(5)).find(|i| stops.contains(&format!("tok{i}").as_str()));
+            let n = stopped_at.unwrap_or(max_tokens.min(5));
             let mut text: String = (0..n).map(|i| delta(&format!("tok{i} "))).collect();
-            text.push_str(&ending(if n < 5 { "length" } else { "stop" }, n));
+            let reason = if stopped_at.is_some() || n == 5 {
+                "stop"
+            } else {
+                "length"
+            };
+            let stop_reason = stopped_at.map(|i| format!("tok{i}"));
+            text.push_str(&ending_stopped(reason, stop_reason.as_deref(), n));
             sock.write_all(text.as_bytes()).await
         }
         Behavior::StallBeforeHead | Behavior::HeadThenNothing => {

@@ -30,7 +30,9 @@
 //! - [`chat`], [`responses`]: the two generation APIs as a client uses them
 //!   (a reply that must be a 200, a stream's chunks with its framing
 //!   checked, waiting for a stored run's status, replaying it);
-//!   [`openai`]: the `async-openai` crate's typed client on a stack.
+//!   [`openai`]: the `async-openai` crate's typed client on a stack;
+//!   [`anthropic`]: the Messages API's headers, and a stream folded back
+//!   into its message.
 //! - [`planner`]: planner-mode requests in a session, scripted plans, and
 //!   what a reply's `tool_thought` says of each agent.
 //! - [`model::model_file`]: the real model (SmolLM2 GGUF) for `llama` workers.
@@ -61,6 +63,7 @@
 //! fails while the process is alive.
 
 pub mod a2a_agents;
+pub mod anthropic;
 pub mod bins;
 pub mod certs;
 pub mod chat;

@@ -4,6 +4,7 @@
 //! Anthropic client sees: statuses, `error.type`, headers, the events of a
 //! stream in order, and usage that matches the count.
 
+use harness::fake_engine::{Behavior, FakeEngine};
 use harness::{
     gateway_over, hash_key, json, start_workers, Client, SseFrame, SseStream, Stack, Value,
     WorkerOpts,
@@ -11,14 +12,9 @@ use harness::{
 use reqwest::Method;
 use std::time::Duration;
 
-/// A request as an Anthropic SDK sends it: `x-api-key`, `anthropic-version`,
-/// and Claude Code's `?beta=true`.
+/// A request as an Anthropic SDK sends it: `x-api-key`, `anthropic-version`.
 fn anthropic(client: &Client, key: &str, path: &str) -> reqwest::RequestBuilder {
-    client
-        .with_key(None)
-        .request(Method::POST, path)
-        .header("x-api-key", key)
-        .header("anthropic-version", "2023-06-01")
+    harness::anthropic::request(client, key, path)
 }
 
 fn body(text: &str) -> Value {
@@ -74,52 +70,7 @@ fn assert_anthropic_error(reply: &harness::client::Reply, status: u16, ty: &str)
 
 /// The streamed message rebuilt from its events, as the SDKs accumulate it.
 fn accumulate(frames: &[SseFrame]) -> Value {
-    let mut message = Value::Null;
-    for f in frames {
-        let d = f.json();
-        match d["type"].as_str().unwrap_or_default() {
-            "message_start" => message = d["message"].clone(),
-            "content_block_start" => message["content"]
-                .as_array_mut()
-                .unwrap()
-                .push(d["content_block"].clone()),
-            "content_block_delta" => {
-                let i = d["index"].as_u64().unwrap() as usize;
-                let block = &mut message["content"][i];
-                let delta = &d["delta"];
-                let append = |block: &mut Value, field: &str, add: &str| {
-                    let s = block[field].as_str().unwrap_or_default().to_owned() + add;
-                    block[field] = json!(s);
-                };
-                match delta["type"].as_str().unwrap() {
-                    "text_delta" => append(block, "text", delta["text"].as_str().unwrap()),
-                    "thinking_delta" => {
-                        append(block, "thinking", delta["thinking"].as_str().unwrap())
-                    }
-                    "signature_delta" => block["signature"] = delta["signature"].clone(),
-                    "input_json_delta" => {
-                        append(block, "partial", delta["partial_json"].as_str().unwrap())
-                    }
-                    other => panic!("unknown delta {other}"),
-                }
-            }
-            "content_block_stop" => {
-                let i = d["index"].as_u64().unwrap() as usize;
-                let block = &mut message["content"][i];
-                if let Some(p) = block.get("partial").and_then(Value::as_str) {
-                    block["input"] = serde_json::from_str(p).expect("input JSON");
-                    block.as_object_mut().unwrap().remove("partial");
-                }
-            }
-            "message_delta" => {
-                message["stop_reason"] = d["delta"]["stop_reason"].clone();
-                message["usage"] = d["usage"].clone();
-            }
-            "message_stop" | "ping" => {}
-            other => panic!("unexpected event {other}: {d}"),
-        }
-    }
-    message
+    harness::anthropic::accumulate(frames).unwrap()
 }
 
 #[tokio::test]
@@ -520,21 +471,125 @@ async fn a_client_that_leaves_cancels_the_generation() {
     assert!(after.tokens_generated < 1000, "{after:?}");
 }
 
+/// The relay's keep-alive: a `ping` in each 5 s silence of the worker,
+/// between whole events (the synthetic worker's 11 s between tokens, on
+/// its step grid, is a silence of 11 to 22 s), and none while the worker
+/// keeps talking.
 #[tokio::test]
 async fn a_quiet_worker_gets_pings() {
     let stack = Stack::single(WorkerOpts::default());
-    let frames = stream(
+    let mut s = open(
         &stack,
-        &body("Slowly. synthetic:reply_tokens=2 synthetic:slow_ms=6000"),
+        &body("Slowly. synthetic:reply_tokens=2 synthetic:slow_ms=11000"),
     )
     .await;
-    let n = names(&frames);
-    let first_delta = n.iter().position(|e| e == "content_block_delta").unwrap();
-    assert!(
-        n[first_delta..].contains(&"ping".to_owned()),
-        "a ping in the silence: {n:?}"
-    );
+    assert_eq!(s.status, 200);
+    let mut timed = Vec::new();
+    while let Some(f) = s.next_frame().await.unwrap() {
+        timed.push((std::time::Instant::now(), f));
+    }
+    let n: Vec<&str> = timed
+        .iter()
+        .filter_map(|(_, f)| f.event.as_deref())
+        .collect();
+    let deltas: Vec<usize> = (0..timed.len())
+        .filter(|&i| timed[i].1.event.as_deref() == Some("content_block_delta"))
+        .collect();
+    let (first, next) = (deltas[0], deltas[1]);
+    let pings = &timed[first + 1..next];
+    assert!(pings.len() >= 2, "a ping in each 5 s of the silence: {n:?}");
+    // Each 5 s after the frame before it; the next token within 5 s of the
+    // last ping.
+    for i in first + 1..=next {
+        let gap = timed[i].0 - timed[i - 1].0;
+        if i < next {
+            assert_eq!(timed[i].1.json(), json!({"type": "ping"}));
+            assert!(
+                gap > Duration::from_millis(4500) && gap < Duration::from_millis(5800),
+                "ping {i} after {gap:?}: {n:?}"
+            );
+        } else {
+            assert!(gap < Duration::from_millis(5500), "{gap:?}: {n:?}");
+        }
+    }
+    let frames: Vec<SseFrame> = timed.into_iter().map(|(_, f)| f).collect();
     assert_eq!(accumulate(&frames)["usage"]["output_tokens"], 2);
+
+    // A worker that never pauses for 5 s: only the opening ping.
+    let frames = stream(&stack, &body("Fast. synthetic:reply_tokens=20")).await;
+    let pings = names(&frames).iter().filter(|e| *e == "ping").count();
+    assert_eq!(pings, 1, "{:?}", names(&frames));
+}
+
+/// A reply that a stop sequence ended says so, and which one, whole and
+/// streamed; one that ended by itself names none.
+#[tokio::test]
+async fn a_stop_sequence_is_named_in_the_reply() {
+    let stack = Stack::single(WorkerOpts::default());
+    let mut b = body("alpha beta HALT gamma delta synthetic:echo");
+    b["stop_sequences"] = json!(["NEVER", "HALT"]);
+    let m = create(&stack, &b).await.json();
+    assert_eq!(
+        (m["stop_reason"].as_str(), m["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some("HALT")),
+        "{m}"
+    );
+    assert_eq!(m["content"][0]["text"], "alpha beta ", "{m}");
+
+    let frames = stream(&stack, &b).await;
+    let delta = frames
+        .iter()
+        .find(|f| f.event.as_deref() == Some("message_delta"))
+        .expect("message_delta")
+        .json();
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(delta["delta"]["stop_sequence"], "HALT", "{delta}");
+    assert_eq!(accumulate(&frames)["content"][0]["text"], "alpha beta ");
+
+    // Not reached: the reply ends on its own, `stop_sequence` null.
+    b["stop_sequences"] = json!(["NEVER"]);
+    let m = create(&stack, &b).await.json();
+    assert_eq!(m["stop_reason"], "end_turn", "{m}");
+    assert!(m["stop_sequence"].is_null(), "{m}");
+    let m = accumulate(&stream(&stack, &b).await);
+    assert_eq!(m["stop_reason"], "end_turn", "{m}");
+    assert!(m["stop_sequence"].is_null(), "{m}");
+}
+
+/// `top_k` reaches the engine (an upstream vLLM here: the worker sends it
+/// on), and the stop string the engine says ended the reply comes back as
+/// `stop_sequence`.
+#[tokio::test]
+async fn top_k_and_the_stop_sequence_travel_through_an_upstream_engine() {
+    let engine = FakeEngine::start(Behavior::Normal).expect("fake engine");
+    let stack = Stack::builder()
+        .models(&["base"])
+        .worker_opts(WorkerOpts::upstream(&engine.url(), "vllm"))
+        .start()
+        .expect("stack starts");
+    let mut b = body("Hi.");
+    b["top_k"] = json!(7);
+    b["stop_sequences"] = json!(["tok2"]);
+    let r = create(&stack, &b).await;
+    assert_eq!(r.status, 200, "{r}");
+    let sent = engine
+        .last_streamed_request()
+        .expect("the engine got a request");
+    assert_eq!(sent["top_k"], 7, "{sent}");
+    assert_eq!(sent["stop"], json!(["tok2"]), "{sent}");
+    let m = r.json();
+    assert_eq!(
+        (m["stop_reason"].as_str(), m["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some("tok2")),
+        "{m}"
+    );
+    assert_eq!(m["content"][0]["text"], "tok0 tok1 ", "{m}");
+
+    // Without it (or with 0, no cut) the engine gets none.
+    b["top_k"] = json!(0);
+    assert_eq!(create(&stack, &b).await.status, 200);
+    let sent = engine.last_streamed_request().expect("a request");
+    assert!(sent.get("top_k").is_none(), "{sent}");
 }
 
 #[tokio::test]

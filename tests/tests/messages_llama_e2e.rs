@@ -81,3 +81,45 @@ async fn a_message_whole_and_streamed_on_the_real_model() {
     let out = delta["usage"]["output_tokens"].as_u64().unwrap();
     assert!(out > 0 && out <= 16, "{delta}");
 }
+
+/// `top_k` and `stop_sequences` on the real model. With `top_k: 1` the
+/// sampler keeps only the likeliest token, so sampling at temperature 1
+/// (a new random seed each time) answers what greedy decoding answers;
+/// a word of that answer as a stop sequence ends the reply before it,
+/// with `stop_reason: "stop_sequence"` and the word named.
+#[tokio::test]
+async fn top_k_and_a_stop_sequence_on_the_real_model() {
+    let file = model_file().expect("the SmolLM2 GGUF (scripts/fetch-model.sh)");
+    let stack = Stack::single(WorkerOpts::llama(&file, N_CTX, 1));
+    let text = |m: &Value| {
+        m["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut b = body("Write one sentence about the sea.");
+    b["max_tokens"] = json!(24);
+    let greedy = post(&stack, "/messages", &b).await.json();
+    let greedy_text = text(&greedy);
+    assert!(greedy_text.split_whitespace().count() >= 4, "{greedy}");
+    b["temperature"] = json!(1);
+    b["top_k"] = json!(1);
+    for _ in 0..3 {
+        let m = post(&stack, "/messages", &b).await.json();
+        assert_eq!(text(&m), greedy_text, "top_k 1 is greedy: {m}");
+    }
+
+    // The third word of the greedy answer stops it.
+    b["temperature"] = json!(0);
+    b.as_object_mut().unwrap().remove("top_k");
+    let word = greedy_text.split_whitespace().nth(2).unwrap().to_owned();
+    b["stop_sequences"] = json!([word]);
+    let m = post(&stack, "/messages", &b).await.json();
+    assert_eq!(
+        (m["stop_reason"].as_str(), m["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some(word.as_str())),
+        "{m}"
+    );
+    let before = &greedy_text[..greedy_text.find(&word).unwrap()];
+    assert_eq!(text(&m), before, "{m}");
+}

@@ -45,13 +45,10 @@ fn upstream_stack(engine: &FakeEngine, kind: &str, pass_priority: bool, toml: &s
         .expect("stack starts")
 }
 
-/// The `priority` of the last chat completion the engine received.
+/// The `priority` of the last streamed chat completion the engine received.
 fn last_priority(engine: &FakeEngine) -> Option<Value> {
-    let bodies = engine.chat_requests();
-    let last = bodies
-        .iter()
-        .rev()
-        .find(|b| b["stream"] == json!(true))
+    let last = engine
+        .last_streamed_request()
         .expect("the engine received a streamed chat completion");
     last.get("priority").cloned()
 }

@@ -255,6 +255,8 @@ pub struct Message {
     pub model: String,
     pub content: Vec<ContentBlock>,
     pub stop_reason: Option<&'static str>,
+    /// With `stop_reason: "stop_sequence"`, the stop sequence that ended
+    /// the reply.
     pub stop_sequence: Option<String>,
     pub usage: Usage,
 }

@@ -58,6 +58,18 @@ pub trait Sink {
     fn deliver(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
     /// Resolves when the consumer goes away while the worker is quiet.
     fn gone(&mut self) -> impl Future<Output = ()> + Send;
+    /// How long the worker may be quiet mid-generation before the consumer
+    /// is sent a keep-alive ([`Self::keep_alive`]); `None`: never. The
+    /// relay keeps the time, so a keep-alive is never written into the
+    /// middle of a delivery.
+    fn keep_alive_period(&self) -> Option<Duration> {
+        None
+    }
+    /// Sends a keep-alive into a silence of the worker (an Anthropic
+    /// stream's `ping`).
+    fn keep_alive(&mut self) -> impl Future<Output = Result<(), Gone>> + Send {
+        async { Ok(()) }
+    }
     /// Resolves when the consumer goes away before a worker answered (its
     /// request queued, or its prompt still being read): the call is
     /// dropped, which cancels it on the worker.

@@ -2,7 +2,8 @@
 //!
 //! Events that are already buffered are encoded together and delivered in
 //! one write, so a fast worker costs one write per batch rather than per
-//! token. A consumer that goes away drops the gRPC stream, which cancels
+//! token. A consumer with a keep-alive (`Sink::keep_alive_period`) gets one
+//! in each silence of that period, between deliveries. A consumer that goes away drops the gRPC stream, which cancels
 //! the worker's generation at once; a finished call is read to its
 //! trailers instead.
 
@@ -104,6 +105,14 @@ async fn relay_events<S: Sink>(
     let mut last_event = tokio::time::Instant::now();
     let stall = tokio::time::sleep_until(last_event + stall_timeout);
     tokio::pin!(stall);
+    // The consumer's keep-alive, if it has one, in each silence of its
+    // period since the last event or keep-alive; armed lazily as the stall
+    // timer is.
+    let keep_alive_every = sink.keep_alive_period();
+    let mut last_keep_alive = last_event;
+    let keep_alive =
+        tokio::time::sleep_until(last_event + keep_alive_every.unwrap_or(stall_timeout));
+    tokio::pin!(keep_alive);
     loop {
         // Fold whatever else is ready into this batch.
         while finished.is_none() && !sink.batch_full(batched) {
@@ -157,6 +166,20 @@ async fn relay_events<S: Sink>(
                 next = rest.message() => break next,
                 _ = sink.gone() => {
                     return left(guard, rest, request_id, delivered, served_before).await;
+                }
+                _ = &mut keep_alive, if keep_alive_every.is_some() => {
+                    let every = keep_alive_every.unwrap_or(stall_timeout);
+                    let due = last_event.max(last_keep_alive) + every;
+                    let now = tokio::time::Instant::now();
+                    if now >= due {
+                        if sink.keep_alive().await.is_err() {
+                            return left(guard, rest, request_id, delivered, served_before).await;
+                        }
+                        last_keep_alive = now;
+                        keep_alive.as_mut().reset(now + every);
+                    } else {
+                        keep_alive.as_mut().reset(due);
+                    }
                 }
             }
         };

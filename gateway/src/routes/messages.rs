@@ -7,8 +7,7 @@
 //! `Dialect::Anthropic`, rendered by `error::anthropic`).
 
 use super::idempotent::{self, Begin, Claim};
-use super::sinks::FoldedBody;
-use super::sinks_messages::MessagesStream;
+use super::sinks::{FoldedBody, MessagesStream};
 use crate::accounts::Account;
 use crate::api::messages::{MessagesRequest, TokenCount};
 use crate::app::App;
@@ -96,7 +95,6 @@ async fn generate(
     drop(req);
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let id = new_id("msg_");
-    let model = valid.model.id;
     if !valid.stream {
         let mut body = FoldedBody::<MessageAggregate>::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
@@ -121,7 +119,7 @@ async fn generate(
         }
         return Ok(());
     }
-    let encoder = MessagesStreamEncoder::new(id.clone(), model, valid.omit_thinking);
+    let encoder = MessagesStreamEncoder::of(id.clone(), &valid);
     let mut sink = MessagesStream::new(ex, encoder, app.shutdown.clone());
     // A key's record keeps the reply, folded.
     sink.aggregate = claim.is_some().then(MessageAggregate::default);
@@ -149,8 +147,7 @@ async fn generate(
         End::Finished(_) => {
             // A kept reply is recorded before its last batch goes out.
             if let Some(aggregate) = aggregate {
-                let folded =
-                    stream::replay(id, model, valid.omit_thinking, &aggregate.folded_events());
+                let folded = stream::replay(id, &valid, &aggregate.folded_events());
                 let body = String::from_utf8_lossy(&folded).into_owned();
                 idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
             }

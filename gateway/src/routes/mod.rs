@@ -15,7 +15,6 @@ pub mod planner;
 pub mod responses;
 pub mod responses_ws;
 mod sinks;
-mod sinks_messages;
 
 use crate::accounts::{Account, Scope, ServiceTier};
 use crate::app::App;

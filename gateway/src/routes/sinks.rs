@@ -1,7 +1,7 @@
-//! The generation sinks of replies to an HTTP client: a chat stream, a
-//! folded body (chat, Anthropic Messages), and Responses events (streamed,
-//! or folded into the response object); the Anthropic Messages stream is
-//! `sinks_messages.rs`. Streams write through [`SseReply`].
+//! The generation sinks of replies to an HTTP client: a stream of encoded
+//! frames (chat chunks, Anthropic Messages events), a folded body (chat,
+//! Anthropic Messages), and Responses events (streamed, or folded into the
+//! response object). Streams write through [`SseReply`].
 //!
 //! Every sink also watches the replica's drain ([`Cut`]): when the grace
 //! period runs out it ends the generation like a client that left (the
@@ -15,10 +15,12 @@ use crate::http::{ClientGone, Exchange, SseReply};
 use crate::lifecycle::Shutdown;
 use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
-use crate::translate::messages::MessageAggregate;
+use crate::translate::messages::{self, stream::MessagesStreamEncoder, MessageAggregate};
 use crate::translate::responses::ResponseEncoder;
+use bytes::BytesMut;
 use inference_proto::v1 as pb;
 use std::sync::Arc;
+use std::time::Duration;
 
 impl From<ClientGone> for Gone {
     fn from(_: ClientGone) -> Self {
@@ -77,23 +79,81 @@ pub(super) async fn gone_or_cut(client_gone: impl std::future::Future<Output = (
     }
 }
 
-/// `chat.completion.chunk` frames over SSE.
-pub struct ChatStream<'a> {
+/// A wire format's stream: worker events as its SSE frames.
+pub trait StreamEncoder: Send {
+    /// The reply folded alongside, when an `Idempotency-Key`'s record
+    /// keeps it.
+    type Folded: Fold;
+    /// The frames that open the stream (they go out with the first event).
+    fn start(&self, out: &mut BytesMut);
+    fn event(&mut self, event: &pb::GenerateEvent, out: &mut BytesMut);
+    /// A failure after the stream started, in band.
+    fn error(out: &mut BytesMut, e: &ApiError);
+    /// How long the worker may be quiet before [`Self::keep_alive`] is
+    /// sent; `None`: never.
+    const KEEP_ALIVE: Option<Duration> = None;
+    fn keep_alive(_out: &mut BytesMut) {}
+}
+
+/// `chat.completion.chunk` frames; no keep-alive (the OpenAI SDKs read on
+/// without one).
+impl StreamEncoder for ChatStreamEncoder {
+    type Folded = ChatAggregate;
+    fn start(&self, out: &mut BytesMut) {
+        ChatStreamEncoder::start(self, out)
+    }
+    fn event(&mut self, event: &pb::GenerateEvent, out: &mut BytesMut) {
+        ChatStreamEncoder::event(self, event, out)
+    }
+    fn error(out: &mut BytesMut, e: &ApiError) {
+        sse::error(out, e)
+    }
+}
+
+/// Anthropic's Messages events, a `ping` in each silence of [`PING_EVERY`].
+impl StreamEncoder for MessagesStreamEncoder {
+    type Folded = MessageAggregate;
+    fn start(&self, out: &mut BytesMut) {
+        MessagesStreamEncoder::start(self, out)
+    }
+    fn event(&mut self, event: &pb::GenerateEvent, out: &mut BytesMut) {
+        MessagesStreamEncoder::event(self, event, out)
+    }
+    fn error(out: &mut BytesMut, e: &ApiError) {
+        messages::stream::error(out, e)
+    }
+    const KEEP_ALIVE: Option<Duration> = Some(PING_EVERY);
+    fn keep_alive(out: &mut BytesMut) {
+        messages::stream::ping(out)
+    }
+}
+
+/// A quiet worker's Anthropic stream gets a `ping` this often (Anthropic's
+/// keep-alive event; clients skip it).
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// A stream of one wire format's frames over SSE.
+pub struct EncodedStream<'a, E: StreamEncoder> {
     pub reply: SseReply<'a>,
-    pub encoder: ChatStreamEncoder,
+    pub encoder: E,
     /// The reply folded as well, when it is kept (an `Idempotency-Key`'s
-    /// record: a retry gets it again). Its last batch (the finish and
-    /// `[DONE]`) then stays buffered for the caller to write once the
-    /// record is written, so a client that retries as soon as it has read
-    /// `[DONE]` finds the outcome.
-    pub aggregate: Option<ChatAggregate>,
+    /// record: a retry gets it again). Its last batch (the finish) then
+    /// stays buffered for the caller to write once the record is written,
+    /// so a client that retries as soon as it has read the end finds the
+    /// outcome.
+    pub aggregate: Option<E::Folded>,
     pub cut: Cut,
 }
 
-impl<'a> ChatStream<'a> {
-    pub fn new(ex: &'a mut Exchange, encoder: ChatStreamEncoder, shutdown: Arc<Shutdown>) -> Self {
+/// `chat.completion.chunk` frames over SSE.
+pub type ChatStream<'a> = EncodedStream<'a, ChatStreamEncoder>;
+/// Anthropic Messages events over SSE.
+pub type MessagesStream<'a> = EncodedStream<'a, MessagesStreamEncoder>;
+
+impl<'a, E: StreamEncoder> EncodedStream<'a, E> {
+    pub fn new(ex: &'a mut Exchange, encoder: E, shutdown: Arc<Shutdown>) -> Self {
         Self {
-            reply: SseReply::new(ex, 256),
+            reply: SseReply::new(ex, 512),
             encoder,
             aggregate: None,
             cut: Cut::new(shutdown),
@@ -101,8 +161,8 @@ impl<'a> ChatStream<'a> {
     }
 }
 
-impl Sink for ChatStream<'_> {
-    /// The head goes out now; the opening frame waits for the first event,
+impl<E: StreamEncoder> Sink for EncodedStream<'_, E> {
+    /// The head goes out now; the opening frames wait for the first event,
     /// to go out in one write with it.
     async fn started(&mut self) -> Result<(), Gone> {
         self.encoder.start(self.reply.buf());
@@ -119,11 +179,7 @@ impl Sink for ChatStream<'_> {
 
     /// The batch goes out first: its tokens are counted as delivered.
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self
-            .aggregate
-            .as_ref()
-            .is_some_and(ChatAggregate::is_finished)
-        {
+        if self.aggregate.as_ref().is_some_and(Fold::is_finished) {
             return Ok(());
         }
         self.reply.write().await?;
@@ -137,6 +193,15 @@ impl Sink for ChatStream<'_> {
         gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
+    fn keep_alive_period(&self) -> Option<Duration> {
+        E::KEEP_ALIVE
+    }
+
+    async fn keep_alive(&mut self) -> Result<(), Gone> {
+        E::keep_alive(self.reply.buf());
+        Ok(self.reply.write().await?)
+    }
+
     async fn gone_while_starting(&mut self) {
         gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
@@ -145,7 +210,7 @@ impl Sink for ChatStream<'_> {
         // What this batch already encoded precedes the failure; the status
         // line is long gone, so the failure travels in-band.
         let _ = self.reply.write().await;
-        sse::error(self.reply.buf(), e);
+        E::error(self.reply.buf(), e);
         let _ = self.reply.write().await;
     }
 }
@@ -153,17 +218,25 @@ impl Sink for ChatStream<'_> {
 /// A reply folded from worker events into one body.
 pub trait Fold: Default + Send {
     fn push(&mut self, event: pb::GenerateEvent);
+    /// Whether the worker's last event is in.
+    fn is_finished(&self) -> bool;
 }
 
 impl Fold for ChatAggregate {
     fn push(&mut self, event: pb::GenerateEvent) {
         ChatAggregate::push(self, event)
     }
+    fn is_finished(&self) -> bool {
+        ChatAggregate::is_finished(self)
+    }
 }
 
 impl Fold for MessageAggregate {
     fn push(&mut self, event: pb::GenerateEvent) {
         MessageAggregate::push(self, event)
+    }
+    fn is_finished(&self) -> bool {
+        MessageAggregate::is_finished(self)
     }
 }
 

@@ -94,6 +94,7 @@ pub fn to_worker(
             frequency_penalty: req.frequency_penalty,
             // The worker's model default; no public field sets it.
             repeat_penalty: None,
+            top_k: None,
         }),
         response_format: req.response_format.as_ref().map(|f| {
             let schema = f.json_schema.as_ref();
@@ -700,6 +701,7 @@ mod tests {
         enc.event(
             &ev(Event::Finished(pb::Finished {
                 reason: pb::finished::Reason::Stop as i32,
+                stop_index: None,
                 usage: Some(pb::Usage {
                     prompt_tokens: 5,
                     completion_tokens: 2,
@@ -770,6 +772,7 @@ mod tests {
             arguments_fragment: "{}".into(),
         })));
         agg.push(ev(Event::Finished(pb::Finished {
+            stop_index: None,
             reason: pb::finished::Reason::ToolCalls as i32,
             usage: None,
         })));

@@ -249,6 +249,7 @@ mod tests {
         let mut aggregate = ChatAggregate::default();
         let finished = Event::Finished(pb::Finished {
             reason: reason as i32,
+            stop_index: None,
             usage: Some(pb::Usage {
                 prompt_tokens: 3,
                 completion_tokens: 2,

@@ -11,8 +11,8 @@
 //! | `messages.N.role` | `user`, `assistant`, or `system` (Claude Code sends one; it joins the system prompt where it stands) |
 //! | blocks | `text`, `image` (models with image input), `tool_use` (assistant), `tool_result` (user), `thinking`/`redacted_thinking` (assistant; signatures not checked); `document` → 400 |
 //! | `system` | a string or `text` blocks |
-//! | `temperature` 0..1, `top_p` 0..1, `stop_sequences` (≤ 4, non-empty) | honoured |
-//! | `top_k` ≥ 0 | checked, not applied (the workers sample by temperature and top_p) |
+//! | `temperature` 0..1, `top_p` 0..1, `stop_sequences` (≤ 4, non-empty) | honoured; the stop sequence that ended a reply is its `stop_sequence` |
+//! | `top_k` ≥ 0 | honoured: sampling keeps the k likeliest tokens (0: no cut); by the in-process engine, and vLLM, SGLang and llama-server upstream (an `openai`-kind upstream has no such field) |
 //! | `tools` | custom tools (`input_schema` required, checked as the other APIs check schemas; `strict` applies their strict rules); server tools → 400 naming `tools.N.type` |
 //! | `tool_choice` | `auto`, `any`, `tool` (with `name` among the tools), `none`; `disable_parallel_tool_use` |
 //! | `thinking` | `enabled` (`budget_tokens` ≥ 1, capped at 16,384 and applied on models with a configurable budget), `adaptive` (the model's default budget), `disabled`; `display: omitted` sends thinking blocks without their text |
@@ -38,6 +38,8 @@ pub struct ValidMessagesRequest {
     /// more than the window.
     pub max_output: u32,
     pub stop: Vec<String>,
+    /// `top_k`, when it cuts (0 does not).
+    pub top_k: Option<u32>,
     pub reasoning: bool,
     /// Hard cap on reasoning tokens; 0 = the model's default.
     pub reasoning_budget: u32,
@@ -260,6 +262,10 @@ pub fn validate(
         max_tokens,
         max_output,
         stop,
+        top_k: req
+            .top_k
+            .filter(|k| *k > 0)
+            .map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
         reasoning,
         reasoning_budget: if model.reasoning_budget { budget } else { 0 },
         effort,

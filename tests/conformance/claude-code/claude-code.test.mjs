@@ -151,11 +151,13 @@ test('claude -p answers one turn through the gateway', async () => {
   assert.ok((now['200'] ?? 0) > (before['200'] ?? 0), `messages.create served: ${JSON.stringify(now)}`);
 });
 
-// Marked todo (it runs and reports, but does not fail the suite): on the
-// merged tree of 2026-11-29 the tool result Claude Code sends back no
-// longer carried the file's text (it passed on its own branch); issue 55
-// stays open on it.
-test('claude -p reads a file with its Read tool, then answers', { todo: 'the Read result lost the file text on the merged tree (issue 55)' }, async () => {
+// The simulator's `tool_path` control makes the call name the file (and
+// leave out the Read tool's optional `offset` and `limit`, which generated
+// would read none of it). The file's text must come back three ways: in
+// the tool result Claude Code made, at the worker (the simulator answers a
+// tool result with "The tool returned: " and its text), and so in the
+// answer Claude Code prints.
+test('claude -p reads a file with its Read tool, then answers with its text', async () => {
   const name = 'tool-turn';
   const work = path.join(scratch, name, 'work');
   mkdirSync(work, { recursive: true });
@@ -164,7 +166,7 @@ test('claude -p reads a file with its Read tool, then answers', { todo: 'the Rea
   writeFileSync(file, `The code word is ${secret}.\n`);
   const r = await claude(
     name,
-    `Use the Read tool to read the file. synthetic:tool_path=${file} synthetic:reply_tokens=8`,
+    `Use the Read tool to read the file. synthetic:tool_path=${file}`,
     ['--allowedTools', 'Read', '--output-format', 'stream-json', '--verbose'],
   );
   assert.equal(r.code, 0, explain(r));
@@ -181,6 +183,7 @@ test('claude -p reads a file with its Read tool, then answers', { todo: 'the Rea
   assert.ok(JSON.stringify(results).includes(secret), `the tool read the file: ${explain(r)}`);
   const final = events.find((e) => e.type === 'result');
   assert.ok(final && final.is_error === false, explain(r));
+  assert.ok(final.result.includes(secret), `the worker got the file's text and answered with it: ${explain(r)}`);
 });
 
 test('the TypeScript SDK streams one turn', async () => {

@@ -1,8 +1,9 @@
 """The official `anthropic` SDK against the gateway's Messages API.
 
 `messages.create`, the stream helper, a tool round trip (streamed and
-not), `count_tokens`, the Anthropic model list, and the SDK's error
-classes, against one stack with a models-only key and a key on a
+not), a stop sequence named in the reply (streamed and not),
+`count_tokens`, the Anthropic model list, and the SDK's error classes,
+against one stack with a models-only key and a key on a
 1-request-per-minute plan.
 """
 
@@ -119,6 +120,25 @@ def test_a_tool_round_trip(stack, streamed):
     m = turn()
     assert m.stop_reason == "end_turn"
     assert m.content[0].type == "text"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_stop_sequence_is_named(stack, streamed):
+    body = dict(
+        model="base",
+        max_tokens=64,
+        stop_sequences=["NEVER", "HALT"],
+        extra_body={"top_k": 5},
+        messages=[{"role": "user", "content": "alpha beta HALT gamma synthetic:echo"}],
+    )
+    client = _client(stack)
+    if streamed:
+        with client.messages.stream(**body) as s:
+            m = s.get_final_message()
+    else:
+        m = client.messages.create(**body)
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "HALT")
+    assert m.content[0].text == "alpha beta "
 
 
 def test_count_tokens_matches_the_billed_prompt(stack):

@@ -17,12 +17,21 @@
 //!   `previous_response_id` from the connection's own state (Codex with
 //!   `supports_websockets = true`);
 //! - `agentic-full`, `agentic-chain`, `agentic-ws`: the same three against
-//!   agentic-server (skipped, with the reason, when it does not run).
+//!   agentic-server (skipped, with the reason, when it does not run);
+//! - `messages` (`--api messages`): the loop as Claude Code runs it over
+//!   the Anthropic Messages API: `POST /v1/messages` streamed, the whole
+//!   conversation every turn (system prompt, tools, every message so far),
+//!   the tool's results as `tool_result` blocks, the session named in
+//!   `X-Claude-Code-Session-Id`.
 //!
 //! Per turn it prints the time, the prompt tokens the response reports,
 //! the prompt tokens the engine actually prefilled (llama-server's own
 //! `llamacpp:prompt_tokens_total`, read before and after) and so the share
-//! of the prompt served from the engine's cache; then each arm's total.
+//! of the prompt served from the engine's cache, and the cached share the
+//! API itself reports (Responses' `input_tokens_details.cached_tokens`,
+//! Messages' `cache_read_input_tokens` over the whole prompt, which there
+//! is `input_tokens + cache_read_input_tokens +
+//! cache_creation_input_tokens`); then each arm's total.
 //!
 //! `--engines N` puts N llama-servers behind the gateway (one upstream
 //! worker each) and `--policy` picks the pool's routing: a conversation
@@ -34,10 +43,12 @@
 //!   cargo run --release -p tests --bin agentbench -- --turns 20
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
 //!   cargo run --release -p tests --bin agentbench -- --engines 2 --policy least_loaded --arms http-full,ws
+//! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
+//!   cargo run --release -p tests --bin agentbench -- --api messages --engines 2 --turns 20
 //! ```
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use harness::llama_server::{LlamaServer, LlamaServerOpts};
 use harness::process::{free_port, ChildProcess, Spec};
 use harness::{websocket, Client, Gateway, GatewayOpts, WorkerOpts};
@@ -82,6 +93,16 @@ struct Args {
     /// coding agent's tool outputs add to a conversation every turn).
     #[arg(long, default_value_t = 0)]
     step_words: usize,
+    /// Which API the agent speaks: the Responses arms (Codex) or the
+    /// Messages arm (Claude Code).
+    #[arg(long, value_enum, default_value = "responses")]
+    api: Api,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Api {
+    Responses,
+    Messages,
 }
 
 /// How a loop talks to its front.
@@ -90,6 +111,17 @@ enum Transport {
     HttpFull,
     HttpChain,
     WebSocket,
+    /// `POST /v1/messages` streamed, the whole conversation every turn.
+    Messages,
+}
+
+impl Transport {
+    fn api(self) -> Api {
+        match self {
+            Transport::Messages => Api::Messages,
+            _ => Api::Responses,
+        }
+    }
 }
 
 /// Which front the loop goes through.
@@ -105,7 +137,7 @@ struct Arm {
     transport: Transport,
 }
 
-const ARMS: [Arm; 6] = [
+const ARMS: [Arm; 7] = [
     Arm {
         name: "http-full",
         front: Front::Gateway,
@@ -136,6 +168,11 @@ const ARMS: [Arm; 6] = [
         front: Front::Agentic,
         transport: Transport::WebSocket,
     },
+    Arm {
+        name: "messages",
+        front: Front::Gateway,
+        transport: Transport::Messages,
+    },
 ];
 
 /// One turn as measured.
@@ -146,6 +183,8 @@ struct Turn {
     input_tokens: u64,
     /// What the engine prefilled for it (its counter's increase).
     prefilled: u64,
+    /// Of the prompt, the tokens the API reports read from the cache.
+    reported_cached: u64,
     tool_call: bool,
 }
 
@@ -155,6 +194,25 @@ impl Turn {
             return 0.0;
         }
         1.0 - (self.prefilled as f64 / self.input_tokens as f64).min(1.0)
+    }
+
+    fn reported_share(&self) -> f64 {
+        if self.input_tokens == 0 {
+            return 0.0;
+        }
+        (self.reported_cached as f64 / self.input_tokens as f64).min(1.0)
+    }
+
+    fn print_row(&self, n: usize) {
+        println!(
+            "| {n} | {:.2} | {} | {} | {:.0} % | {:.0} % | {} |",
+            self.seconds,
+            self.input_tokens,
+            self.prefilled,
+            self.cached_share() * 100.0,
+            self.reported_share() * 100.0,
+            if self.tool_call { "yes" } else { "" }
+        );
     }
 }
 
@@ -166,7 +224,8 @@ async fn main() -> Result<()> {
         .as_ref()
         .map(|a| a.split(',').map(str::to_owned).collect());
     println!(
-        "agentbench: {} turns per arm, replies of at most {} tokens, a system prompt of {} words; load average {}",
+        "agentbench ({:?} API): {} turns per arm, replies of at most {} tokens, a system prompt of {} words; load average {}",
+        args.api,
         args.turns,
         args.max_output_tokens,
         args.system_words,
@@ -174,9 +233,10 @@ async fn main() -> Result<()> {
     );
     let mut totals = Vec::new();
     for arm in &ARMS {
-        if wanted
-            .as_ref()
-            .is_some_and(|w| !w.iter().any(|n| n == arm.name))
+        if arm.transport.api() != args.api
+            || wanted
+                .as_ref()
+                .is_some_and(|w| !w.iter().any(|n| n == arm.name))
         {
             continue;
         }
@@ -189,20 +249,26 @@ async fn main() -> Result<()> {
             Err(e) => println!("\n{}: did not run: {e:#}", arm.name),
         }
     }
-    println!("\n| arm | turns | tool calls | total s | s per turn (mean) | prompt tokens (last turn) | cached after turn 1 (mean) | turns after the first ≥ 90 % cached |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("\n| arm | turns | tool calls | total s | s per turn (mean) | prompt tokens (last turn) | cached after turn 1 (mean) | turns after the first ≥ 90 % cached | reported cached after turn 1 (mean) | turns after the first reported ≥ 90 % cached |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, turns) in &totals {
         let total: f64 = turns.iter().map(|t| t.seconds).sum();
         let later = &turns[1.min(turns.len())..];
-        let cached = later.iter().map(Turn::cached_share).sum::<f64>() / later.len().max(1) as f64;
-        let warm = later.iter().filter(|t| t.cached_share() >= 0.9).count();
+        let mean = |share: fn(&Turn) -> f64| {
+            later.iter().map(share).sum::<f64>() / later.len().max(1) as f64
+        };
+        let warm = |share: fn(&Turn) -> f64| later.iter().filter(|t| share(t) >= 0.9).count();
         println!(
-            "| {name} | {} | {} | {total:.1} | {:.2} | {} | {:.1} % | {warm} of {} |",
+            "| {name} | {} | {} | {total:.1} | {:.2} | {} | {:.1} % | {} of {} | {:.1} % | {} of {} |",
             turns.len(),
             turns.iter().filter(|t| t.tool_call).count(),
             total / turns.len().max(1) as f64,
             turns.last().map_or(0, |t| t.input_tokens),
-            cached * 100.0,
+            mean(Turn::cached_share) * 100.0,
+            warm(Turn::cached_share),
+            later.len(),
+            mean(Turn::reported_share) * 100.0,
+            warm(Turn::reported_share),
             later.len()
         );
     }
@@ -277,8 +343,11 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
         Front::Agentic => engine_model(engine).await?,
     };
     println!("\n{} ({:?} over {:?})", arm.name, arm.front, arm.transport);
-    println!("| turn | s | prompt tokens | prefilled | cached | tool call |");
-    println!("|---|---|---|---|---|---|");
+    println!("| turn | s | prompt tokens | prefilled | cached | reported cached | tool call |");
+    println!("|---|---|---|---|---|---|---|");
+    if arm.transport == Transport::Messages {
+        return messages_loop(args, &client, &key, &engines).await;
+    }
     let mut ws = match arm.transport {
         Transport::WebSocket => Some(
             websocket::connect(&client.url(""), &key)
@@ -305,7 +374,7 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
         });
         conversation.extend(pending.iter().cloned());
         match arm.transport {
-            Transport::HttpFull => body["input"] = json!(conversation),
+            Transport::HttpFull | Transport::Messages => body["input"] = json!(conversation),
             Transport::HttpChain | Transport::WebSocket => {
                 body["input"] = json!(pending);
                 if let Some(prev) = &previous {
@@ -348,21 +417,17 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
             .iter()
             .find(|i| i["type"] == "function_call")
             .cloned();
+        let usage = &response["usage"];
         let turn = Turn {
             seconds,
-            input_tokens: response["usage"]["input_tokens"].as_u64().unwrap_or(0),
+            input_tokens: usage["input_tokens"].as_u64().unwrap_or(0),
             prefilled,
+            reported_cached: usage["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
             tool_call: call.is_some(),
         };
-        println!(
-            "| {} | {:.2} | {} | {} | {:.0} % | {} |",
-            n + 1,
-            turn.seconds,
-            turn.input_tokens,
-            turn.prefilled,
-            turn.cached_share() * 100.0,
-            if turn.tool_call { "yes" } else { "" }
-        );
+        turn.print_row(n + 1);
         turns.push(turn);
         previous = response["id"].as_str().map(str::to_owned);
         // What the conversation holds now, as input items.
@@ -374,6 +439,74 @@ async fn run_arm(args: &Args, arm: &Arm) -> Result<Vec<Turn>> {
                 "call_id": call["call_id"], "output": tool_output(n)})],
             None => vec![user(&step(n + 1, args.step_words))],
         };
+    }
+    Ok(turns)
+}
+
+/// The agent's loop as Claude Code runs it over the Messages API: every
+/// turn streams the whole conversation (system prompt, tools, every
+/// message so far) and names its session as Claude Code does, so the
+/// gateway keeps it on the engine that holds its prefix.
+async fn messages_loop(
+    args: &Args,
+    client: &Client,
+    key: &str,
+    engines: &[LlamaServer],
+) -> Result<Vec<Turn>> {
+    let session = format!("agentbench-{}", std::process::id());
+    let tools = json!([{"name": "run_shell",
+        "description": "Run a shell command in the repository and return its output.",
+        "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"], "additionalProperties": false}}]);
+    let mut conversation: Vec<Value> = vec![user(&step(0, args.step_words))];
+    let mut turns = Vec::new();
+    for n in 0..args.turns {
+        let body = json!({
+            "model": "base",
+            "max_tokens": args.max_output_tokens,
+            "temperature": 0,
+            "system": system_prompt(args.system_words),
+            "tools": tools,
+            "messages": conversation,
+            "stream": true,
+        });
+        let before = prompt_tokens_total(engines).await?;
+        let started = Instant::now();
+        let request = harness::anthropic::request(client, key, "/messages")
+            .header("x-claude-code-session-id", &session)
+            .json(&body);
+        let stream = client.open_stream(request).await?;
+        let status = stream.status;
+        let frames = stream.collect().await?;
+        if status != 200 {
+            let said: Vec<String> = frames.into_iter().map(|f| f.raw).collect();
+            bail!("turn {n}: HTTP {status}: {}", said.join(" "));
+        }
+        let message = harness::anthropic::accumulate(&frames)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let prefilled = prompt_tokens_total(engines).await?.saturating_sub(before);
+        let usage = &message["usage"];
+        let count = |field: &str| usage[field].as_u64().unwrap_or(0);
+        let read = count("cache_read_input_tokens");
+        let content = message["content"].as_array().cloned().unwrap_or_default();
+        let call = content.iter().find(|b| b["type"] == "tool_use").cloned();
+        let turn = Turn {
+            seconds,
+            // Anthropic's `input_tokens` leaves out what was read from the
+            // cache: the prompt is the sum.
+            input_tokens: count("input_tokens") + read + count("cache_creation_input_tokens"),
+            prefilled,
+            reported_cached: read,
+            tool_call: call.is_some(),
+        };
+        turn.print_row(n + 1);
+        turns.push(turn);
+        conversation.push(json!({"role": "assistant", "content": content}));
+        conversation.push(match call {
+            Some(call) => json!({"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": call["id"], "content": tool_output(n)}]}),
+            None => user(&step(n + 1, args.step_words)),
+        });
     }
     Ok(turns)
 }

@@ -6,7 +6,11 @@
 //! same connections and body. The figure is the front's own CPU time (user
 //! plus system, every process of it) per request, from `/proc`, beside the
 //! requests/s and latency `wrk` saw; for the gateway, its worker's CPU is
-//! printed beside (the engine adapter, not part of the front).
+//! printed beside (the engine adapter, not part of the front). The
+//! `messages` front is the same gateway driven with the Anthropic Messages
+//! API (`POST /v1/messages`, `x-api-key`) instead of chat completions,
+//! with the very same body bytes (`max_tokens`, one user message): the
+//! cost of the Messages route beside a chat completion's.
 //!
 //! ```text
 //! cargo run --release -p tests --bin hotbench -- --duration 10
@@ -43,7 +47,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "nginx,smg,gateway,floor"
+        default_value = "nginx,smg,gateway,messages,floor"
     )]
     fronts: Vec<Front>,
 }
@@ -53,6 +57,8 @@ enum Front {
     Nginx,
     Smg,
     Gateway,
+    /// The gateway, driven with `POST /v1/messages`.
+    Messages,
     /// `floor_proxy` (Pingora HTTP/1 and a tonic call to the same worker,
     /// nothing else): the floor of the gateway's architecture. One body
     /// only: it writes no streams.
@@ -65,6 +71,7 @@ impl Front {
             Front::Nginx => "nginx (keep-alive proxy)",
             Front::Smg => "SMG 1.13",
             Front::Gateway => "gateway",
+            Front::Messages => "gateway, Anthropic Messages",
             Front::Floor => "floor (Pingora + tonic, no features)",
         }
     }
@@ -201,7 +208,7 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
                 _dir: None,
             })
         }
-        Front::Gateway => {
+        Front::Gateway | Front::Messages => {
             let worker = relay_worker(engine)?;
             let mut opts = GatewayOpts::default();
             opts.workers
@@ -285,19 +292,28 @@ struct Load {
     errors: u64,
 }
 
-fn wrk_script(model: &str, key: Option<&str>, stream: bool) -> String {
-    let body = if stream {
-        format!(
-            r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hi"}}],"stream":true}}"#
-        )
-    } else {
-        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hi"}}]}}"#)
+/// The `wrk` script of a front: the same body whichever API (both take
+/// `max_tokens`, above the engine's six tokens), to the Messages route
+/// with Anthropic's headers for [`Front::Messages`].
+fn wrk_script(front: Front, model: &str, key: Option<&str>, stream: bool) -> String {
+    let stream = if stream { r#","stream":true"# } else { "" };
+    let body = format!(
+        r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"Say hi"}}]{stream}}}"#
+    );
+    let path = match front {
+        Front::Messages => "/v1/messages",
+        _ => "/v1/chat/completions",
     };
     let mut lua = format!(
-        "wrk.method = \"POST\"\nwrk.path = \"/v1/chat/completions\"\nwrk.body = '{body}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+        "wrk.method = \"POST\"\nwrk.path = \"{path}\"\nwrk.body = '{body}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
     );
-    if let Some(k) = key {
-        lua += &format!("wrk.headers[\"Authorization\"] = \"Bearer {k}\"\n");
+    match (front, key) {
+        (Front::Messages, Some(k)) => {
+            lua += &format!("wrk.headers[\"x-api-key\"] = \"{k}\"\n");
+            lua += "wrk.headers[\"anthropic-version\"] = \"2023-06-01\"\n";
+        }
+        (_, Some(k)) => lua += &format!("wrk.headers[\"Authorization\"] = \"Bearer {k}\"\n"),
+        (_, None) => {}
     }
     lua
 }
@@ -382,7 +398,7 @@ async fn main() -> Result<()> {
                 let script = dir.join(format!("hotbench-{}-{stream}.lua", std::process::id()));
                 std::fs::write(
                     &script,
-                    wrk_script(running.model, running.key.as_deref(), stream),
+                    wrk_script(front, running.model, running.key.as_deref(), stream),
                 )?;
                 // Warm-up: connections, caches, the allocator's pages.
                 run_wrk(&running.base, &script, args.connections, 2)?;

@@ -277,8 +277,9 @@ enum Mode {
 
 /// How a phase ended.
 enum PhaseEnd {
-    /// End of generation or a stop string.
-    Stop,
+    /// End of generation, or a stop string (its index in the request's
+    /// list).
+    Stop(Option<u32>),
     Length,
     Cancelled,
     Failed(Status),
@@ -346,12 +347,12 @@ impl<'a> Emitter<'a> {
         full || stream.is_empty()
     }
 
-    /// Emits text in the phase's mode; true when a stop string was found.
-    async fn emit(&mut self, mode: &mut Mode, text: &str) -> Result<bool, Cancelled> {
+    /// Emits text in the phase's mode; the stop string found, if one was.
+    async fn emit(&mut self, mode: &mut Mode, text: &str) -> Result<Option<u32>, Cancelled> {
         let held;
         let text = match mode {
             Mode::Detect(detector, ..) => match detector.push(text) {
-                Detected::Undecided => return Ok(false),
+                Detected::Undecided => return Ok(None),
                 decided => {
                     held = detector.take();
                     decide(mode, decided);
@@ -371,9 +372,9 @@ impl<'a> Emitter<'a> {
                 for d in parser.push(text) {
                     self.send(Event::ToolCall(d)).await?;
                 }
-                Ok(false)
+                Ok(None)
             }
-            Mode::Detect(..) => Ok(false),
+            Mode::Detect(..) => Ok(None),
         }
     }
 
@@ -461,15 +462,15 @@ impl<'a> Emitter<'a> {
                     let text = utf8.push(&bytes);
                     match self.emit(mode, &text).await {
                         Err(Cancelled) => return PhaseEnd::Cancelled,
-                        Ok(true) => return PhaseEnd::Stop,
-                        Ok(false) if tokens >= max => Some(PhaseEnd::Length),
-                        Ok(false) => None,
+                        Ok(Some(stop)) => return PhaseEnd::Stop(Some(stop)),
+                        Ok(None) if tokens >= max => Some(PhaseEnd::Length),
+                        Ok(None) => None,
                     }
                 }
                 SeqEvent::Finished(end) => {
                     self.engine_finished = true;
                     Some(match end {
-                        SeqEnd::EndOfGeneration => PhaseEnd::Stop,
+                        SeqEnd::EndOfGeneration => PhaseEnd::Stop(None),
                         SeqEnd::MaxTokens => PhaseEnd::Length,
                     })
                 }
@@ -531,7 +532,7 @@ impl Started for Running {
         };
         let mut reasoning_tokens = resume.reasoning_tokens;
         let Some(mut stream) = stream else {
-            return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
+            return finish(&mut em, (Reason::Length, None), reasoning_tokens, &p).await;
         };
         if thinking {
             let mut mode = Mode::Reasoning(StopScanner::new(&[THINK_CLOSE.to_owned()]));
@@ -546,9 +547,9 @@ impl Started for Running {
                 }
                 PhaseEnd::Failed(s) => return out.finish_failed(s, em.completion_tokens).await,
                 PhaseEnd::Length if reasoning_tokens >= p.completion_limit => {
-                    return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
+                    return finish(&mut em, (Reason::Length, None), reasoning_tokens, &p).await;
                 }
-                PhaseEnd::Stop | PhaseEnd::Length => {}
+                PhaseEnd::Stop(_) | PhaseEnd::Length => {}
             }
             let text = answer_prompt(&p.prompt_text, &em.reasoning_text);
             let engine = Arc::clone(&p.engine);
@@ -567,7 +568,7 @@ impl Started for Running {
                 .saturating_sub(reasoning_tokens)
                 .min(room);
             if max == 0 {
-                return finish(&mut em, Reason::Length, reasoning_tokens, &p).await;
+                return finish(&mut em, (Reason::Length, None), reasoning_tokens, &p).await;
             }
             let started = p
                 .engine
@@ -632,20 +633,20 @@ async fn answer(
         drop(stream);
         None
     };
-    let reason = match end {
+    let (reason, stop) = match end {
         PhaseEnd::Cancelled => {
             return Outcome::Cancelled {
                 tokens: em.completion_tokens,
             }
         }
         PhaseEnd::Failed(s) => return em.out.finish_failed(s, em.completion_tokens).await,
-        PhaseEnd::Length => Reason::Length,
-        PhaseEnd::Stop => match &mode {
-            Mode::Tools(parser) if parser.calls() > 0 => Reason::ToolCalls,
-            _ => Reason::Stop,
+        PhaseEnd::Length => (Reason::Length, None),
+        PhaseEnd::Stop(stop) => match &mode {
+            Mode::Tools(parser) if parser.calls() > 0 => (Reason::ToolCalls, None),
+            _ => (Reason::Stop, stop),
         },
     };
-    let outcome = finish(em, reason, reasoning_tokens, p).await;
+    let outcome = finish(em, (reason, stop), reasoning_tokens, p).await;
     if let (Outcome::Completed { .. }, Some(stream)) = (outcome, rest) {
         linger(em.out, stream).await;
     }
@@ -664,9 +665,11 @@ async fn linger(out: &EventSink, mut stream: SequenceStream) {
     }
 }
 
+/// The last event: how the reply ended (with the stop string that ended
+/// it, if one did) and its usage.
 async fn finish(
     em: &mut Emitter<'_>,
-    reason: Reason,
+    (reason, stop_index): (Reason, Option<u32>),
     reasoning_tokens: u32,
     p: &Prepared,
 ) -> Outcome {
@@ -676,6 +679,7 @@ async fn finish(
     }
     let finished = pb::Finished {
         reason: reason as i32,
+        stop_index,
         usage: Some(pb::Usage {
             prompt_tokens: p.prompt_tokens(),
             // A moved generation's engine may hold some of its resumed

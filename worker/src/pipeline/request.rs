@@ -178,6 +178,7 @@ pub fn plan(req: &pb::GenerateRequest, images: bool) -> Result<RequestPlan, Stat
         sampling: SamplingParams {
             temperature: sampling.temperature.map(|t| t as f32),
             top_p: sampling.top_p.map(|p| p as f32),
+            top_k: sampling.top_k.filter(|k| *k > 0),
             seed: sampling.seed,
             repeat_penalty: sampling.repeat_penalty.map(|p| p as f32),
         },

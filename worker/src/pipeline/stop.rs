@@ -24,8 +24,9 @@ use tonic::Status;
 pub struct Scan {
     /// Text safe to emit (never includes a stop string or what follows it).
     pub text: String,
-    /// A stop string was found: the text ends just before it.
-    pub stopped: bool,
+    /// A stop string was found (its index in the request's list): the
+    /// text ends just before it.
+    pub stopped: Option<u32>,
 }
 
 /// Refuses stop strings over the protocol's bounds, whichever gateway sent
@@ -64,10 +65,10 @@ pub struct StopScanner {
 
 impl StopScanner {
     pub fn new(stops: &[String]) -> Self {
-        let stops: Vec<&[u8]> = stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .map(|s| s.as_bytes())
+        let stops: Vec<(u32, &[u8])> = (0u32..)
+            .zip(stops)
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(i, s)| (i, s.as_bytes()))
             .collect();
         Self {
             automaton: (!stops.is_empty()).then(|| Box::new(Automaton::new(&stops))),
@@ -80,7 +81,7 @@ impl StopScanner {
         let Some(a) = &self.automaton else {
             return Scan {
                 text: text.to_owned(),
-                stopped: false,
+                stopped: None,
             };
         };
         let bytes = text.as_bytes();
@@ -91,10 +92,11 @@ impl StopScanner {
                 // The match ends with byte `i`; the text ends where it starts.
                 self.held.extend(&bytes[..=i]);
                 self.held.truncate(self.held.len() - matched);
+                let which = a.which[self.state as usize];
                 self.state = ROOT;
                 return Scan {
                     text: utf8(self.held.drain(..).collect()),
-                    stopped: true,
+                    stopped: Some(which),
                 };
             }
         }
@@ -104,7 +106,7 @@ impl StopScanner {
         let cut = self.held.len() - a.depth[self.state as usize] as usize;
         Scan {
             text: utf8(self.held.drain(..cut).collect()),
-            stopped: false,
+            stopped: None,
         }
     }
 
@@ -136,17 +138,21 @@ struct Automaton {
     /// Length of the longest stop string that ends at this state (itself
     /// or through its failure links); 0 for none.
     matched: Vec<u32>,
+    /// That stop string's index in the request's list.
+    which: Vec<u32>,
 }
 
 impl Automaton {
-    fn new(stops: &[&[u8]]) -> Self {
+    /// The automaton of `stops`, each with its index in the request's list.
+    fn new(stops: &[(u32, &[u8])]) -> Self {
         // The trie, with edges per state while it grows.
         let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
         let mut depth = vec![0u32];
         let mut own = vec![0u32];
-        for stop in stops {
+        let mut which = vec![0u32];
+        for &(index, stop) in stops {
             let mut s = ROOT as usize;
-            for &b in *stop {
+            for &b in stop {
                 s = match children[s].iter().find(|(c, _)| *c == b) {
                     Some(&(_, t)) => t as usize,
                     None => {
@@ -155,11 +161,16 @@ impl Automaton {
                         children.push(Vec::new());
                         depth.push(depth[s] + 1);
                         own.push(0);
+                        which.push(0);
                         t
                     }
                 };
             }
-            own[s] = stop.len() as u32;
+            // Of two equal stop strings, the first is named.
+            if own[s] == 0 {
+                own[s] = stop.len() as u32;
+                which[s] = index;
+            }
         }
         let mut a = Automaton {
             first: Vec::with_capacity(children.len() + 1),
@@ -167,6 +178,7 @@ impl Automaton {
             fail: vec![ROOT; children.len()],
             depth,
             matched: own,
+            which,
         };
         for mut c in children {
             c.sort_unstable_by_key(|(b, _)| *b);
@@ -186,7 +198,11 @@ impl Automaton {
                     a.next(a.fail[s as usize], b)
                 };
                 a.fail[t as usize] = link;
-                a.matched[t as usize] = a.matched[t as usize].max(a.matched[link as usize]);
+                // A stop string ending at `t` itself is the longest there.
+                if a.matched[t as usize] == 0 {
+                    a.matched[t as usize] = a.matched[link as usize];
+                    a.which[t as usize] = a.which[link as usize];
+                }
                 queue.push_back(t);
             }
         }
@@ -228,7 +244,7 @@ mod tests {
         for p in pieces {
             let scan = s.push(p);
             out.push_str(&scan.text);
-            if scan.stopped {
+            if scan.stopped.is_some() {
                 return (out, true);
             }
         }
@@ -278,7 +294,24 @@ mod tests {
         assert_eq!(s.push("yb").text, "y");
         assert_eq!(s.push("c").text, "");
         let end = s.push("e!");
-        assert_eq!((end.text.as_str(), end.stopped), ("", true));
+        assert_eq!((end.text.as_str(), end.stopped), ("", Some(1)));
+    }
+
+    /// The stop string that ended the text is named by its index in the
+    /// request's list (empty ones skipped but counted; of two equal ones,
+    /// the first), also when it completes through a failure link.
+    #[test]
+    fn the_stop_that_ended_the_text_is_named() {
+        let which = |stops: &[&str], text: &str| {
+            let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+            StopScanner::new(&stops).push(text).stopped
+        };
+        assert_eq!(which(&["", "END", "x"], "abc END"), Some(1));
+        assert_eq!(which(&["zzz", "ab", "ab"], "xxab"), Some(1));
+        // "abcd" almost matches; "bcx" completes through its failure link.
+        assert_eq!(which(&["abcd", "bcx"], "abcx"), Some(1));
+        assert_eq!(which(&["b", "xab"], "xxab"), Some(1));
+        assert_eq!(which(&["q"], "abc"), None);
     }
 
     /// The scan agrees with a plain search of the whole text, however the

@@ -182,10 +182,11 @@ async fn stop_split_across_tokens_and_utf8_split_across_tokens() {
         100,
         vec![vec![b"a ", &euro[..1], &euro[1..], b" E", b"N", b"D tail"]],
     );
-    let (events, outcome) = run(engine, request("hi", 0, &["END"])).await;
+    let (events, outcome) = run(engine, request("hi", 0, &["nope", "END"])).await;
     assert_eq!(text_of(&events), "a € ");
     let f = finished(&events);
     assert_eq!(f.reason(), Reason::Stop);
+    assert_eq!(f.stop_index, Some(1), "the stop string that matched");
     let u = f.usage.as_ref().expect("usage");
     // The engine says 3 reused tokens of a 2-token prompt: cached tokens
     // are prompt tokens, never more than the prompt.
@@ -203,6 +204,7 @@ async fn max_tokens_cuts_with_length_and_releases_held_text() {
     assert_eq!(text_of(&events), "one two E");
     let f = finished(&events);
     assert_eq!(f.reason(), Reason::Length);
+    assert_eq!(f.stop_index, None);
     assert_eq!(f.usage.as_ref().map(|u| u.completion_tokens), Some(3));
 }
 

@@ -53,6 +53,8 @@ pub struct ChatMessage {
 pub struct SamplingParams {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    /// Only the k likeliest tokens are candidates (none: every token).
+    pub top_k: Option<u32>,
     pub seed: Option<u64>,
     /// Multiplicative penalty on tokens among the last 64 generated (1 or
     /// none: off); the model's default, never the client's.

@@ -88,6 +88,7 @@ pub fn to_worker(
             presence_penalty: None,
             frequency_penalty: None,
             repeat_penalty: None,
+            top_k: valid.top_k,
         }),
         response_format: None,
         reasoning: Some(pb::Reasoning {
@@ -227,12 +228,18 @@ pub fn signature(hash: Sha256) -> String {
     )
 }
 
-/// `stop_reason` for a worker's finish.
-pub fn stop_reason(reason: i32) -> &'static str {
-    match pb::finished::Reason::try_from(reason) {
-        Ok(pb::finished::Reason::Length) => "max_tokens",
-        Ok(pb::finished::Reason::ToolCalls) => "tool_use",
-        _ => "end_turn",
+/// `stop_reason` and `stop_sequence` for a worker's finish: a stop string
+/// the worker names (by its index in the request's `stop_sequences`) makes
+/// it `stop_sequence`, with that string.
+pub fn stop_of<'s>(f: &pb::Finished, stops: &'s [String]) -> (&'static str, Option<&'s str>) {
+    use pb::finished::Reason;
+    match Reason::try_from(f.reason) {
+        Ok(Reason::Length) => ("max_tokens", None),
+        Ok(Reason::ToolCalls) => ("tool_use", None),
+        _ => match f.stop_index.and_then(|i| stops.get(i as usize)) {
+            Some(stop) => ("stop_sequence", Some(stop)),
+            None => ("end_turn", None),
+        },
     }
 }
 
@@ -362,14 +369,15 @@ impl MessageAggregate {
                 input: input(&c.arguments),
             });
         }
+        let (stop_reason, stop_sequence) = stop_of(&finished, &valid.stop);
         Message {
             id,
             kind: "message",
             role: "assistant",
             model: valid.model.id.to_owned(),
             content,
-            stop_reason: Some(stop_reason(finished.reason)),
-            stop_sequence: None,
+            stop_reason: Some(stop_reason),
+            stop_sequence: stop_sequence.map(str::to_owned),
             usage: usage(&finished.usage.unwrap_or_default()),
         }
     }

@@ -3,12 +3,14 @@
 //! `signature_delta`, `text_delta`, `input_json_delta`) and
 //! `content_block_stop`, then `message_delta` (stop reason, usage) and
 //! `message_stop`. `ping` follows `message_start` and fills silences (the
-//! route's sink); a failure after the start is an in-band `error` event.
+//! relay's keep-alive, `routes/sinks.rs`); a failure after the start is an
+//! in-band `error` event.
 
-use super::{signature, stop_reason, tool_use_id, usage};
+use super::{signature, stop_of, tool_use_id, usage};
 use crate::api::messages::{Message, Usage};
 use crate::error::ApiError;
 use crate::sse;
+use crate::validate::messages::ValidMessagesRequest;
 use bytes::BytesMut;
 use inference_proto::v1 as pb;
 use serde_json::json;
@@ -27,6 +29,9 @@ pub struct MessagesStreamEncoder {
     id: String,
     model: String,
     omit_thinking: bool,
+    /// The request's `stop_sequences`: the one that ended the reply is
+    /// named in `message_delta`.
+    stops: Vec<String>,
     open: Open,
     /// The index of the next block.
     next: u32,
@@ -40,9 +45,18 @@ impl MessagesStreamEncoder {
             id,
             model: model.to_owned(),
             omit_thinking,
+            stops: Vec::new(),
             open: Open::None,
             next: 0,
             done: false,
+        }
+    }
+
+    /// The encoder of `valid`'s reply.
+    pub fn of(id: String, valid: &ValidMessagesRequest) -> Self {
+        Self {
+            stops: valid.stop.clone(),
+            ..Self::new(id, valid.model.id, valid.omit_thinking)
         }
     }
 
@@ -147,9 +161,10 @@ impl MessagesStreamEncoder {
 
     fn finish(&mut self, f: &pb::Finished, out: &mut BytesMut) {
         self.close(out);
+        let (stop_reason, stop_sequence) = stop_of(f, &self.stops);
         let data = json!({
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(f.reason), "stop_sequence": null},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
             "usage": usage(&f.usage.unwrap_or_default()),
         });
         sse::event(out, "message_delta", &data.to_string());
@@ -171,14 +186,9 @@ pub fn error(out: &mut BytesMut, e: &ApiError) {
 
 /// A whole stream from its folded events: what a retry with the same
 /// `Idempotency-Key` is sent.
-pub fn replay(
-    id: String,
-    model: &str,
-    omit_thinking: bool,
-    events: &[pb::GenerateEvent],
-) -> BytesMut {
+pub fn replay(id: String, valid: &ValidMessagesRequest, events: &[pb::GenerateEvent]) -> BytesMut {
     let mut out = BytesMut::new();
-    let mut enc = MessagesStreamEncoder::new(id, model, omit_thinking);
+    let mut enc = MessagesStreamEncoder::of(id, valid);
     enc.start(&mut out);
     for e in events {
         enc.event(e, &mut out);

@@ -22,6 +22,7 @@ fn ev(e: Event) -> pb::GenerateEvent {
 fn finished(reason: pb::finished::Reason) -> pb::GenerateEvent {
     ev(Event::Finished(pb::Finished {
         reason: reason as i32,
+        stop_index: None,
         usage: Some(pb::Usage {
             prompt_tokens: 100,
             cached_prompt_tokens: 60,
@@ -125,15 +126,22 @@ fn a_body_has_thinking_text_and_tool_use_blocks_with_anthropic_usage() {
 
 #[test]
 fn stop_reasons_map() {
-    assert_eq!(stop_reason(pb::finished::Reason::Stop as i32), "end_turn");
-    assert_eq!(
-        stop_reason(pb::finished::Reason::Length as i32),
-        "max_tokens"
-    );
-    assert_eq!(
-        stop_reason(pb::finished::Reason::ToolCalls as i32),
-        "tool_use"
-    );
+    use pb::finished::Reason;
+    let stops = ["zz".to_owned(), "END".to_owned()];
+    let of = |reason: Reason, stop_index| {
+        let f = pb::Finished {
+            reason: reason as i32,
+            stop_index,
+            usage: None,
+        };
+        stop_of(&f, &stops)
+    };
+    assert_eq!(of(Reason::Stop, None), ("end_turn", None));
+    assert_eq!(of(Reason::Stop, Some(1)), ("stop_sequence", Some("END")));
+    // An index the request does not have names nothing.
+    assert_eq!(of(Reason::Stop, Some(7)), ("end_turn", None));
+    assert_eq!(of(Reason::Length, None), ("max_tokens", None));
+    assert_eq!(of(Reason::ToolCalls, None), ("tool_use", None));
 }
 
 #[test]
@@ -239,7 +247,7 @@ fn a_replay_says_what_the_stream_said_and_the_signature_matches_the_body() {
         enc.event(&e, &mut live);
         agg.push(e);
     }
-    let replayed = replay("m".into(), "base", false, &agg.folded_events());
+    let replayed = replay("m".into(), &valid, &agg.folded_events());
     let sig = |out: &[u8]| {
         frames(out)
             .into_iter()
@@ -259,4 +267,39 @@ fn an_in_band_error_is_an_error_event() {
     let f = frames(&out);
     assert_eq!(f[0].0, "error");
     assert_eq!(f[0].1["error"]["type"], "overloaded_error");
+}
+
+/// The stop sequence that ended a reply is named in the body, the stream's
+/// `message_delta` and a replay of it (an `Idempotency-Key`'s record).
+#[test]
+fn the_stop_sequence_is_named_whole_streamed_and_replayed() {
+    let (_, valid) = validated(
+        r#"{"model":"base","max_tokens":50,"stop_sequences":["zz","HALT"],"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    let mut agg = MessageAggregate::default();
+    let mut enc = MessagesStreamEncoder::of("m".into(), &valid);
+    let mut live = BytesMut::new();
+    enc.start(&mut live);
+    let stopped = ev(Event::Finished(pb::Finished {
+        reason: pb::finished::Reason::Stop as i32,
+        stop_index: Some(1),
+        usage: None,
+    }));
+    for e in [ev(Event::Text(pb::TextDelta { text: "A".into() })), stopped] {
+        enc.event(&e, &mut live);
+        agg.push(e);
+    }
+    let replayed = replay("m".into(), &valid, &agg.folded_events());
+    for out in [&live, &replayed] {
+        let delta = frames(out)
+            .into_iter()
+            .find(|(name, _)| name == "message_delta")
+            .expect("message_delta")
+            .1;
+        assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+        assert_eq!(delta["delta"]["stop_sequence"], "HALT", "{delta}");
+    }
+    let body = serde_json::to_value(agg.into_message("m".into(), &valid)).unwrap();
+    assert_eq!(body["stop_reason"], "stop_sequence");
+    assert_eq!(body["stop_sequence"], "HALT");
 }

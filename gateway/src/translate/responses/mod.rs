@@ -134,6 +134,7 @@ mod tests {
     fn finished(reason: pb::finished::Reason) -> pb::GenerateEvent {
         ev(Event::Finished(pb::Finished {
             reason: reason as i32,
+            stop_index: None,
             usage: Some(pb::Usage {
                 prompt_tokens: 10,
                 cached_prompt_tokens: 4,

@@ -110,6 +110,7 @@ pub fn to_worker(
             frequency_penalty: req.frequency_penalty,
             // The worker's model default; no public field sets it.
             repeat_penalty: None,
+            top_k: None,
         }),
         response_format: match &valid.format {
             OutputFormat::Text => None,

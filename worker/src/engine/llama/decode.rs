@@ -80,6 +80,10 @@ fn sampler(sampling: &SamplingParams, matcher: Option<Matcher>, n_vocab: i32) ->
     if temperature <= 0.0 {
         chain.push(LlamaSampler::greedy());
     } else {
+        // llama.cpp's own order: top-k, then top-p, then temperature.
+        if let Some(k) = sampling.top_k {
+            chain.push(LlamaSampler::top_k(i32::try_from(k).unwrap_or(i32::MAX)));
+        }
         if let Some(p) = sampling.top_p.filter(|p| *p > 0.0 && *p < 1.0) {
             chain.push(LlamaSampler::top_p(p, 1));
         }

@@ -23,7 +23,7 @@
 //!   requests are running) is copied into the free slot (one copy of that
 //!   slot's KV stream, milliseconds, against seconds of prefill), so
 //!   concurrent sequences share a prefix as a paged engine's would.
-//! - Sampling: temperature (0 = greedy), top_p, seed (`dist(seed)`); an
+//! - Sampling: temperature (0 = greedy), top_k, top_p, seed (`dist(seed)`); an
 //!   output constraint is an llguidance sampler first in the chain, so a
 //!   token the schema forbids is never sampled.
 //! - A dropped stream is seen at the next step: the slot is freed.

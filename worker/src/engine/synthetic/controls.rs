@@ -28,8 +28,9 @@
 //!   would; for testing the gateway's output check.
 //! - `synthetic:tool_path=<path>` (up to the next whitespace): a tool
 //!   call's string arguments whose name ends in `path` (`path`,
-//!   `file_path`) name `<path>`, so an agent under test (Claude Code,
-//!   Codex) really reads that file.
+//!   `file_path`) name `<path>`, and its optional arguments are left out
+//!   (a generated `offset` or `limit` would read none of a real file), so
+//!   an agent under test (Claude Code, Codex) really reads that file.
 
 /// The controls found in a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

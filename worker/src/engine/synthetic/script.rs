@@ -199,6 +199,17 @@ fn calls_text(
             None => Value::Object(serde_json::Map::new()),
         };
         if let (Some(path), Value::Object(map)) = (&controls.tool_path, &mut args) {
+            // The call reads that file as a model asked to would: whole.
+            // Optional arguments are left out, since generated ones mean
+            // nothing for a real file (Claude Code's Read took a random
+            // `offset` past the file's end and returned none of its text).
+            let required = params
+                .and_then(|p| p.get("required"))
+                .and_then(Value::as_array);
+            map.retain(|key, _| {
+                key.ends_with("path")
+                    || required.is_some_and(|r| r.iter().any(|k| k.as_str() == Some(key.as_str())))
+            });
             for (key, value) in map.iter_mut() {
                 if key.ends_with("path") && value.is_string() {
                     *value = Value::String(path.clone());

@@ -23,6 +23,8 @@ pub enum Kind {
 pub const FIELD_TABLE: &[(&str, [&str; 4])] = &[
     ("messages, tools, tool_choice, parallel_tool_calls", ["chat fields (engine template + tool parser)"; 4]),
     ("temperature, top_p, seed, stop", ["chat fields"; 4]),
+    ("top_k (Anthropic Messages)", ["`top_k`", "`top_k`", "`top_k`", "not sent (not in OpenAI's API)"]),
+    ("which stop string ended the reply (`stop_sequence`)", ["`stop_reason`", "`matched_stop`", "not said (null)", "not said (null)"]),
     ("max_tokens (or the rest of the window)", ["`max_tokens`", "`max_tokens`", "`max_tokens`", "`max_completion_tokens`"]),
     ("context window", ["`/v1/models` `max_model_len`", "`/v1/models` `max_model_len`", "`/props` per-slot `n_ctx`", "`--context-window`"]),
     ("prompt token count (400 before generating)", ["`POST /tokenize` with messages", "`POST /tokenize` with messages", "`/apply-template` then `/tokenize`", "none: the engine's own 400"]),
@@ -116,6 +118,12 @@ impl Kind {
             Kind::Sglang | Kind::LlamaServer => ReasoningField::TemplateKwargs { budget: false },
             Kind::Openai => ReasoningField::Effort,
         }
+    }
+
+    /// Whether the engine takes `top_k` (OpenAI's API has none, and an
+    /// OpenAI-compatible server may refuse a field it does not know).
+    pub fn takes_top_k(self) -> bool {
+        !matches!(self, Kind::Openai)
     }
 
     /// Whether `required` / named tool choices are enforced by the worker

@@ -455,6 +455,12 @@ impl ChatEngine for UpstreamEngine {
         Ok(Box::new(UpstreamGeneration {
             body: resp.into_body(),
             relay: Relay::new(&req.request_id, built.enforced_tools)
+                .with_stops(
+                    req.sampling
+                        .as_ref()
+                        .map(|s| s.stop.clone())
+                        .unwrap_or_default(),
+                )
                 .with_limit(completion_limit)
                 .resuming(delivered),
             batch: req.batch_events,

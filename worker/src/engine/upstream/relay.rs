@@ -9,6 +9,7 @@ use crate::status;
 use inference_proto::v1 as pb;
 use pb::finished::Reason;
 use pb::generate_event::Event;
+use serde_json::Value;
 use tonic::Status;
 
 /// What one SSE `data:` payload was.
@@ -138,6 +139,10 @@ pub struct Relay {
     early_args: Vec<(u32, String)>,
     native_calls: u32,
     finish: Option<String>,
+    /// The request's stop strings, and the one the engine said ended the
+    /// reply (its index), if it said.
+    stops: Vec<String>,
+    stopped_by: Option<u32>,
     usage: Option<Usage>,
     /// Deltas relayed: the completion count when the engine reports no
     /// usage (one token each, as the engines stream them).
@@ -172,6 +177,8 @@ impl Relay {
             early_args: Vec::new(),
             native_calls: 0,
             finish: None,
+            stops: Vec::new(),
+            stopped_by: None,
             usage: None,
             deltas: 0,
             limit: None,
@@ -184,6 +191,14 @@ impl Relay {
     /// The reply continues a moved generation that had delivered `tokens`.
     pub fn resuming(mut self, tokens: u32) -> Self {
         self.resumed = tokens;
+        self
+    }
+
+    /// The request's stop strings, to name the one that ended the reply
+    /// when the engine says which (vLLM's `stop_reason`, SGLang's
+    /// `matched_stop`; llama-server and others do not).
+    pub fn with_stops(mut self, stops: Vec<String>) -> Self {
+        self.stops = stops;
         self
     }
 
@@ -267,6 +282,13 @@ impl Relay {
             // engine says.
             if let Some(reason) = choice.finish_reason.filter(|_| self.over == 0) {
                 self.finish = Some(reason);
+                let matched = choice.stop_reason.or(choice.matched_stop);
+                if let Some(Value::String(stop)) = matched {
+                    self.stopped_by = (0u32..)
+                        .zip(&self.stops)
+                        .find(|(_, s)| **s == stop)
+                        .map(|(i, _)| i);
+                }
             }
             if self.cut {
                 return Ok(out);
@@ -368,6 +390,7 @@ impl Relay {
         };
         pb::Finished {
             reason: reason as i32,
+            stop_index: self.stopped_by.filter(|_| reason == Reason::Stop),
             usage: Some(pb::Usage {
                 prompt_tokens,
                 cached_prompt_tokens: self.cached_tokens().unwrap_or(0).min(prompt_tokens),
@@ -503,6 +526,32 @@ mod tests {
         assert!(!r.cut(), "two deltas over: still within the grace");
         assert_eq!(r.finish(None).reason(), Reason::Length);
         assert_eq!(r.completion_tokens(), 3);
+    }
+
+    #[test]
+    fn the_stop_string_the_engine_names_is_reported() {
+        let stops = vec!["zz".to_owned(), "END".to_owned()];
+        for field in ["stop_reason", "matched_stop"] {
+            let mut r = Relay::new("r", false).with_stops(stops.clone());
+            r.chunk(content("a")).expect("ok");
+            let end = format!(
+                r#"{{"choices":[{{"delta":{{}},"finish_reason":"stop","{field}":"END"}}]}}"#
+            );
+            r.chunk(chunk(&end)).expect("ok");
+            let f = r.finish(None);
+            assert_eq!(
+                (f.reason(), f.stop_index),
+                (Reason::Stop, Some(1)),
+                "{field}"
+            );
+        }
+        // A token id (vLLM's stop_reason for a stop token) or nothing: none.
+        let mut r = Relay::new("r", false).with_stops(stops);
+        r.chunk(chunk(
+            r#"{"choices":[{"delta":{},"finish_reason":"stop","stop_reason":2}]}"#,
+        ))
+        .expect("ok");
+        assert_eq!(r.finish(None).stop_index, None);
     }
 
     #[test]
@@ -706,7 +755,7 @@ mod tests {
                         content: Some(piece.into()),
                         ..Default::default()
                     },
-                    finish_reason: None,
+                    ..Default::default()
                 }],
                 ..Default::default()
             };

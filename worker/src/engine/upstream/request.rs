@@ -227,6 +227,7 @@ pub fn build(
         },
         temperature: sampling.temperature,
         top_p: sampling.top_p,
+        top_k: sampling.top_k.filter(|k| *k > 0 && kind.takes_top_k()),
         seed: sampling.seed,
         presence_penalty: sampling.presence_penalty,
         frequency_penalty: sampling.frequency_penalty,
@@ -320,6 +321,7 @@ mod tests {
                 max_tokens: 7,
                 stop: vec!["\n".into()],
                 seed: Some(3),
+                top_k: Some(40),
                 ..Default::default()
             }),
             ..Default::default()
@@ -393,6 +395,7 @@ mod tests {
         assert_eq!(v["temperature"], 0.0);
         assert_eq!(v["seed"], 3);
         assert_eq!(v["stop"][0], "\n");
+        assert_eq!(v["top_k"], 40);
         assert_eq!(v["messages"][0]["role"], "system");
         assert_eq!(v["messages"][1]["content"], "hi");
         assert!(v.get("rid").is_none());
@@ -404,6 +407,7 @@ mod tests {
         let v = json_of(&build(Kind::Openai, "m", &request(), Some(7), false).expect("build"));
         assert_eq!(v["max_completion_tokens"], 7);
         assert!(v.get("max_tokens").is_none());
+        assert!(v.get("top_k").is_none(), "not in OpenAI's API");
         assert_eq!(v["messages"][0]["role"], "developer");
     }
 

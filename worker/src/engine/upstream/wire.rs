@@ -24,6 +24,9 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
+    /// vLLM, SGLang, llama-server (not in OpenAI's API).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,6 +139,12 @@ pub struct Choice {
     pub delta: Delta,
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// vLLM: the stop string (or token id) that ended the reply.
+    #[serde(default)]
+    pub stop_reason: Option<Value>,
+    /// SGLang: the same.
+    #[serde(default)]
+    pub matched_stop: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]

@@ -414,7 +414,9 @@ fn calls_are_written_the_way_the_constraint_makes_a_model_write_them() {
 #[test]
 fn a_tool_path_control_names_the_file_a_call_reads() {
     let params = json!({"type": "object",
-        "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
+        "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"},
+            "offset": {"type": "integer"}, "pages": {"type": "string"},
+            "allow_large": {"type": "boolean"}},
         "required": ["file_path", "limit"]});
     let controls = Controls::parse("Read it. synthetic:tool_path=/tmp/scratch/a.txt");
     let text = calls_text(
@@ -427,4 +429,22 @@ fn a_tool_path_control_names_the_file_a_call_reads() {
     let value: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(value["arguments"]["file_path"], "/tmp/scratch/a.txt");
     assert!(value["arguments"]["limit"].is_i64(), "{text}");
+    // Optional arguments are left out, whatever the seed: the file is read
+    // whole (Claude Code's Read with a generated `offset` read nothing).
+    for seed in 0..32 {
+        let text = calls_text(
+            &[("Read", Some(&params))],
+            false,
+            &controls,
+            &mut Rng::new(seed),
+        )
+        .expect("calls");
+        let value: Value = serde_json::from_str(&text).expect("JSON");
+        let keys: Vec<&String> = value["arguments"]
+            .as_object()
+            .expect("object")
+            .keys()
+            .collect();
+        assert_eq!(keys, ["file_path", "limit"], "seed {seed}: {text}");
+    }
 }
