@@ -226,12 +226,15 @@ async fn admit(
     max_tokens: u32,
 ) -> Result<Reservation, ApiError> {
     let request_id = ex.request_id.clone();
-    let (result, headers) = app
+    let admitted = app
         .limiter
         .admit_request(account, model, request_id, input_estimate, max_tokens)
         .await;
-    ex.extra_headers.extend(headers);
-    Ok(result?)
+    ex.extra_headers.extend(match &admitted {
+        Ok(reservation) => reservation.rate_headers(),
+        Err(refused) => refused.rate_headers(),
+    });
+    Ok(admitted?)
 }
 
 /// 405 unless the request's method is one of `allowed`, with the `Allow`

@@ -339,7 +339,7 @@ impl Connection<'_, '_> {
         // (it is a request, and it stores its input), with an output
         // allowance of one token since it generates none.
         let max_output = if generate { valid.max_output_tokens } else { 1 };
-        let (admitted, _headers) = app
+        let reservation = app
             .limiter
             .admit_request(
                 &account,
@@ -348,8 +348,8 @@ impl Connection<'_, '_> {
                 input_estimate,
                 max_output,
             )
-            .await;
-        let reservation = admitted.map_err(ApiError::from)?;
+            .await
+            .map_err(ApiError::from)?;
         if !generate {
             let prepared = self
                 .warm_up(&account, &req, &valid, sampling, context, &input_items)
