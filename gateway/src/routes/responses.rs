@@ -157,10 +157,9 @@ async fn run(
     // 6b. In the foreground: relay to this client.
     let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let mut events = ResponseEvents::new(ex, encoder, valid.stream, app.shutdown.clone());
-    // A stored stream's last batch waits for the store (a client that reads
+    // The stream's last batch waits for the store (a client that reads
     // the terminal event and at once retrieves the response, or chains to
     // it, finds it finished), and with a key for the record too (step 7).
-    events.hold_final = valid.stream && (run.is_some() || claim.is_some());
     let end = generation.run(reservation, &mut events).await;
     if matches!(end, End::Gone) && events.cut.happened() {
         if let Some(object) = end_cut(app, events, run, valid.stream).await? {
@@ -171,7 +170,6 @@ async fn run(
     let ResponseEvents {
         reply,
         mut encoder,
-        hold_final,
         ..
     } = events;
     let finished = matches!(end, End::Finished(_)) && encoder.failure().is_none();
@@ -189,13 +187,9 @@ async fn run(
             }
             return Ok(());
         }
-        End::Finished(_) if hold_final => (Ok(()), Some(reply)),
+        End::Finished(_) if valid.stream => (Ok(()), Some(reply)),
         End::Finished(_) => {
-            if valid.stream {
-                end_stream(reply, &encoder).await;
-            } else {
-                drop(reply);
-            }
+            drop(reply);
             (Ok(()), None)
         }
         End::Failed(e) if valid.stream => {

@@ -397,15 +397,9 @@ impl Connection<'_, '_> {
             ws: &mut self.ws,
             encoder: ResponseEncoder::new(object, valid.format.clone()),
             frames: Vec::new(),
-            terminal: None,
-            hold_terminal: run.is_some(),
         };
         let end = generation.run(reservation, &mut events).await;
-        let WsEvents {
-            mut encoder,
-            terminal,
-            ..
-        } = events;
+        let WsEvents { mut encoder, .. } = events;
         let status = match end {
             End::NotStarted(e) => {
                 encoder.fail(&e, &mut Vec::new());
@@ -422,12 +416,9 @@ impl Connection<'_, '_> {
             End::Failed(e) => e.status,
         };
         // A stored response's terminal event goes out once the store holds
-        // its end: a client that retrieves it right after reads what it was
-        // told.
+        // its end (held queued: the connection's loop flushes it): a client
+        // that retrieves it right after reads what it was told.
         responses::end_stored(app, run, &encoder).await;
-        if let Some(terminal) = terminal {
-            self.ws.queue_text(terminal);
-        }
         let mut items = context;
         items.extend(encoder.object.output.iter().map(output_as_input));
         self.keep(encoder.object.id.clone(), items);
@@ -501,21 +492,12 @@ struct WsEvents<'w, 'x> {
     ws: &'w mut WebSocket<'x>,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
-    /// The terminal event, held back (see `hold_terminal`).
-    terminal: Option<String>,
-    /// Whether the terminal event waits for the caller (a stored response:
-    /// it goes out after the store's write of the end).
-    hold_terminal: bool,
 }
 
 impl WsEvents<'_, '_> {
     fn take_frames(&mut self) {
         for f in self.frames.drain(..) {
-            if self.hold_terminal && f.is_terminal() {
-                self.terminal = Some(f.data);
-            } else {
-                self.ws.queue_text(f.data);
-            }
+            self.ws.queue_text(f.data);
         }
     }
 }
@@ -536,6 +518,11 @@ impl Sink for WsEvents<'_, '_> {
 
     async fn deliver(&mut self) -> Result<(), Gone> {
         Ok(self.ws.flush().await?)
+    }
+
+    /// The terminal event stays queued until the caller stored the response.
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {

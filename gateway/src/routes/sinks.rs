@@ -83,9 +83,8 @@ pub struct ChatStream<'a> {
     pub encoder: ChatStreamEncoder,
     /// The reply folded as well, when it is kept (an `Idempotency-Key`'s
     /// record: a retry gets it again). Its last batch (the finish and
-    /// `[DONE]`) then stays buffered for the caller to write once the
-    /// record is written, so a client that retries as soon as it has read
-    /// `[DONE]` finds the outcome.
+    /// `[DONE]`) is held for the caller ([`Sink::holds_end`]), who writes it
+    /// once the record is written.
     pub aggregate: Option<ChatAggregate>,
     pub cut: Cut,
 }
@@ -119,18 +118,15 @@ impl Sink for ChatStream<'_> {
 
     /// The batch goes out first: its tokens are counted as delivered.
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self
-            .aggregate
-            .as_ref()
-            .is_some_and(ChatAggregate::is_finished)
-        {
-            return Ok(());
-        }
         self.reply.write().await?;
         if self.cut.now() {
             return Err(Gone);
         }
         Ok(())
+    }
+
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {
@@ -224,9 +220,6 @@ pub struct ResponseEvents<'a> {
     pub cut: Cut,
     stream: bool,
     frames: Vec<EncodedEvent>,
-    /// The last batch (the terminal event) stays buffered for the caller
-    /// to write: set when an `Idempotency-Key`'s record is written first.
-    pub hold_final: bool,
 }
 
 impl<'a> ResponseEvents<'a> {
@@ -242,7 +235,6 @@ impl<'a> ResponseEvents<'a> {
             cut: Cut::new(shutdown),
             stream,
             frames: Vec::new(),
-            hold_final: false,
         }
     }
 
@@ -287,14 +279,16 @@ impl Sink for ResponseEvents<'_> {
     /// The batch goes out first: the output it carries is delivered, so
     /// the final `response.incomplete` holds it too.
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self.hold_final && self.encoder.is_done() {
-            return Ok(());
-        }
         self.reply.write().await?;
         if self.cut.now() {
             return Err(Gone);
         }
         Ok(())
+    }
+
+    /// The terminal event goes out once the caller stored the response.
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {

@@ -21,8 +21,7 @@ pub struct MessagesStream<'a> {
     pub reply: SseReply<'a>,
     pub encoder: MessagesStreamEncoder,
     /// The reply folded as well, when an `Idempotency-Key`'s record keeps
-    /// it; its last batch then waits for the caller, who writes it once
-    /// the record is written (as the chat stream does).
+    /// it (the last batch waits for the caller: [`Sink::holds_end`]).
     pub aggregate: Option<MessageAggregate>,
     pub cut: Cut,
 }
@@ -59,14 +58,15 @@ impl Sink for MessagesStream<'_> {
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self.aggregate.is_some() && self.encoder.is_done() {
-            return Ok(());
-        }
         self.reply.write().await?;
         if self.cut.now() {
             return Err(Gone);
         }
         Ok(())
+    }
+
+    fn holds_end(&self) -> bool {
+        true
     }
 
     /// While the worker is quiet: a ping each [`PING_EVERY`], until the
