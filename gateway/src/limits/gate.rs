@@ -44,7 +44,11 @@ impl Limiter {
         if let Err(refusal) = local.check(&plan, self.now_ms()) {
             count_decision(model, LimitStage::Local, refusal.verdict);
             let window = refusal.snapshot(&plan);
-            return Err(Refused::new(refusal.into_refusal(tokens, &plan), plan, Some(window)));
+            return Err(Refused::new(
+                refusal.into_refusal(tokens, &plan),
+                plan,
+                Some(window),
+            ));
         }
 
         // Stage 2: the global count (nothing to count for an unlimited plan
@@ -84,11 +88,11 @@ impl Limiter {
         match admission.verdict {
             Verdict::Admitted => {
                 let mut reservation = self.reservation(
-                account,
-                model,
-                request_id,
-                input_estimate,
-                tokens,
+                    account,
+                    model,
+                    request_id,
+                    input_estimate,
+                    tokens,
                     holder,
                     local,
                 );
@@ -112,7 +116,7 @@ impl Limiter {
     }
 
     /// Takes over a request admitted on another replica: a background run
-    /// a draining peer handed over (`runs::adopt`). The plan's limits never
+    /// a draining peer handed over (`responses::adopt`). The plan's limits never
     /// refuse it (it was admitted once; refusing it now would lose work its
     /// client was promised), but it holds its tokens and concurrency slot
     /// while it runs, and is not counted again as a request. `billed`: the

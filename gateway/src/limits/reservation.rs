@@ -177,6 +177,7 @@ impl Drop for Reservation {
             started: self.started,
             done: true,
             counts_request: self.counts_request,
+            window: None,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

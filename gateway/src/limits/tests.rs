@@ -234,7 +234,7 @@ async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
         let r = limiter
             .admit_request(&acc, base, format!("r{i}"), 1, 1)
             .await;
-    let headers = rate_headers(&r);
+        let headers = rate_headers(&r);
         let e = ApiError::from(r.err().expect("refused"));
         assert_eq!(
             (e.status, e.retry_after_secs),

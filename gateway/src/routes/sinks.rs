@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::generation::{Gone, Sink};
 use crate::http::{ClientGone, Exchange, SseReply};
 use crate::lifecycle::Shutdown;
+use crate::responses::ResponseSink;
 use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
 use crate::translate::messages::MessageAggregate;
@@ -237,18 +238,15 @@ impl<'a> ResponseEvents<'a> {
             frames: Vec::new(),
         }
     }
+}
 
-    /// Ends a reply the drain cut with `response.incomplete` and the output
-    /// it delivered; a streamed reply's last event waits in the buffer for
-    /// the route to write once the store has it.
-    pub fn stop_early(&mut self) {
-        self.encoder
-            .stop_early(crate::runs::REPLICA_SHUTDOWN, &mut self.frames);
-        self.take_frames();
+impl ResponseSink for ResponseEvents<'_> {
+    fn frames(&mut self) -> (&mut ResponseEncoder, &mut Vec<EncodedEvent>) {
+        (&mut self.encoder, &mut self.frames)
     }
 
-    /// Moves encoded frames to the output (or drops them when not
-    /// streaming: the object holds the reply).
+    /// Into the reply's buffer (or dropped when not streaming: the object
+    /// holds the reply).
     fn take_frames(&mut self) {
         if self.stream {
             for f in self.frames.drain(..) {
@@ -257,6 +255,14 @@ impl<'a> ResponseEvents<'a> {
         } else {
             self.frames.clear();
         }
+    }
+
+    fn cut(&self) -> bool {
+        self.cut.happened()
+    }
+
+    async fn release(&mut self) -> Result<(), Gone> {
+        Ok(self.reply.write().await?)
     }
 }
 
