@@ -34,11 +34,13 @@
 //!    without a request (1000), when a ping goes unanswered, at
 //!    `max_connection_seconds` (1001, "connection lifetime reached", never
 //!    during a response), or when the replica drains (1001, after the
-//!    response running ends).
+//!    response running ends; one still running when the grace period runs
+//!    out ends `incomplete` in band first, as an HTTP stream does).
 
 mod event;
 mod rights;
 
+use super::sinks::{gone_or_cut, Cut};
 use crate::accounts::Account;
 use crate::api::responses::{EncodedEvent, InputItem, ResponseObject, ResponseStatus, StreamEvent};
 use crate::app::App;
@@ -362,6 +364,7 @@ impl Connection<'_, '_> {
             ws: &mut self.ws,
             encoder,
             frames: Vec::new(),
+            cut: Cut::new(app.shutdown.clone()),
         };
         let ended = run.drive(&svc, &mut events, &mut NoKey).await;
         let encoder = events.encoder;
@@ -370,6 +373,8 @@ impl Connection<'_, '_> {
             Ended::Gone => return Err(Refused::Gone),
             Ended::Finished => encoder.failure().map_or(200, |e| e.status),
             Ended::Failed(e) => e.status,
+            // `response.incomplete` went out last; the drain closes the
+            // connection next.
             Ended::Cut => 200,
         };
         let mut items = context;
@@ -425,11 +430,14 @@ fn close_reason(code: Close) -> &'static str {
 }
 
 /// Responses events as WebSocket text messages: the event stream's events,
-/// one message each, delivered one write per batch.
+/// one message each, delivered one write per batch. The drain's [`Cut`] is
+/// watched as every HTTP sink does: when the grace period runs out the
+/// response ends `incomplete` in band, stored as its client saw it.
 struct WsEvents<'w, 'x> {
     ws: &'w mut WebSocket<'x>,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
+    cut: Cut,
 }
 
 impl ResponseSink for WsEvents<'_, '_> {
@@ -444,9 +452,8 @@ impl ResponseSink for WsEvents<'_, '_> {
         }
     }
 
-    /// No drain cut yet: a response runs to its end.
     fn cut(&self) -> bool {
-        false
+        self.cut.happened()
     }
 
     /// The held end stays queued: the connection's loop flushes it after
@@ -466,12 +473,17 @@ impl Sink for WsEvents<'_, '_> {
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
+        self.cut.observe(&event);
         self.encoder.event(event, &mut self.frames);
         self.take_frames();
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
-        Ok(self.ws.flush().await?)
+        self.ws.flush().await?;
+        if self.cut.now() {
+            return Err(Gone);
+        }
+        Ok(())
     }
 
     /// The terminal event stays queued until the caller stored the response.
@@ -480,11 +492,11 @@ impl Sink for WsEvents<'_, '_> {
     }
 
     async fn gone(&mut self) {
-        busy(self.ws).await
+        gone_or_cut(busy(self.ws), &mut self.cut).await
     }
 
     async fn gone_while_starting(&mut self) {
-        busy(self.ws).await
+        gone_or_cut(busy(self.ws), &mut self.cut).await
     }
 
     async fn fail(&mut self, e: &ApiError) {
