@@ -43,6 +43,12 @@ GATEWAY_FORBIDDEN = [
     ("http", "app", "http/ is the exchange and its reply writer: no composition root"),
     ("routes", "listener", "the listener sits above routes"),
     ("runs", "routes", ROUTES_RULE),
+    ("runs", "responses", "runs/ sits below the Responses path: the adopter of a handed-over "
+     "run, which enters that path, is responses/adopt.rs"),
+    ("responses", "routes", ROUTES_RULE),
+    ("responses", "http", "responses/ is the Responses path whatever the transport: the routes "
+     "keep the transport (HTTP, WebSocket)"),
+    ("responses", "listener", "the listener sits above routes"),
     ("planner_mode", "routes", ROUTES_RULE),
     ("generation", "planner_mode", "the planner drives generation, never the other way round"),
     ("validate", "planner_mode", "the planner checks its own tool ids and agents (planner::begin)"),
@@ -77,6 +83,19 @@ GATEWAY_ONLY_IMPORTS = {
               "error/ is the envelope, the status table and the map of the lower layers' "
               "errors (map.rs): every layer above them may use it, so it imports only them"),
 }
+# Modules one-way inside: the directory module (its mod.rs, a dispatcher)
+# may import its files, but none of them imports it back; the handlers
+# listed import no other handler, and the other files (helpers) none.
+ONE_WAY_INSIDE = {
+    "routes": (
+        ("chat", "compact", "messages", "models", "openapi", "planner", "responses",
+         "responses_ws"),
+        "routes/ is one-way inside: mod.rs dispatches to the handlers, which share only "
+        "helpers (steps.rs, idempotent.rs, sinks.rs, follow.rs, ...) and never borrow "
+        "another handler's request path",
+    ),
+}
+
 # Module imports that break a rule or close a cycle but are accepted for
 # now: each one to remove, never to add to. An entry that no longer
 # occurs, or no longer closes a cycle, is reported so it gets removed.
@@ -129,6 +148,7 @@ CRATES = [
         "only_imports": GATEWAY_ONLY_IMPORTS,
         "only_imported_by": GATEWAY_ONLY_IMPORTED_BY,
         "known": GATEWAY_KNOWN,
+        "one_way_inside": ONE_WAY_INSIDE,
     },
     {
         "name": "planner/src",
@@ -192,6 +212,12 @@ def strip_tests(text):
 
 def test_only_children(text):
     return set(re.findall(r"#\[cfg\(test\)\]\s*(?:pub\s+)?mod\s+(\w+)\s*;", text))
+
+
+def test_only_paths(text):
+    """The files of test-only modules declared with `#[path = "..."]`."""
+    return set(re.findall(
+        r"#\[cfg\(test\)\]\s*#\[path\s*=\s*\"([^\"]+)\"\]\s*(?:pub\s+)?mod\s+\w+\s*;", text))
 
 
 IDENT = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\*)")
@@ -338,6 +364,8 @@ def check(krate):
     for m, t in texts.items():
         for child in test_only_children(t):
             test_only.add(m + (child,))
+        for path in test_only_paths(t):
+            test_only.add(module_of(krate["root"], os.path.join(os.path.dirname(files[m]), path)))
     mods = {m for m in files if not any(m[:n] in test_only for n in range(1, len(m) + 1))}
 
     def resolve(segments):
@@ -408,6 +436,24 @@ def check(krate):
             b in ONLY_IMPORTED_BY and a not in ONLY_IMPORTED_BY[b][0]
         ):
             problems.append(f"KNOWN lists {a} -> {b}, which closes no cycle and breaks no rule any more: remove it")
+
+    # Modules one-way inside.
+    for top, (handlers, why) in krate.get("one_way_inside", {}).items():
+        for m in sorted(mods):
+            if len(m) < 2 or m[0] != top:
+                continue
+            own = m[1] if m[1] in handlers else None
+            for line, path in imports(m, strip_tests(texts[m]), krate["aliases"]):
+                r = resolve(path) if path else None
+                if r is None or r[:1] != (top,):
+                    continue
+                if r == (top,):
+                    what = f"{top}/mod.rs"
+                elif r[1] in handlers and r[1] != own:
+                    what = f"the handler {top}/{r[1]}"
+                else:
+                    continue
+                problems.append(f"{rel(files[m])}:{line} imports {what}: {why}")
 
     # File cycles: strongly connected components of more than one file,
     # leaving out a directory module and its own children (a mod.rs

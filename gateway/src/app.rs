@@ -107,4 +107,17 @@ impl App {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.config.request_timeout_seconds)
     }
+
+    /// What the Responses path uses of the gateway.
+    pub fn responses(&self) -> crate::responses::Services<'_> {
+        crate::responses::Services {
+            catalog: &self.catalog,
+            pools: &self.pools,
+            limiter: &self.limiter,
+            runs: &self.runs,
+            shutdown: &self.shutdown,
+            max_body_bytes: self.config.max_body_bytes,
+            request_timeout: self.request_timeout(),
+        }
+    }
 }

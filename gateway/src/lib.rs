@@ -22,6 +22,7 @@ pub mod parse;
 pub mod planner_mode;
 pub mod pool;
 pub mod redis;
+pub mod responses;
 pub mod routes;
 pub mod runs;
 pub mod schema_cache;

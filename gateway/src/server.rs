@@ -47,13 +47,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let app = Arc::new(App::new(config)?);
-    let adopter = Arc::new(crate::runs::adopt::Adopter {
+    let adopter = Arc::new(crate::responses::adopt::Adopter {
         runs: app.runs.clone(),
         pools: app.pools.clone(),
         accounts: app.accounts.clone(),
         limiter: app.limiter.clone(),
         catalog: app.catalog.clone(),
         shutdown: app.shutdown.clone(),
+        max_body_bytes: app.config.max_body_bytes,
+        request_timeout: app.request_timeout(),
     });
     let drain = DrainingSignal {
         readiness_delay,
@@ -208,7 +210,7 @@ impl ShutdownSignalWatch for DrainingSignal {
 
 /// Runs the background runs that draining peers handed over and this
 /// replica's sweeper adopted.
-struct RunAdopter(Arc<crate::runs::adopt::Adopter>);
+struct RunAdopter(Arc<crate::responses::adopt::Adopter>);
 
 #[async_trait]
 impl BackgroundService for RunAdopter {

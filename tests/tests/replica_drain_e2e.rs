@@ -14,6 +14,7 @@
 use harness::replicas::{
     create_background, events, eventually, output_text, streamed_text, Replicas,
 };
+use harness::websocket::{self, CloseCode};
 use harness::{bounded, json, stream_body, SseFrame, Value, WorkerOpts};
 use std::time::{Duration, Instant};
 
@@ -293,6 +294,87 @@ async fn a_draining_replica_ends_every_reply_in_band_stores_and_bills_it_and_han
             || (r.leases_left().ok()? == 0).then_some(()),
         )
         .await;
+    })
+    .await;
+}
+
+/// A WebSocket response still generating when the grace period runs out
+/// ends in band as every HTTP stream does: `response.incomplete` last,
+/// holding the output its client got, stored exactly so (and read so on
+/// the other replica); then the connection closes with 1001.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_response_outliving_the_grace_period_ends_in_band_stored_as_its_client_saw_it()
+{
+    bounded(90, async {
+        let mut r = Replicas::start(WorkerOpts::default(), DRAIN).expect("replicas");
+        let mut ws = websocket::connect(&r.a.base_url(), r.a.api_key())
+            .await
+            .expect("connects");
+        ws.send_json(&json!({
+            "type": "response.create", "model": "base",
+            "input": format!("websocket {LONG}"), "store": true,
+        }))
+        .await
+        .expect("sent");
+        // Output is flowing when the drain begins.
+        let mut events: Vec<Value> = Vec::new();
+        while !events
+            .iter()
+            .any(|e| e["type"] == "response.output_text.delta")
+        {
+            events.push(ws.next_json().await.expect("an event"));
+        }
+        r.a.signal(libc::SIGTERM);
+        let sent = Instant::now();
+
+        let (rest, close) = ws.closed().await.expect("the connection ends");
+        events.extend(rest);
+        assert!(
+            sent.elapsed() < GRACE + Duration::from_secs(5),
+            "ended at the grace period's end: {:?}",
+            sent.elapsed()
+        );
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e["sequence_number"], i as u64, "{e}");
+        }
+        let last = events.last().expect("events");
+        assert_eq!(last["type"], "response.incomplete", "{last}\n{}", r.logs());
+        let told = &last["response"];
+        assert_eq!(told["status"], "incomplete", "{told}");
+        assert_eq!(told["incomplete_details"]["reason"], "replica_shutdown");
+        let text = streamed_text(
+            events
+                .iter()
+                .map(|e| (e["type"].as_str().unwrap_or_default(), e)),
+        );
+        assert!(!text.is_empty(), "the response had delivered output");
+        let deltas = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .count() as u64;
+        assert!(deltas < LONG_TOKENS, "cut, not finished: {deltas}");
+        assert_eq!(output_text(told), text, "the final event holds the output");
+        let (code, reason) = close.expect("a close frame");
+        assert_eq!(code, CloseCode::Away);
+        assert_eq!(reason, "server shutting down");
+
+        let id = told["id"].as_str().expect("id");
+        let stored = r.stored_object(id).expect("store").expect("stored");
+        assert_eq!(&stored, told, "stored as its client saw it");
+        let via_b =
+            r.b.client()
+                .get(&format!("/responses/{id}"))
+                .await
+                .expect("get");
+        assert_eq!(via_b.status, 200, "{via_b}");
+        assert_eq!(&via_b.json(), told, "read on the other replica");
+
+        let exited = tokio::task::block_in_place(|| r.a.wait_exit(Duration::from_secs(15)));
+        assert!(
+            exited.is_some_and(|s| s.success()),
+            "replica A exits 0 after its drain: {exited:?}\n{}",
+            r.logs()
+        );
     })
     .await;
 }

@@ -12,7 +12,7 @@
 use super::{ApiError, BLOCKED_EV, OVER_BUDGET_EV};
 use crate::accounts::AccountError;
 use crate::idempotency::IdempotencyError;
-use crate::limits::{Refusal, TooManyConnections};
+use crate::limits::{Refusal, Refused, TooManyConnections};
 use crate::pool::{PoolError, Shed};
 use crate::store::StoreError;
 use planner::SessionError;
@@ -60,6 +60,12 @@ impl From<Refusal> for ApiError {
                 "Rate limiting is temporarily unavailable. Retry shortly.",
             ),
         }
+    }
+}
+
+impl From<Refused> for ApiError {
+    fn from(r: Refused) -> Self {
+        r.refusal.into()
     }
 }
 

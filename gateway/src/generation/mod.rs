@@ -9,8 +9,11 @@
 //! every ending. What differs between chat streams, chat bodies, Responses
 //! events, background runs and planner model calls is only where the
 //! events go: a [`Sink`] (`routes/sinks.rs` and `routes/sinks_messages.rs`
-//! for HTTP replies, the WebSocket route's events, `runs::background` for
-//! the store, `planner_mode::calls` for a plan's model calls). This module
+//! for HTTP replies, `routes/responses_ws.rs` for a WebSocket,
+//! `runs::background` for the store, `planner_mode::calls` for a plan).
+//! A sink that answers a client holds its reply's end ([`Sink::holds_end`]):
+//! the batch carrying the worker's `Finished` event waits for the caller,
+//! who delivers it once it has stored what the reply tells. This module
 //! knows nothing of HTTP.
 
 mod delivered;
@@ -56,6 +59,16 @@ pub trait Sink {
     }
     /// Delivers the pending batch (one write to the client or the store).
     fn deliver(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
+    /// Whether the batch that carries the worker's `Finished` event stays
+    /// pending for the caller, who delivers it ([`Sink::deliver`]) once it
+    /// has stored what the reply tells (the stored response, an
+    /// `Idempotency-Key`'s record): a client that reads the end and at once
+    /// retrieves the response, chains to it or retries its key finds it.
+    /// Every sink that answers a client holds its end; a background run's
+    /// last write is the store's own.
+    fn holds_end(&self) -> bool {
+        false
+    }
     /// Resolves when the consumer goes away while the worker is quiet.
     fn gone(&mut self) -> impl Future<Output = ()> + Send;
     /// How long the worker may be quiet mid-generation before the consumer
@@ -97,7 +110,9 @@ pub trait Sink {
 pub enum End {
     /// No worker started the call; nothing reached the consumer.
     NotStarted(ApiError),
-    /// The worker finished; everything was delivered.
+    /// The worker finished; everything was delivered, but for a sink that
+    /// holds its end ([`Sink::holds_end`]) the last batch, which the caller
+    /// delivers.
     Finished(pb::Finished),
     /// The consumer went away; the worker's generation was cancelled.
     Gone,

@@ -126,7 +126,12 @@ async fn relay_events<S: Sink>(
                 Some(Err(status)) => return failed(guard, Some(status), request_id, decode.last),
             }
         }
-        let delivery = sink.deliver().await;
+        // The end of a reply its caller stores first stays pending.
+        let delivery = if finished.is_some() && sink.holds_end() {
+            Ok(())
+        } else {
+            sink.deliver().await
+        };
         if let Some(f) = finished {
             close_cleanly(rest);
             if delivery.is_err() {

@@ -1,13 +1,13 @@
 //! Admission: [`Limiter::admit_request`], the gate the request path
 //! calls. The local stage first ([`super::local`]), then the global count
 //! (a [`super::store::LimitStore`]); an admitted request leaves with a
-//! [`Reservation`], a refused one with a [`Refusal`], and both with the
-//! `x-ratelimit-*` headers ([`super::headers`]).
+//! [`Reservation`], a refused one [`Refused`]; both keep the window state
+//! they were decided under, which a caller that answers over HTTP asks for
+//! as `x-ratelimit-*` headers ([`super::headers`]).
 
-use super::headers;
 use super::limiter::Limiter;
 use super::local::LocalEntry;
-use super::refusal::{RateLimited, Refusal};
+use super::refusal::{RateLimited, Refusal, Refused};
 use super::reservation::Reservation;
 use super::store::{Admission, AdmitRequest, Holder, Verdict};
 use crate::accounts::{Account, RatePlan};
@@ -22,8 +22,9 @@ pub const FALLBACK_MAX_TOKENS: u32 = 4096;
 impl Limiter {
     /// Admits a request of `account` to `model` or refuses it: 429
     /// `rate_limit_exceeded` (with `retry-after`), 402 over budget, or 503
-    /// when Redis is down under `fail_closed`. Returns the `x-ratelimit-*`
-    /// headers either way, for every later response to carry.
+    /// when Redis is down under `fail_closed`. Either way the answer keeps
+    /// the window state it was decided under, for a caller that sends the
+    /// `x-ratelimit-*` headers (`rate_headers`).
     /// `input_estimate` is the prompt's token estimate
     /// ([`estimate_input_tokens`]); `max_tokens` 0 means the request set none.
     pub async fn admit_request(
@@ -33,7 +34,7 @@ impl Limiter {
         request_id: String,
         input_estimate: u64,
         max_tokens: u32,
-    ) -> (Result<Reservation, Refusal>, Vec<(&'static str, String)>) {
+    ) -> Result<Reservation, Refused> {
         let plan = account.plan;
         let tokens = input_estimate + u64::from(output_allowance(&plan, max_tokens));
         let org = &account.principal.org;
@@ -42,8 +43,12 @@ impl Limiter {
         let local = self.local.entry(org, model.id, &plan);
         if let Err(refusal) = local.check(&plan, self.now_ms()) {
             count_decision(model, LimitStage::Local, refusal.verdict);
-            let headers = headers::rate_limit_headers(&plan, &refusal.snapshot(&plan));
-            return (Err(refusal.into_refusal(tokens, &plan)), headers);
+            let window = refusal.snapshot(&plan);
+            return Err(Refused::new(
+                refusal.into_refusal(tokens, &plan),
+                plan,
+                Some(window),
+            ));
         }
 
         // Stage 2: the global count (nothing to count for an unlimited plan
@@ -73,27 +78,30 @@ impl Limiter {
             Ok(a) => a,
             Err(e) => {
                 local.release();
-                return (Err(e), Vec::new());
+                return Err(Refused::new(e, plan, None));
             }
         };
         count_decision(model, holder.stage(), admission.verdict);
         if admission.verdict == Verdict::Requests {
             local.requests_full_for(self.now_ms(), admission.retry_after_ms);
         }
-        let headers = headers::rate_limit_headers(&plan, &admission);
-        let result = match admission.verdict {
-            Verdict::Admitted => Ok(self.reservation(
-                account,
-                model,
-                request_id,
-                input_estimate,
-                tokens,
-                holder,
-                local,
-            )),
+        match admission.verdict {
+            Verdict::Admitted => {
+                let mut reservation = self.reservation(
+                    account,
+                    model,
+                    request_id,
+                    input_estimate,
+                    tokens,
+                    holder,
+                    local,
+                );
+                reservation.window = Some(admission);
+                Ok(reservation)
+            }
             verdict => {
                 local.release();
-                Err(match verdict {
+                let refusal = match verdict {
                     Verdict::OverBudget => Refusal::OverBudget,
                     _ => Refusal::RateLimited(RateLimited::new(
                         verdict,
@@ -101,14 +109,14 @@ impl Limiter {
                         &plan,
                         admission.retry_after_ms,
                     )),
-                })
+                };
+                Err(Refused::new(refusal, plan, Some(admission)))
             }
-        };
-        (result, headers)
+        }
     }
 
     /// Takes over a request admitted on another replica: a background run
-    /// a draining peer handed over (`runs::adopt`). The plan's limits never
+    /// a draining peer handed over (`responses::adopt`). The plan's limits never
     /// refuse it (it was admitted once; refusing it now would lose work its
     /// client was promised), but it holds its tokens and concurrency slot
     /// while it runs, and is not counted again as a request. `billed`: the
@@ -206,6 +214,7 @@ impl Limiter {
             started: false,
             done: false,
             counts_request: true,
+            window: None,
         }
     }
 }

@@ -29,7 +29,8 @@
 //! `limiter.rs` the [`Limiter`], which asks them and keeps the slot
 //! heartbeat; `gate.rs` admission ([`Limiter::admit_request`]);
 //! `reservation.rs` an admitted request's hold and its settlement;
-//! `refusal.rs` what a refused one is told; `connections.rs` the cap on
+//! `refusal.rs` what a refused one is told (each keeps the window state
+//! its `x-ratelimit-*` headers are made of); `connections.rs` the cap on
 //! a key's open WebSocket connections. Cost is
 //! [`crate::usage::cost_nano`]'s.
 
@@ -57,6 +58,6 @@ pub use crate::usage::TokenUsage;
 pub use connections::{Connections, OpenConnection, TooManyConnections};
 pub use gate::{estimate_input_tokens, FALLBACK_MAX_TOKENS};
 pub use limiter::Limiter;
-pub use refusal::{RateLimited, Refusal};
+pub use refusal::{RateLimited, Refusal, Refused};
 pub use reservation::{Outcome, Reservation};
 pub use store::{Admission, AdmitRequest, LimitStore, Settlement, Verdict, WINDOW_MS};

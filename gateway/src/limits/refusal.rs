@@ -1,10 +1,39 @@
-//! Why the limiter refused a request ([`Refusal`]), what a client is
-//! told of a rate limit ([`RateLimited`]), and the local stage's refusal
-//! before any store was asked ([`LocalRefusal`]).
+//! Why the limiter refused a request ([`Refusal`]), the refusal with the
+//! window state it was decided under ([`Refused`]), what a client is told
+//! of a rate limit ([`RateLimited`]), and the local stage's refusal before
+//! any store was asked ([`LocalRefusal`]).
 
+use super::headers::rate_limit_headers;
 use super::store::{Admission, Verdict};
 use crate::accounts::RatePlan;
 use std::time::Duration;
+
+/// A request admission refused: why, and the plan's windows as the
+/// decision saw them (none when no store answered).
+#[derive(Debug)]
+pub struct Refused {
+    pub refusal: Refusal,
+    plan: RatePlan,
+    window: Option<Admission>,
+}
+
+impl Refused {
+    pub(super) fn new(refusal: Refusal, plan: RatePlan, window: Option<Admission>) -> Self {
+        Self {
+            refusal,
+            plan,
+            window,
+        }
+    }
+
+    /// The `x-ratelimit-*` (and `retry-after-ms`) headers of the refusal,
+    /// for a caller that answers over HTTP.
+    pub fn rate_headers(&self) -> Vec<(&'static str, String)> {
+        self.window
+            .map(|w| rate_limit_headers(&self.plan, &w))
+            .unwrap_or_default()
+    }
+}
 
 /// Why the limiter refused a request. The HTTP layer maps it to the
 /// spec's envelope (`error/map.rs`): 429, 402 or 503.

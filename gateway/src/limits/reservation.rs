@@ -48,12 +48,23 @@ pub struct Reservation {
     /// Its usage counts a request: not when it continues one another
     /// replica billed ([`Limiter::take_over`]).
     pub(super) counts_request: bool,
+    /// The plan's windows as admission saw them (none for a request taken
+    /// over: it was admitted elsewhere).
+    pub(super) window: Option<super::store::Admission>,
 }
 
 impl Reservation {
     /// The account the request was admitted for.
     pub fn account(&self) -> &Account {
         &self.account
+    }
+
+    /// The `x-ratelimit-*` headers of its admission, for a caller that
+    /// answers over HTTP.
+    pub fn rate_headers(&self) -> Vec<(&'static str, String)> {
+        self.window
+            .map(|w| super::headers::rate_limit_headers(&self.account.plan, &w))
+            .unwrap_or_default()
     }
 
     /// The prompt tokens it was admitted with (an estimate from the body).
@@ -166,6 +177,7 @@ impl Drop for Reservation {
             started: self.started,
             done: true,
             counts_request: self.counts_request,
+            window: None,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

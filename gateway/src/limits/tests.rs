@@ -2,8 +2,8 @@
 //! settling a dropped reservation, and what a refusal says.
 
 use super::limiter::Limiter;
-use super::refusal::{RateLimited, Refusal};
-use super::reservation::Outcome;
+use super::refusal::{RateLimited, Refusal, Refused};
+use super::reservation::{Outcome, Reservation};
 use super::slots::{self, SlotLease};
 use super::store::{AdmitRequest, Verdict};
 use super::RatePlan;
@@ -37,6 +37,14 @@ fn test_slots() -> SlotLease {
     )
 }
 
+/// The `x-ratelimit-*` headers an admission's answer asks for.
+fn rate_headers(admitted: &Result<Reservation, Refused>) -> Vec<(&'static str, String)> {
+    match admitted {
+        Ok(r) => r.rate_headers(),
+        Err(r) => r.rate_headers(),
+    }
+}
+
 fn retry_after_ms(headers: &[(&str, String)]) -> Option<u64> {
     headers
         .iter()
@@ -66,7 +74,7 @@ async fn the_heartbeat_keeps_a_live_slot_and_an_unrenewed_one_lapses_within_a_le
     };
     let acc = account(plan);
     let base = crate::catalog::Catalog::default().find("base").unwrap();
-    let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
+    let r = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
     let held = r.unwrap();
     tokio::time::sleep(lease * 3).await;
     // Another replica's view: this process's local count aside, the
@@ -126,9 +134,10 @@ async fn a_reservation_past_its_deadline_is_no_longer_renewed() {
         account(plan),
         crate::catalog::Catalog::default().find("base").unwrap(),
     );
-    let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
+    let r = limiter.admit_request(&acc, base, "r1".into(), 1, 1).await;
     let _leaked = r.unwrap();
-    let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 1, 1).await;
+    let r = limiter.admit_request(&acc, base, "r2".into(), 1, 1).await;
+    let headers = rate_headers(&r);
     assert!(r.is_err());
     assert!(retry_after_ms(&headers).is_some());
     // Renewed until its deadline (one lease here), then lapsed within
@@ -165,15 +174,17 @@ async fn a_dropped_reservation_releases_its_slot_and_tokens() {
     };
     let acc = account(plan);
     let base = crate::catalog::Catalog::default().find("base").unwrap();
-    let (r, headers) = limiter
+    let r = limiter
         .admit_request(&acc, base, "r1".into(), 100, 800)
         .await;
+    let headers = rate_headers(&r);
     let mut reservation = r.unwrap();
     assert!(headers
         .iter()
         .any(|(k, v)| *k == "x-ratelimit-remaining-tokens" && v == "100"));
     // Busy: one in flight, 900 of 1000 tokens reserved.
-    let (r, headers) = limiter.admit_request(&acc, base, "r2".into(), 10, 1).await;
+    let r = limiter.admit_request(&acc, base, "r2".into(), 10, 1).await;
+    let headers = rate_headers(&r);
     assert_eq!(r.err().map(|e| ApiError::from(e).status), Some(429));
     assert!(headers.iter().any(|(k, _)| *k == "retry-after-ms"));
     // The request is abandoned mid-stream: dropped, never settled.
@@ -181,9 +192,10 @@ async fn a_dropped_reservation_releases_its_slot_and_tokens() {
     reservation.observe_output(5);
     drop(reservation);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let (r, headers) = limiter
+    let r = limiter
         .admit_request(&acc, base, "r3".into(), 10, 800)
         .await;
+    let headers = rate_headers(&r);
     assert!(r.is_ok(), "slot and unused tokens are back");
     // 100 input estimate + 5 output billed for r1, 810 reserved by r3.
     assert!(
@@ -210,7 +222,7 @@ async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
     let acc = account(plan);
     let base = crate::catalog::Catalog::default().find("base").unwrap();
     for i in 0..3 {
-        let (r, _) = limiter
+        let r = limiter
             .admit_request(&acc, base, format!("r{i}"), 1, 1)
             .await;
         r.unwrap().settle(Outcome::NotRun).await;
@@ -219,9 +231,10 @@ async fn refusals_of_one_full_window_carry_the_same_reset_at_both_stages() {
         |h: &[(&str, String)], k: &str| h.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
     let mut waits = Vec::new();
     for i in 3..6 {
-        let (r, headers) = limiter
+        let r = limiter
             .admit_request(&acc, base, format!("r{i}"), 1, 1)
             .await;
+        let headers = rate_headers(&r);
         let e = ApiError::from(r.err().expect("refused"));
         assert_eq!(
             (e.status, e.retry_after_secs),
@@ -309,9 +322,9 @@ async fn a_taken_over_request_is_never_refused_and_is_billed_as_the_rest_of_one(
     };
     let acc = account(plan);
     let base = crate::catalog::Catalog::default().find("base").unwrap();
-    let (r, _) = limiter.admit_request(&acc, base, "r1".into(), 50, 10).await;
+    let r = limiter.admit_request(&acc, base, "r1".into(), 50, 10).await;
     let first = r.expect("admitted");
-    let (refused, _) = limiter.admit_request(&acc, base, "r2".into(), 50, 10).await;
+    let refused = limiter.admit_request(&acc, base, "r2".into(), 50, 10).await;
     assert!(refused.is_err(), "the org is at its limits");
     let continued = limiter
         .take_over(&acc, base, "r1-adopted".into(), 50, 10, true)

@@ -106,8 +106,7 @@ impl<'a> RequestCalls<'a> {
         let reservation = match first {
             Some(r) => r,
             None => {
-                let (admitted, _headers) = self
-                    .limiter
+                self.limiter
                     .admit_request(
                         self.account,
                         self.model,
@@ -115,8 +114,7 @@ impl<'a> RequestCalls<'a> {
                         estimate_input_tokens(input_bytes),
                         max_tokens,
                     )
-                    .await;
-                admitted?
+                    .await?
             }
         };
         let streamed = deltas.is_some();

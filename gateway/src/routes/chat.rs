@@ -1,7 +1,10 @@
-//! `POST /v1/chat/completions`: the request path, top to bottom.
+//! `POST /v1/chat/completions`: the request path, top to bottom. A body
+//! with `planner_mode` goes back to the dispatcher, checked
+//! ([`Served::Planner`]), for the planner's route.
 
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::{ChatBody, ChatStream};
+use super::steps;
 use crate::accounts::{Account, Scope};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
@@ -18,7 +21,28 @@ use crate::validate::chat::ValidChatRequest;
 use crate::{parse, validate};
 use std::sync::Arc;
 
-pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
+/// What [`create`] did with the request.
+pub enum Served {
+    /// Answered.
+    Done,
+    /// A planner turn, validated, its scope checked: the planner's route
+    /// runs it.
+    Planner(PlannerTurn),
+}
+
+/// A chat request in planner mode, ready for the planner's route.
+pub struct PlannerTurn {
+    pub account: Arc<Account>,
+    pub req: ChatCompletionRequest,
+    pub valid: ValidChatRequest,
+    pub input_estimate: u64,
+}
+
+pub async fn create(
+    app: &App,
+    ex: &mut Exchange,
+    account: Arc<Account>,
+) -> Result<Served, ApiError> {
     // 1. Read and parse (and the `Idempotency-Key`, with the body's print).
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
@@ -46,26 +70,23 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
             return Err(idempotent::not_with_planner());
         }
         account.check_scope(Scope::Planner)?;
-        let route = Box::pin(super::planner::create(
-            app,
-            ex,
+        return Ok(Served::Planner(PlannerTurn {
             account,
             req,
             valid,
             input_estimate,
-        ));
-        return route.await;
+        }));
     }
 
     // 3. With a key: claim it, or answer from the first request's record.
     let mut claim = match idempotent::begin(app, ex, &account, idempotency).await? {
         Begin::Run(claim) => claim,
-        Begin::Replayed => return Ok(()),
+        Begin::Replayed => return Ok(Served::Done),
     };
     let result = generate(app, ex, &account, req, valid, input_estimate, &mut claim).await;
     // Anything but a success frees the key: a retry runs.
     idempotent::release(claim).await;
-    result
+    result.map(|()| Served::Done)
 }
 
 /// Steps 4 to 6: admission, the generation, the reply. A success records
@@ -81,7 +102,7 @@ async fn generate(
 ) -> Result<(), ApiError> {
     let session_id = ex.session_id().map(str::to_owned);
     // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = super::admit(
+    let reservation = steps::admit(
         app,
         ex,
         account,
@@ -99,7 +120,7 @@ async fn generate(
     // Served at the tier it asked for, as far as its plan allows.
     let tier = account.plan.service_tier(req.service_tier.as_deref());
     drop(req);
-    let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
+    let generation = steps::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let id = new_id("chatcmpl-");
     if valid.stream {
         let encoder = ChatStreamEncoder::new(

@@ -2,29 +2,29 @@
 //! the conversation (`previous_response_id`'s chain, then `input`) that asks
 //! the model for a summary; the answer is the conversation's user messages
 //! and one `compaction` item holding the summary, which a later
-//! `POST /v1/responses` takes as input in place of what it replaces.
+//! `POST /v1/responses` takes as input in place of what it replaces. The
+//! pass runs the Responses path (`crate::responses`) as the response it is.
 
-use super::responses::{conversation, response_object, Conversation};
 use super::sinks::ResponseEvents;
+use super::steps;
 use crate::accounts::Account;
 use crate::api::responses::{
     CompactRequest, CompactedConversation, CreateResponseRequest, Input, InputItem, ItemContent,
-    OutputItem, ResponseStatus,
+    OutputItem,
 };
 use crate::app::App;
 use crate::error::ApiError;
-use crate::generation::{self, End};
 use crate::http::Exchange;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
+use crate::parse;
+use crate::responses::{self, Ended, NoKey, Request, Started};
 use crate::translate::compaction;
-use crate::translate::responses::{to_worker, ResponseEncoder};
-use crate::{parse, validate};
 use std::sync::Arc;
 
 pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Result<(), ApiError> {
-    let principal = account.principal.clone();
-    // 1. Read and parse; the pass is validated as the response it runs as
+    let svc = app.responses();
+    // 1. Read and parse; the pass is checked as the response it runs as
     // (the parameters it shares with create keep their names).
     let body = ex
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
@@ -33,63 +33,46 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
     let input_estimate = estimate_input_tokens(body.len());
     drop(body);
     let pass = summary_pass(&req);
-    let valid = validate::responses::validate(&app.catalog, &pass)?;
-    ex.model = valid.model.id;
-    account.check_model(valid.model.id)?;
-    let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
+    let checked = responses::check_request(&svc, &account, pass, input_estimate, &mut ex.model)?;
 
     // 2. The conversation: the stored chain, then this input (bounded).
-    let Conversation {
-        context: conversation,
-        tokens,
-        ..
-    } = conversation(app, &principal, &pass, &valid, None).await?;
-    let input_estimate = input_estimate.max(tokens);
-    let mut prompt = conversation.clone();
-    prompt.push(user_message(compaction::ASK.to_owned()));
+    let mut prepared = responses::prepare(&svc, &account.principal, checked, None).await?;
+    // The model is given the conversation, then the ask.
+    prepared
+        .context
+        .push(user_message(compaction::ASK.to_owned()));
 
     // 3. Admit, translate, and run the pass to its end.
-    let reservation = super::admit(
-        app,
-        ex,
-        &account,
-        valid.model,
-        input_estimate,
-        valid.max_output_tokens,
-    )
-    .await?;
-    let mut work = to_worker(&pass, &valid, &prompt, &ex.request_id);
-    generation::session_affinity(&mut work, ex.session_id());
-    let (object, tier) = response_object(
-        &account,
-        &pass,
-        &valid,
-        ResponseStatus::InProgress,
-        sampling,
-    );
-    let id = object.id.clone();
-    let encoder = ResponseEncoder::new(object, valid.format.clone());
-    let generation = super::generation(app, ex, valid.model.id, work, false, tier);
-    let mut events = ResponseEvents::new(ex, encoder, false, app.shutdown.clone());
-    let end = generation.run(reservation, &mut events).await;
-    let ResponseEvents {
-        reply,
+    let max_output = prepared.valid.max_output_tokens;
+    let admitted = responses::admit(&svc, &account, &prepared, &ex.request_id, max_output).await;
+    let reservation = steps::admitted(ex, admitted)?;
+    let request = Request {
+        request_id: &ex.request_id,
+        session: ex.session_id(),
+        trace: ex.trace,
+        timed_from: None,
+    };
+    let Started {
         encoder,
-        cut,
-        ..
-    } = events;
-    match end {
+        mut context,
+        run,
+    } = responses::start(&svc, &account, prepared, reservation, request).await?;
+    context.pop();
+    let mut events = ResponseEvents::new(ex, encoder, false, app.shutdown.clone());
+    let ended = run.drive(&svc, &mut events, &mut NoKey).await;
+    let ResponseEvents { reply, encoder, .. } = events;
+    match ended {
         // A half summary is no summary: the drain's cut is an error.
-        End::Gone if cut.happened() => {
+        Ended::Cut => {
             drop(reply);
             return Err(ApiError::replica_shutdown());
         }
-        End::Gone => {
+        Ended::Gone => {
             reply.left();
             return Ok(());
         }
-        End::NotStarted(e) | End::Failed(e) => return Err(e),
-        End::Finished(_) => drop(reply),
+        Ended::NotStarted(e) | Ended::Failed(e) => return Err(e),
+        Ended::Finished => drop(reply),
     }
     if let Some(e) = encoder.failure() {
         return Err(e.clone());
@@ -97,7 +80,7 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
 
     // 4. The user's messages, then the summary in its compaction item.
     let summary = output_text(&encoder.object.output);
-    let mut output: Vec<InputItem> = conversation
+    let mut output: Vec<InputItem> = context
         .into_iter()
         .filter(|item| {
             item.kind.as_deref() == Some("message") && item.role.as_deref() == Some("user")
@@ -110,7 +93,7 @@ pub async fn compact(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Res
         ..Default::default()
     });
     let compacted = CompactedConversation {
-        id,
+        id: encoder.object.id.clone(),
         object: "response.compaction",
         created_at: encoder.object.created_at,
         output,

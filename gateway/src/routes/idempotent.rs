@@ -27,6 +27,7 @@ use crate::http::{Exchange, SseReply};
 use crate::idempotency::claims::Claims;
 use crate::idempotency::{self, KeyProblem, Outcome, Record};
 use crate::lifecycle::Shutdown;
+use crate::responses::KeepOutcome;
 use crate::runs::stored::{FINISH_RETRY_FIRST, FINISH_RETRY_MAX, PATIENCE};
 use crate::sse;
 use crate::store::{ResponseStore, StoreError};
@@ -58,7 +59,7 @@ pub fn header(ex: &Exchange) -> Result<Option<KeyHeader>, ApiError> {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(super::duplicate_header(HEADER).with_param(HEADER));
+        return Err(super::steps::duplicate_header(HEADER).with_param(HEADER));
     }
     let key = idempotency::parse_key(raw.as_bytes()).map_err(|problem| {
         let why = match problem {
@@ -277,6 +278,17 @@ pub async fn complete(claim: &mut Option<Claim>, outcome: Outcome) {
                 drop(in_flight);
             });
         }
+    }
+}
+
+/// A Responses run's ending keeps its finished reply's outcome here.
+impl KeepOutcome for Option<Claim> {
+    fn wanted(&self) -> bool {
+        self.is_some()
+    }
+
+    async fn keep(&mut self, outcome: Outcome) {
+        complete(self, outcome).await
     }
 }
 

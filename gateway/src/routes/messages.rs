@@ -8,6 +8,7 @@
 
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::{FoldedBody, MessagesStream};
+use super::steps;
 use crate::accounts::Account;
 use crate::api::messages::{MessagesRequest, TokenCount};
 use crate::app::App;
@@ -80,7 +81,7 @@ async fn generate(
     {
         valid.fit_window(window);
     }
-    let reservation = super::admit(
+    let reservation = steps::admit(
         app,
         ex,
         account,
@@ -93,7 +94,7 @@ async fn generate(
     generation::session_affinity(&mut work, session(ex).as_deref());
     let tier = account.plan.service_tier(valid.service_tier);
     drop(req);
-    let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
+    let generation = steps::generation(app, ex, valid.model.id, work, valid.stream, tier);
     let id = new_id("msg_");
     if !valid.stream {
         let mut body = FoldedBody::<MessageAggregate>::new(ex, app.shutdown.clone());

@@ -3,9 +3,15 @@
 //! the public interface description (`/v1/openapi.json`); an unknown route
 //! is a 404 in the standard envelope.
 
+//!
+//! This file only dispatches. The route handlers below it do not import
+//! one another; what they share are the helpers beside them (`steps.rs`:
+//! the key and method checks, admission, a foreground generation;
+//! `idempotent.rs`, `sinks.rs`, `sinks_messages.rs`, `follow.rs`), which
+//! import no handler. The Responses path itself is `crate::responses`.
+
 pub mod chat;
 pub mod compact;
-mod conversation;
 mod follow;
 mod idempotent;
 pub mod messages;
@@ -15,17 +21,15 @@ pub mod planner;
 pub mod responses;
 pub mod responses_ws;
 mod sinks;
+mod steps;
 
-use crate::accounts::{Account, Scope, ServiceTier};
+use crate::accounts::Scope;
 use crate::app::App;
-use crate::catalog::ModelSpec;
 use crate::error::ApiError;
-use crate::generation::Generation;
 use crate::http::websocket::Handshake;
 use crate::http::{Dialect, Exchange};
-use crate::limits::Reservation;
 use http::Method;
-use std::sync::Arc;
+use steps::{allow, authorize};
 
 /// Routes one request to its handler.
 ///
@@ -44,8 +48,30 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
             ex.route = "chat.completions";
             allow(ex, &[Method::POST], &path)?;
             let account = authorize(app, ex, Scope::ChatWrite).await?;
-            let route = Box::pin(chat::create(app, ex, account));
-            route.await
+            let served = {
+                let route = Box::pin(chat::create(app, ex, account));
+                route.await?
+            };
+            match served {
+                chat::Served::Done => Ok(()),
+                chat::Served::Planner(turn) => {
+                    let chat::PlannerTurn {
+                        account,
+                        req,
+                        valid,
+                        input_estimate,
+                    } = turn;
+                    let route = Box::pin(planner::create(
+                        app,
+                        ex,
+                        account,
+                        req,
+                        valid,
+                        input_estimate,
+                    ));
+                    route.await
+                }
+            }
         }
         // Anthropic's Messages API: its envelope for every error, from
         // the key check on (Claude Code adds `?beta=true`: the query is
@@ -155,92 +181,4 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         }
         _ => Err(ApiError::route_not_found(method.as_str(), &path)),
     }
-}
-
-/// The generation of a foreground request: its deadline starts now, and a
-/// stream's first token is timed from the request's start.
-fn generation<'a>(
-    app: &'a App,
-    ex: &Exchange,
-    model: &'static str,
-    work: inference_proto::v1::GenerateRequest,
-    stream: bool,
-    tier: ServiceTier,
-) -> Generation<'a> {
-    Generation {
-        pools: &app.pools,
-        model,
-        work,
-        trace: ex.trace,
-        deadline: tokio::time::Instant::now() + app.request_timeout(),
-        timed_from: stream.then_some(ex.started),
-        tier,
-    }
-}
-
-/// The access check of every route (see `Accounts::authorize`). Two
-/// `Authorization` headers are refused before either is looked at: which
-/// one counts would otherwise depend on who reads them (a proxy in front
-/// may check the last one while we used the first). An Anthropic client
-/// may send its key as `x-api-key` instead (checked the same way, when
-/// there is no `Authorization`).
-async fn authorize(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
-    let single = |name: &str| {
-        let mut values = ex.session.req_header().headers.get_all(name).iter();
-        let first = values.next().map(|v| v.as_bytes());
-        match values.next() {
-            Some(_) => Err(duplicate_header(name)),
-            None => Ok(first),
-        }
-    };
-    let from_key;
-    let header = match single("Authorization")? {
-        Some(h) => Some(h),
-        None if ex.dialect == Dialect::Anthropic => {
-            from_key = single("x-api-key")?.map(|key| [b"Bearer ".as_slice(), key].concat());
-            from_key.as_deref()
-        }
-        None => None,
-    };
-    Ok(app.accounts.authorize(header, scope).await?)
-}
-
-/// 400 for a header that must appear at most once.
-fn duplicate_header(name: &str) -> ApiError {
-    ApiError::new(
-        400,
-        "duplicate_header",
-        format!("The request has more than one '{name}' header; send exactly one."),
-    )
-}
-
-/// Admits the request under its plan's limits (see `Limiter::admit_request`);
-/// the `x-ratelimit-*` headers go on whatever response follows.
-async fn admit(
-    app: &App,
-    ex: &mut Exchange,
-    account: &Arc<Account>,
-    model: &'static ModelSpec,
-    input_estimate: u64,
-    max_tokens: u32,
-) -> Result<Reservation, ApiError> {
-    let request_id = ex.request_id.clone();
-    let (result, headers) = app
-        .limiter
-        .admit_request(account, model, request_id, input_estimate, max_tokens)
-        .await;
-    ex.extra_headers.extend(headers);
-    Ok(result?)
-}
-
-/// 405 unless the request's method is one of `allowed`, with the `Allow`
-/// header RFC 9110 requires on a 405 (the error response carries
-/// `extra_headers`).
-fn allow(ex: &mut Exchange, allowed: &[Method], path: &str) -> Result<(), ApiError> {
-    if allowed.contains(ex.method()) {
-        return Ok(());
-    }
-    let list: Vec<&str> = allowed.iter().map(Method::as_str).collect();
-    ex.extra_headers.push(("allow", list.join(", ")));
-    Err(ApiError::method_not_allowed(ex.method().as_str(), path))
 }

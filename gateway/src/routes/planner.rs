@@ -6,6 +6,7 @@
 //! tasks are cancelled), and its reply: one body, or a stream that starts
 //! with the first thing to say.
 
+use super::steps;
 use crate::accounts::Account;
 use crate::api::chat::{ChatCompletionRequest, ChatUsage};
 use crate::app::App;
@@ -44,7 +45,7 @@ pub async fn create(
             || run_input(&req, valid.max_tokens),
         )
         .await?;
-    let admitted = super::admit(
+    let admitted = steps::admit(
         app,
         ex,
         &account,

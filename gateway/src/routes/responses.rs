@@ -1,30 +1,21 @@
-//! The Responses API: `POST /v1/responses` (the request path, top to
-//! bottom), retrieve (with replay of a background run's events), delete,
-//! cancel, and input item listing.
+//! The Responses API over HTTP: `POST /v1/responses` (the transport of
+//! the Responses path, `crate::responses`), retrieve (with replay of a
+//! background run's events), delete, cancel, and input item listing.
 
-pub(super) use super::conversation::{conversation, Conversation};
 use super::follow::{follow, not_found};
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::ResponseEvents;
-use crate::accounts::{Account, ServiceTier};
-use crate::api::responses::{
-    CreateResponseRequest, DeletedResponse, InputItem, InputItemList, ResponseObject,
-    ResponseStatus,
-};
+use super::steps;
+use crate::accounts::Account;
+use crate::api::responses::{DeletedResponse, InputItemList, ResponseObject};
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::generation::{self, End};
 use crate::http::{Exchange, SseReply};
 use crate::idempotency::Outcome as KeyOutcome;
-use crate::ids::new_id;
-use crate::limits::{estimate_input_tokens, Outcome};
-use crate::runs::background::{BackgroundRun, Origin};
-use crate::runs::{Cancel, NewRun, StoredRun};
-use crate::translate::responses::{new_object, to_worker, ResponseEncoder};
-use crate::validate::responses::ValidResponseRequest;
-use crate::{parse, validate};
-use inference_proto::v1 as pb;
+use crate::responses::{self, Checked, Ended, Request, Started};
+use crate::runs::Cancel;
+use crate::translate::responses::ResponseEncoder;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -35,7 +26,7 @@ pub async fn create(app: &App, ex: &mut Exchange, account: Arc<Account>) -> Resu
         .read_json_body(app.config.max_body_bytes, app.read_timeout())
         .await?;
     let key = idempotent::header(ex)?;
-    let checked = check(app, &account, &body, &mut ex.model)?;
+    let checked = responses::check(&app.responses(), &account, &body, &mut ex.model)?;
     // Printed only once the bounded parse accepted the body.
     let idempotency = key.map(|k| k.with_body("responses", &body));
     drop(body);
@@ -60,193 +51,87 @@ async fn run(
     checked: Checked,
     claim: &mut Option<Claim>,
 ) -> Result<(), ApiError> {
-    let principal = account.principal.clone();
-    let Checked {
-        req,
-        valid,
-        input_estimate,
-        sampling,
-    } = checked;
-
+    let svc = app.responses();
     // 3. The conversation: the stored chain, then this input (bounded).
-    let Conversation {
-        context,
-        input_items,
-        tokens,
-    } = conversation(app, &principal, &req, &valid, None).await?;
-    let input_estimate = input_estimate.max(tokens);
+    let prepared = responses::prepare(&svc, &account.principal, checked, None).await?;
+    let (stream, background) = (prepared.valid.stream, prepared.valid.background);
 
     // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = super::admit(
-        app,
-        ex,
-        account,
-        valid.model,
-        input_estimate,
-        valid.max_output_tokens,
-    )
-    .await?;
+    let max_output = prepared.valid.max_output_tokens;
+    let admitted = responses::admit(&svc, account, &prepared, &ex.request_id, max_output).await;
+    let reservation = steps::admitted(ex, admitted)?;
 
     // 5. Translate; store the new response, owned here (its run lease).
-    let mut work = to_worker(&req, &valid, &context, &ex.request_id);
-    generation::session_affinity(&mut work, ex.session_id());
-    let status = if valid.background {
-        ResponseStatus::Queued
-    } else {
-        ResponseStatus::InProgress
+    let request = Request {
+        request_id: &ex.request_id,
+        session: ex.session_id(),
+        trace: ex.trace,
+        timed_from: stream.then_some(ex.started),
     };
-    let (object, tier) = response_object(account, &req, &valid, status, sampling);
-    let id = object.id.clone();
-    drop(req);
-    let run = if valid.store {
-        match store_run(app, account, &object, &input_items, &context).await {
-            Ok(run) => Some(run),
-            Err(e) => {
-                reservation.settle(Outcome::NotRun).await;
-                return Err(e);
-            }
-        }
-    } else {
-        None
-    };
-    let encoder = ResponseEncoder::new(object.clone(), valid.format.clone());
+    let Started { encoder, run, .. } =
+        responses::start(&svc, account, prepared, reservation, request).await?;
 
     // 6a. Background (always stored): the run goes on without this request.
-    if valid.background {
-        let Some(run) = run else {
-            reservation.settle(Outcome::NotRun).await;
-            // Validation refuses `background` without `store`.
-            return Err(ApiError::internal("a background response is always stored"));
-        };
-        let background = BackgroundRun {
-            runs: app.runs.clone(),
-            pools: app.pools.clone(),
-            model: valid.model,
-            work,
-            trace: ex.trace,
-            encoder,
-            run,
-            reservation,
-            timeout: app.request_timeout(),
-            tier,
-            in_flight: app.shutdown.begin(),
-            shutdown: app.shutdown.clone(),
-            origin: Origin {
-                key_digest: key_digest(ex),
-                format: valid.format.clone(),
-                input_estimate,
-                max_output_tokens: valid.max_output_tokens,
-            },
-            resumed: false,
-        };
-        tokio::spawn(background.drive());
+    if background {
+        let object = encoder.object.clone();
+        tokio::spawn(run.detach(&svc, encoder, key_digest(ex)).await?.drive());
         // A retry gets this run: its object, or its stream from the start.
         let outcome = KeyOutcome::Stored {
-            response_id: id.clone(),
-            stream: valid.stream,
+            response_id: object.id.clone(),
+            stream,
             background: true,
         };
         idempotent::complete(claim, outcome).await;
-        if valid.stream {
-            return follow(app, ex, &id, None).await;
+        if stream {
+            return follow(app, ex, &object.id, None).await;
         }
         ex.send_json(200, &object, &[]).await;
         return Ok(());
     }
 
-    // 6b. In the foreground: relay to this client.
-    let generation = super::generation(app, ex, valid.model.id, work, valid.stream, tier);
-    let mut events = ResponseEvents::new(ex, encoder, valid.stream, app.shutdown.clone());
-    // A stored stream's last batch waits for the store (a client that reads
-    // the terminal event and at once retrieves the response, or chains to
-    // it, finds it finished), and with a key for the record too (step 7).
-    events.hold_final = valid.stream && (run.is_some() || claim.is_some());
-    let end = generation.run(reservation, &mut events).await;
-    if matches!(end, End::Gone) && events.cut.happened() {
-        if let Some(object) = end_cut(app, events, run, valid.stream).await? {
-            ex.send_json(200, &object, &[]).await;
-        }
-        return Ok(());
-    }
-    let ResponseEvents {
-        reply,
-        mut encoder,
-        hold_final,
-        ..
-    } = events;
-    let finished = matches!(end, End::Finished(_)) && encoder.failure().is_none();
-    let (result, held) = match end {
-        End::NotStarted(e) => {
+    // 6b. In the foreground: relay to this client. The one ending stores
+    //     the end, then (7.) records a finished reply's outcome for its
+    //     key, then lets the stream's last batch go out.
+    let mut events = ResponseEvents::new(ex, encoder, stream, app.shutdown.clone());
+    let ended = run.drive(&svc, &mut events, claim).await;
+    let ResponseEvents { reply, encoder, .. } = events;
+    match ended {
+        Ended::NotStarted(e) => {
             drop(reply);
-            encoder.fail(&e, &mut Vec::new());
-            end_stored(app, run, &encoder).await;
-            return Err(e);
+            Err(e)
         }
-        End::Gone => {
+        Ended::Gone => {
             reply.left();
-            if let Some(run) = run {
-                run.cancel(encoder.object, app.shutdown.begin()).await;
-            }
-            return Ok(());
+            Ok(())
         }
-        End::Finished(_) if hold_final => (Ok(()), Some(reply)),
-        End::Finished(_) => {
-            if valid.stream {
-                end_stream(reply, &encoder).await;
-            } else {
-                drop(reply);
-            }
-            (Ok(()), None)
-        }
-        End::Failed(e) if valid.stream => {
+        Ended::Failed(e) if stream => {
             reply.end_failed(e.status).await;
-            (Ok(()), None)
+            Ok(())
         }
-        End::Failed(e) => {
+        Ended::Failed(e) => {
             drop(reply);
-            (Err(e), None)
+            Err(e)
         }
-    };
-    end_stored(app, run, &encoder).await;
-    // 7. A finished reply (completed, or incomplete at its length) is the
-    //    outcome a retry with its key gets: the stored response, or this
-    //    object when it was not stored. Recorded before the stream's last
-    //    batch goes out, so a client retrying as soon as it read the
-    //    terminal event finds it.
-    if finished && claim.is_some() {
-        let outcome = if valid.store {
-            KeyOutcome::Stored {
-                response_id: id,
-                stream: valid.stream,
-                background: false,
-            }
-        } else {
-            KeyOutcome::Response {
-                body: serde_json::to_string(&encoder.object)
-                    .map_err(|_| ApiError::internal("could not encode the response"))?,
-                stream: valid.stream,
-            }
-        };
-        idempotent::complete(claim, outcome).await;
-    }
-    if let Some(mut reply) = held {
-        if reply.write().await.is_err() {
-            reply.left();
-            return Ok(());
+        // The drain cut it: `response.incomplete` went out last.
+        Ended::Cut if stream => {
+            reply.end().await;
+            Ok(())
         }
-        end_stream(reply, &encoder).await;
-    }
-    match result {
-        Err(e) => Err(e),
-        Ok(()) if valid.stream => Ok(()),
-        // A reply that failed its output check is a server error, never a success.
-        Ok(()) => match encoder.failure() {
-            Some(e) => Err(e.clone()),
-            None => {
-                ex.send_json(200, &encoder.object, &[]).await;
-                Ok(())
+        Ended::Finished if stream => {
+            end_stream(reply, &encoder).await;
+            Ok(())
+        }
+        Ended::Cut | Ended::Finished => {
+            drop(reply);
+            // A reply that failed its output check is a server error, never a success.
+            match encoder.failure() {
+                Some(e) => Err(e.clone()),
+                None => {
+                    ex.send_json(200, &encoder.object, &[]).await;
+                    Ok(())
+                }
             }
-        },
+        }
     }
 }
 
@@ -259,136 +144,11 @@ async fn end_stream(reply: SseReply<'_>, encoder: &ResponseEncoder) {
     }
 }
 
-/// The drain's grace period ran out before the generation finished. A
-/// reply that had started ends `incomplete` with the output its client
-/// got (`response.incomplete` as the stream's last event, or the object as
-/// the body), and the store keeps exactly that. One cut before the worker
-/// started delivered nothing: a 503 the client retries, stored `failed`.
-/// Returns the body of a reply that is not streamed.
-async fn end_cut(
-    app: &App,
-    mut events: ResponseEvents<'_>,
-    run: Option<StoredRun>,
-    stream: bool,
-) -> Result<Option<ResponseObject>, ApiError> {
-    if events.encoder.next_seq() == 0 {
-        let ResponseEvents {
-            reply, mut encoder, ..
-        } = events;
-        drop(reply);
-        let e = ApiError::replica_shutdown();
-        encoder.fail(&e, &mut Vec::new());
-        end_stored(app, run, &encoder).await;
-        return Err(e);
-    }
-    // Stored first: the replica is about to exit, and a client that reads
-    // the final event and asks another replica must find what it was told.
-    events.stop_early();
-    end_stored(app, run, &events.encoder).await;
-    let ResponseEvents {
-        mut reply, encoder, ..
-    } = events;
-    if stream {
-        let _ = reply.write().await;
-        reply.end().await;
-    } else {
-        drop(reply);
-    }
-    Ok((!stream).then_some(encoder.object))
-}
-
 /// The sha256 of the request's bearer key (authorized already), for a
 /// peer that takes its background run over to admit and bill it the same.
 fn key_digest(ex: &Exchange) -> [u8; 32] {
     let token = crate::auth::bearer_token(ex.header("authorization")).unwrap_or_default();
     crate::auth::hash_key(token)
-}
-
-/// A create body parsed and validated, its model allowed for the key and
-/// served by workers: step 1 of the request path, whatever the transport
-/// (a POST body, or a WebSocket `response.create` message).
-pub(super) struct Checked {
-    pub req: CreateResponseRequest,
-    pub valid: ValidResponseRequest,
-    /// Input tokens reserved on admission, from the body's size.
-    pub input_estimate: u64,
-    /// What the model's workers apply to sampling values left unset.
-    pub sampling: pb::SamplingDefaults,
-}
-
-/// Parses and validates a create body (its model becomes `model_label`, the
-/// metrics' label, as soon as it is known).
-pub(super) fn check(
-    app: &App,
-    account: &Account,
-    body: &[u8],
-    model_label: &mut &'static str,
-) -> Result<Checked, ApiError> {
-    let req: CreateResponseRequest = parse::json_body(body)?;
-    let input_estimate = estimate_input_tokens(body.len());
-    let valid = validate::responses::validate(&app.catalog, &req)?;
-    *model_label = valid.model.id;
-    account.check_model(valid.model.id)?;
-    if valid.background && app.shutdown.is_draining() {
-        return Err(ApiError::overloaded(
-            "This gateway replica is shutting down and takes no new background runs; retry.",
-        ));
-    }
-    // A model without workers is refused before anything is stored.
-    let sampling = generation::pool_of(&app.pools, valid.model.id)?.sampling_defaults();
-    Ok(Checked {
-        req,
-        valid,
-        input_estimate,
-        sampling,
-    })
-}
-
-/// A new response object with a fresh id, served at the tier it asked for
-/// as far as its plan allows.
-pub(super) fn response_object(
-    account: &Account,
-    req: &CreateResponseRequest,
-    valid: &ValidResponseRequest,
-    status: ResponseStatus,
-    sampling: pb::SamplingDefaults,
-) -> (ResponseObject, ServiceTier) {
-    let mut object = new_object(new_id("resp_"), req, valid, status, sampling);
-    let tier = account.plan.service_tier(req.service_tier.as_deref());
-    object.service_tier = tier.as_str().to_owned();
-    (object, tier)
-}
-
-/// Stores a new response, owned by this request (its run lease).
-pub(super) async fn store_run(
-    app: &App,
-    account: &Account,
-    object: &ResponseObject,
-    input_items: &[InputItem],
-    context: &[InputItem],
-) -> Result<StoredRun, ApiError> {
-    Ok(StoredRun::create(
-        &app.runs,
-        NewRun {
-            org: &account.principal.org,
-            object,
-            input_items,
-            context,
-            run_timeout: app.request_timeout(),
-            max_stored_bytes: account.plan.max_stored_bytes,
-        },
-    )
-    .await?)
-}
-
-/// Records the final object of a foreground stored response: what its
-/// client is told is what the store keeps, retried in the background if
-/// the store does not answer now ([`StoredRun::finish`]).
-pub(super) async fn end_stored(app: &App, run: Option<StoredRun>, encoder: &ResponseEncoder) {
-    if let Some(run) = run {
-        run.finish(encoder.object.clone(), app.shutdown.begin())
-            .await;
-    }
 }
 
 /// `GET /v1/responses/{id}` (`?stream=true&starting_after=N` for background runs).

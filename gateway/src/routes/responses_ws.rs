@@ -13,10 +13,11 @@
 //!    Codex acknowledgement) is taken and ignored. Anything else (bad JSON,
 //!    another `type`, an invalid body, a binary message) gets the error
 //!    event and the connection stays open.
-//! 3. A response runs the request path of `POST /v1/responses` (the same
-//!    `responses::check`, conversation, admission, translation, store and
-//!    the one generation driver), and its events go out as the event
-//!    stream's, one JSON text message each ([`WsEvents`]). Responses run
+//! 3. A response runs the Responses path of `POST /v1/responses`
+//!    (`crate::responses`: check, conversation, admission, translation,
+//!    store, the one generation driver and its one ending), and its events
+//!    go out as the event stream's, one JSON text message each
+//!    ([`WsEvents`]). Responses run
 //!    one after another: a `response.create` while one runs gets a 409
 //!    error event. A request refused before its response started gets the
 //!    error event with the status and code `POST` would answer.
@@ -33,22 +34,23 @@
 //!    without a request (1000), when a ping goes unanswered, at
 //!    `max_connection_seconds` (1001, "connection lifetime reached", never
 //!    during a response), or when the replica drains (1001, after the
-//!    response running ends).
+//!    response running ends; one still running when the grace period runs
+//!    out ends `incomplete` in band first, as an HTTP stream does).
 
 mod event;
 mod rights;
 
-use super::responses::{self, Checked};
+use super::sinks::{gone_or_cut, Cut};
 use crate::accounts::Account;
-use crate::api::responses::{EncodedEvent, InputItem, ResponseStatus, StreamEvent};
+use crate::api::responses::{EncodedEvent, InputItem, ResponseObject, ResponseStatus, StreamEvent};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::generation::{self, End, Generation, Gone, Sink};
+use crate::generation::{Gone, Sink};
 use crate::http::websocket::{Close, Handshake, Incoming};
 use crate::http::{Exchange, WebSocket};
 use crate::ids::new_id;
-use crate::limits::Outcome;
-use crate::translate::responses::{frame, output_as_input, to_worker, usage, ResponseEncoder};
+use crate::responses::{self, Ended, NoKey, Request, ResponseSink, Started};
+use crate::translate::responses::{frame, output_as_input, ResponseEncoder};
 use event::{binary_refused, error_event, ClientEvent};
 use inference_proto::v1 as pb;
 use rights::{ends_connection, HeldConversation, Rights};
@@ -297,6 +299,7 @@ impl Connection<'_, '_> {
         model: &mut &'static str,
     ) -> Result<u16, Refused> {
         let app = self.app;
+        let svc = app.responses();
         // 0. The key and its organisation as they are now (401, 402, 403,
         // as the route's check answers); a key no longer valid or an
         // organisation blocked also ends the connection.
@@ -309,13 +312,8 @@ impl Connection<'_, '_> {
         };
         // 1. Parse and validate as `POST` does; `background` has no meaning
         // here (every response streams on the connection).
-        let Checked {
-            req,
-            valid,
-            input_estimate,
-            sampling,
-        } = responses::check(app, &account, body.as_bytes(), model)?;
-        if valid.background {
+        let checked = responses::check(&svc, &account, body.as_bytes(), model)?;
+        if checked.valid.background {
             return Err(ApiError::unsupported_value(
                 "background",
                 "'background' is not used over WebSocket: each response streams on the connection.",
@@ -323,142 +321,77 @@ impl Connection<'_, '_> {
             .into());
         }
         // 2. The conversation: the connection's latest response, else the store.
-        let known = req.previous_response_id.as_ref().and_then(|prev| {
+        let known = checked.req.previous_response_id.as_ref().and_then(|prev| {
             self.last
                 .as_ref()
                 .filter(|c| &c.id == prev)
                 .map(|c| c.items.clone())
         });
-        let responses::Conversation {
-            context,
-            input_items,
-            tokens,
-        } = responses::conversation(app, &account.principal, &req, &valid, known).await?;
-        let input_estimate = input_estimate.max(tokens);
+        let prepared = responses::prepare(&svc, &account.principal, checked, known).await?;
         // 3. Admit under the plan's limits, per response: a warm-up too
         // (it is a request, and it stores its input), with an output
         // allowance of one token since it generates none.
-        let max_output = if generate { valid.max_output_tokens } else { 1 };
-        let (admitted, _headers) = app
-            .limiter
-            .admit_request(
-                &account,
-                valid.model,
-                request_id.to_owned(),
-                input_estimate,
-                max_output,
-            )
-            .await;
-        let reservation = admitted.map_err(ApiError::from)?;
+        let max_output = if generate {
+            prepared.valid.max_output_tokens
+        } else {
+            1
+        };
+        let reservation = responses::admit(&svc, &account, &prepared, request_id, max_output)
+            .await
+            .map_err(ApiError::from)?;
         if !generate {
-            let prepared = self
-                .warm_up(&account, &req, &valid, sampling, context, &input_items)
-                .await;
-            let outcome = match prepared {
-                Ok(_) => Outcome::Prepared,
-                Err(_) => Outcome::NotRun,
-            };
-            reservation.settle(outcome).await;
-            return prepared;
+            let (created, completed, context) =
+                responses::warm_up(&svc, &account, prepared, reservation).await?;
+            self.warmed_up(created, completed, context);
+            return Ok(200);
         }
         // 4. Translate (the connection's affinity key); store when asked.
-        let mut work = to_worker(&req, &valid, &context, request_id);
-        generation::session_affinity(&mut work, Some(&self.affinity));
-        let (object, tier) = responses::response_object(
-            &account,
-            &req,
-            &valid,
-            ResponseStatus::InProgress,
-            sampling,
-        );
-        drop(req);
-        let run = if valid.store {
-            match responses::store_run(app, &account, &object, &input_items, &context).await {
-                Ok(run) => Some(run),
-                Err(e) => {
-                    reservation.settle(Outcome::NotRun).await;
-                    return Err(e.into());
-                }
-            }
-        } else {
-            None
-        };
-        // 5. Generate through the one driver, events to the connection.
-        let generation = Generation {
-            pools: &app.pools,
-            model: valid.model.id,
-            work,
+        let request = Request {
+            request_id,
+            session: Some(self.affinity.as_str()),
             trace: self.ws.exchange().trace,
-            deadline: tokio::time::Instant::now() + app.request_timeout(),
             timed_from: Some(started),
-            tier,
         };
+        let Started {
+            encoder,
+            context,
+            run,
+        } = responses::start(&svc, &account, prepared, reservation, request).await?;
+        // 5. Generate through the one driver, events to the connection; a
+        // stored response's terminal event goes out once the store holds
+        // its end (the connection's loop flushes it).
         let mut events = WsEvents {
             ws: &mut self.ws,
-            encoder: ResponseEncoder::new(object, valid.format.clone()),
+            encoder,
             frames: Vec::new(),
-            terminal: None,
-            hold_terminal: run.is_some(),
+            cut: Cut::new(app.shutdown.clone()),
         };
-        let end = generation.run(reservation, &mut events).await;
-        let WsEvents {
-            mut encoder,
-            terminal,
-            ..
-        } = events;
-        let status = match end {
-            End::NotStarted(e) => {
-                encoder.fail(&e, &mut Vec::new());
-                responses::end_stored(app, run, &encoder).await;
-                return Err(e.into());
-            }
-            End::Gone => {
-                if let Some(run) = run {
-                    run.cancel(encoder.object, app.shutdown.begin()).await;
-                }
-                return Err(Refused::Gone);
-            }
-            End::Finished(_) => encoder.failure().map_or(200, |e| e.status),
-            End::Failed(e) => e.status,
+        let ended = run.drive(&svc, &mut events, &mut NoKey).await;
+        let encoder = events.encoder;
+        let status = match ended {
+            Ended::NotStarted(e) => return Err(e.into()),
+            Ended::Gone => return Err(Refused::Gone),
+            Ended::Finished => encoder.failure().map_or(200, |e| e.status),
+            Ended::Failed(e) => e.status,
+            // `response.incomplete` went out last; the drain closes the
+            // connection next.
+            Ended::Cut => 200,
         };
-        // A stored response's terminal event goes out once the store holds
-        // its end: a client that retrieves it right after reads what it was
-        // told.
-        responses::end_stored(app, run, &encoder).await;
-        if let Some(terminal) = terminal {
-            self.ws.queue_text(terminal);
-        }
         let mut items = context;
         items.extend(encoder.object.output.iter().map(output_as_input));
         self.keep(encoder.object.id.clone(), items);
         Ok(status)
     }
 
-    /// `generate: false`: the response is created and completed with no
-    /// output and no worker call, so a later request can chain from its id
-    /// (Codex warms a connection up with one).
-    async fn warm_up(
+    /// `generate: false` answered: the response created and completed with
+    /// no output and no worker call ([`responses::warm_up`]), so a later
+    /// request can chain from its id (Codex warms a connection up with one).
+    fn warmed_up(
         &mut self,
-        account: &Account,
-        req: &crate::api::responses::CreateResponseRequest,
-        valid: &crate::validate::responses::ValidResponseRequest,
-        sampling: pb::SamplingDefaults,
+        created: ResponseObject,
+        completed: ResponseObject,
         context: Vec<InputItem>,
-        input_items: &[InputItem],
-    ) -> Result<u16, Refused> {
-        let app = self.app;
-        let (mut object, _) =
-            responses::response_object(account, req, valid, ResponseStatus::InProgress, sampling);
-        let created = object.clone();
-        if valid.store {
-            let run = responses::store_run(app, account, &object, input_items, &context).await?;
-            object.usage = Some(usage(&pb::Usage::default()));
-            object.end(ResponseStatus::Completed);
-            run.finish(object.clone(), app.shutdown.begin()).await;
-        } else {
-            object.usage = Some(usage(&pb::Usage::default()));
-            object.end(ResponseStatus::Completed);
-        }
+    ) {
         let mut in_progress = created.clone();
         in_progress.status = ResponseStatus::InProgress;
         for (seq, event) in [
@@ -466,15 +399,16 @@ impl Connection<'_, '_> {
             StreamEvent::InProgress {
                 response: &in_progress,
             },
-            StreamEvent::Completed { response: &object },
+            StreamEvent::Completed {
+                response: &completed,
+            },
         ]
         .into_iter()
         .enumerate()
         {
             self.ws.queue_text(frame(event, seq as u64).data);
         }
-        self.keep(object.id, context);
-        Ok(200)
+        self.keep(completed.id, context);
     }
 
     /// Keeps `id`'s conversation as the connection's latest.
@@ -496,27 +430,36 @@ fn close_reason(code: Close) -> &'static str {
 }
 
 /// Responses events as WebSocket text messages: the event stream's events,
-/// one message each, delivered one write per batch.
+/// one message each, delivered one write per batch. The drain's [`Cut`] is
+/// watched as every HTTP sink does: when the grace period runs out the
+/// response ends `incomplete` in band, stored as its client saw it.
 struct WsEvents<'w, 'x> {
     ws: &'w mut WebSocket<'x>,
     encoder: ResponseEncoder,
     frames: Vec<EncodedEvent>,
-    /// The terminal event, held back (see `hold_terminal`).
-    terminal: Option<String>,
-    /// Whether the terminal event waits for the caller (a stored response:
-    /// it goes out after the store's write of the end).
-    hold_terminal: bool,
+    cut: Cut,
 }
 
-impl WsEvents<'_, '_> {
+impl ResponseSink for WsEvents<'_, '_> {
+    fn frames(&mut self) -> (&mut ResponseEncoder, &mut Vec<EncodedEvent>) {
+        (&mut self.encoder, &mut self.frames)
+    }
+
+    /// Queued on the socket, one text message each.
     fn take_frames(&mut self) {
         for f in self.frames.drain(..) {
-            if self.hold_terminal && f.is_terminal() {
-                self.terminal = Some(f.data);
-            } else {
-                self.ws.queue_text(f.data);
-            }
+            self.ws.queue_text(f.data);
         }
+    }
+
+    fn cut(&self) -> bool {
+        self.cut.happened()
+    }
+
+    /// The held end stays queued: the connection's loop flushes it after
+    /// the response (and notices a client gone meanwhile).
+    async fn release(&mut self) -> Result<(), Gone> {
+        Ok(())
     }
 }
 
@@ -530,20 +473,30 @@ impl Sink for WsEvents<'_, '_> {
     }
 
     fn event(&mut self, event: pb::GenerateEvent) {
+        self.cut.observe(&event);
         self.encoder.event(event, &mut self.frames);
         self.take_frames();
     }
 
     async fn deliver(&mut self) -> Result<(), Gone> {
-        Ok(self.ws.flush().await?)
+        self.ws.flush().await?;
+        if self.cut.now() {
+            return Err(Gone);
+        }
+        Ok(())
+    }
+
+    /// The terminal event stays queued until the caller stored the response.
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {
-        busy(self.ws).await
+        gone_or_cut(busy(self.ws), &mut self.cut).await
     }
 
     async fn gone_while_starting(&mut self) {
-        busy(self.ws).await
+        gone_or_cut(busy(self.ws), &mut self.cut).await
     }
 
     async fn fail(&mut self, e: &ApiError) {

@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::generation::{Gone, Sink};
 use crate::http::{ClientGone, Exchange, SseReply};
 use crate::lifecycle::Shutdown;
+use crate::responses::ResponseSink;
 use crate::sse;
 use crate::translate::chat::{ChatAggregate, ChatStreamEncoder};
 use crate::translate::messages::{self, stream::MessagesStreamEncoder, MessageAggregate};
@@ -137,10 +138,9 @@ pub struct EncodedStream<'a, E: StreamEncoder> {
     pub reply: SseReply<'a>,
     pub encoder: E,
     /// The reply folded as well, when it is kept (an `Idempotency-Key`'s
-    /// record: a retry gets it again). Its last batch (the finish) then
-    /// stays buffered for the caller to write once the record is written,
-    /// so a client that retries as soon as it has read the end finds the
-    /// outcome.
+    /// record: a retry gets it again). Its last batch (the finish) is held
+    /// for the caller ([`Sink::holds_end`]), who writes it once the record
+    /// is written.
     pub aggregate: Option<E::Folded>,
     pub cut: Cut,
 }
@@ -179,14 +179,15 @@ impl<E: StreamEncoder> Sink for EncodedStream<'_, E> {
 
     /// The batch goes out first: its tokens are counted as delivered.
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self.aggregate.as_ref().is_some_and(Fold::is_finished) {
-            return Ok(());
-        }
         self.reply.write().await?;
         if self.cut.now() {
             return Err(Gone);
         }
         Ok(())
+    }
+
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {
@@ -297,9 +298,6 @@ pub struct ResponseEvents<'a> {
     pub cut: Cut,
     stream: bool,
     frames: Vec<EncodedEvent>,
-    /// The last batch (the terminal event) stays buffered for the caller
-    /// to write: set when an `Idempotency-Key`'s record is written first.
-    pub hold_final: bool,
 }
 
 impl<'a> ResponseEvents<'a> {
@@ -315,21 +313,17 @@ impl<'a> ResponseEvents<'a> {
             cut: Cut::new(shutdown),
             stream,
             frames: Vec::new(),
-            hold_final: false,
         }
     }
+}
 
-    /// Ends a reply the drain cut with `response.incomplete` and the output
-    /// it delivered; a streamed reply's last event waits in the buffer for
-    /// the route to write once the store has it.
-    pub fn stop_early(&mut self) {
-        self.encoder
-            .stop_early(crate::runs::REPLICA_SHUTDOWN, &mut self.frames);
-        self.take_frames();
+impl ResponseSink for ResponseEvents<'_> {
+    fn frames(&mut self) -> (&mut ResponseEncoder, &mut Vec<EncodedEvent>) {
+        (&mut self.encoder, &mut self.frames)
     }
 
-    /// Moves encoded frames to the output (or drops them when not
-    /// streaming: the object holds the reply).
+    /// Into the reply's buffer (or dropped when not streaming: the object
+    /// holds the reply).
     fn take_frames(&mut self) {
         if self.stream {
             for f in self.frames.drain(..) {
@@ -338,6 +332,14 @@ impl<'a> ResponseEvents<'a> {
         } else {
             self.frames.clear();
         }
+    }
+
+    fn cut(&self) -> bool {
+        self.cut.happened()
+    }
+
+    async fn release(&mut self) -> Result<(), Gone> {
+        Ok(self.reply.write().await?)
     }
 }
 
@@ -360,14 +362,16 @@ impl Sink for ResponseEvents<'_> {
     /// The batch goes out first: the output it carries is delivered, so
     /// the final `response.incomplete` holds it too.
     async fn deliver(&mut self) -> Result<(), Gone> {
-        if self.hold_final && self.encoder.is_done() {
-            return Ok(());
-        }
         self.reply.write().await?;
         if self.cut.now() {
             return Err(Gone);
         }
         Ok(())
+    }
+
+    /// The terminal event goes out once the caller stored the response.
+    fn holds_end(&self) -> bool {
+        true
     }
 
     async fn gone(&mut self) {

@@ -26,7 +26,6 @@
 //! A draining replica sweeps nothing of others' (its peers do), so it never
 //! adopts what it just handed over.
 
-pub mod adopt;
 pub mod background;
 pub mod handover;
 pub mod stored;
@@ -124,7 +123,7 @@ impl Runs {
     }
 
     /// The runs this replica's sweeper adopts, for the one adopter
-    /// (`adopt::Adopter`); `None` once taken.
+    /// (`responses::adopt::Adopter`); `None` once taken.
     pub fn adoptions(&self) -> Option<mpsc::UnboundedReceiver<Adoption>> {
         self.adoptions
             .lock()
@@ -171,7 +170,7 @@ impl Runs {
     /// then renewed by the heartbeat until `run_timeout` (the request
     /// deadline) plus one lease have passed. The store lease itself is
     /// created with the response ([`StoredRun::create`]).
-    fn own(self: &Arc<Self>, id: &str, run_timeout: Duration) -> StoredRun {
+    pub fn own(self: &Arc<Self>, id: &str, run_timeout: Duration) -> StoredRun {
         let deadline = Instant::now() + run_timeout + self.lease;
         self.local().insert(id.to_owned(), deadline);
         crate::metrics::METRICS.runs_owned.inc();
@@ -415,7 +414,12 @@ impl Runs {
     /// owner lost the store, not the client), so its record says the
     /// outcome is unknown rather than that nothing came; should the owner
     /// reach the store later, its own final write replaces this one.
-    async fn fail(&self, id: &str, code: &str, message: &str) -> crate::store::StoreResult<bool> {
+    pub async fn fail(
+        &self,
+        id: &str,
+        code: &str,
+        message: &str,
+    ) -> crate::store::StoreResult<bool> {
         let Some(mut object) = self.store.object(id).await? else {
             return Ok(false);
         };

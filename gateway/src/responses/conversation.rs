@@ -14,8 +14,8 @@
 //! may. Past either bound the request is a 400 `context_length_exceeded`
 //! (param `input`).
 
+use super::Services;
 use crate::api::responses::{ContentPart, CreateResponseRequest, InputItem, ItemContent};
-use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ids::new_id;
@@ -40,7 +40,7 @@ pub(super) struct Conversation {
 /// it (a WebSocket's connection-local state); otherwise
 /// `previous_response_id` is read from the store.
 pub(super) async fn conversation(
-    app: &App,
+    svc: &Services<'_>,
     principal: &Principal,
     req: &CreateResponseRequest,
     valid: &ValidResponseRequest,
@@ -48,7 +48,7 @@ pub(super) async fn conversation(
 ) -> Result<Conversation, ApiError> {
     let mut context = match (known, &req.previous_response_id) {
         (Some(known), _) => known,
-        (None, Some(prev)) => previous_conversation(app, principal, prev).await?,
+        (None, Some(prev)) => previous_conversation(svc, principal, prev).await?,
         (None, None) => Vec::new(),
     };
     let before = context.iter().map(item_text_bytes).sum::<usize>()
@@ -57,7 +57,7 @@ pub(super) async fn conversation(
         valid,
         text: before,
         referenced: 0,
-        max_referenced: app.config.max_body_bytes,
+        max_referenced: svc.max_body_bytes,
     };
     let (input_items, bounds) = resolve_items(&valid.items, &context, bounds)?;
     context.extend(input_items.iter().cloned());
@@ -111,11 +111,12 @@ impl Bounds<'_> {
 /// The conversation a `previous_response_id` continues: its context and
 /// its output. Missing, expired or another org's → 404; unfinished → 409.
 async fn previous_conversation(
-    app: &App,
+    svc: &Services<'_>,
     principal: &Principal,
     prev: &str,
 ) -> Result<Vec<InputItem>, ApiError> {
-    let conv = app
+    let conv = svc
+        .runs
         .store
         .conversation(&principal.org, prev)
         .await?

@@ -1,11 +1,13 @@
 //! Adopting a background run another replica handed over while draining
-//! (`handover.rs`): the sweeper took its record and renewed its lease for
+//! (`runs/handover.rs`): the sweeper took its record and renewed its lease for
 //! this replica; the adopter makes this replica its owner and runs the
 //! generation under the key that created it, continuing the run's event
 //! log where the first owner stopped. It continues the admitted request:
 //! the plan's limits never refuse it (a revoked key or a blocked
 //! organisation does), and it is billed as one request with one input
-//! (`Limiter::take_over`).
+//! (`Limiter::take_over`). It enters the Responses path there, admitted
+//! already ([`Admitted::detach`]): the same background run a create
+//! detaches.
 //!
 //! A run handed over before its worker started runs from the start. One
 //! handed over mid-generation carries what its log holds (`resume` in the
@@ -17,9 +19,7 @@
 //! event, or a log that disagrees with it) ends `incomplete` with what its
 //! log holds, as the drain's cut would have.
 
-use super::background::{BackgroundRun, Origin};
-use super::handover::HandOver;
-use super::{Adoption, Runs, REPLICA_SHUTDOWN};
+use super::{Admitted, Services};
 use crate::accounts::cache::Accounts;
 use crate::api::event_log::fold_to_continue;
 use crate::api::responses::{IncompleteDetails, OutputItem, ResponseObject, ResponseStatus};
@@ -28,9 +28,13 @@ use crate::lifecycle::Shutdown;
 use crate::limits::Limiter;
 use crate::metrics::METRICS;
 use crate::pool::Pools;
+use crate::runs::background::Origin;
+use crate::runs::handover::HandOver;
+use crate::runs::{Adoption, Runs, REPLICA_SHUTDOWN};
 use crate::store::{EndedBy, StoreResult};
 use crate::translate::responses::ResponseEncoder;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Most events of an opened log read to find where it ends.
 const LOG_READ: usize = 10_000;
@@ -50,9 +54,23 @@ pub struct Adopter {
     pub limiter: Arc<Limiter>,
     pub catalog: Catalog,
     pub shutdown: Arc<Shutdown>,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
 }
 
 impl Adopter {
+    fn services(&self) -> Services<'_> {
+        Services {
+            catalog: &self.catalog,
+            pools: &self.pools,
+            limiter: &self.limiter,
+            runs: &self.runs,
+            shutdown: &self.shutdown,
+            max_body_bytes: self.max_body_bytes,
+            request_timeout: self.request_timeout,
+        }
+    }
+
     /// Runs every run the sweeper adopts, each on its own task, until the
     /// process ends.
     pub async fn serve(self: Arc<Self>) {
@@ -171,29 +189,23 @@ impl Adopter {
         );
         let encoder =
             ResponseEncoder::resume(object, adoptable.format.clone(), next_seq, last_open);
-        BackgroundRun {
-            runs: self.runs.clone(),
-            pools: self.pools.clone(),
+        let origin = Origin {
+            key_digest: adoptable.key_digest,
+            format: adoptable.format,
+            input_estimate: adoptable.input_estimate,
+            max_output_tokens: adoptable.max_output_tokens,
+        };
+        let admitted = Admitted {
+            reservation,
             model,
             work,
-            trace: adoptable.trace,
-            encoder,
-            run,
-            reservation,
-            timeout,
             tier: adoptable.tier,
-            in_flight: self.shutdown.begin(),
-            shutdown: self.shutdown.clone(),
-            origin: Origin {
-                key_digest: adoptable.key_digest,
-                format: adoptable.format,
-                input_estimate: adoptable.input_estimate,
-                max_output_tokens: adoptable.max_output_tokens,
-            },
-            resumed: true,
-        }
-        .drive()
-        .await;
+            trace: adoptable.trace,
+        };
+        admitted
+            .detach(&self.services(), run, encoder, origin, timeout, true)
+            .drive()
+            .await;
         Ok(())
     }
 
