@@ -61,6 +61,9 @@ pub struct GatewayOpts {
     /// Serve HTTPS with this certificate (`[tls]`); `base_url` is then
     /// `https://`.
     pub tls: Option<crate::certs::CertFiles>,
+    /// Run this `gateway` binary instead of the build's (another commit's
+    /// build, for a before/after in one run).
+    pub binary: Option<PathBuf>,
 }
 
 impl Default for GatewayOpts {
@@ -76,6 +79,7 @@ impl Default for GatewayOpts {
             env: Vec::new(),
             host: None,
             tls: None,
+            binary: None,
         }
     }
 }
@@ -212,9 +216,13 @@ impl Gateway {
                 .unwrap_or_else(|| "info,pingora_core=warn".into()),
         )];
         env.extend(opts.env.iter().cloned());
+        let binary = match &opts.binary {
+            Some(path) => path.clone(),
+            None => crate::bins::bin("gateway")?,
+        };
         let (program, args) = crate::netlab::on(
             opts.host.as_ref(),
-            crate::bins::bin("gateway")?,
+            binary,
             vec![
                 "serve".into(),
                 "--config".into(),

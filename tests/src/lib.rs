@@ -51,7 +51,8 @@
 //! - [`file_server::FileServer`]: a loopback HTTP file server with `Range`,
 //!   request recording and mid-body cuts, standing in for object stores and
 //!   the Hugging Face Hub in the weights fetcher's tests.
-//! - [`procfs`]: CPU time and memory of a child from `/proc`.
+//! - [`procfs`]: CPU time and memory of a child from `/proc`; [`idle`]: idle
+//!   streams and WebSockets held open, and what each costs the gateway.
 //! - [`a2a_agents::TestAgent`]: hand-written A2A agents on loopback that
 //!   answer, stall, refuse or break, for planner tests.
 //!
@@ -72,6 +73,7 @@ pub mod fake_engine;
 pub mod fault_proxy;
 pub mod file_server;
 pub mod gateway;
+pub mod idle;
 pub mod kube_api;
 pub mod llama_server;
 pub mod model;

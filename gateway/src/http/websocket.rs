@@ -5,16 +5,18 @@
 //! session's body reads and writes carry the connection's raw bytes (its
 //! body reader turns close-delimited, its writer passes bytes through and
 //! flushes each write). The WebSocket side is tungstenite's protocol layer,
-//! used sans-IO: bytes read from the session are handed to it through an
+//! used sans-IO: bytes read from the connection are handed to it through an
 //! in-memory [`Pipe`], and the frames it produces (messages, pongs, the
 //! close handshake) are taken from the pipe and written to the session.
-//! So every read and write stays one Pingora call, with its write timeout,
-//! and nothing here spawns or splits the connection.
+//! Every write is one Pingora call, with its write timeout; reads of a
+//! plain-TCP connection go to its socket directly ([`Socket`]: Pingora's
+//! reads would keep a 64 KiB buffer per connection), over TLS through the
+//! session. Nothing here spawns or splits the connection.
 //!
 //! Reading is cancel-safe ([`WebSocket::recv`] may be raced against a
 //! worker's stream, as `SseReply::client_gone` is): its only await is one
-//! session read, which loses nothing when dropped, and tungstenite consumes
-//! what was read synchronously. Writing is not, so nothing writes inside
+//! read, which loses nothing when dropped, and tungstenite consumes what
+//! was read synchronously. Writing is not, so nothing writes inside
 //! such a race: replies that reading produced (pongs, an error event for a
 //! message that arrived mid-response) wait in the pipe for the next
 //! [`WebSocket::flush`].
@@ -25,7 +27,10 @@ use crate::error::ApiError;
 use crate::metrics::{GaugeGuard, METRICS};
 use bytes::{Bytes, BytesMut};
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig, WebSocketContext};
 use tungstenite::{Error as WsError, Message};
@@ -158,6 +163,10 @@ impl Read for Pipe {
         }
         let n = buf.len().min(self.input.len());
         buf[..n].copy_from_slice(&self.input.split_to(n));
+        if self.input.is_empty() {
+            // All parsed: the read buffer goes until the next bytes come.
+            self.input = BytesMut::new();
+        }
         Ok(n)
     }
 }
@@ -173,11 +182,89 @@ impl Write for Pipe {
     }
 }
 
+/// The most bytes one read of the client's socket takes.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// An upgraded plain-TCP connection's socket, read directly through a
+/// duplicate of its descriptor (the same socket, registered apart from
+/// Pingora's). Pingora's body reads reserve a 64 KiB buffer that the
+/// session keeps for the connection's life, and most of it was resident
+/// (an idle connection held about 117 KiB): here a read takes a buffer
+/// only while bytes are there ([`Pipe`] lets it go once they are parsed).
+/// Writes stay Pingora's. Not over TLS, whose bytes only Pingora's stream
+/// decrypts. A client sends nothing before the `101` (RFC 6455 4.1), so
+/// Pingora holds nothing read past the upgrade request.
+struct Socket(AsyncFd<OwnedFd>);
+
+impl Socket {
+    fn of(ex: &Exchange) -> Option<Socket> {
+        let tls = ex.session.digest().is_none_or(|d| d.ssl_digest.is_some());
+        if tls {
+            return None;
+        }
+        let fd = ex.session.stream()?.id();
+        // SAFETY: `fd` is the session's open socket; F_DUPFD_CLOEXEC
+        // returns a new descriptor (or -1) and touches nothing else.
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if copy < 0 {
+            return None;
+        }
+        // SAFETY: `copy` is a descriptor this process just opened and
+        // nothing else owns.
+        let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+        // SAFETY: an `OwnedFd` stays open, and is the same descriptor,
+        // until the `AsyncFd` owning it drops.
+        unsafe { AsyncFd::register_with_interest(copy, Interest::READABLE) }
+            .ok()
+            .map(Socket)
+    }
+
+    /// Reads what the client sent into `into`: the count, 0 at its end.
+    /// Cancel-safe: only the wait awaits, and it reads nothing.
+    async fn read(&self, into: &mut BytesMut) -> io::Result<usize> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            into.reserve(READ_CHUNK);
+            let spare = into.spare_capacity_mut();
+            let read = ready.try_io(|socket| {
+                // SAFETY: `spare` is writable memory of `spare.len()` bytes
+                // that `into` owns; recv writes at most that many.
+                let n = unsafe {
+                    libc::recv(
+                        socket.as_raw_fd(),
+                        spare.as_mut_ptr().cast(),
+                        spare.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match read {
+                Ok(Ok(n)) => {
+                    // SAFETY: recv initialized the first `n` spare bytes.
+                    unsafe { into.set_len(into.len() + n) };
+                    return Ok(n);
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(e)) => return Err(e),
+                // Not readable after all: wait again.
+                Err(_would_block) => {}
+            }
+        }
+    }
+}
+
 /// A WebSocket on an upgraded exchange (server role).
 pub struct WebSocket<'a> {
     ex: &'a mut Exchange,
     ws: WebSocketContext,
     pipe: Pipe,
+    /// The client's socket, read directly (plain TCP; see [`Socket`]).
+    socket: Option<Socket>,
     /// The close code this side sent, once it did.
     closed: Option<Close>,
     /// How the client broke the protocol, once it did.
@@ -216,10 +303,12 @@ impl<'a> WebSocket<'a> {
             .write_buffer_size(0)
             .max_message_size(Some(max_message_bytes))
             .max_frame_size(Some(max_message_bytes));
+        let socket = Socket::of(ex);
         Ok(WebSocket {
             ex,
             ws: WebSocketContext::new(Role::Server, Some(config)),
             pipe: Pipe::default(),
+            socket,
             closed: None,
             broken: None,
             _open: GaugeGuard::new(&METRICS.websocket_connections),
@@ -249,9 +338,19 @@ impl<'a> WebSocket<'a> {
                 }
                 Ok(Message::Frame(_)) => {}
                 Err(WsError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                    match self.ex.session.read_request_body().await {
-                        Ok(Some(bytes)) => self.pipe.input.extend_from_slice(&bytes),
-                        Ok(None) | Err(_) => return Incoming::Gone,
+                    let read = match &self.socket {
+                        Some(socket) => socket.read(&mut self.pipe.input).await.ok(),
+                        None => match self.ex.session.read_request_body().await {
+                            Ok(Some(bytes)) => {
+                                self.pipe.input.extend_from_slice(&bytes);
+                                Some(bytes.len())
+                            }
+                            Ok(None) => Some(0),
+                            Err(_) => None,
+                        },
+                    };
+                    if !matches!(read, Some(n) if n > 0) {
+                        return Incoming::Gone;
                     }
                 }
                 Err(WsError::Capacity(_)) => return self.break_with(Close::TooBig),

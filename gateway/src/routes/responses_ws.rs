@@ -199,7 +199,11 @@ impl Connection<'_, '_> {
             match incoming {
                 Incoming::Control => {}
                 Incoming::Text(text) => {
-                    if self.message(&text).await.is_err() {
+                    // A turn's state (the request path, the generation,
+                    // about 14 KiB) is boxed for the turn alone: an idle
+                    // connection holds only this loop's.
+                    let turn = Box::pin(self.message(&text));
+                    if turn.await.is_err() {
                         // The client left mid-response: its close frame
                         // gets its reply; a breach, its close code.
                         match self.ws.broken() {

@@ -11,8 +11,11 @@
 //!
 //! `--baseline` sends the same workload straight to the worker over gRPC,
 //! so the gateway's cost is the difference. `--idle-streams N` holds N open,
-//! idle streams and reports the gateway's memory per stream. `--url` targets
-//! a running gateway instead (`--gateway-pid` to read its CPU).
+//! idle streams and reports the gateway's memory per stream,
+//! `--idle-websockets N` the same for upgraded Responses WebSocket
+//! connections (`harness::idle`). `--url` targets a running gateway instead
+//! (`--gateway-pid` to read its CPU); `--gateway-bin` starts another
+//! build's gateway (a before/after in one run).
 //!
 //! ```text
 //! cargo run --release -p tests --bin loadgen -- --concurrency 32 --duration 10
@@ -20,6 +23,7 @@
 //! cargo run --release -p tests --bin loadgen -- --rate 1000 --duration 300 --workers-per-model 3
 //! cargo run --release -p tests --bin loadgen -- --baseline --concurrency 32
 //! cargo run --release -p tests --bin loadgen -- --idle-streams 10000
+//! cargo run --release -p tests --bin loadgen -- --idle-websockets 1000 --gateway-bin OLD/gateway
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -28,7 +32,7 @@ use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use harness::process::{free_addr, ChildProcess, Spec};
 use harness::procfs::{self, thread_cpu};
-use harness::{GatewayOpts, Stack, WorkerOpts};
+use harness::{idle, GatewayOpts, Stack, TestKey, WorkerOpts};
 use inference_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -106,9 +110,19 @@ struct Args {
     /// Hold this many idle open streams and report memory per stream.
     #[arg(long, default_value_t = 0)]
     idle_streams: usize,
-    /// With --idle-streams: how many streams are being opened at once.
+    /// Hold this many idle upgraded Responses WebSocket connections (no
+    /// response sent) and report memory per connection.
+    #[arg(long, default_value_t = 0)]
+    idle_websockets: usize,
+    /// With --idle-streams / --idle-websockets: how many are being opened
+    /// at once.
     #[arg(long, default_value_t = 32)]
     open_parallelism: usize,
+    /// Start this `gateway` binary instead of the build's (another
+    /// commit's, for a before/after in one run; the workers stay the
+    /// build's).
+    #[arg(long)]
+    gateway_bin: Option<std::path::PathBuf>,
     /// Measure the machine's floor instead: the CPU of one lone loopback
     /// write that wakes a waiting reader (a token relayed on its own).
     #[arg(long)]
@@ -576,6 +590,8 @@ async fn drive(args: &Args, shooter: Shooter, end: Instant, tx: mpsc::UnboundedS
 /// Processes whose CPU and memory the report shows.
 struct Watched {
     gateway: Option<u32>,
+    /// Every key the gateway accepts (idle WebSockets spread over them).
+    keys: Vec<String>,
     workers: Vec<u32>,
     /// gRPC URLs of the workers, for their counters.
     worker_urls: Vec<String>,
@@ -790,111 +806,77 @@ async fn token_slope(
     }))
 }
 
-// ---- idle streams --------------------------------------------------------------
+// ---- idle connections ------------------------------------------------------------
 
-async fn idle_streams(
+/// What an idle kind of connection costs the gateway (`harness::idle`):
+/// its resident memory per connection held, and its CPU while they idle.
+async fn idle_connections(
     args: &Args,
     url: &str,
     key: &str,
     gateway_pid: u32,
     watched: &Watched,
 ) -> Result<Value> {
-    let n = args.idle_streams;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .tcp_nodelay(true)
         .build()?;
-    let body = Bytes::from(
-        json!({
-            "model": args.model,
-            "messages": [{"role": "user", "content": "Wait. synthetic:slow_ms=3600000 synthetic:reply_tokens=100"}],
-            "stream": true,
-        })
-        .to_string(),
-    );
     // Warm the gateway (runtimes, pools, first connection) before the baseline.
     for _ in 0..20 {
         let _ = http_shot(&client, url, key, http_body(args)).await;
     }
+    let parallelism = args.open_parallelism;
+    let (kind, n) = if args.idle_websockets > 0 {
+        ("websockets", args.idle_websockets)
+    } else {
+        ("streams", args.idle_streams)
+    };
+    let base = url.trim_end_matches("/chat/completions");
+    let keys = watched.keys.clone();
+    if kind == "websockets" {
+        // The same for a connection's first upgrade.
+        drop(idle::websockets(base, &keys, 4, 4).await);
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss0 = procfs::rss_kib(gateway_pid)?;
-    let started = Instant::now();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Result<reqwest::Response, String>>();
-    let sem = Arc::new(tokio::sync::Semaphore::new(args.open_parallelism.max(1)));
-    for _ in 0..n {
-        let permit = sem.clone().acquire_owned().await?;
-        let (client, url, key, body, tx) = (
-            client.clone(),
-            url.to_string(),
-            key.to_string(),
-            body.clone(),
-            tx.clone(),
-        );
-        tokio::spawn(async move {
-            let r = async {
-                let mut resp = client
-                    .post(&url)
-                    .bearer_auth(&key)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if resp.status() != 200 {
-                    let status = resp.status().as_u16();
-                    let body = resp.text().await.unwrap_or_default();
-                    let message = serde_json::from_str::<Value>(&body)
-                        .ok()
-                        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                        .unwrap_or(body);
-                    return Err(format!("HTTP {status}: {message}"));
-                }
-                // Wait for the first frame: the stream is open end to end.
-                tokio::time::timeout(Duration::from_secs(60), resp.chunk())
-                    .await
-                    .map_err(|_| "no first frame".to_string())?
-                    .map_err(|e| e.to_string())?;
-                Ok(resp)
-            }
-            .await;
-            drop(permit);
-            let _ = tx.send(r);
-        });
-    }
-    drop(tx);
-    let mut open = Vec::with_capacity(n);
-    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
-    while let Some(r) = rx.recv().await {
-        match r {
-            Ok(resp) => open.push(resp),
-            Err(e) => *failures.entry(e).or_default() += 1,
-        }
-    }
-    let opened_in = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss1 = procfs::rss_kib(gateway_pid)?;
+    // Held open until the report is taken.
+    let (mut streams, mut sockets) = (Vec::new(), Vec::new());
+    let (cost, failures, opened_in) = if kind == "websockets" {
+        let opening = idle::websockets(base, &keys, n, parallelism);
+        let (cost, held) = idle::measure(gateway_pid, opening).await?;
+        sockets = held.open;
+        (cost, held.failures, held.opened_in)
+    } else {
+        let opening = async {
+            idle::streams(url, key, &args.model, n, parallelism)
+                .await
+                .unwrap_or_else(|e| idle::Held {
+                    open: Vec::new(),
+                    failures: [(format!("{e:#}"), n as u64)].into(),
+                    opened_in: Duration::ZERO,
+                })
+        };
+        let (cost, held) = idle::measure(gateway_pid, opening).await?;
+        streams = held.open;
+        (cost, held.failures, held.opened_in)
+    };
     let cpu0 = procfs::cpu_micros(gateway_pid)?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let idle_cpu = procfs::cpu_micros(gateway_pid)?.saturating_sub(cpu0);
     let hwm = procfs::peak_rss_kib(gateway_pid)?;
-    let held = open.len();
     let counters = worker_counters(&watched.worker_urls).await;
-    drop(open);
-    let per_stream = if held > 0 {
-        (rss1.saturating_sub(rss0)) as f64 / held as f64
-    } else {
-        0.0
-    };
+    drop((streams, sockets));
+    let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
     Ok(json!({
-        "idle_streams_requested": n,
-        "idle_streams_held": held,
+        format!("idle_{kind}_requested"): n,
+        format!("idle_{kind}_held"): cost.held,
         "failures": failures,
         "opened_in_s": (opened_in.as_secs_f64() * 10.0).round() / 10.0,
-        "gateway_rss_before_mib": (rss0 as f64 / 1024.0 * 10.0).round() / 10.0,
-        "gateway_rss_with_streams_mib": (rss1 as f64 / 1024.0 * 10.0).round() / 10.0,
-        "gateway_peak_rss_mib": (hwm as f64 / 1024.0 * 10.0).round() / 10.0,
-        "gateway_kib_per_stream": (per_stream * 100.0).round() / 100.0,
+        "gateway_rss_before_mib": mib(cost.rss_before_kib),
+        format!("gateway_rss_with_{kind}_mib"): mib(cost.rss_with_kib),
+        "gateway_peak_rss_mib": mib(hwm),
+        format!("gateway_kib_per_{}", kind.trim_end_matches('s')): (cost.kib_per_connection() * 100.0).round() / 100.0,
         "gateway_cpu_ms_per_s_while_idle": (idle_cpu as f64 / 1000.0 / 5.0 * 100.0).round() / 100.0,
+        "gateway_binary": args.gateway_bin.as_ref().map_or("this build's".to_string(), |p| p.display().to_string()),
         "worker_counters_total": counters,
     }))
 }
@@ -1028,9 +1010,16 @@ fn main() -> Result<()> {
                 .unwrap_or_default(),
             ..WorkerOpts::paced(args.ttft_ms, args.tokens_per_second)
         };
+        // A key holds a bounded number of WebSocket connections (64 by
+        // default): idle ones spread over a key per 32.
+        let keys = (0..args.idle_websockets.div_ceil(32).max(1))
+            .map(|_| TestKey::random("org-test"))
+            .collect();
         let gateway = GatewayOpts {
             threads: args.gateway_threads,
             rust_log: Some("warn".into()),
+            keys,
+            binary: args.gateway_bin.clone(),
             extra_toml: args
                 .policy
                 .as_ref()
@@ -1080,6 +1069,10 @@ fn main() -> Result<()> {
     };
     let watched = Watched {
         gateway: if args.baseline { None } else { gateway_pid },
+        keys: match &stack {
+            Some(s) => s.gateway.keys().iter().map(|k| k.key.clone()).collect(),
+            None => vec![key.clone()],
+        },
         workers: stack
             .as_ref()
             .map(|s| s.workers.iter().filter_map(|w| w.pid()).collect())
@@ -1094,9 +1087,9 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        if args.idle_streams > 0 {
-            let pid = gateway_pid.context("--idle-streams needs the gateway pid")?;
-            return idle_streams(&args, &url, &key, pid, &watched).await;
+        if args.idle_streams > 0 || args.idle_websockets > 0 {
+            let pid = gateway_pid.context("idle connections need the gateway pid")?;
+            return idle_connections(&args, &url, &key, pid, &watched).await;
         }
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(args.concurrency.max(64))
