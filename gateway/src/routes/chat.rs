@@ -26,8 +26,9 @@ pub enum Served {
     /// Answered.
     Done,
     /// A planner turn, validated, its scope checked: the planner's route
-    /// runs it.
-    Planner(PlannerTurn),
+    /// runs it (boxed: the request it carries is large, the route's
+    /// future should not be).
+    Planner(Box<PlannerTurn>),
 }
 
 /// A chat request in planner mode, ready for the planner's route.
@@ -70,12 +71,12 @@ pub async fn create(
             return Err(idempotent::not_with_planner());
         }
         account.check_scope(Scope::Planner)?;
-        return Ok(Served::Planner(PlannerTurn {
+        return Ok(Served::Planner(Box::new(PlannerTurn {
             account,
             req,
             valid,
             input_estimate,
-        }));
+        })));
     }
 
     // 3. With a key: claim it, or answer from the first request's record.

@@ -60,7 +60,7 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
                         req,
                         valid,
                         input_estimate,
-                    } = turn;
+                    } = *turn;
                     let route = Box::pin(planner::create(
                         app,
                         ex,

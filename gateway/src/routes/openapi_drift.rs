@@ -19,7 +19,11 @@ const RENAMED: &[(&str, &str, &str)] = &[
     ("api/chat.rs", "ContentPart", "ChatContentPart"),
     ("api/chat.rs", "ChatChunk", "ChatCompletionChunk"),
     ("api/chat.rs", "PlannerChunk", "PlannerCompletionChunk"),
-    ("api/responses/request.rs", "ContentPart", "InputContentPart"),
+    (
+        "api/responses/request.rs",
+        "ContentPart",
+        "InputContentPart",
+    ),
     ("api/messages.rs", "InputMessage", "AnthropicInputMessage"),
     ("api/messages.rs", "Block", "AnthropicInputBlock"),
     ("api/messages.rs", "ImageSource", "AnthropicImageSource"),
