@@ -219,25 +219,17 @@ impl<E: StreamEncoder> Sink for EncodedStream<'_, E> {
 /// A reply folded from worker events into one body.
 pub trait Fold: Default + Send {
     fn push(&mut self, event: pb::GenerateEvent);
-    /// Whether the worker's last event is in.
-    fn is_finished(&self) -> bool;
 }
 
 impl Fold for ChatAggregate {
     fn push(&mut self, event: pb::GenerateEvent) {
         ChatAggregate::push(self, event)
     }
-    fn is_finished(&self) -> bool {
-        ChatAggregate::is_finished(self)
-    }
 }
 
 impl Fold for MessageAggregate {
     fn push(&mut self, event: pb::GenerateEvent) {
         MessageAggregate::push(self, event)
-    }
-    fn is_finished(&self) -> bool {
-        MessageAggregate::is_finished(self)
     }
 }
 
