@@ -11,6 +11,7 @@ use crate::ids::new_id;
 use crate::output_check::{self, OutputFormat};
 use inference_proto::v1 as pb;
 
+/// The item being generated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Open {
     Reasoning,

@@ -86,10 +86,6 @@ pub fn new_object(
     }
 }
 
-/// Builds the worker request. `conversation` is the full input: the stored
-/// chain's items (inputs and outputs) followed by this request's items, with
-/// item references already resolved.
-
 /// Worker usage in the responses shape.
 pub fn usage(u: &pb::Usage) -> ResponseUsage {
     ResponseUsage {
@@ -104,8 +100,6 @@ pub fn usage(u: &pb::Usage) -> ResponseUsage {
         total_tokens: u.prompt_tokens + u.completion_tokens,
     }
 }
-
-/// The item being generated.
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,9 @@ use crate::validate::responses::ValidResponseRequest;
 use inference_proto::v1 as pb;
 use serde_json::Value;
 
+/// Builds the worker request. `conversation` is the full input: the stored
+/// chain's items (inputs and outputs) followed by this request's items, with
+/// item references already resolved.
 pub fn to_worker(
     req: &CreateResponseRequest,
     valid: &ValidResponseRequest,
