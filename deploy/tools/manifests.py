@@ -268,7 +268,8 @@ AGENT_KEYS = {"id", "url", "auth_header", "auth_secret_env", "allowed_hosts", "e
 SPEC_MODELS = {"base", "base-ultra", "base-mini"}
 MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PLAN_KEYS = {"rpm", "tpm", "max_concurrent", "default_max_tokens", "max_service_tier", "weight", "max_stored_bytes"}
-MODEL_KEYS = {"workers", "policy", "queue_timeout_ms", "queue_max_depth", "stall_timeout_ms"}
+MODEL_KEYS = {"workers", "policy", "queue_timeout_ms", "queue_max_depth", "stall_timeout_ms",
+              "preempt_tiers", "max_preemptions"}
 # Catalogue of a model id other than the spec's (#29).
 CATALOGUE_KEYS = {"context_window", "input_price", "cached_input_price", "output_price",
                   "reasoning_budget", "image_input", "description"}

@@ -67,6 +67,7 @@ impl App {
                 queue: crate::pool::QueueLimits {
                     max_wait: std::time::Duration::from_millis(pool.queue_timeout_ms),
                     max_depth: pool.queue_max_depth as usize,
+                    preempt: preempt_policy(pool),
                 },
                 stall_timeout: std::time::Duration::from_millis(pool.stall_timeout_ms),
             }),
@@ -119,5 +120,23 @@ impl App {
             max_body_bytes: self.config.max_body_bytes,
             request_timeout: self.request_timeout(),
         }
+    }
+}
+
+/// A pool's preemption settings as its queue applies them.
+fn preempt_policy(pool: &crate::config::ModelPool) -> crate::pool::PreemptPolicy {
+    use crate::accounts::ServiceTier;
+    use crate::config::PreemptibleTier;
+    let mut tiers = [false; 3];
+    for tier in &pool.preempt_tiers {
+        let tier = match tier {
+            PreemptibleTier::Default => ServiceTier::Default,
+            PreemptibleTier::Flex => ServiceTier::Flex,
+        };
+        tiers[tier as usize] = true;
+    }
+    crate::pool::PreemptPolicy {
+        tiers,
+        max_per_generation: pool.max_preemptions,
     }
 }

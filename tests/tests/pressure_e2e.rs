@@ -411,8 +411,10 @@ async fn a_higher_tier_then_the_least_served_organisation_goes_first() {
         "{flood_key_toml}{b_key_toml}{p_key_toml}\
          [plans.batch]\nmax_service_tier = \"flex\"\n\
          [plans.standard]\n\
-         [plans.premium]\nmax_service_tier = \"priority\"\n"
+         [plans.premium]\nmax_service_tier = \"priority\"\n\
+         [models.base]\nmax_preemptions = 0\n"
     );
+    // The order of the queue alone: without preemption (preemption_e2e).
     let stack = saturated_stack(&toml);
     wait_for_capacity(&stack).await;
     let client = |key: &str| stack.client().with_key(Some(key));

@@ -48,8 +48,9 @@ impl ModelProfile {
             reasoning_budget: self.reasoning_budget,
             tools: true,
             structured_output: true,
-            // The engine's to say (`Engines::resumes`).
+            // The engine's to say (`Engines::resumes`, `Engines::resumes_any`).
             resume: false,
+            resume_any: false,
         }
     }
 }

@@ -294,6 +294,7 @@ impl pb::worker_server::Worker for WorkerService {
             context_window: s.engine.context_window(),
             capabilities: Some(pb::Capabilities {
                 resume: s.engine.resumes(),
+                resume_any: s.engine.resumes_any(),
                 ..s.model.capabilities()
             }),
             load: Some(s.load()),

@@ -17,7 +17,7 @@ mod websocket;
 
 pub use limits::{LimitsConfig, OnStoreFailure, OrgConfig, RatePlanConfig, StaticKey};
 pub use planner::PlannerConfig;
-pub use pools::{ModelPool, PoolPolicy};
+pub use pools::{ModelPool, PoolPolicy, PreemptibleTier};
 pub use store::StoreConfig;
 pub use telemetry::TelemetryConfig;
 pub use tls::{ListenerTlsConfig, WorkerTlsConfig};

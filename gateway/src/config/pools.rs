@@ -30,6 +30,15 @@ pub struct ModelPool {
     /// generation moves to another worker.
     #[serde(default = "default_stall_timeout_ms")]
     pub stall_timeout_ms: u64,
+    /// The tiers whose running generations a waiting request of a higher
+    /// tier preempts when every worker slot is taken: stopped on their
+    /// worker and resumed (their clients see a pause) once a slot frees.
+    /// `flex` by default; `default` may be added; `priority` never.
+    #[serde(default = "default_preempt_tiers")]
+    pub preempt_tiers: Vec<PreemptibleTier>,
+    /// Times one generation may be preempted (0: never).
+    #[serde(default = "default_max_preemptions")]
+    pub max_preemptions: u32,
     /// The catalogue fields below describe a model id beyond the spec's
     /// three (whose facts are the spec's: setting any of these on `base`,
     /// `base-ultra` or `base-mini` is refused). Context window in tokens;
@@ -58,6 +67,14 @@ pub struct ModelPool {
     pub description: Option<String>,
 }
 
+/// A tier whose generations may be preempted (never `priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptibleTier {
+    Default,
+    Flex,
+}
+
 /// How a pool picks a worker for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +101,8 @@ impl ModelPool {
             queue_timeout_ms: default_queue_timeout_ms(),
             queue_max_depth: default_queue_max_depth(),
             stall_timeout_ms: default_stall_timeout_ms(),
+            preempt_tiers: default_preempt_tiers(),
+            max_preemptions: default_max_preemptions(),
             context_window: None,
             input_price: None,
             cached_input_price: None,
@@ -152,6 +171,12 @@ fn default_queue_timeout_ms() -> u64 {
 }
 fn default_stall_timeout_ms() -> u64 {
     30_000
+}
+fn default_preempt_tiers() -> Vec<PreemptibleTier> {
+    vec![PreemptibleTier::Flex]
+}
+fn default_max_preemptions() -> u32 {
+    2
 }
 fn default_queue_max_depth() -> u32 {
     1024

@@ -197,3 +197,20 @@ fn a_stall_timeout_shorter_than_a_batched_replys_flushes_is_refused() {
     );
     assert!(pool(2000).check().is_ok());
 }
+
+#[test]
+fn flex_is_preempted_by_default_and_priority_never() {
+    let pool = |lines: &str| {
+        toml::from_str::<Config>(&format!(
+            "[models.base]\nworkers = [\"127.0.0.1:1\"]\n{lines}\n"
+        ))
+    };
+    let c = pool("").unwrap();
+    let base = &c.models["base"];
+    assert_eq!(base.preempt_tiers, [PreemptibleTier::Flex]);
+    assert_eq!(base.max_preemptions, 2);
+    let c = pool("preempt_tiers = [\"default\", \"flex\"]\nmax_preemptions = 0").unwrap();
+    assert_eq!(c.models["base"].max_preemptions, 0);
+    let e = pool("preempt_tiers = [\"priority\"]").unwrap_err().to_string();
+    assert!(e.contains("unknown variant `priority`"), "{e}");
+}

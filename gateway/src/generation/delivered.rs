@@ -70,6 +70,13 @@ impl Delivered {
         call.arguments.push_str(&delta.arguments_fragment);
     }
 
+    /// Whether an engine that continues text answers only (an engine
+    /// server) could continue from here: answer text delivered, no tool
+    /// call.
+    pub fn continues_as_text(&self) -> bool {
+        !self.text.is_empty() && self.tool_calls.is_empty()
+    }
+
     /// Generated tokens delivered.
     pub fn tokens(&self) -> u64 {
         self.output.tokens()

@@ -25,7 +25,7 @@ use crate::limits::{Outcome, Reservation};
 use crate::pool::{Pools, Stage, Ticket, WorkerCall, WorkerPool};
 pub use delivered::Delivered;
 use inference_proto::v1 as pb;
-use relay::{Relayed, WorkerFailure};
+use relay::{Paused, Relayed, WorkerFailure};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,6 +166,7 @@ impl Generation<'_> {
             } else {
                 Stage::New
             },
+            preemptions: 0,
         };
         let started = tokio::select! {
             call = start(self.pools, self.model, &self.work, &self.trace, self.deadline, ticket.clone()) => call,
@@ -199,6 +200,8 @@ impl Generation<'_> {
         let mut delivered = continued.map(Delivered::from_resume).unwrap_or_default();
         let delivered_before = continued.map_or(0, |r| u64::from(r.completion_tokens));
         let mut failed_on: Vec<String> = Vec::new();
+        let constrained = !self.work.tools.is_empty() || self.work.response_format.is_some();
+        let mut preemptions = 0;
         let end = loop {
             let relayed = relay::relay(
                 call,
@@ -206,6 +209,7 @@ impl Generation<'_> {
                 stall_timeout,
                 self.model,
                 &request_id,
+                constrained,
                 sink,
                 &mut delivered,
             )
@@ -213,6 +217,28 @@ impl Generation<'_> {
             let failure = match relayed {
                 Relayed::Ended(end) => break end,
                 Relayed::WorkerFailed(failure) => failure,
+                Relayed::Preempted(paused) => {
+                    preemptions += 1;
+                    let ticket = Ticket {
+                        preemptions,
+                        ..ticket.clone()
+                    };
+                    match self
+                        .resume(&paused, &failed_on, &delivered, ticket, sink)
+                        .await
+                    {
+                        Resumed::Call(next) => {
+                            call = next;
+                            continue;
+                        }
+                        Resumed::Gone => break End::Gone,
+                        Resumed::Failed(e) => {
+                            relay::count_stream_failure(self.model, &e);
+                            sink.fail(&e).await;
+                            break End::Failed(e);
+                        }
+                    }
+                }
             };
             failed_on.push(failure.worker.clone());
             match self
@@ -285,6 +311,90 @@ impl Generation<'_> {
             Err(_) => {
                 moves.failed();
                 None
+            }
+        }
+    }
+}
+
+/// How a preempted generation's wait to resume ended.
+enum Resumed {
+    Call(WorkerCall),
+    /// Its consumer went away (or the drain cut it) while it waited.
+    Gone,
+    /// It could not resume (no worker took it, the deadline): the failure
+    /// to deliver in band.
+    Failed(ApiError),
+}
+
+impl Generation<'_> {
+    /// Resumes a preempted generation: it waits in its pool's queue, first
+    /// of its tier and past the queue's timeout (only its deadline holds),
+    /// then continues what it delivered on whichever worker routing picks.
+    /// Meanwhile its consumer gets its keep-alives and may leave (or the
+    /// drain cut it: it then ends in band like a running stream).
+    async fn resume<S: Sink>(
+        &self,
+        paused: &Paused,
+        failed_on: &[String],
+        delivered: &Delivered,
+        ticket: Ticket,
+        sink: &mut S,
+    ) -> Resumed {
+        let pool = match pool_of(self.pools, self.model) {
+            Ok(pool) => pool,
+            Err(e) => return Resumed::Failed(e),
+        };
+        crate::metrics::preempted(
+            self.model,
+            ticket.tier.as_str(),
+            &ticket.org,
+            ticket.input_tokens + delivered.tokens(),
+        );
+        let mut work = self.work.clone();
+        work.resume = Some(delivered.resume());
+        let start = tokio::time::timeout_at(
+            self.deadline,
+            pool.continue_elsewhere(&work, &self.trace, ticket, failed_on),
+        );
+        tokio::pin!(start);
+        let every = sink.keep_alive_period();
+        let moves = crate::metrics::generation_moves(self.model, "preempted");
+        loop {
+            let keep_alive = tokio::time::sleep(every.unwrap_or(Duration::MAX));
+            tokio::select! {
+                started = &mut start => {
+                    return match started {
+                        Ok(Ok(call)) => {
+                            let since = paused.last_output.unwrap_or_else(std::time::Instant::now);
+                            moves.count_moved();
+                            crate::metrics::preemption_resumed(self.model, since.elapsed());
+                            tracing::debug!(
+                                request_id = %work.request_id,
+                                to = %call.guard.worker(),
+                                delivered_tokens = delivered.tokens(),
+                                "preempted generation resumed"
+                            );
+                            Resumed::Call(call)
+                        }
+                        Ok(Err(e)) => {
+                            moves.failed();
+                            tracing::warn!(request_id = %work.request_id, "preempted generation could not resume: {e:?}");
+                            Resumed::Failed(relay::after_first_token(ApiError::from(e)))
+                        }
+                        Err(_) => {
+                            moves.failed();
+                            Resumed::Failed(ApiError::timeout(
+                                "The generation exceeded the request deadline.",
+                            ))
+                        }
+                    };
+                }
+                _ = sink.gone() => return Resumed::Gone,
+                _ = keep_alive, if every.is_some() => {
+                    if sink.keep_alive().await.is_err() {
+                        return Resumed::Gone;
+                    }
+                }
             }
         }
     }

@@ -25,6 +25,17 @@ pub(super) enum Relayed {
     /// reached the consumer; events not yet delivered stay in the sink's
     /// batch, so the generation may go on on another worker.
     WorkerFailed(WorkerFailure),
+    /// A higher tier preempted the generation: it was stopped on its
+    /// worker, whose slot went to the waiting request, and resumes from
+    /// what it delivered once a slot frees. Not a failure.
+    Preempted(Paused),
+}
+
+/// A generation a higher tier preempted.
+pub(super) struct Paused {
+    /// When its last output event arrived: the pause its client sees runs
+    /// from there.
+    pub last_output: Option<Instant>,
 }
 
 /// A worker that failed mid-generation.
@@ -43,17 +54,30 @@ pub(super) struct WorkerFailure {
 }
 
 /// Relays `call` through `sink`, recording what it relayed in `delivered`.
+/// `constrained`: the request's output is constrained (a JSON schema, tools),
+/// which only some engines continue after a preemption.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn relay<S: Sink>(
     call: WorkerCall,
     deadline: tokio::time::Instant,
     stall_timeout: Duration,
     model: &str,
     request_id: &str,
+    constrained: bool,
     sink: &mut S,
     delivered: &mut Delivered,
 ) -> Relayed {
     // The guard holds the worker's in-flight slot until the relay returns.
-    let WorkerCall { first, rest, guard } = call;
+    let WorkerCall {
+        first,
+        rest,
+        mut guard,
+    } = call;
+    let preemption = guard.preemptible().map(|lever| Preemption {
+        lever,
+        any_output: guard.resumes_any(),
+        constrained,
+    });
     let served_before = delivered.tokens();
     let end = relay_events(
         first,
@@ -64,6 +88,7 @@ pub(super) async fn relay<S: Sink>(
         request_id,
         sink,
         delivered,
+        preemption.as_ref(),
     )
     .await;
     guard.record_served(delivered.tokens() - served_before);
@@ -80,16 +105,23 @@ async fn relay_events<S: Sink>(
     request_id: &str,
     sink: &mut S,
     delivered: &mut Delivered,
+    preemption: Option<&Preemption>,
 ) -> Relayed {
     let series = crate::metrics::model_series(model);
     let served_before = delivered.tokens();
     let mut decode = DecodeClock::default();
+    if let Some(p) = preemption {
+        p.note(delivered);
+    }
     let mut take = |event: pb::GenerateEvent, sink: &mut S, decode: &mut DecodeClock| {
         if delivered.record(&event) {
             if let Some(gap) = decode.output(Instant::now()) {
                 if let Some(s) = series {
                     s.inter_token_latency().observe(gap.as_secs_f64());
                 }
+            }
+            if let Some(p) = preemption {
+                p.note(delivered);
             }
         }
         let finished = finished_of(&event);
@@ -168,7 +200,12 @@ async fn relay_events<S: Sink>(
                     }
                     stall.as_mut().reset(quiet_until);
                 }
+                // After the worker's next event: an end already on its way
+                // is taken, not thrown away.
                 next = rest.message() => break next,
+                _ = pulled(preemption) => {
+                    return preempted(guard, rest, request_id, decode.last).await;
+                }
                 _ = sink.gone() => {
                     return left(guard, rest, request_id, delivered, served_before).await;
                 }
@@ -217,6 +254,47 @@ async fn left(
     }
     drop(rest);
     Relayed::Ended(End::Gone)
+}
+
+/// A running call a higher tier may preempt.
+pub(super) struct Preemption {
+    lever: std::sync::Arc<crate::pool::Lever>,
+    /// Its engine continues any generation, not only a text answer.
+    any_output: bool,
+    constrained: bool,
+}
+
+impl Preemption {
+    /// Tells the queue what the generation delivered, and whether its
+    /// engine could continue it from there.
+    fn note(&self, delivered: &Delivered) {
+        let resumable =
+            self.any_output || (!self.constrained && delivered.continues_as_text());
+        self.lever.note(delivered.tokens(), resumable);
+    }
+}
+
+/// Resolves when the queue preempts the call; never without a lever.
+async fn pulled(preemption: Option<&Preemption>) {
+    match preemption {
+        Some(p) => p.lever.pulled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The call was preempted: stopped on its worker now (the slot it frees
+/// goes to the request that preempted it), its stream dropped. What the
+/// worker generated past the last delivery is discarded and generated
+/// again where the generation resumes: billed to nobody.
+async fn preempted(
+    guard: &CallGuard,
+    rest: Streaming<pb::GenerateEvent>,
+    request_id: &str,
+    last_output: Option<Instant>,
+) -> Relayed {
+    let _ = guard.cancel(request_id).await;
+    drop(rest);
+    Relayed::Preempted(Paused { last_output })
 }
 
 /// When a generation's output events arrived, for its decode-time metrics.
@@ -317,7 +395,12 @@ fn mid_stream_error(status: &Status) -> ApiError {
             "The model worker was shut down for a restart before this reply finished; retry.",
         );
     }
-    let classified = ApiError::from(pool_error);
+    after_first_token(ApiError::from(pool_error))
+}
+
+/// A failure once the client has output: a 502 or 504 as it is, anything
+/// else a 502 (never a 503 that invites a blind retry).
+pub(super) fn after_first_token(classified: ApiError) -> ApiError {
     if classified.status == 502 || classified.status == 504 {
         classified
     } else {
@@ -369,6 +452,33 @@ mod tests {
         assert_eq!(clock.per_token(5), Some(Duration::from_millis(25)));
         assert_eq!(clock.per_token(1), None);
         assert_eq!(DecodeClock::default().per_token(9), None);
+    }
+
+    #[test]
+    fn an_engine_server_resumes_only_an_unconstrained_text_answer() {
+        let text = |t: &str| pb::GenerateEvent {
+            event: Some(pb::generate_event::Event::Text(pb::TextDelta { text: t.into() })),
+            output_tokens: 1,
+        };
+        let resumable = |any_output, constrained, delivered: &Delivered| {
+            let p = Preemption {
+                lever: Default::default(),
+                any_output,
+                constrained,
+            };
+            p.note(delivered);
+            p.lever.is_resumable()
+        };
+        let nothing = Delivered::default();
+        let mut answer = Delivered::default();
+        answer.record(&text("Once"));
+        // A sequence engine continues anything, even before any output.
+        assert!(resumable(true, true, &nothing));
+        // An engine server: a text answer under way, without tools or a
+        // JSON format.
+        assert!(resumable(false, false, &answer));
+        assert!(!resumable(false, false, &nothing));
+        assert!(!resumable(false, true, &answer));
     }
 
     #[test]

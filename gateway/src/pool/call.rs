@@ -115,6 +115,19 @@ impl CallGuard {
         reply.found.then_some(reply.generated_tokens)
     }
 
+    /// Registers the running call with its pool's queue as one a higher
+    /// tier may preempt, when the pool's policy allows it for its tier and
+    /// past preemptions; the lever the queue pulls then.
+    pub fn preemptible(&mut self) -> Option<Arc<super::Lever>> {
+        self.turn.preemptible()
+    }
+
+    /// Whether the worker's engine continues any generation, not only a
+    /// text answer (see `WorkerEndpoint::resumes_any`).
+    pub fn resumes_any(&self) -> bool {
+        self.endpoint.resumes_any()
+    }
+
     /// The worker serving the call (its address).
     pub fn worker(&self) -> &str {
         self.endpoint.addr()

@@ -6,7 +6,7 @@ use super::prefixes::CachedPrefixes;
 use super::timing::{EngineTimes, Measured};
 use inference_proto::v1 as pb;
 use inference_proto::v1::worker_client::WorkerClient;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -16,6 +16,17 @@ const OPEN_AFTER_FAILURES: u32 = 3;
 /// First open period; doubles on each re-open up to `MAX_OPEN`.
 const BASE_OPEN: Duration = Duration::from_secs(2);
 const MAX_OPEN: Duration = Duration::from_secs(30);
+
+/// What of a moved generation a worker's engine continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Resumes {
+    Nothing = 0,
+    /// A text answer (an engine server continuing a final assistant
+    /// message): not constrained output, a tool call or a think section.
+    TextAnswers = 1,
+    Anything = 2,
+}
 
 pub struct WorkerEndpoint {
     addr: String,
@@ -43,8 +54,9 @@ pub struct WorkerEndpoint {
     queued: AtomicU32,
     capacity: AtomicU32,
     draining: AtomicBool,
-    /// Its engine continues a moved generation (`Capabilities.resume`).
-    resumes: AtomicBool,
+    /// What of a moved generation its engine continues
+    /// (`Capabilities.resume`, `resume_any`), as a [`Resumes`].
+    resumes: AtomicU8,
     /// Its engine's context window (`Info.context_window`); 0 until known.
     context_window: AtomicU32,
     /// The sampling its worker applies to fields a request leaves unset.
@@ -128,7 +140,7 @@ impl WorkerEndpoint {
             draining: AtomicBool::new(false),
             // Until its first Info says: a worker that cannot resume
             // refuses the move (INVALID_REQUEST), which then ends in band.
-            resumes: AtomicBool::new(true),
+            resumes: AtomicU8::new(Resumes::Anything as u8),
             context_window: AtomicU32::new(0),
             sampling_defaults: RwLock::new(None),
             healthy: AtomicBool::new(true),
@@ -299,11 +311,18 @@ impl WorkerEndpoint {
 
     /// Whether its engine continues a generation moved from another worker.
     pub fn resumes(&self) -> bool {
-        self.resumes.load(Ordering::Relaxed)
+        self.resumes.load(Ordering::Relaxed) != Resumes::Nothing as u8
     }
 
-    pub fn record_resumes(&self, resumes: bool) {
-        self.resumes.store(resumes, Ordering::Relaxed);
+    /// Whether its engine continues a moved generation of any kind:
+    /// constrained output (a JSON schema, tool calls) and think sections,
+    /// not only a text answer.
+    pub fn resumes_any(&self) -> bool {
+        self.resumes.load(Ordering::Relaxed) == Resumes::Anything as u8
+    }
+
+    pub fn record_resumes(&self, resumes: Resumes) {
+        self.resumes.store(resumes as u8, Ordering::Relaxed);
     }
 
     /// Its engine's context window, once its worker reported one.

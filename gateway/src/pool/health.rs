@@ -3,7 +3,7 @@
 //! each bounded by a timeout. A worker that fails the check leaves
 //! selection until it passes again.
 
-use super::endpoint::WorkerEndpoint;
+use super::endpoint::{Resumes, WorkerEndpoint};
 use inference_proto::v1 as pb;
 use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -42,7 +42,14 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
             endpoint.prefixes().record_report(prefixes);
         }
         endpoint.record_sampling_defaults(info.sampling_defaults);
-        endpoint.record_resumes(info.capabilities.is_some_and(|c| c.resume));
+        let resumes = info.capabilities.map_or(Resumes::Nothing, |c| {
+            match (c.resume, c.resume_any) {
+                (false, _) => Resumes::Nothing,
+                (true, false) => Resumes::TextAnswers,
+                (true, true) => Resumes::Anything,
+            }
+        });
+        endpoint.record_resumes(resumes);
         endpoint.record_context_window(info.context_window);
         let load = info.load.unwrap_or_default();
         Some((load.running, load.queued, load.capacity, info.draining))

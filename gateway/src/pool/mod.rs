@@ -13,6 +13,7 @@ mod failure;
 mod health;
 mod kubernetes;
 mod prefixes;
+mod preempt;
 mod queue;
 pub mod select;
 mod timing;
@@ -21,6 +22,7 @@ pub use call::{CallGuard, WorkerCall};
 use call::{CallTiming, RunningPrompt};
 pub use endpoint::WorkerEndpoint;
 pub use failure::{classify, Failure, PoolError};
+pub use preempt::{Lever, PreemptPolicy};
 pub use queue::{QueueLimits, Shed, Stage, Ticket};
 
 use crate::config::PoolPolicy;
@@ -568,6 +570,7 @@ mod tests {
                 queue: QueueLimits {
                     max_wait: Duration::from_secs(1),
                     max_depth: 8,
+                    preempt: PreemptPolicy::OFF,
                 },
                 stall_timeout: Duration::from_secs(30),
             }],

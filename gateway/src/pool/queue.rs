@@ -31,6 +31,7 @@
 //! this replica sent since), so replicas share the pool through it; the
 //! bound on how far their fairness can drift is in ARCHITECTURE.md.
 
+use super::preempt::{Lever, PreemptPolicy, Preemptible};
 use super::Members;
 use crate::accounts::ServiceTier;
 use crate::metrics::METRICS;
@@ -57,6 +58,8 @@ pub struct Ticket {
     pub input_tokens: u64,
     /// Where its generation stands, for a drain and a full queue.
     pub stage: Stage,
+    /// Times its generation was preempted so far.
+    pub preemptions: u32,
 }
 
 /// Where a waiting generation stands. Only a request that has not started
@@ -72,10 +75,11 @@ pub enum Stage {
     /// it to a peer (`runs::background`), or it waits here when no peer
     /// could take it; the queue does not answer it.
     Detached,
-    /// A generation that already delivered output and waits for a worker
-    /// to continue it (moving off a failed worker; one paused by
-    /// preemption would too). Not a queued request: a full queue never
-    /// refuses it and a drain ends it in band or hands it over like a
+    /// A generation that already started and waits for a worker to
+    /// continue it (moving off a failed worker, or paused by preemption).
+    /// Not a queued request: it goes first in its tier, the queue's
+    /// timeout and a full queue never refuse it (its request deadline
+    /// still holds), and a drain ends it in band or hands it over like a
     /// running one, never from here.
     Started,
 }
@@ -107,6 +111,8 @@ impl Shed {
 pub struct QueueLimits {
     pub max_wait: Duration,
     pub max_depth: usize,
+    /// Which running generations a higher tier's waiting request preempts.
+    pub preempt: PreemptPolicy,
 }
 
 /// One pool's queue.
@@ -131,6 +137,8 @@ struct State {
     next_id: u64,
     /// The replica is draining: requests that have not started do not wait.
     draining: bool,
+    /// Running generations a higher tier may preempt.
+    preemptible: Preemptible,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -189,7 +197,8 @@ impl PoolQueue {
                 self.count_shed(Shed::Draining, &ticket.org);
                 return Err(Shed::Draining);
             }
-            if st.depth() >= self.limits.max_depth {
+            // A generation that started is never refused by a full queue.
+            if st.depth() >= self.limits.max_depth && ticket.stage != Stage::Started {
                 match st.to_refuse(&ticket) {
                     // Its `Waiting` counts the shed and leaves the org.
                     Some((tier, index)) => {
@@ -262,6 +271,29 @@ impl PoolQueue {
         }
         if changed {
             self.publish_depth(&st);
+        }
+        self.preempt(&mut st, free);
+    }
+
+    /// Requests still waiting once free slots went: for those of a higher
+    /// tier than running preemptible work, preempt it (their turns come
+    /// when the preempted calls release their slots).
+    fn preempt(&self, st: &mut State, free: u32) {
+        if st.depth() == 0 || self.limits.preempt.max_per_generation == 0 {
+            return;
+        }
+        let free = free.saturating_sub(st.granted);
+        let State {
+            waiting,
+            preemptible,
+            ..
+        } = st;
+        let tiers = ServiceTier::BY_PRECEDENCE
+            .iter()
+            .flat_map(|t| std::iter::repeat_n(*t, waiting[*t as usize].len()));
+        let preempted = preemptible.preempt_for(tiers, free);
+        if !preempted.is_empty() {
+            tracing::debug!(model = %self.model, preempted = preempted.len(), "preempting for a higher tier");
         }
     }
 
@@ -362,10 +394,15 @@ impl State {
     }
 
     /// The next waiter to serve: the best tier with anyone waiting; in it,
-    /// the first request of the organisation with the lowest counter.
+    /// a generation that already started (moved or preempted: it resumes
+    /// before new work of its tier), else the first request of the
+    /// organisation with the lowest counter.
     fn next_waiter(&self) -> Option<(usize, usize)> {
         ServiceTier::BY_PRECEDENCE.iter().find_map(|tier| {
             let queue = &self.waiting[*tier as usize];
+            if let Some(i) = queue.iter().position(|w| w.ticket.stage == Stage::Started) {
+                return Some((*tier as usize, i));
+            }
             let mut best: Option<(usize, f64)> = None;
             for (i, w) in queue.iter().enumerate() {
                 let c = self.orgs.get(&w.ticket.org).map_or(0.0, |o| o.counter);
@@ -436,7 +473,12 @@ struct Waiting {
 
 impl Waiting {
     async fn wait(mut self, ticket: Ticket, max_wait: Duration) -> Result<Turn, Shed> {
-        let granted = tokio::time::timeout(max_wait, &mut self.rx).await;
+        // A generation that started waits within its own deadline only.
+        let granted = if ticket.stage == Stage::Started {
+            Ok((&mut self.rx).await)
+        } else {
+            tokio::time::timeout(max_wait, &mut self.rx).await
+        };
         match granted {
             Ok(Ok(Ok(()))) => {
                 self.done = true;
@@ -492,19 +534,46 @@ impl Drop for Waiting {
 /// counts as granted capacity, then ([`Turn::started`]) as a worker slot.
 pub struct Turn {
     queue: Arc<PoolQueue>,
+    id: u64,
     org: Arc<str>,
     weight: u32,
+    tier: ServiceTier,
+    preemptions: u32,
     granted: bool,
+    /// Registered as preemptible ([`Turn::preemptible`]).
+    registered: bool,
 }
+
+/// Turn ids, for the pool's register of preemptible generations.
+static TURN_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Turn {
     fn new(queue: &Arc<PoolQueue>, ticket: Ticket) -> Self {
         Self {
             queue: Arc::clone(queue),
+            id: TURN_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             org: ticket.org,
             weight: ticket.weight,
+            tier: ticket.tier,
+            preemptions: ticket.preemptions,
             granted: true,
+            registered: false,
         }
+    }
+
+    /// The call runs: when the pool's policy lets a higher tier preempt
+    /// it, it is registered with the lever the queue will pull; `None`
+    /// when it may not be preempted (its tier, or its preemptions spent).
+    pub fn preemptible(&mut self) -> Option<Arc<Lever>> {
+        if self.registered || !self.queue.limits.preempt.allows(self.tier, self.preemptions) {
+            return None;
+        }
+        let lever = Arc::new(Lever::default());
+        let mut st = self.queue.lock();
+        st.preemptible
+            .register(self.id, self.tier, Arc::clone(&lever));
+        self.registered = true;
+        Some(lever)
     }
 
     /// The request holds a worker slot now: the capacity it was promised
@@ -538,6 +607,9 @@ impl Drop for Turn {
         if self.granted {
             st.granted = st.granted.saturating_sub(1);
         }
+        if self.registered {
+            st.preemptible.remove(self.id);
+        }
         st.deactivate(&self.org);
         drop(st);
         self.queue.dispatch();
@@ -562,12 +634,17 @@ mod tests {
         let limits = QueueLimits {
             max_wait,
             max_depth,
+            preempt: PreemptPolicy {
+                tiers: [true, false, false],
+                max_per_generation: 1,
+            },
         };
         (Arc::new(PoolQueue::new("base", limits, members)), endpoint)
     }
 
     fn ticket(org: &str, tier: ServiceTier) -> Ticket {
         Ticket {
+            preemptions: 0,
             org: org.into(),
             tier,
             weight: 1,
@@ -898,5 +975,104 @@ mod tests {
         drop(slot);
         drop(turn);
         assert_eq!(continuation.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_higher_tier_waiting_on_a_full_pool_preempts_the_flex_call_and_takes_its_slot() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let (mut flex, flex_slot) = run(&q, &endpoint, ticket("a", ServiceTier::Flex)).await;
+        let lever = flex.preemptible().expect("flex may be preempted");
+        lever.note(3, true);
+        let q2 = Arc::clone(&q);
+        let priority = tokio::spawn(async move {
+            q2.enter(ticket("b", ServiceTier::Priority)).await.map(|_turn| ())
+        });
+        tokio::time::timeout(Duration::from_secs(1), lever.pulled())
+            .await
+            .expect("the flex call is preempted");
+        // Its slot goes to the waiting priority request, not to a newcomer.
+        drop(flex_slot);
+        drop(flex);
+        assert_eq!(priority.await.unwrap(), Ok(()));
+        // Resumed, it cannot be preempted again (the limit is one), and a
+        // default request never preempts: only flex is preemptible here.
+        let (mut resumed, _slot) = run(
+            &q,
+            &endpoint,
+            Ticket {
+                stage: Stage::Started,
+                preemptions: 1,
+                ..ticket("a", ServiceTier::Flex)
+            },
+        )
+        .await;
+        assert!(resumed.preemptible().is_none());
+        let (mut default, _slot2) = {
+            let q = Arc::clone(&q);
+            let endpoint = Arc::clone(&endpoint);
+            drop(resumed);
+            drop(_slot);
+            run(&q, &endpoint, ticket("c", ServiceTier::Default)).await
+        };
+        assert!(default.preemptible().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_paused_generation_waits_past_the_queue_timeout() {
+        let (q, endpoint) = queue(1, 8, Duration::from_millis(50));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let paused = Ticket {
+            stage: Stage::Started,
+            preemptions: 1,
+            ..ticket("c", ServiceTier::Flex)
+        };
+        let _paused = waiter(&q, &endpoint, "paused", paused, tx);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert_eq!(served.recv().await, Some("paused"));
+    }
+
+    #[tokio::test]
+    async fn a_paused_generation_goes_first_in_its_tier() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _new = waiter(&q, &endpoint, "new", ticket("b", ServiceTier::Flex), tx.clone());
+        settle().await;
+        let paused = Ticket {
+            stage: Stage::Started,
+            preemptions: 1,
+            ..ticket("c", ServiceTier::Flex)
+        };
+        let _paused = waiter(&q, &endpoint, "paused", paused, tx);
+        settle().await;
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert_eq!(served.recv().await, Some("paused"));
+    }
+
+    #[tokio::test]
+    async fn a_generation_resuming_into_a_full_queue_is_not_refused() {
+        let (q, endpoint) = queue(1, 1, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _full = waiter(&q, &endpoint, "queued", ticket("b", ServiceTier::Priority), tx.clone());
+        settle().await;
+        let resuming = Ticket {
+            stage: Stage::Started,
+            preemptions: 1,
+            ..ticket("c", ServiceTier::Flex)
+        };
+        let _resuming = waiter(&q, &endpoint, "resuming", resuming, tx);
+        settle().await;
+        assert_eq!(q.depth(), 2, "it waits beyond the depth bound");
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        assert_eq!(served.recv().await, Some("queued"));
     }
 }

@@ -30,6 +30,10 @@
 //!   (`--slots` slots, one thread, host prompt cache off, each behind an
 //!   `upstream` worker reporting `--slots` as its capacity), plans with a
 //!   tier ceiling per org, queue bound and timeout on the pool;
+//! - `gw-tiers-off`: the same with preemption off (`max_preemptions = 0`):
+//!   with it on (the default), B's request finding every slot on A's
+//!   `flex` work preempts one, which resumes when a slot frees; A's
+//!   completed tokens per second under the flood say what that costs;
 //! - `gw-vtc`: the same with one plan for every org and no `service_tier`
 //!   sent: what the virtual token counter does alone;
 //! - `smg`: SMG 1.13 (scripts/smg.sh) on the same llama-servers, its
@@ -38,8 +42,9 @@
 //!   clamped by `tenant_policies`), per-class bounded queues with the same
 //!   bound and timeout, and each worker's `max_running_requests` label set
 //!   to its slots (llama-server does not report it, and SMG then counts 64
-//!   per worker and never queues);
-//! - `sim-tiers`, `sim-vtc`: the gateway arms on the synthetic engine (a
+//!   per worker and never queues); `smg-off` with no class allowed to
+//!   preempt;
+//! - `sim-tiers`, `sim-tiers-off`, `sim-vtc`: the gateway arms on the synthetic engine (a
 //!   fixed decode rate, `max_concurrency` = slots), gateway only.
 //!
 //! `--no-queue-config` writes none of #42's settings (tiers, weights, queue)
@@ -91,7 +96,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "gw-tiers,gw-vtc,smg,sim-tiers,sim-vtc"
+        default_value = "gw-tiers,gw-tiers-off,gw-vtc,smg,smg-off,sim-tiers,sim-tiers-off,sim-vtc"
     )]
     arms: Vec<Arm>,
     /// Seed of arrivals and prompts.
@@ -162,9 +167,14 @@ impl Args {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 enum Arm {
     GwTiers,
+    /// `gw-tiers` with preemption off (`max_preemptions = 0`).
+    GwTiersOff,
     GwVtc,
     Smg,
+    /// SMG with no class allowed to preempt.
+    SmgOff,
     SimTiers,
+    SimTiersOff,
     SimVtc,
 }
 
@@ -177,25 +187,37 @@ enum Engine {
 impl Arm {
     fn label(self) -> &'static str {
         match self {
-            Arm::GwTiers => "gateway, plans with tiers (llama-server)",
+            Arm::GwTiers => "gateway, plans with tiers, preemption (llama-server)",
+            Arm::GwTiersOff => "gateway, plans with tiers, no preemption (llama-server)",
             Arm::GwVtc => "gateway, one plan: VTC alone (llama-server)",
-            Arm::Smg => "SMG 1.13 priority scheduler (llama-server)",
-            Arm::SimTiers => "gateway, plans with tiers (simulator)",
+            Arm::Smg => "SMG 1.13 priority scheduler, preemption (llama-server)",
+            Arm::SmgOff => "SMG 1.13 priority scheduler, no preemption (llama-server)",
+            Arm::SimTiers => "gateway, plans with tiers, preemption (simulator)",
+            Arm::SimTiersOff => "gateway, plans with tiers, no preemption (simulator)",
             Arm::SimVtc => "gateway, one plan: VTC alone (simulator)",
         }
     }
 
     fn engine(self) -> Engine {
         match self {
-            Arm::SimTiers | Arm::SimVtc => Engine::Simulator,
+            Arm::SimTiers | Arm::SimTiersOff | Arm::SimVtc => Engine::Simulator,
             _ => Engine::LlamaServer,
         }
     }
 
     /// Gateway arms whose plans give A and B different tier ceilings.
     fn tiers(self) -> bool {
-        matches!(self, Arm::GwTiers | Arm::SimTiers)
+        matches!(
+            self,
+            Arm::GwTiers | Arm::GwTiersOff | Arm::SimTiers | Arm::SimTiersOff
+        )
     }
+
+    /// Arms whose router may preempt running work for a higher tier.
+    fn preempts(self) -> bool {
+        !matches!(self, Arm::GwTiersOff | Arm::SimTiersOff | Arm::SmgOff)
+    }
+
 }
 
 // ---- orgs and their requests ------------------------------------------------
@@ -628,7 +650,7 @@ fn org_keys() -> Vec<(Org, String)> {
 }
 
 /// The gateway config an arm adds: plans, one key per org, the pool's queue.
-fn gateway_toml(tiers: bool, args: &Args, keys: &[(Org, String)]) -> String {
+fn gateway_toml(tiers: bool, preempts: bool, args: &Args, keys: &[(Org, String)]) -> String {
     let plans: &[(&str, &str)] = if tiers {
         &[
             ("batch", "flex"),
@@ -660,6 +682,9 @@ fn gateway_toml(tiers: bool, args: &Args, keys: &[(Org, String)]) -> String {
             args.queue_timeout_secs * 1000,
             args.queue_depth,
         );
+        if !preempts {
+            toml += "max_preemptions = 0\n";
+        }
     }
     toml
 }
@@ -687,7 +712,7 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
     }
     let keys = org_keys();
     let mut gw = GatewayOpts {
-        extra_toml: gateway_toml(arm.tiers(), args, &keys),
+        extra_toml: gateway_toml(arm.tiers(), arm.preempts(), args, &keys),
         ..GatewayOpts::default()
     };
     gw.workers.insert(
@@ -739,11 +764,11 @@ async fn wait_until_served(gateway: &Gateway) -> Result<()> {
 
 /// SMG's priority-scheduler YAML. Every class gets the bench's queue bound
 /// and timeout, and SMG's shipped starvation thresholds and preemption
-/// rights. Of the shipped reservations (floors of 32 `system` and 128
+/// rights (none with `preempts` false). Of the shipped reservations (floors of 32 `system` and 128
 /// `interactive` slots plus shares, sized for large fleets; scaled down to
 /// a pool of 4 slots they keep 2 from `bulk`) only `interactive`'s 25 %
 /// share is kept: a slot or so held free for B.
-fn smg_priority_yaml(args: &Args) -> String {
+fn smg_priority_yaml(args: &Args, preempts: bool) -> String {
     let classes = [
         ("system", 0.0, 5, true),
         ("interactive", 0.25, 5, true),
@@ -752,6 +777,7 @@ fn smg_priority_yaml(args: &Args) -> String {
     ];
     let mut yaml = String::from("classes:\n");
     for (class, share, starvation, preempt) in classes {
+        let preempt = preempt && preempts;
         yaml += &format!(
             "  {class}:\n    reserved_floor: 0\n    reserved_per_slot: {share:.2}\n    queue_size: {}\n    queue_timeout_secs: {}\n    starvation_threshold_secs: {starvation}\n    can_preempt: {preempt}\n",
             args.queue_depth, args.queue_timeout_secs,
@@ -770,10 +796,10 @@ fn smg_priority_yaml(args: &Args) -> String {
 
 /// SMG 1.13 in front of the llama-servers, its priority scheduler on and a
 /// tenant per org.
-async fn start_smg(args: &Args, llamas: &Llamas) -> Result<Stack> {
+async fn start_smg(args: &Args, llamas: &Llamas, preempts: bool) -> Result<Stack> {
     let dir = std::env::temp_dir();
     let config = dir.join(format!("fairbench-smg-{}.yaml", std::process::id()));
-    std::fs::write(&config, smg_priority_yaml(args))?;
+    std::fs::write(&config, smg_priority_yaml(args, preempts))?;
     let log_path = dir.join(format!("fairbench-smg-{}.log", std::process::id()));
     eprintln!("SMG logs to {}", log_path.display());
     let log = std::fs::File::create(&log_path)?;
@@ -1006,6 +1032,8 @@ struct FloodFigures {
     isolated: Vec<Outcome>,
     flooded: Vec<Outcome>,
     flood: Vec<Outcome>,
+    /// How long A flooded: its completed tokens per second are over it.
+    flood_secs: f64,
 }
 
 /// B alone, then B while A floods.
@@ -1030,6 +1058,7 @@ async fn run_flood(
     .await;
     wait_idle(stack, llamas).await?;
     // A floods until B's last request has ended.
+    let flood_started = Instant::now();
     let flood = Load::open(
         a,
         shapes.batch.clone(),
@@ -1048,11 +1077,13 @@ async fn run_flood(
     .finish(args.grace())
     .await;
     let flood = flood.abort();
+    let flood_secs = flood_started.elapsed().as_secs_f64();
     wait_idle(stack, llamas).await?;
     Ok(FloodFigures {
         isolated,
         flooded,
         flood,
+        flood_secs,
     })
 }
 
@@ -1227,13 +1258,20 @@ fn flood_row(arm: Arm, f: &FloodFigures) -> String {
         secs(f99) / secs(i99)
     };
     let a_served = f.flood.iter().filter(|o| o.is_ok()).count();
+    let a_tokens: u64 = f
+        .flood
+        .iter()
+        .filter_map(|o| o.as_ref().ok())
+        .map(|s| s.completion_tokens)
+        .sum();
     format!(
-        "| {} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {ratio:.2}x | {i_ok} / {i_bad} | {f_ok} / {f_bad} | {a_served} served; refused: {} | {}; {} |",
+        "| {} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {ratio:.2}x | {i_ok} / {i_bad} | {f_ok} / {f_bad} | {a_served} served, {:.1} tok/s; refused: {} | {}; {} |",
         arm.label(),
         secs(i50),
         secs(i99),
         secs(f50),
         secs(f99),
+        a_tokens as f64 / f.flood_secs.max(f64::EPSILON),
         refusals(&f.flood),
         tiers(&f.flooded),
         tiers(&f.flood),
@@ -1296,7 +1334,14 @@ async fn run_arm(
     llamas: Option<&Llamas>,
 ) -> Result<(FloodFigures, EqualFigures)> {
     let stack = match arm {
-        Arm::Smg => start_smg(args, llamas.context("SMG needs the llama-servers")?).await?,
+        Arm::Smg | Arm::SmgOff => {
+            start_smg(
+                args,
+                llamas.context("SMG needs the llama-servers")?,
+                arm.preempts(),
+            )
+            .await?
+        }
         _ => start_gateway(arm, args, llamas).await?,
     };
     stack.check_callers().await?;
@@ -1376,7 +1421,7 @@ async fn main() -> Result<()> {
     for row in &equal_rows {
         println!("{row}");
     }
-    println!("\ntargets (#42): p99 flood / isolated <= 1.5; Jain >= 0.98; gap <= 2 request costs");
+    println!("\ntargets (#42, #56): p99 flood / isolated <= 1.5; A's tok/s with preemption >= 90 % of without; Jain >= 0.98; gap <= 2 request costs");
     println!("load average at the end {}", load_average());
     Ok(())
 }

@@ -90,6 +90,13 @@ impl Engines {
         }
     }
 
+    /// Whether it continues any moved generation (`Capabilities.resume_any`):
+    /// a sequence engine's pipeline resumes constrained output and think
+    /// sections; an engine server continues a text answer only.
+    pub fn resumes_any(&self) -> bool {
+        matches!(self, Engines::Sequence(_))
+    }
+
     /// Tokens one request may hold (prompt plus completion).
     pub fn context_window(&self) -> u32 {
         match self {

@@ -1,6 +1,9 @@
 //! Prometheus metrics, served on the admin listener. Names follow the
 //! OpenTelemetry GenAI conventions where they exist (`gen_ai_*`).
 
+mod preemption;
+pub use preemption::{preempted, preemption_resumed};
+
 use prometheus::{
     register_counter_vec_with_registry, register_gauge_vec_with_registry,
     register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
@@ -395,6 +398,7 @@ impl Metrics {
         // Encoding into a Vec only fails on invalid metric names, fixed above.
         let mut families = self.registry.gather();
         families.extend(planner::metrics::gather());
+        families.extend(preemption::gather());
         let _ = TextEncoder::new().encode(&families, &mut out);
         out
     }
@@ -652,13 +656,19 @@ impl GenerationMoves {
             .inc();
     }
 
-    /// Another worker took it over, `gap` after the last output.
+    /// Another worker took it over, `gap` after the last output (a failed
+    /// worker's gap; a preemption's pause is its own series).
     pub fn moved(&self, gap: std::time::Duration) {
-        self.count("moved");
+        self.count_moved();
         METRICS
             .generation_move_gap
             .with_label_values(&[self.model.as_str()])
             .observe(gap.as_secs_f64());
+    }
+
+    /// Another worker took it over.
+    pub fn count_moved(&self) {
+        self.count("moved");
     }
 
     /// It could not move (the failure would repeat anywhere, or its moves
