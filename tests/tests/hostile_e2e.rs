@@ -707,7 +707,7 @@ async fn websocket_replies_while_a_response_waits_stay_bounded() {
     let stack = Stack::single(WorkerOpts::default());
     let pid = stack.gateway.pid().expect("the gateway's pid");
     let (base, key) = (stack.gateway.base_url(), stack.gateway.api_key().to_owned());
-    let (mut ws, warm) = warm_websocket(&base, &key).await;
+    let (mut ws, _) = warm_websocket(&base, &key).await;
     let before = rss_mib(pid);
 
     // A response that stays quiet (the worker sends nothing).
@@ -833,7 +833,7 @@ async fn an_idle_websocket_holds_at_most_48_kib() {
     let (base, key) = (stack.gateway.base_url(), stack.gateway.api_key().to_owned());
     let keys = std::slice::from_ref(&key);
     // The baseline has a connection's first allocations, a response's too.
-    let (mut ws, warm) = warm_websocket(&base, &key).await;
+    let (ws, warm) = warm_websocket(&base, &key).await;
     drop(ws);
     drop(idle::websockets(&base, keys, 4, 4).await);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
