@@ -41,6 +41,35 @@ fn rss_mib(pid: u32) -> u64 {
     procfs::rss_kib(pid).unwrap() / MIB
 }
 
+/// The gateway's resident memory once one ordinary `body` to `path` was
+/// served: the baseline then has a request's first allocations.
+async fn baseline_mib(client: &Client, pid: u32, path: &str, body: Value) -> u64 {
+    let r = client.post_json(path, &body).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    rss_mib(pid)
+}
+
+/// A chat body of just under 16 MiB whose tool `parameters` holds 8.3M zeros.
+fn zeros_body() -> String {
+    let zeros = chat(&format!(
+        r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","x":[{}0]}}}}}}]"#,
+        "0,".repeat(8_300_000)
+    ));
+    assert!(zeros.len() > 15 << 20 && zeros.len() < 16 << 20);
+    zeros
+}
+
+/// A WebSocket on which one short response completed (a connection's and
+/// a response's first allocations), and that response's create body.
+async fn warm_websocket(base: &str, key: &str) -> (harness::websocket::WsClient, Value) {
+    let mut ws = harness::websocket::connect(base, key).await.unwrap();
+    let warm = json!({"model": "base", "input": "hi synthetic:reply_tokens=2", "store": false,
+                      "max_output_tokens": 16});
+    let events = ws.create(&warm).await.unwrap();
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    (ws, warm)
+}
+
 /// `{"type":"string","x-id":i,"x-junk":[{},{},…]}` of about `bytes`.
 fn junk_schema(i: usize, bytes: usize) -> String {
     format!(
@@ -54,24 +83,12 @@ async fn hostile_bodies_are_refused_and_the_gateway_stays_small() {
     let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let pid = stack.gateway.pid().expect("the gateway's pid");
-    // One ordinary request first, so the baseline has its allocations.
-    let r = client
-        .post_json(
-            "/chat/completions",
-            &json!({"model":"base","messages":[{"role":"user","content":"hi"}],
-                    "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{r}");
-    let before = rss_mib(pid);
+    let ordinary = json!({"model":"base","messages":[{"role":"user","content":"hi"}],
+        "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]});
+    let before = baseline_mib(&client, pid, "/chat/completions", ordinary).await;
 
     // 1a. One 16 MiB body whose tool `parameters` holds 8.3M zeros.
-    let zeros = chat(&format!(
-        r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","x":[{}0]}}}}}}]"#,
-        "0,".repeat(8_300_000)
-    ));
-    assert!(zeros.len() > 15 << 20 && zeros.len() < 16 << 20);
+    let zeros = zeros_body();
     let (c, p) = ("schema_too_large", "tools.0.function.parameters");
     refused(&client, "/chat/completions", zeros, c, p).await;
     let after_zeros = rss_mib(pid);
@@ -351,20 +368,9 @@ async fn an_idempotency_key_adds_nothing_to_a_refused_body() {
     let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let pid = stack.gateway.pid().expect("the gateway's pid");
-    let r = client
-        .post_json(
-            "/chat/completions",
-            &json!({"model":"base","messages":[{"role":"user","content":"hi"}]}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{r}");
-    let before = rss_mib(pid);
-    let zeros = chat(&format!(
-        r#""tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","x":[{}0]}}}}}}]"#,
-        "0,".repeat(8_300_000)
-    ));
-    assert!(zeros.len() > 15 << 20 && zeros.len() < 16 << 20);
+    let ordinary = json!({"model":"base","messages":[{"role":"user","content":"hi"}]});
+    let before = baseline_mib(&client, pid, "/chat/completions", ordinary).await;
+    let zeros = zeros_body();
     let cpu = stack.gateway.cpu_micros().unwrap();
     let r = post_keyed(&client, "/chat/completions", "k-zeros", zeros).await;
     let e = assert_error(&r, 400, "schema_too_large");
@@ -554,12 +560,8 @@ async fn item_references_are_bounded_once_resolved() {
     let stack = Stack::single(WorkerOpts::default());
     let client = stack.client();
     let pid = stack.gateway.pid().expect("the gateway's pid");
-    let r = client
-        .post_json("/responses", &json!({"model": "base", "input": "hi"}))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{r}");
-    let before = rss_mib(pid);
+    let ordinary = json!({"model": "base", "input": "hi"});
+    let before = baseline_mib(&client, pid, "/responses", ordinary).await;
 
     let big = "x".repeat(1 << 20);
     let body = fan_out(&big, 150, "");
@@ -699,18 +701,13 @@ async fn ended_runs_count_against_the_cap_on_redis() {
 /// wait in its own socket, and the gateway stays small.
 #[tokio::test]
 async fn websocket_replies_while_a_response_waits_stay_bounded() {
-    use harness::websocket;
     use tokio::io::AsyncWriteExt;
     use tokio_tungstenite::MaybeTlsStream;
 
     let stack = Stack::single(WorkerOpts::default());
     let pid = stack.gateway.pid().expect("the gateway's pid");
     let (base, key) = (stack.gateway.base_url(), stack.gateway.api_key().to_owned());
-    let mut ws = websocket::connect(&base, &key).await.unwrap();
-    let warm = json!({"model": "base", "input": "hi synthetic:reply_tokens=2", "store": false,
-                      "max_output_tokens": 16});
-    let events = ws.create(&warm).await.unwrap();
-    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let (mut ws, _) = warm_websocket(&base, &key).await;
     let before = rss_mib(pid);
 
     // A response that stays quiet (the worker sends nothing).
@@ -751,9 +748,7 @@ async fn websocket_replies_while_a_response_waits_stay_bounded() {
     drop(ws);
 
     // Still serving, on a new connection.
-    let mut ws = websocket::connect(&base, &key).await.unwrap();
-    let events = ws.create(&warm).await.unwrap();
-    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    warm_websocket(&base, &key).await;
 }
 
 /// Issue 52, item 11: what an idle connection holds in the gateway,
@@ -828,7 +823,7 @@ async fn an_idle_stream_holds_at_most_32_kib() {
 /// then one of them serves a response and idles again.
 #[tokio::test]
 async fn an_idle_websocket_holds_at_most_48_kib() {
-    use harness::{idle, websocket};
+    use harness::idle;
     let stack = Stack::builder()
         .models(&["base"])
         .extra_toml("[websocket]\nmax_connections_per_key = 0\n")
@@ -838,11 +833,7 @@ async fn an_idle_websocket_holds_at_most_48_kib() {
     let (base, key) = (stack.gateway.base_url(), stack.gateway.api_key().to_owned());
     let keys = std::slice::from_ref(&key);
     // The baseline has a connection's first allocations, a response's too.
-    let mut ws = websocket::connect(&base, &key).await.unwrap();
-    let warm = json!({"model": "base", "input": "hi synthetic:reply_tokens=2", "store": false,
-                      "max_output_tokens": 16});
-    let events = ws.create(&warm).await.unwrap();
-    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let (ws, warm) = warm_websocket(&base, &key).await;
     drop(ws);
     drop(idle::websockets(&base, keys, 4, 4).await);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

@@ -36,11 +36,18 @@ impl Limiter {
         max_tokens: u32,
     ) -> Result<Reservation, Refused> {
         let plan = account.plan;
-        let tokens = input_estimate + u64::from(output_allowance(&plan, max_tokens));
-        let org = &account.principal.org;
+        let req = self.count_of(
+            account,
+            model,
+            &request_id,
+            input_estimate,
+            max_tokens,
+            false,
+        );
+        let tokens = req.tokens;
 
         // Stage 1: this process.
-        let local = self.local.entry(org, model.id, &plan);
+        let local = self.local.entry(&account.principal.org, model.id, &plan);
         if let Err(refusal) = local.check(&plan, self.now_ms()) {
             count_decision(model, LimitStage::Local, refusal.verdict);
             let window = refusal.snapshot(&plan);
@@ -53,33 +60,10 @@ impl Limiter {
 
         // Stage 2: the global count (nothing to count for an unlimited plan
         // without a budget: no round trip).
-        let req = AdmitRequest {
-            org,
-            model: model.id,
-            request_id: &request_id,
-            tokens,
-            plan,
-            budget_nano: account.org.budget_nano,
-            slot_lease_ms: self.slots.lease_ms(),
-            renew_every_ms: self.slots.renew_every_ms(),
-            taken_over: false,
-        };
-        let asked = if plan.is_unlimited() && req.budget_nano.is_none() {
-            let holder = if self.global.is_some() {
-                Holder::Global
-            } else {
-                Holder::Memory
-            };
-            Ok((Admission::unlimited(), holder))
-        } else {
-            self.ask_store(&req).await
-        };
-        let (admission, holder) = match asked {
+        let unasked = plan.is_unlimited() && req.budget_nano.is_none();
+        let (admission, holder) = match self.count(&req, unasked, &local).await {
             Ok(a) => a,
-            Err(e) => {
-                local.release();
-                return Err(Refused::new(e, plan, None));
-            }
+            Err(e) => return Err(Refused::new(e, plan, None)),
         };
         count_decision(model, holder.stage(), admission.verdict);
         if admission.verdict == Verdict::Requests {
@@ -132,38 +116,25 @@ impl Limiter {
         max_tokens: u32,
         billed: bool,
     ) -> Result<Reservation, Refusal> {
-        let plan = account.plan;
         let input_estimate = if billed { 0 } else { input_estimate };
-        let tokens = input_estimate + u64::from(output_allowance(&plan, max_tokens));
-        let org = &account.principal.org;
-        let local = self.local.entry(org, model.id, &plan);
+        let req = self.count_of(
+            account,
+            model,
+            &request_id,
+            input_estimate,
+            max_tokens,
+            true,
+        );
+        let tokens = req.tokens;
+        let local = self
+            .local
+            .entry(&account.principal.org, model.id, &account.plan);
         local.hold();
-        let req = AdmitRequest {
-            org,
-            model: model.id,
-            request_id: &request_id,
-            tokens,
-            plan,
-            budget_nano: account.org.budget_nano,
-            slot_lease_ms: self.slots.lease_ms(),
-            renew_every_ms: self.slots.renew_every_ms(),
-            taken_over: true,
-        };
-        let holder = if plan.is_unlimited() {
-            if self.global.is_some() {
-                Holder::Global
-            } else {
-                Holder::Memory
-            }
-        } else {
-            match self.ask_store(&req).await {
-                Ok((_, holder)) => holder,
-                Err(e) => {
-                    local.release();
-                    return Err(e);
-                }
-            }
-        };
+        // Only counted (never refused): an unlimited plan has nothing to
+        // count, whatever its budget.
+        let (_, holder) = self
+            .count(&req, account.plan.is_unlimited(), &local)
+            .await?;
         let mut reservation = self.reservation(
             account,
             model,
@@ -175,6 +146,51 @@ impl Limiter {
         );
         reservation.counts_request = !billed;
         Ok(reservation)
+    }
+
+    /// What the global count is asked for a request: its tokens (the
+    /// prompt's estimate and its output allowance) under the plan.
+    fn count_of<'r>(
+        &self,
+        account: &'r Account,
+        model: &'static ModelSpec,
+        request_id: &'r str,
+        input_estimate: u64,
+        max_tokens: u32,
+        taken_over: bool,
+    ) -> AdmitRequest<'r> {
+        let plan = account.plan;
+        AdmitRequest {
+            org: &account.principal.org,
+            model: model.id,
+            request_id,
+            tokens: input_estimate + u64::from(output_allowance(&plan, max_tokens)),
+            plan,
+            budget_nano: account.org.budget_nano,
+            slot_lease_ms: self.slots.lease_ms(),
+            renew_every_ms: self.slots.renew_every_ms(),
+            taken_over,
+        }
+    }
+
+    /// The global count's answer, or (`unasked`: nothing to count) its
+    /// holder without a round trip. A store that cannot be asked lets the
+    /// local hold go.
+    async fn count(
+        &self,
+        req: &AdmitRequest<'_>,
+        unasked: bool,
+        local: &LocalEntry,
+    ) -> Result<(Admission, Holder), Refusal> {
+        if unasked {
+            let holder = if self.global.is_some() {
+                Holder::Global
+            } else {
+                Holder::Memory
+            };
+            return Ok((Admission::unlimited(), holder));
+        }
+        self.ask_store(req).await.inspect_err(|_| local.release())
     }
 
     /// The hold of an admitted request: its local count, its reserved

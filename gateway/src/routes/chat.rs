@@ -9,12 +9,10 @@ use crate::accounts::{Account, Scope};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
 use crate::error::ApiError;
-use crate::generation::{self, End};
+use crate::generation;
 use crate::http::Exchange;
-use crate::idempotency::Outcome;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
-use crate::sse;
 use crate::translate::chat::{output_format, to_worker, ChatAggregate, ChatStreamEncoder};
 use crate::translate::replay;
 use crate::validate::chat::ValidChatRequest;
@@ -135,77 +133,25 @@ async fn generate(
         // A key's record keeps the reply folded: the events are folded too.
         stream.aggregate = claim.is_some().then(ChatAggregate::default);
         let end = generation.run(reservation, &mut stream).await;
-        let ChatStream {
-            mut reply,
-            encoder,
-            aggregate,
-            cut,
-        } = stream;
-        match end {
-            End::NotStarted(e) => return Err(e),
-            // The drain's grace period ran out: the client gets an error it
-            // can act on (retry elsewhere) instead of a cut connection;
-            // before the head went out, as the response itself.
-            End::Gone if cut.happened() => {
-                let e = ApiError::replica_shutdown();
-                if !reply.started() {
-                    drop(reply);
-                    return Err(e);
-                }
-                sse::error(reply.buf(), &e);
-                let _ = reply.write().await;
-                reply.end_failed(e.status).await;
-            }
-            // A reply that failed its output check ended with an error frame.
-            End::Finished(_) => {
-                // A kept reply is recorded before its last batch (held by
-                // the sink) goes out.
-                if let (None, Some(aggregate)) = (encoder.failure(), aggregate) {
-                    let mut completion =
-                        aggregate.into_completion(id, valid.model.id, &valid, &format)?;
-                    completion.service_tier = tier.as_str();
-                    let mut folded = bytes::BytesMut::new();
-                    replay::chat_stream(&completion, valid.include_usage, &mut folded);
-                    let body = String::from_utf8_lossy(&folded).into_owned();
-                    idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
-                }
-                if reply.write().await.is_err() {
-                    reply.left();
-                    return Ok(());
-                }
-                match encoder.failure() {
-                    Some(e) => reply.end_failed(e.status).await,
-                    None => reply.end().await,
-                }
-            }
-            End::Gone => reply.left(),
-            End::Failed(e) => reply.end_failed(e.status).await,
-        }
-    } else {
-        let mut body = ChatBody::new(ex, app.shutdown.clone());
-        let end = generation.run(reservation, &mut body).await;
-        let (aggregate, cut) = (body.aggregate, body.cut.happened());
-        match end {
-            End::NotStarted(e) | End::Failed(e) => return Err(e),
-            // Cut by the drain: nothing was sent, so a plain error response.
-            End::Gone if cut => return Err(ApiError::replica_shutdown()),
-            End::Finished(_) => {
+        stream
+            .end(end, claim, |aggregate| {
                 let mut completion =
                     aggregate.into_completion(id, valid.model.id, &valid, &format)?;
                 completion.service_tier = tier.as_str();
-                let body = serde_json::to_string(&completion)
-                    .map_err(|_| ApiError::internal("could not encode the response"))?;
-                if claim.is_some() {
-                    let outcome = Outcome::Chat {
-                        body: body.clone(),
-                        stream: false,
-                    };
-                    idempotent::complete(claim, outcome).await;
-                }
-                ex.send(200, "application/json", &[], body.into()).await;
-            }
-            End::Gone => ex.client_left(),
-        }
+                let mut folded = bytes::BytesMut::new();
+                replay::chat_stream(&completion, valid.include_usage, &mut folded);
+                Ok(String::from_utf8_lossy(&folded).into_owned())
+            })
+            .await
+    } else {
+        let mut body = ChatBody::new(ex, app.shutdown.clone());
+        let end = generation.run(reservation, &mut body).await;
+        body.end(end, claim, |aggregate| {
+            let mut completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+            completion.service_tier = tier.as_str();
+            serde_json::to_string(&completion)
+                .map_err(|_| ApiError::internal("could not encode the response"))
+        })
+        .await
     }
-    Ok(())
 }

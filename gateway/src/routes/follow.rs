@@ -2,6 +2,7 @@
 //! after a cursor, then live ones until the terminal event (retrieve with
 //! `stream=true`, a streamed background create, and its idempotent retry).
 
+use super::ending::{end_stream, error_event};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::http::{Exchange, SseReply};
@@ -50,9 +51,7 @@ pub async fn follow(
                     "The gateway replica serving this stream is restarting; the response goes \
                      on. Resume it on another replica with starting_after={last_seq}."
                 ));
-                error_event(reply.buf(), &e, last_seq);
-                let _ = reply.write().await;
-                reply.end_failed(e.status).await;
+                fail(reply, &e, last_seq).await;
                 return Ok(());
             }
         };
@@ -69,9 +68,7 @@ pub async fn follow(
                         // Deleted (or expired) under the follower: it would
                         // never see a terminal event, so say why it ends.
                         let e = not_found(id);
-                        error_event(reply.buf(), &e, last_seq);
-                        let _ = reply.write().await;
-                        reply.end_failed(e.status).await;
+                        fail(reply, &e, last_seq).await;
                         return Ok(());
                     }
                     Err(_) => {}
@@ -97,9 +94,7 @@ pub async fn follow(
             }
             Err(e) => {
                 let e = ApiError::from(e);
-                error_event(reply.buf(), &e, last_seq);
-                let _ = reply.write().await;
-                reply.end_failed(e.status).await;
+                fail(reply, &e, last_seq).await;
                 return Ok(());
             }
         }
@@ -108,28 +103,13 @@ pub async fn follow(
     Ok(())
 }
 
-/// `event: error` with `{type:"error", code, message, param, status,
-/// sequence_number}`: the HTTP status travels in the body, as on every
-/// streamed failure (spec 6.1 rule 5); the sequence number is the last
-/// one the stream showed, never one a real event will take.
-fn error_event(out: &mut bytes::BytesMut, e: &ApiError, seq: u64) {
-    // Flat for the OpenAI SDKs' error event, and again under `error` for
-    // Open Responses' `ErrorStreamingEvent`: one event satisfies both.
-    let data = serde_json::json!({
-        "type": "error",
-        "code": e.code,
-        "message": e.message,
-        "param": e.param,
-        "status": e.status,
-        "sequence_number": seq,
-        "error": {
-            "type": e.error_type(),
-            "code": e.code,
-            "message": e.message,
-            "param": e.param,
-        },
-    });
-    sse::event(out, "error", &data.to_string());
+/// Ends the stream with `event: error` ([`error_event`]): the HTTP status
+/// travels in the body, as on every streamed failure (spec 6.1 rule 5);
+/// the sequence number is the last one the stream showed, never one a
+/// real event will take.
+async fn fail(mut reply: SseReply<'_>, e: &ApiError, seq: u64) {
+    sse::event(reply.buf(), "error", &error_event(e, Some(seq)));
+    end_stream(reply, Some(e.status)).await;
 }
 
 /// 404 for a response id: missing, expired, deleted or another

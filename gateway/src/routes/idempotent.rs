@@ -19,6 +19,7 @@
 //! request runs (`idempotency::claims`), so it frees within one lease of
 //! its holder's loss.
 
+use super::ending::end_stream;
 use crate::accounts::Account;
 use crate::api::responses::ResponseObject;
 use crate::app::App;
@@ -338,7 +339,7 @@ async fn replay(app: &App, ex: &mut Exchange, org: &str, outcome: Outcome) -> Re
         Outcome::Chat { body, stream: true } => {
             let mut reply = SseReply::new(ex, 0);
             reply.buf().extend_from_slice(body.as_bytes());
-            end_stream(reply).await;
+            end_stream(reply, None).await;
         }
         Outcome::Response { body, stream: true } => {
             let object: ResponseObject = serde_json::from_str(&body)
@@ -375,12 +376,5 @@ async fn send_events(ex: &mut Exchange, object: &ResponseObject) {
     for e in replay::response_events(object) {
         sse::event(reply.buf(), &e.name, &e.data);
     }
-    end_stream(reply).await;
-}
-
-async fn end_stream(mut reply: SseReply<'_>) {
-    match reply.write().await {
-        Ok(()) => reply.end().await,
-        Err(_) => reply.left(),
-    }
+    end_stream(reply, None).await;
 }

@@ -13,9 +13,8 @@ use crate::accounts::Account;
 use crate::api::messages::{MessagesRequest, TokenCount};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::generation::{self, End};
+use crate::generation;
 use crate::http::Exchange;
-use crate::idempotency::Outcome;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
 use crate::translate::messages::stream::{self, MessagesStreamEncoder};
@@ -99,69 +98,23 @@ async fn generate(
     if !valid.stream {
         let mut body = FoldedBody::<MessageAggregate>::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
-        let (aggregate, cut) = (body.aggregate, body.cut.happened());
-        match end {
-            End::NotStarted(e) | End::Failed(e) => return Err(e),
-            End::Gone if cut => return Err(ApiError::replica_shutdown()),
-            End::Finished(_) => {
-                let message = aggregate.into_message(id, &valid);
-                let body = serde_json::to_string(&message)
-                    .map_err(|_| ApiError::internal("could not encode the response"))?;
-                if claim.is_some() {
-                    let outcome = Outcome::Chat {
-                        body: body.clone(),
-                        stream: false,
-                    };
-                    idempotent::complete(claim, outcome).await;
-                }
-                ex.send(200, "application/json", &[], body.into()).await;
-            }
-            End::Gone => ex.client_left(),
-        }
-        return Ok(());
+        return body
+            .end(end, claim, |aggregate| {
+                serde_json::to_string(&aggregate.into_message(id, &valid))
+                    .map_err(|_| ApiError::internal("could not encode the response"))
+            })
+            .await;
     }
     let encoder = MessagesStreamEncoder::of(id.clone(), &valid);
     let mut sink = MessagesStream::new(ex, encoder, app.shutdown.clone());
     // A key's record keeps the reply, folded.
     sink.aggregate = claim.is_some().then(MessageAggregate::default);
     let end = generation.run(reservation, &mut sink).await;
-    let MessagesStream {
-        mut reply,
-        aggregate,
-        cut,
-        ..
-    } = sink;
-    match end {
-        End::NotStarted(e) => return Err(e),
-        // The drain's grace period ran out: an error the client can act
-        // on (retry elsewhere) rather than a cut connection.
-        End::Gone if cut.happened() => {
-            let e = ApiError::replica_shutdown();
-            if !reply.started() {
-                drop(reply);
-                return Err(e);
-            }
-            stream::error(reply.buf(), &e);
-            let _ = reply.write().await;
-            reply.end_failed(e.anthropic().status).await;
-        }
-        End::Finished(_) => {
-            // A kept reply is recorded before its last batch goes out.
-            if let Some(aggregate) = aggregate {
-                let folded = stream::replay(id, &valid, &aggregate.folded_events());
-                let body = String::from_utf8_lossy(&folded).into_owned();
-                idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
-            }
-            if reply.write().await.is_err() {
-                reply.left();
-                return Ok(());
-            }
-            reply.end().await;
-        }
-        End::Gone => reply.left(),
-        End::Failed(e) => reply.end_failed(e.anthropic().status).await,
-    }
-    Ok(())
+    sink.end(end, claim, |aggregate| {
+        let folded = stream::replay(id, &valid, &aggregate.folded_events());
+        Ok(String::from_utf8_lossy(&folded).into_owned())
+    })
+    .await
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt the same body would be

@@ -7,11 +7,12 @@
 //! This file only dispatches. The route handlers below it do not import
 //! one another; what they share are the helpers beside them (`steps.rs`:
 //! the key and method checks, admission, a foreground generation;
-//! `idempotent.rs`, `sinks.rs`, `sinks_messages.rs`, `follow.rs`), which
+//! `idempotent.rs`, `sinks.rs`, `follow.rs`, `ending.rs`), which
 //! import no handler. The Responses path itself is `crate::responses`.
 
 pub mod chat;
 pub mod compact;
+mod ending;
 mod follow;
 mod idempotent;
 pub mod messages;

@@ -98,10 +98,6 @@ const DOC_ONLY: &[(&str, &str)] = &[
         "AnthropicStreamEvent",
         "JSON built by translate::messages::stream",
     ),
-    (
-        "StreamErrorEvent",
-        "JSON built by routes::responses::error_event",
-    ),
 ];
 
 /// One serde type as its derive sees it.

@@ -2,6 +2,7 @@
 //! the Responses path, `crate::responses`), retrieve (with replay of a
 //! background run's events), delete, cancel, and input item listing.
 
+use super::ending::end_stream;
 use super::follow::{follow, not_found};
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::ResponseEvents;
@@ -11,11 +12,10 @@ use crate::api::responses::{DeletedResponse, InputItemList, ResponseObject};
 use crate::app::App;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::http::{Exchange, SseReply};
+use crate::http::Exchange;
 use crate::idempotency::Outcome as KeyOutcome;
 use crate::responses::{self, Checked, Ended, Request, Started};
 use crate::runs::Cancel;
-use crate::translate::responses::ResponseEncoder;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -118,7 +118,8 @@ async fn run(
             Ok(())
         }
         Ended::Finished if stream => {
-            end_stream(reply, &encoder).await;
+            // A reply that failed its output check ended `response.failed`.
+            end_stream(reply, encoder.failure().map(|e| e.status)).await;
             Ok(())
         }
         Ended::Cut | Ended::Finished => {
@@ -132,15 +133,6 @@ async fn run(
                 }
             }
         }
-    }
-}
-
-/// Ends a finished stream: a reply that failed its output check ended
-/// `response.failed`, and the request is recorded with its status.
-async fn end_stream(reply: SseReply<'_>, encoder: &ResponseEncoder) {
-    match encoder.failure() {
-        Some(e) => reply.end_failed(e.status).await,
-        None => reply.end().await,
     }
 }
 

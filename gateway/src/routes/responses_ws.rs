@@ -40,6 +40,7 @@
 mod event;
 mod rights;
 
+use super::ending::error_event;
 use super::sinks::{gone_or_cut, Cut};
 use crate::accounts::Account;
 use crate::api::responses::{EncodedEvent, InputItem, ResponseObject, ResponseStatus, StreamEvent};
@@ -51,7 +52,7 @@ use crate::http::{Exchange, WebSocket};
 use crate::ids::new_id;
 use crate::responses::{self, Ended, NoKey, Request, ResponseSink, Started};
 use crate::translate::responses::{frame, output_as_input, ResponseEncoder};
-use event::{binary_refused, error_event, ClientEvent};
+use event::{binary_refused, ClientEvent};
 use inference_proto::v1 as pb;
 use rights::{ends_connection, HeldConversation, Rights};
 use std::sync::Arc;
@@ -220,7 +221,7 @@ impl Connection<'_, '_> {
                     last_request = tokio::time::Instant::now();
                     last_heard = last_request;
                 }
-                Incoming::Binary => self.ws.queue_text(error_event(&binary_refused())),
+                Incoming::Binary => self.ws.queue_text(error_event(&binary_refused(), None)),
                 Incoming::Gone => {
                     // Sends the reply to the client's close frame.
                     self.ws.finish().await;
@@ -229,7 +230,7 @@ impl Connection<'_, '_> {
                 Incoming::Broken(code) => {
                     if code == Close::TooBig {
                         let limit = ApiError::payload_too_large(app.config.max_body_bytes);
-                        self.ws.queue_text(error_event(&limit));
+                        self.ws.queue_text(error_event(&limit, None));
                     }
                     self.ws.close(code, close_reason(code)).await;
                     return;
@@ -245,7 +246,7 @@ impl Connection<'_, '_> {
     async fn message(&mut self, text: &str) -> Result<(), Gone> {
         match ClientEvent::parse(text) {
             Err(e) => {
-                self.ws.queue_text(error_event(&e));
+                self.ws.queue_text(error_event(&e, None));
                 Ok(())
             }
             Ok(ClientEvent::Processed) => Ok(()),
@@ -279,7 +280,7 @@ impl Connection<'_, '_> {
                 if e.status >= 500 {
                     tracing::warn!(%request_id, status = e.status, code = %e.code, "request failed: {}", e.message);
                 }
-                self.ws.queue_text(error_event(&e));
+                self.ws.queue_text(error_event(&e, None));
                 (e.status, Ok(()))
             }
             Err(Refused::Gone) => (crate::http::exchange::CLIENT_CLOSED_REQUEST, Err(Gone)),
@@ -545,6 +546,6 @@ async fn busy(ws: &mut WebSocket<'_>) {
                 Err(e) => e,
             },
         };
-        ws.queue_text(error_event(&refused));
+        ws.queue_text(error_event(&refused, None));
     }
 }

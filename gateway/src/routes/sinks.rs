@@ -8,10 +8,13 @@
 //! worker call is dropped, the reservation billed for what was delivered),
 //! and the route then ends the reply in band rather than at the socket.
 
+use super::ending::end_stream;
+use super::idempotent::{self, Claim};
 use crate::api::responses::EncodedEvent;
 use crate::error::ApiError;
-use crate::generation::{Gone, Sink};
+use crate::generation::{End, Gone, Sink};
 use crate::http::{ClientGone, Exchange, SseReply};
+use crate::idempotency::Outcome;
 use crate::lifecycle::Shutdown;
 use crate::responses::ResponseSink;
 use crate::sse;
@@ -90,6 +93,14 @@ pub trait StreamEncoder: Send {
     fn event(&mut self, event: &pb::GenerateEvent, out: &mut BytesMut);
     /// A failure after the stream started, in band.
     fn error(out: &mut BytesMut, e: &ApiError);
+    /// The status a failure is recorded with in this wire format.
+    fn status(e: &ApiError) -> u16 {
+        e.status
+    }
+    /// The reply's own failure (its output check), ended in band already.
+    fn failure(&self) -> Option<&ApiError> {
+        None
+    }
     /// How long the worker may be quiet before [`Self::keep_alive`] is
     /// sent; `None`: never.
     const KEEP_ALIVE: Option<Duration> = None;
@@ -109,6 +120,9 @@ impl StreamEncoder for ChatStreamEncoder {
     fn error(out: &mut BytesMut, e: &ApiError) {
         sse::error(out, e)
     }
+    fn failure(&self) -> Option<&ApiError> {
+        ChatStreamEncoder::failure(self)
+    }
 }
 
 /// Anthropic's Messages events, a `ping` in each silence of [`PING_EVERY`].
@@ -122,6 +136,10 @@ impl StreamEncoder for MessagesStreamEncoder {
     }
     fn error(out: &mut BytesMut, e: &ApiError) {
         messages::stream::error(out, e)
+    }
+    /// Anthropic's statuses (an overload is 529).
+    fn status(e: &ApiError) -> u16 {
+        e.anthropic().status
     }
     const KEEP_ALIVE: Option<Duration> = Some(PING_EVERY);
     fn keep_alive(out: &mut BytesMut) {
@@ -158,6 +176,52 @@ impl<'a, E: StreamEncoder> EncodedStream<'a, E> {
             aggregate: None,
             cut: Cut::new(shutdown),
         }
+    }
+}
+
+impl<E: StreamEncoder> EncodedStream<'_, E> {
+    /// Ends the reply to a generation that ended `end`, whatever the wire
+    /// format. A drain cut is an in-band error the client can act on
+    /// (retry elsewhere) rather than a cut connection, or, before the head
+    /// went out, the response itself. A finished reply kept for its key is
+    /// recorded (`keep` folds it into the stream a retry gets) before its
+    /// last batch, held by the sink, goes out.
+    pub async fn end(
+        self,
+        end: End,
+        claim: &mut Option<Claim>,
+        keep: impl FnOnce(E::Folded) -> Result<String, ApiError>,
+    ) -> Result<(), ApiError> {
+        let Self {
+            mut reply,
+            encoder,
+            aggregate,
+            cut,
+        } = self;
+        match end {
+            End::NotStarted(e) => return Err(e),
+            End::Gone if cut.happened() => {
+                let e = ApiError::replica_shutdown();
+                if !reply.started() {
+                    return Err(e);
+                }
+                E::error(reply.buf(), &e);
+                end_stream(reply, Some(E::status(&e))).await;
+            }
+            End::Finished(_) => {
+                // A reply that failed its output check ended with an error
+                // frame: nothing to keep.
+                let failed = encoder.failure().map(E::status);
+                if let (None, Some(aggregate)) = (failed, aggregate) {
+                    let body = keep(aggregate)?;
+                    idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
+                }
+                end_stream(reply, failed).await;
+            }
+            End::Gone => reply.left(),
+            End::Failed(e) => reply.end_failed(E::status(&e)).await,
+        }
+        Ok(())
     }
 }
 
@@ -251,6 +315,37 @@ impl<'a, A: Fold> FoldedBody<'a, A> {
             aggregate: A::default(),
             cut: Cut::new(shutdown),
         }
+    }
+}
+
+impl<A: Fold> FoldedBody<'_, A> {
+    /// Answers a generation that ended `end` with the one body `encode`
+    /// makes of the fold, recorded for its key first. Nothing was sent
+    /// before: a drain cut is a plain error response.
+    pub async fn end(
+        self,
+        end: End,
+        claim: &mut Option<Claim>,
+        encode: impl FnOnce(A) -> Result<String, ApiError>,
+    ) -> Result<(), ApiError> {
+        let Self { ex, aggregate, cut } = self;
+        match end {
+            End::NotStarted(e) | End::Failed(e) => return Err(e),
+            End::Gone if cut.happened() => return Err(ApiError::replica_shutdown()),
+            End::Finished(_) => {
+                let body = encode(aggregate)?;
+                if claim.is_some() {
+                    let outcome = Outcome::Chat {
+                        body: body.clone(),
+                        stream: false,
+                    };
+                    idempotent::complete(claim, outcome).await;
+                }
+                ex.send(200, "application/json", &[], body.into()).await;
+            }
+            End::Gone => ex.client_left(),
+        }
+        Ok(())
     }
 }
 

@@ -66,39 +66,18 @@ pub fn validate(
     req: &ChatCompletionRequest,
     headers: &ChatHeaders<'_>,
 ) -> Result<ValidChatRequest, ApiError> {
-    let model_id = req
-        .model
-        .as_deref()
-        .ok_or_else(|| ApiError::missing_parameter("model"))?;
-    let model = catalog
-        .find(model_id)
-        .ok_or_else(|| ApiError::model_not_found(model_id))?;
-    let messages = req
-        .messages
-        .as_ref()
-        .ok_or_else(|| ApiError::missing_parameter("messages"))?;
-    if messages.is_empty() {
-        return Err(ApiError::invalid_value(
-            "messages",
-            "'messages' must contain at least one message.",
-        ));
-    }
+    let model = common::check_model(catalog, req.model.as_deref())?;
+    let messages = common::check_messages_given(req.messages.as_ref())?;
     let planner = req.planner_mode == Some(true);
     let input_bytes = check_messages(messages, model, planner)?;
 
     // ---- sampling -------------------------------------------------------------
-    if let Some(t) = req.temperature {
-        check_range("temperature", t, 0.0, 2.0)?;
-    }
-    if let Some(p) = req.top_p {
-        check_range("top_p", p, 0.0, 1.0)?;
-    }
-    if let Some(p) = req.presence_penalty {
-        check_range("presence_penalty", p, -2.0, 2.0)?;
-    }
-    if let Some(p) = req.frequency_penalty {
-        check_range("frequency_penalty", p, -2.0, 2.0)?;
-    }
+    common::check_openai_sampling(
+        req.temperature,
+        req.top_p,
+        req.presence_penalty,
+        req.frequency_penalty,
+    )?;
     let max_completion = req
         .max_completion_tokens
         .map(|v| check_at_least("max_completion_tokens", v, 1))
@@ -116,16 +95,13 @@ pub fn validate(
         None => Vec::new(),
         Some(s) => s.clone().into_vec(),
     };
-    if let Some(i) = stop.iter().position(String::is_empty) {
-        return Err(ApiError::invalid_value(
-            if matches!(req.stop, Some(crate::api::chat::StopSequences::One(_))) {
-                "stop".to_string()
-            } else {
-                format!("stop.{i}")
-            },
-            "A stop sequence cannot be empty.",
-        ));
-    }
+    common::check_stops(&stop, |i| {
+        if matches!(req.stop, Some(crate::api::chat::StopSequences::One(_))) {
+            "stop".to_string()
+        } else {
+            format!("stop.{i}")
+        }
+    })?;
     check_unservable(req)?;
 
     // ---- tools and formats ----------------------------------------------------
@@ -148,23 +124,13 @@ pub fn validate(
     };
 
     // ---- reasoning ------------------------------------------------------------
-    if let Some(effort) = req.reasoning_effort.as_deref() {
-        common::check_reasoning_effort("reasoning_effort", effort)?;
-    }
-    let reasoning = match req.reasoning_effort.as_deref() {
-        Some("none") => false,
-        Some(_) => true,
-        None => req.enable_thinking.unwrap_or(false),
-    };
-    let budget = req
-        .thinking_budget
-        .map(|b| common::check_thinking_budget("thinking_budget", b))
-        .transpose()?
-        .unwrap_or(0);
-    let reasoning_budget = if model.reasoning_budget { budget } else { 0 };
-    // The budget is a hard cap: 0 where it applies allows no reasoning at all
-    // (the worker protocol reads a 0 budget as "the model's default").
-    let reasoning = reasoning && !(model.reasoning_budget && req.thinking_budget == Some(0));
+    let (reasoning, reasoning_budget) = common::reasoning(
+        model,
+        "reasoning_effort",
+        req.reasoning_effort.as_deref(),
+        req.enable_thinking,
+        req.thinking_budget,
+    )?;
 
     // ---- extensions and ignored fields -----------------------------------------
     if let Some(agents) = &req.agents {

@@ -19,16 +19,19 @@
 //! | `context_length_exceeded` | input plus requested output cannot fit the model's window |
 //!
 //! API for the responses side (all return `Result<_, ApiError>`):
-//! - bounds: [`check_range`], [`check_at_least`], [`check_thinking_budget`];
+//! - the request's head: [`check_model`], [`check_messages_given`];
+//! - bounds: [`check_range`], [`check_at_least`], [`check_thinking_budget`],
+//!   [`check_openai_sampling`], [`check_stops`];
 //! - (`metadata`, ≤ 16 string pairs, keys ≤ 64 chars, values ≤ 512, is
 //!   checked while parsing: `api::bounds::metadata`);
-//! - [`check_reasoning_effort`];
+//! - [`check_reasoning_effort`], and [`reasoning`]: whether an OpenAI-shaped
+//!   request reasons, and under what budget;
 //! - tools: [`check_function_tool`] (name, schema, strict rules) and
 //!   [`check_tool_type`];
 //! - formats: [`check_format`] over a [`FormatSpec`] borrowed from either wire shape;
 //! - context: [`check_context_window`] with [`min_tokens_for_bytes`].
 
-use crate::catalog::ModelSpec;
+use crate::catalog::{Catalog, ModelSpec};
 use crate::error::ApiError;
 use crate::schema_cache::compiled_schema;
 use serde_json::{Map, Value};
@@ -48,6 +51,28 @@ pub const REASONING_EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "h
 /// count and answers `context_length_exceeded` itself.
 pub const MAX_BYTES_PER_TOKEN: usize = 8;
 
+// ---- the request's head --------------------------------------------------------
+
+/// `model`: required, and one of the catalogue's (else 404 `model_not_found`).
+pub fn check_model(catalog: &Catalog, model: Option<&str>) -> Result<&'static ModelSpec, ApiError> {
+    let id = model.ok_or_else(|| ApiError::missing_parameter("model"))?;
+    catalog
+        .find(id)
+        .ok_or_else(|| ApiError::model_not_found(id))
+}
+
+/// `messages`: required, and at least one.
+pub fn check_messages_given<T>(messages: Option<&Vec<T>>) -> Result<&[T], ApiError> {
+    let messages = messages.ok_or_else(|| ApiError::missing_parameter("messages"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid_value(
+            "messages",
+            "'messages' must contain at least one message.",
+        ));
+    }
+    Ok(messages)
+}
+
 // ---- bounds ------------------------------------------------------------------
 
 /// `lo <= v <= hi`, else `invalid_value` naming the bounds.
@@ -59,6 +84,39 @@ pub fn check_range(param: &str, v: f64, lo: f64, hi: f64) -> Result<(), ApiError
             param,
             format!("'{param}' must be between {lo} and {hi}, got {v}."),
         ))
+    }
+}
+
+/// The OpenAI APIs' sampling ranges (chat completions and responses alike):
+/// `temperature` 0..2, `top_p` 0..1, the penalties -2..2.
+pub fn check_openai_sampling(
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+) -> Result<(), ApiError> {
+    for (param, value, lo, hi) in [
+        ("temperature", temperature, 0.0, 2.0),
+        ("top_p", top_p, 0.0, 1.0),
+        ("presence_penalty", presence_penalty, -2.0, 2.0),
+        ("frequency_penalty", frequency_penalty, -2.0, 2.0),
+    ] {
+        if let Some(v) = value {
+            check_range(param, v, lo, hi)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stop sequences are not empty (their count and length are bounded while
+/// parsing: `api::bounds`). `param_of` names the `i`th as the API spells it.
+pub fn check_stops(stops: &[String], param_of: impl Fn(usize) -> String) -> Result<(), ApiError> {
+    match stops.iter().position(String::is_empty) {
+        Some(i) => Err(ApiError::invalid_value(
+            param_of(i),
+            "A stop sequence cannot be empty.",
+        )),
+        None => Ok(()),
     }
 }
 
@@ -89,6 +147,45 @@ pub fn check_thinking_budget(param: &str, v: i64) -> Result<u32, ApiError> {
         ));
     }
     Ok(v as u32)
+}
+
+/// Whether an OpenAI-shaped request reasons, and its hard cap on reasoning
+/// tokens (0: the model's default): its effort (`effort_param`, checked)
+/// decides, `enable_thinking` when it has none. The `thinking_budget` is
+/// checked on every model but applies only where the model's budget is
+/// configurable; there a budget of 0 allows no reasoning at all (the
+/// worker protocol reads a 0 budget as "the model's default").
+pub fn reasoning(
+    model: &ModelSpec,
+    effort_param: &str,
+    effort: Option<&str>,
+    enable_thinking: Option<bool>,
+    thinking_budget: Option<i64>,
+) -> Result<(bool, u32), ApiError> {
+    if let Some(e) = effort {
+        check_reasoning_effort(effort_param, e)?;
+    }
+    let budget = thinking_budget
+        .map(|b| check_thinking_budget("thinking_budget", b))
+        .transpose()?;
+    let on = match effort {
+        Some("none") => false,
+        Some(_) => true,
+        None => enable_thinking.unwrap_or(false),
+    };
+    if !on || (model.reasoning_budget && budget == Some(0)) {
+        return Ok((false, 0));
+    }
+    // Elsewhere 0: the model's default for the effort (the worker owns
+    // that mapping).
+    Ok((
+        true,
+        if model.reasoning_budget {
+            budget.unwrap_or(0)
+        } else {
+            0
+        },
+    ))
 }
 
 /// `service_tier`: one of the public API's values (both endpoints accept

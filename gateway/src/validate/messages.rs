@@ -70,27 +70,12 @@ pub fn validate(
     catalog: &Catalog,
     req: &MessagesRequest,
 ) -> Result<ValidMessagesRequest, ApiError> {
-    let model_id = req
-        .model
-        .as_deref()
-        .ok_or_else(|| ApiError::missing_parameter("model"))?;
-    let model = catalog
-        .find(model_id)
-        .ok_or_else(|| ApiError::model_not_found(model_id))?;
+    let model = common::check_model(catalog, req.model.as_deref())?;
     let requested = req
         .max_tokens
         .ok_or_else(|| ApiError::missing_parameter("max_tokens"))
         .and_then(|v| check_at_least("max_tokens", v, 1))?;
-    let messages = req
-        .messages
-        .as_ref()
-        .ok_or_else(|| ApiError::missing_parameter("messages"))?;
-    if messages.is_empty() {
-        return Err(ApiError::invalid_value(
-            "messages",
-            "'messages' must contain at least one message.",
-        ));
-    }
+    let messages = common::check_messages_given(req.messages.as_ref())?;
     let mut input_bytes = match &req.system {
         None => 0,
         Some(system) => check_content("system", system, model, Role::System)?,
@@ -130,12 +115,7 @@ pub fn validate(
         .clone()
         .map(|s| s.into_vec())
         .unwrap_or_default();
-    if let Some(i) = stop.iter().position(String::is_empty) {
-        return Err(ApiError::invalid_value(
-            format!("stop_sequences.{i}"),
-            "A stop sequence may not be empty.",
-        ));
-    }
+    common::check_stops(&stop, |i| format!("stop_sequences.{i}"))?;
 
     // ---- tools ----------------------------------------------------------------
     let tools = req.tools.as_deref().unwrap_or_default();

@@ -2,7 +2,7 @@
 //! dot-path `param` and a stable `code`.
 
 use super::common::{
-    check_format as check_format_spec, check_function_tool, check_tool_type, FormatKind,
+    self, check_format as check_format_spec, check_function_tool, check_tool_type, FormatKind,
     FormatSpec, FunctionSpec,
 };
 use crate::api::responses::{ContentPart, CreateResponseRequest, Input, InputItem, ItemContent};
@@ -58,13 +58,7 @@ pub fn validate(
     catalog: &Catalog,
     req: &CreateResponseRequest,
 ) -> Result<ValidResponseRequest, ApiError> {
-    let model_id = req
-        .model
-        .as_deref()
-        .ok_or_else(|| ApiError::missing_parameter("model"))?;
-    let model = catalog
-        .find(model_id)
-        .ok_or_else(|| ApiError::model_not_found(model_id))?;
+    let model = common::check_model(catalog, req.model.as_deref())?;
     let input = req
         .input
         .as_ref()
@@ -97,35 +91,12 @@ pub fn validate(
             "'input' must contain at least one item.",
         ));
     }
-    if let Some(t) = req.temperature {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::invalid_value(
-                "temperature",
-                format!("'temperature' must be between 0 and 2, got {t}."),
-            ));
-        }
-    }
-    if let Some(p) = req.top_p {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(ApiError::invalid_value(
-                "top_p",
-                format!("'top_p' must be between 0 and 1, got {p}."),
-            ));
-        }
-    }
-    for (param, value) in [
-        ("presence_penalty", req.presence_penalty),
-        ("frequency_penalty", req.frequency_penalty),
-    ] {
-        if let Some(v) = value {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(ApiError::invalid_value(
-                    param,
-                    format!("'{param}' must be between -2 and 2, got {v}."),
-                ));
-            }
-        }
-    }
+    common::check_openai_sampling(
+        req.temperature,
+        req.top_p,
+        req.presence_penalty,
+        req.frequency_penalty,
+    )?;
     let max_output_tokens = match req.max_output_tokens {
         None => 0,
         Some(v) if v < 1 => {
@@ -174,7 +145,7 @@ pub fn validate(
     }
     // Checked as on chat completions (schemathesis found any string accepted here).
     if let Some(tier) = req.service_tier.as_deref() {
-        super::common::check_service_tier(tier)?;
+        common::check_service_tier(tier)?;
     }
     // A retention hint the workers' prefix cache has its own policy for:
     // checked, then ignored (schemathesis found any string accepted).
@@ -203,9 +174,13 @@ pub fn validate(
 
     // Reasoning: `reasoning.effort` first, `enable_thinking` when it is absent.
     let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
-    if let Some(e) = effort.as_deref() {
-        super::common::check_reasoning_effort("reasoning.effort", e)?;
-    }
+    let (reasoning, reasoning_budget) = common::reasoning(
+        model,
+        "reasoning.effort",
+        effort.as_deref(),
+        req.enable_thinking,
+        req.thinking_budget,
+    )?;
     if let Some(s) = req.reasoning.as_ref().and_then(|r| r.summary.as_deref()) {
         if !matches!(s, "auto" | "concise" | "detailed" | "none") {
             return Err(ApiError::invalid_value(
@@ -214,42 +189,13 @@ pub fn validate(
             ));
         }
     }
-    let thinking_budget = match req.thinking_budget {
-        Some(b) if !(0..=16384).contains(&b) => {
-            return Err(ApiError::invalid_value(
-                "thinking_budget",
-                format!("'thinking_budget' must be between 0 and 16384, got {b}."),
-            ))
-        }
-        Some(b) => Some(b as u32),
-        None => None,
-    };
-    let reasoning = match effort.as_deref() {
-        Some("none") => false,
-        Some(_) => true,
-        None => req.enable_thinking.unwrap_or(false),
-    };
-    // The budget is configurable on `base` only; elsewhere the model's default
-    // applies. It is a hard cap: 0 where it applies allows no reasoning at all
-    // (the worker protocol reads a 0 budget as "the model's default").
-    let reasoning = reasoning && !(model.reasoning_budget && thinking_budget == Some(0));
-    let reasoning_budget = if !reasoning {
-        0
-    } else if model.reasoning_budget {
-        thinking_budget.unwrap_or(0)
-    } else {
-        // 0 = the model's default for the effort, the same mapping as chat's
-        // `reasoning_effort` (the worker owns it).
-        0
-    };
-
     let tools = check_tools(req)?;
     let (format, text) = check_format(req)?;
     // Checked while parsing (`api::bounds::metadata`).
     let metadata = req.metadata.clone().unwrap_or_default();
     // Input that cannot fit the window whatever the tokenizer (spec 8).
     // Items of `previous_response_id` are counted by the worker.
-    super::common::check_context_window(
+    common::check_context_window(
         model,
         input_text_bytes(&items, req.instructions.as_deref()),
         (max_output_tokens > 0).then_some(max_output_tokens),

@@ -10,32 +10,17 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import { randomBytes } from 'node:crypto';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { explain as explainRun, gatewayUp, requestsByStatus as requestsOf, run } from '../gateway-up.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '../../..');
 const CODEX = path.join(HERE, 'node_modules', '.bin', 'codex');
 const ENGINE = process.env.IGW_CODEX_ENGINE ?? 'synthetic';
 const TURN_DEADLINE_MS = 120_000;
-
-function gatewayBin() {
-  const target = path.resolve(ROOT, process.env.CARGO_TARGET_DIR ?? 'target');
-  return path.join(target, 'release', 'gateway');
-}
-
-async function freePort() {
-  const server = net.createServer();
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /**
  * The `config.toml` of README.md's "Codex CLI" section (its first toml
@@ -59,66 +44,22 @@ function readmeConfig(baseUrl) {
  */
 const REFUSED_TOOLS = ['-c', 'agents.enabled=true', '-c', 'web_search="cached"'];
 
-/** Runs a child to completion (or kills it at the deadline); collects its output. */
-function run(cmd, args, { env, cwd, deadlineMs }) {
-  return new Promise((resolve) => {
-    const child = spawn(cmd, args, { env, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      child.kill('SIGKILL');
-    }, deadlineMs);
-    child.on('close', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ code, signal, stdout, stderr, timedOut });
-    });
-  });
-}
-
-let gateway;
-let gatewayLog = '';
+let up;
 let baseUrl;
 let adminUrl;
 let devKey;
 let scratch;
 
 before(async () => {
-  const [port, adminPort] = [await freePort(), await freePort()];
-  baseUrl = `http://127.0.0.1:${port}/v1`;
-  adminUrl = `http://127.0.0.1:${adminPort}`;
-  devKey = `sk-codex-${randomBytes(8).toString('hex')}`;
-  const args = ['up', '--listen', `127.0.0.1:${port}`, '--admin-listen', `127.0.0.1:${adminPort}`, '--dev-key', devKey];
-  if (ENGINE === 'synthetic') args.push('--engine', 'synthetic', '--ttft-ms', '20', '--tokens-per-second', '400');
-  gateway = spawn(gatewayBin(), args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  gateway.stdout.on('data', (d) => (gatewayLog += d));
-  gateway.stderr.on('data', (d) => (gatewayLog += d));
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    if (gateway.exitCode !== null) throw new Error(`gateway up exited (${gateway.exitCode}):\n${gatewayLog}`);
-    try {
-      const ready = await fetch(`${adminUrl}/readyz`);
-      if (ready.ok) break;
-    } catch {
-      // not listening yet
-    }
-    if (Date.now() > deadline) throw new Error(`gateway up was not ready in 120 s:\n${gatewayLog}`);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-  }
+  const args = ENGINE === 'synthetic' ? ['--engine', 'synthetic', '--ttft-ms', '20', '--tokens-per-second', '400'] : [];
+  up = await gatewayUp({ keyPrefix: 'sk-codex', args });
+  baseUrl = `${up.origin}/v1`;
+  ({ adminUrl, devKey } = up);
   scratch = mkdtempSync(path.join(os.tmpdir(), 'igw-codex-'));
 });
 
 after(async () => {
-  if (gateway && gateway.exitCode === null) {
-    const exited = new Promise((resolve) => gateway.once('exit', resolve));
-    gateway.kill('SIGTERM');
-    const timer = setTimeout(() => gateway.kill('SIGKILL'), 10_000);
-    await exited;
-    clearTimeout(timer);
-  }
+  await up?.stop();
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -170,19 +111,12 @@ async function codexExec(name, prompt, overrides, topLevel = '') {
 }
 
 /** `gateway_requests_total` samples for a route, summed by status. */
-async function requestsByStatus(route) {
-  const text = await (await fetch(`${adminUrl}/metrics`)).text();
-  const byStatus = {};
-  for (const line of text.split('\n')) {
-    if (!line.startsWith('gateway_requests_total{') || !line.includes(`route="${route}"`)) continue;
-    const status = /status="(\d+)"/.exec(line)?.[1];
-    byStatus[status] = (byStatus[status] ?? 0) + Number(line.split(' ').at(-1));
-  }
-  return byStatus;
+function requestsByStatus(route) {
+  return requestsOf(adminUrl, route);
 }
 
 function explain(r) {
-  return `exit ${r.code} ${r.signal ?? ''}${r.timedOut ? ' (deadline)' : ''}\n--- stdout\n${r.stdout.slice(-4000)}\n--- stderr\n${r.stderr.slice(-4000)}\n--- gateway\n${gatewayLog.slice(-3000)}`;
+  return explainRun(r, up.log());
 }
 
 /** Waits (up to 3 s) until `route`'s samples satisfy `done`; returns the last. */

@@ -12,8 +12,14 @@
 //! with the very same body bytes (`max_tokens`, one user message): the
 //! cost of the Messages route beside a chat completion's.
 //!
+//! `--gateway-bin-before PATH` adds the front `gateway @before`: that
+//! gateway binary (another commit's build) with the same worker, engine
+//! and config, driven as `gateway` is, right after it: a before/after of
+//! the gateway in one run.
+//!
 //! ```text
 //! cargo run --release -p tests --bin hotbench -- --duration 10
+//! cargo run --release -p tests --bin hotbench -- --fronts gateway --gateway-bin-before OLD/gateway
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -50,6 +56,10 @@ struct Args {
         default_value = "nginx,smg,gateway,messages,floor"
     )]
     fronts: Vec<Front>,
+    /// Another gateway binary, run as the front `gateway @before` (added
+    /// after `gateway` unless `--fronts` names `before`).
+    #[arg(long)]
+    gateway_bin_before: Option<PathBuf>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -57,6 +67,8 @@ enum Front {
     Nginx,
     Smg,
     Gateway,
+    /// `--gateway-bin-before`'s gateway, driven as [`Front::Gateway`].
+    Before,
     /// The gateway, driven with `POST /v1/messages`.
     Messages,
     /// `floor_proxy` (Pingora HTTP/1 and a tonic call to the same worker,
@@ -71,6 +83,7 @@ impl Front {
             Front::Nginx => "nginx (keep-alive proxy)",
             Front::Smg => "SMG 1.13",
             Front::Gateway => "gateway",
+            Front::Before => "gateway @before",
             Front::Messages => "gateway, Anthropic Messages",
             Front::Floor => "floor (Pingora + tonic, no features)",
         }
@@ -124,7 +137,8 @@ http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path
     )
 }
 
-async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
+/// `before`: the binary of [`Front::Before`].
+async fn start(front: Front, engine: &SteadyEngine, before: Option<&Path>) -> Result<Running> {
     match front {
         Front::Nginx => {
             let dir = std::env::temp_dir().join(format!("hotbench-nginx-{}", std::process::id()));
@@ -208,9 +222,16 @@ async fn start(front: Front, engine: &SteadyEngine) -> Result<Running> {
                 _dir: None,
             })
         }
-        Front::Gateway | Front::Messages => {
+        Front::Gateway | Front::Messages | Front::Before => {
             let worker = relay_worker(engine)?;
             let mut opts = GatewayOpts::default();
+            if front == Front::Before {
+                opts.binary = Some(
+                    before
+                        .context("`before` needs --gateway-bin-before")?
+                        .into(),
+                );
+            }
             opts.workers
                 .insert(GATEWAY_MODEL.into(), vec![worker.addr().to_owned()]);
             opts.rust_log = Some("warn".into());
@@ -376,7 +397,12 @@ fn load_average() -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.gateway_bin_before.is_some() && !args.fronts.contains(&Front::Before) {
+        let at = args.fronts.iter().position(|&f| f == Front::Gateway);
+        args.fronts
+            .insert(at.map_or(args.fronts.len(), |i| i + 1), Front::Before);
+    }
     let engine = SteadyEngine::start().await?;
     println!(
         "hotbench: wrk, 1 thread, {} connections, {} s per front and mode, {} round(s); load average {}",
@@ -385,12 +411,15 @@ async fn main() -> Result<()> {
         args.rounds,
         load_average()
     );
+    if let Some(path) = &args.gateway_bin_before {
+        println!("gateway @before: {}", path.display());
+    }
     println!("\n| round | front | mode | µs CPU per request | req/s | p50 | p99 | errors | worker µs per request |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let dir = std::env::temp_dir();
     for round in 1..=args.rounds {
         for &front in &args.fronts {
-            let running = start(front, &engine).await?;
+            let running = start(front, &engine, args.gateway_bin_before.as_deref()).await?;
             for stream in [false, true] {
                 if stream && front == Front::Floor {
                     continue;

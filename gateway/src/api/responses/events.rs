@@ -161,8 +161,27 @@ pub struct WebSocketErrorEvent<'a> {
     pub error: WebSocketError<'a>,
 }
 
-/// The failure inside a [`WebSocketErrorEvent`]: the error envelope's
-/// `type`, `code`, `message` and `param`.
+/// `event: error`: a failure after a Responses event stream started (a
+/// followed run's store failing, the replica restarting under it). Flat
+/// for the OpenAI SDKs' error event, and again under `error` for Open
+/// Responses' `ErrorStreamingEvent`: one event satisfies both.
+#[derive(Debug, Serialize)]
+pub struct StreamErrorEvent<'a> {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub code: &'a str,
+    pub message: &'a str,
+    pub param: Option<&'a str>,
+    /// The HTTP status the failure would have had.
+    pub status: u16,
+    pub sequence_number: u64,
+    pub error: WebSocketError<'a>,
+}
+
+/// The failure inside a [`WebSocketErrorEvent`] and a
+/// [`StreamErrorEvent`]: the error envelope's `type`, `code`, `message`
+/// and `param`.
 #[derive(Debug, Serialize)]
 pub struct WebSocketError<'a> {
     #[serde(rename = "type")]

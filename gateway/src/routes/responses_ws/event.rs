@@ -1,7 +1,6 @@
 //! Client events: one text message read into a [`ClientEvent`], and the
-//! error event a refused one gets (Open Responses' `WebSocketErrorEvent`).
+//! refusal of a binary one.
 
-use crate::api::responses::{WebSocketError, WebSocketErrorEvent};
 use crate::error::ApiError;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -103,21 +102,6 @@ impl<'de> Deserialize<'de> for Members<'de> {
     }
 }
 
-/// The error event of a failure (Open Responses' `WebSocketErrorEvent`).
-pub(super) fn error_event(e: &ApiError) -> String {
-    let event = WebSocketErrorEvent {
-        kind: "error",
-        status: e.status,
-        error: WebSocketError {
-            kind: e.error_type(),
-            code: &e.code,
-            message: &e.message,
-            param: e.param.as_deref(),
-        },
-    };
-    serde_json::to_string(&event).unwrap_or_default()
-}
-
 pub(super) fn binary_refused() -> ApiError {
     ApiError::new(
         400,
@@ -181,25 +165,5 @@ mod tests {
             ClientEvent::parse(r#"{"type":"response.processed","response_id":"resp_1"}"#),
             Ok(ClientEvent::Processed)
         ));
-    }
-
-    #[test]
-    fn the_error_event_is_open_responses_shape() {
-        let e = ApiError::new(404, "previous_response_not_found", "gone")
-            .with_param("previous_response_id");
-        let v: Value = serde_json::from_str(&error_event(&e)).unwrap();
-        assert_eq!(
-            v,
-            json!({
-                "type": "error",
-                "status": 404,
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "previous_response_not_found",
-                    "message": "gone",
-                    "param": "previous_response_id",
-                }
-            })
-        );
     }
 }
