@@ -5,7 +5,7 @@
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::{ChatBody, ChatStream};
 use super::steps;
-use crate::accounts::{Account, Scope};
+use crate::accounts::{Account, Scope, ServiceTier};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
 use crate::error::ApiError;
@@ -14,6 +14,7 @@ use crate::http::Exchange;
 use crate::idempotency::Outcome;
 use crate::ids::new_id;
 use crate::limits::estimate_input_tokens;
+use crate::output_check::OutputFormat;
 use crate::sse;
 use crate::translate::chat::{output_format, to_worker, ChatAggregate, ChatStreamEncoder};
 use crate::translate::replay;
@@ -45,9 +46,10 @@ pub async fn create(
     account: Arc<Account>,
 ) -> Result<Served, ApiError> {
     // 1. Read and parse (and the `Idempotency-Key`, with the body's print).
-    let body = ex
-        .read_json_body(app.config.max_body_bytes, app.read_timeout())
-        .await?;
+    // Each stage before the generation is boxed, and so freed once done:
+    // this future then stays as small as what an open stream waits on.
+    let read = Box::pin(ex.read_json_body(app.config.max_body_bytes, app.read_timeout()));
+    let body = read.await?;
     let key = idempotent::header(ex)?;
     let req: ChatCompletionRequest = parse::json_body(&body)?;
     // Printed only once the bounded parse accepted the body.
@@ -80,13 +82,15 @@ pub async fn create(
     }
 
     // 3. With a key: claim it, or answer from the first request's record.
-    let mut claim = match idempotent::begin(app, ex, &account, idempotency).await? {
+    let begin = Box::pin(idempotent::begin(app, ex, &account, idempotency));
+    let mut claim = match begin.await? {
         Begin::Run(claim) => claim,
         Begin::Replayed => return Ok(Served::Done),
     };
     let result = generate(app, ex, &account, req, valid, input_estimate, &mut claim).await;
     // Anything but a success frees the key: a retry runs.
-    idempotent::release(claim).await;
+    let release = Box::pin(idempotent::release(claim));
+    release.await;
     result.map(|()| Served::Done)
 }
 
@@ -103,15 +107,15 @@ async fn generate(
 ) -> Result<(), ApiError> {
     let session_id = ex.session_id().map(str::to_owned);
     // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = steps::admit(
+    let admit = Box::pin(steps::admit(
         app,
         ex,
         account,
         valid.model,
         input_estimate,
         valid.max_tokens,
-    )
-    .await?;
+    ));
+    let reservation = admit.await?;
 
     // 5. Translate, and drive the generation on a worker of the model's
     //    pool: SSE chunks, or one aggregated body.
@@ -135,77 +139,114 @@ async fn generate(
         // A key's record keeps the reply folded: the events are folded too.
         stream.aggregate = claim.is_some().then(ChatAggregate::default);
         let end = generation.run(reservation, &mut stream).await;
-        let ChatStream {
-            mut reply,
-            encoder,
-            aggregate,
-            cut,
-        } = stream;
-        match end {
-            End::NotStarted(e) => return Err(e),
-            // The drain's grace period ran out: the client gets an error it
-            // can act on (retry elsewhere) instead of a cut connection;
-            // before the head went out, as the response itself.
-            End::Gone if cut.happened() => {
-                let e = ApiError::replica_shutdown();
-                if !reply.started() {
-                    drop(reply);
-                    return Err(e);
-                }
-                sse::error(reply.buf(), &e);
-                let _ = reply.write().await;
-                reply.end_failed(e.status).await;
-            }
-            // A reply that failed its output check ended with an error frame.
-            End::Finished(_) => {
-                // A kept reply is recorded before its last batch (held by
-                // the sink) goes out.
-                if let (None, Some(aggregate)) = (encoder.failure(), aggregate) {
-                    let mut completion =
-                        aggregate.into_completion(id, valid.model.id, &valid, &format)?;
-                    completion.service_tier = tier.as_str();
-                    let mut folded = bytes::BytesMut::new();
-                    replay::chat_stream(&completion, valid.include_usage, &mut folded);
-                    let body = String::from_utf8_lossy(&folded).into_owned();
-                    idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
-                }
-                if reply.write().await.is_err() {
-                    reply.left();
-                    return Ok(());
-                }
-                match encoder.failure() {
-                    Some(e) => reply.end_failed(e.status).await,
-                    None => reply.end().await,
-                }
-            }
-            End::Gone => reply.left(),
-            End::Failed(e) => reply.end_failed(e.status).await,
-        }
+        // The reply's end, boxed as the stages before the generation are.
+        let finish = Box::pin(end_stream(end, stream, claim, id, &valid, &format, tier));
+        finish.await?;
     } else {
         let mut body = ChatBody::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
         let (aggregate, cut) = (body.aggregate, body.cut.happened());
-        match end {
-            End::NotStarted(e) | End::Failed(e) => return Err(e),
-            // Cut by the drain: nothing was sent, so a plain error response.
-            End::Gone if cut => return Err(ApiError::replica_shutdown()),
-            End::Finished(_) => {
-                let mut completion =
-                    aggregate.into_completion(id, valid.model.id, &valid, &format)?;
-                completion.service_tier = tier.as_str();
-                let body = serde_json::to_string(&completion)
-                    .map_err(|_| ApiError::internal("could not encode the response"))?;
-                if claim.is_some() {
-                    let outcome = Outcome::Chat {
-                        body: body.clone(),
-                        stream: false,
-                    };
-                    idempotent::complete(claim, outcome).await;
-                }
-                ex.send(200, "application/json", &[], body.into()).await;
+        let finish = Box::pin(end_body(
+            end, aggregate, cut, ex, claim, id, &valid, &format, tier,
+        ));
+        finish.await?;
+    }
+    Ok(())
+}
+
+/// A chat stream's end, once its generation ended: the in-band ending,
+/// the `Idempotency-Key`'s record, the last batch.
+#[allow(clippy::too_many_arguments)]
+async fn end_stream(
+    end: End,
+    stream: ChatStream<'_>,
+    claim: &mut Option<Claim>,
+    id: String,
+    valid: &ValidChatRequest,
+    format: &OutputFormat,
+    tier: ServiceTier,
+) -> Result<(), ApiError> {
+    let ChatStream {
+        mut reply,
+        encoder,
+        aggregate,
+        cut,
+    } = stream;
+    match end {
+        End::NotStarted(e) => return Err(e),
+        // The drain's grace period ran out: the client gets an error it
+        // can act on (retry elsewhere) instead of a cut connection;
+        // before the head went out, as the response itself.
+        End::Gone if cut.happened() => {
+            let e = ApiError::replica_shutdown();
+            if !reply.started() {
+                drop(reply);
+                return Err(e);
             }
-            End::Gone => ex.client_left(),
+            sse::error(reply.buf(), &e);
+            let _ = reply.write().await;
+            reply.end_failed(e.status).await;
         }
+        // A reply that failed its output check ended with an error frame.
+        End::Finished(_) => {
+            // A kept reply is recorded before its last batch (held by
+            // the sink) goes out.
+            if let (None, Some(aggregate)) = (encoder.failure(), aggregate) {
+                let mut completion =
+                    aggregate.into_completion(id, valid.model.id, valid, format)?;
+                completion.service_tier = tier.as_str();
+                let mut folded = bytes::BytesMut::new();
+                replay::chat_stream(&completion, valid.include_usage, &mut folded);
+                let body = String::from_utf8_lossy(&folded).into_owned();
+                idempotent::complete(claim, Outcome::Chat { body, stream: true }).await;
+            }
+            if reply.write().await.is_err() {
+                reply.left();
+                return Ok(());
+            }
+            match encoder.failure() {
+                Some(e) => reply.end_failed(e.status).await,
+                None => reply.end().await,
+            }
+        }
+        End::Gone => reply.left(),
+        End::Failed(e) => reply.end_failed(e.status).await,
+    }
+    Ok(())
+}
+
+/// A folded chat body's end, once its generation ended.
+#[allow(clippy::too_many_arguments)]
+async fn end_body(
+    end: End,
+    aggregate: ChatAggregate,
+    cut: bool,
+    ex: &mut Exchange,
+    claim: &mut Option<Claim>,
+    id: String,
+    valid: &ValidChatRequest,
+    format: &OutputFormat,
+    tier: ServiceTier,
+) -> Result<(), ApiError> {
+    match end {
+        End::NotStarted(e) | End::Failed(e) => return Err(e),
+        // Cut by the drain: nothing was sent, so a plain error response.
+        End::Gone if cut => return Err(ApiError::replica_shutdown()),
+        End::Finished(_) => {
+            let mut completion = aggregate.into_completion(id, valid.model.id, valid, format)?;
+            completion.service_tier = tier.as_str();
+            let body = serde_json::to_string(&completion)
+                .map_err(|_| ApiError::internal("could not encode the response"))?;
+            if claim.is_some() {
+                let outcome = Outcome::Chat {
+                    body: body.clone(),
+                    stream: false,
+                };
+                idempotent::complete(claim, outcome).await;
+            }
+            ex.send(200, "application/json", &[], body.into()).await;
+        }
+        End::Gone => ex.client_left(),
     }
     Ok(())
 }
