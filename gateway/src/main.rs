@@ -9,7 +9,9 @@ mod up;
 
 /// mimalloc rather than glibc malloc: profiles of the request path showed
 /// about 15% of the gateway's CPU in glibc's allocator (Pingora and tonic
-/// allocate and free per request and per frame, across threads).
+/// allocate and free per request and per frame, across threads). The
+/// `system-allocator` feature leaves glibc's, for heaptrack.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

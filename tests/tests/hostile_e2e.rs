@@ -789,7 +789,7 @@ fn assert_idle_cost<T>(
 /// Streams waiting on their worker after one token, each on its own
 /// connection.
 #[tokio::test]
-#[ignore = "issue 52.11: an idle stream still holds about 51 KiB (bound 32)"]
+#[ignore = "issue 52.11: an idle stream still holds about 47 KiB (bound 32); docs/benchmarks/costs.md says where it goes"]
 async fn an_idle_stream_holds_at_most_32_kib() {
     use harness::idle;
     let stack = Stack::single(WorkerOpts {

@@ -98,7 +98,10 @@ fn read_stream(frames: &[harness::SseFrame]) -> (String, Vec<String>, Value) {
             "no error frame: {f:?}"
         );
     }
-    assert!(frames.last().is_some_and(|f| f.is_done()), "ends with [DONE]");
+    assert!(
+        frames.last().is_some_and(|f| f.is_done()),
+        "ends with [DONE]"
+    );
     let chunks = chat::chunks(frames);
     let mut ids: Vec<&str> = chunks.iter().filter_map(|c| c["id"].as_str()).collect();
     ids.dedup();
@@ -116,7 +119,11 @@ fn read_stream(frames: &[harness::SseFrame]) -> (String, Vec<String>, Value) {
 }
 
 /// Time from sending `body` with `key` to its first content chunk.
-async fn time_to_first_token(stack: &Stack, key: &str, body: &Value) -> (Duration, Vec<harness::SseFrame>) {
+async fn time_to_first_token(
+    stack: &Stack,
+    key: &str,
+    body: &Value,
+) -> (Duration, Vec<harness::SseFrame>) {
     let client = stack.client().with_key(Some(key));
     let sent = Instant::now();
     let mut stream = client
@@ -157,7 +164,11 @@ async fn running_streams(
             .stream("/chat/completions", &body)
             .await
             .expect("stream");
-        let first = stream.next_frame().await.expect("frame").expect("a first frame");
+        let first = stream
+            .next_frame()
+            .await
+            .expect("frame")
+            .expect("a first frame");
         tasks.push(tokio::spawn(async move {
             let mut frames = vec![first];
             while let Some(f) = stream.next_frame().await.expect("frame") {
@@ -182,7 +193,11 @@ async fn a_priority_request_on_a_full_pool_preempts_flex_work_which_resumes_whol
         let (isolated, _) = time_to_first_token(&stack, &keys.premium, &short).await;
         let mut reference = Vec::new();
         for seed in [1, 2] {
-            let frames = chat::stream(&stack.client().with_key(Some(&keys.batch)), &story(seed, 150)).await;
+            let frames = chat::stream(
+                &stack.client().with_key(Some(&keys.batch)),
+                &story(seed, 150),
+            )
+            .await;
             reference.push(read_stream(&frames));
         }
         let worker = stack.worker("base");
@@ -214,7 +229,10 @@ async fn a_priority_request_on_a_full_pool_preempts_flex_work_which_resumes_whol
             &["model=\"base\"", "tier=\"flex\"", "org=\"org-batch\""],
         )
         .await;
-        assert_eq!(preempted, 1.0, "one flex generation preempted for one request");
+        assert_eq!(
+            preempted, 1.0,
+            "one flex generation preempted for one request"
+        );
         let moved = metric(
             &stack,
             "gateway_generation_moves_total",
@@ -248,7 +266,10 @@ async fn a_preempted_non_streamed_reply_is_whole() {
         body["stream"] = json!(false);
         body.as_object_mut().map(|b| b.remove("stream_options"));
         let batch = stack.client().with_key(Some(&keys.batch));
-        let reference = batch.post_json("/chat/completions", &body).await.expect("reply");
+        let reference = batch
+            .post_json("/chat/completions", &body)
+            .await
+            .expect("reply");
         assert_eq!(reference.status, 200, "{reference}");
 
         let flood = tokio::spawn({
@@ -256,7 +277,11 @@ async fn a_preempted_non_streamed_reply_is_whole() {
             async move { batch.post_json("/chat/completions", &body).await }
         });
         wait_until("the flex reply to run", Duration::from_secs(5), || async {
-            stack.worker("base").load().await.is_ok_and(|l| l.running == 1)
+            stack
+                .worker("base")
+                .load()
+                .await
+                .is_ok_and(|l| l.running == 1)
         })
         .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -266,8 +291,14 @@ async fn a_preempted_non_streamed_reply_is_whole() {
         assert_eq!(got.status, 200, "{got}");
         let (a, b) = (got.json(), reference.json());
         assert_eq!(chat::content(&a), chat::content(&b), "the whole text");
-        assert_eq!(a["choices"][0]["finish_reason"], b["choices"][0]["finish_reason"]);
-        assert_eq!(a["usage"]["completion_tokens"], b["usage"]["completion_tokens"]);
+        assert_eq!(
+            a["choices"][0]["finish_reason"],
+            b["choices"][0]["finish_reason"]
+        );
+        assert_eq!(
+            a["usage"]["completion_tokens"],
+            b["usage"]["completion_tokens"]
+        );
         assert_eq!(a["service_tier"], "flex");
         assert_eq!(
             metric(&stack, "gateway_preemptions_total", &["tier=\"flex\""]).await,
@@ -287,7 +318,10 @@ async fn a_generation_is_preempted_at_most_max_preemptions_times() {
         let flood = running_streams(&stack, &keys.batch, vec![story(4, 150)]).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (first, _) = time_to_first_token(&stack, &keys.premium, &story(10, 5)).await;
-        assert!(first < Duration::from_millis(500), "preempted for the first: {first:?}");
+        assert!(
+            first < Duration::from_millis(500),
+            "preempted for the first: {first:?}"
+        );
         // The flex stream resumed; a second priority request must wait for it.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (second, _) = time_to_first_token(&stack, &keys.premium, &story(11, 5)).await;
@@ -318,7 +352,10 @@ async fn the_plan_sets_the_tier_and_the_pool_the_tiers_preempted() {
         let flood = running_streams(&stack, &keys.batch, vec![asks_priority]).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (ttft, _) = time_to_first_token(&stack, &keys.premium, &story(12, 5)).await;
-        assert!(ttft < Duration::from_millis(500), "flex preempted: {ttft:?}");
+        assert!(
+            ttft < Duration::from_millis(500),
+            "flex preempted: {ttft:?}"
+        );
         read_stream(&flood.into_iter().next().expect("one").await.expect("task"));
 
         // A default generation is not preempted by default.
@@ -329,7 +366,14 @@ async fn the_plan_sets_the_tier_and_the_pool_the_tiers_preempted() {
             waited > Duration::from_millis(500),
             "default work runs on: the priority request waited {waited:?}"
         );
-        read_stream(&running.into_iter().next().expect("one").await.expect("task"));
+        read_stream(
+            &running
+                .into_iter()
+                .next()
+                .expect("one")
+                .await
+                .expect("task"),
+        );
         assert_eq!(
             metric(&stack, "gateway_preemptions_total", &["tier=\"default\""]).await,
             0.0

@@ -211,6 +211,8 @@ fn flex_is_preempted_by_default_and_priority_never() {
     assert_eq!(base.max_preemptions, 2);
     let c = pool("preempt_tiers = [\"default\", \"flex\"]\nmax_preemptions = 0").unwrap();
     assert_eq!(c.models["base"].max_preemptions, 0);
-    let e = pool("preempt_tiers = [\"priority\"]").unwrap_err().to_string();
+    let e = pool("preempt_tiers = [\"priority\"]")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown variant `priority`"), "{e}");
 }

@@ -190,7 +190,10 @@ impl Generation<'_> {
                     .observe(from.elapsed().as_secs_f64());
             }
         }
-        if sink.started().await.is_err() {
+        // Boxed, as the other once-only stages below: a stream's state
+        // then holds only what its relay waits on.
+        let head = Box::pin(sink.started());
+        if head.await.is_err() {
             reservation.settle(Outcome::Abandoned).await;
             return End::Gone;
         }
@@ -241,14 +244,13 @@ impl Generation<'_> {
                 }
             };
             failed_on.push(failure.worker.clone());
-            match self
-                .move_on(&failure, &failed_on, &delivered, &ticket)
-                .await
-            {
+            let moved = Box::pin(self.move_on(&failure, &failed_on, &delivered, &ticket));
+            match moved.await {
                 Some(next) => call = next,
                 None => {
                     relay::count_stream_failure(self.model, &failure.error);
-                    sink.fail(&failure.error).await;
+                    let fail = Box::pin(sink.fail(&failure.error));
+                    fail.await;
                     break End::Failed(failure.error);
                 }
             }

@@ -13,6 +13,8 @@ use crate::error::ApiError;
 use crate::pool::{classify, CallGuard, PoolError, WorkerCall};
 use futures::FutureExt;
 use inference_proto::v1 as pb;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 use tonic::{Status, Streaming};
 
@@ -187,7 +189,8 @@ async fn relay_events<S: Sink>(
                 _ = &mut deadline => {
                     let e = ApiError::timeout("The generation exceeded the request deadline.");
                     count_stream_failure(model, &e);
-                    sink.fail(&e).await;
+                    let fail = Box::pin(sink.fail(&e));
+                    fail.await;
                     return Relayed::Ended(End::Failed(e));
                 }
                 _ = &mut stall => {
@@ -214,7 +217,8 @@ async fn relay_events<S: Sink>(
                     let due = last_event.max(last_keep_alive) + every;
                     let now = tokio::time::Instant::now();
                     if now >= due {
-                        if sink.keep_alive().await.is_err() {
+                        let sent = Box::pin(sink.keep_alive());
+                        if sent.await.is_err() {
                             return left(guard, rest, request_id, delivered, served_before).await;
                         }
                         last_keep_alive = now;
@@ -241,19 +245,23 @@ async fn relay_events<S: Sink>(
 /// while the stream is still open (dropped first, the worker would stop on
 /// its own with nobody to tell), and says what it generated: the output it
 /// held back or had in flight is billed too, not only what was relayed.
-async fn left(
-    guard: &CallGuard,
+/// Boxed: the `Cancel` call's state is needed once, at the end, and inline
+/// it would be part of every open stream's relay.
+fn left<'a>(
+    guard: &'a CallGuard,
     rest: Streaming<pb::GenerateEvent>,
-    request_id: &str,
-    delivered: &mut Delivered,
+    request_id: &'a str,
+    delivered: &'a mut Delivered,
     served_before: u64,
-) -> Relayed {
-    if let Some(generated) = guard.cancel(request_id).await {
-        let relayed = delivered.tokens() - served_before;
-        delivered.left_behind(u64::from(generated), relayed);
-    }
-    drop(rest);
-    Relayed::Ended(End::Gone)
+) -> Pin<Box<dyn Future<Output = Relayed> + Send + 'a>> {
+    Box::pin(async move {
+        if let Some(generated) = guard.cancel(request_id).await {
+            let relayed = delivered.tokens() - served_before;
+            delivered.left_behind(u64::from(generated), relayed);
+        }
+        drop(rest);
+        Relayed::Ended(End::Gone)
+    })
 }
 
 /// A running call a higher tier may preempt.
@@ -268,8 +276,7 @@ impl Preemption {
     /// Tells the queue what the generation delivered, and whether its
     /// engine could continue it from there.
     fn note(&self, delivered: &Delivered) {
-        let resumable =
-            self.any_output || (!self.constrained && delivered.continues_as_text());
+        let resumable = self.any_output || (!self.constrained && delivered.continues_as_text());
         self.lever.note(delivered.tokens(), resumable);
     }
 }
@@ -457,7 +464,9 @@ mod tests {
     #[test]
     fn an_engine_server_resumes_only_an_unconstrained_text_answer() {
         let text = |t: &str| pb::GenerateEvent {
-            event: Some(pb::generate_event::Event::Text(pb::TextDelta { text: t.into() })),
+            event: Some(pb::generate_event::Event::Text(pb::TextDelta {
+                text: t.into(),
+            })),
             output_tokens: 1,
         };
         let resumable = |any_output, constrained, delivered: &Delivered| {

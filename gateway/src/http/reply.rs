@@ -99,7 +99,12 @@ impl<'a> SseReply<'a> {
         if self.out.is_empty() {
             return Ok(());
         }
-        self.start().await?;
+        if !self.started() {
+            // Boxed: the head's write is once per stream, this write once
+            // per batch, and an open stream's state keeps room for both.
+            let head = Box::pin(self.start());
+            head.await?;
+        }
         // Keep-alives only fill silences.
         if let Some(ticker) = &mut self.keepalive {
             ticker.reset();

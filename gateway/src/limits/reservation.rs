@@ -86,7 +86,18 @@ impl Reservation {
     /// Settles now: releases the concurrency slot, corrects the token
     /// window to real usage, and records usage (per model and per account)
     /// and cost. The one place a finished generation is accounted.
-    pub async fn settle(mut self, outcome: Outcome<'_>) {
+    ///
+    /// The future is boxed: its store round trip is needed only at the
+    /// end, and unboxed it would be part of every generation's state for
+    /// the whole life of a stream.
+    pub fn settle<'a>(
+        self,
+        outcome: Outcome<'a>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.settle_now(outcome))
+    }
+
+    async fn settle_now(mut self, outcome: Outcome<'_>) {
         self.done = true;
         let usage = match outcome {
             Outcome::Finished(u) => {

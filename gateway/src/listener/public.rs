@@ -43,7 +43,11 @@ impl HttpServerApp for PublicApp {
         session.set_write_timeout(Some(Duration::from_secs(app.config.write_timeout_seconds)));
         // Slow or silent clients must not hold a connection forever.
         let read_timeout = Duration::from_secs(app.config.read_timeout_seconds);
-        match tokio::time::timeout(read_timeout, session.read_request()).await {
+        // This future lives as long as its connection; the head's read, an
+        // error's write and the session's finish are each boxed, so it
+        // keeps room only for what a long stream waits on.
+        let head = Box::pin(tokio::time::timeout(read_timeout, session.read_request()));
+        match head.await {
             Ok(Ok(true)) => {}
             // A request head that cannot be parsed still gets an answer.
             Ok(Err(e)) if *e.etype() == pingora_core::ErrorType::InvalidHTTPHeader => {
@@ -68,7 +72,8 @@ impl HttpServerApp for PublicApp {
                     crate::ids::new_id("req_"),
                     telemetry::TraceParent::new_root(),
                 );
-                ex.send_error(&err).await;
+                let sent = Box::pin(ex.send_error(&err));
+                sent.await;
                 METRICS
                     .requests
                     .with_label_values(&["-", "-", crate::metrics::status_label(err.status)])
@@ -120,7 +125,8 @@ impl HttpServerApp for PublicApp {
                     // A streamed response reports its own failures in-band.
                     ex.status = e.status;
                 } else {
-                    ex.send_error(&e).await;
+                    let sent = Box::pin(ex.send_error(&e));
+                    sent.await;
                 }
             }
         }
@@ -142,7 +148,8 @@ impl HttpServerApp for PublicApp {
 
         let session = ex.session;
         let settings = HttpPersistentSettings::for_session(&session);
-        match session.finish().await {
+        let finished = Box::pin(session.finish());
+        match finished.await {
             Ok(Some(stream)) => Some(ReusedHttpStream::from_reusable_stream(stream, settings)),
             _ => None,
         }

@@ -42,13 +42,13 @@ pub async fn check(endpoint: &WorkerEndpoint, auth: &super::WorkerAuth) {
             endpoint.prefixes().record_report(prefixes);
         }
         endpoint.record_sampling_defaults(info.sampling_defaults);
-        let resumes = info.capabilities.map_or(Resumes::Nothing, |c| {
-            match (c.resume, c.resume_any) {
-                (false, _) => Resumes::Nothing,
-                (true, false) => Resumes::TextAnswers,
-                (true, true) => Resumes::Anything,
-            }
-        });
+        let resumes =
+            info.capabilities
+                .map_or(Resumes::Nothing, |c| match (c.resume, c.resume_any) {
+                    (false, _) => Resumes::Nothing,
+                    (true, false) => Resumes::TextAnswers,
+                    (true, true) => Resumes::Anything,
+                });
         endpoint.record_resumes(resumes);
         endpoint.record_context_window(info.context_window);
         let load = info.load.unwrap_or_default();

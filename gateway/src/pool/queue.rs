@@ -565,7 +565,13 @@ impl Turn {
     /// it, it is registered with the lever the queue will pull; `None`
     /// when it may not be preempted (its tier, or its preemptions spent).
     pub fn preemptible(&mut self) -> Option<Arc<Lever>> {
-        if self.registered || !self.queue.limits.preempt.allows(self.tier, self.preemptions) {
+        if self.registered
+            || !self
+                .queue
+                .limits
+                .preempt
+                .allows(self.tier, self.preemptions)
+        {
             return None;
         }
         let lever = Arc::new(Lever::default());
@@ -985,7 +991,9 @@ mod tests {
         lever.note(3, true);
         let q2 = Arc::clone(&q);
         let priority = tokio::spawn(async move {
-            q2.enter(ticket("b", ServiceTier::Priority)).await.map(|_turn| ())
+            q2.enter(ticket("b", ServiceTier::Priority))
+                .await
+                .map(|_turn| ())
         });
         tokio::time::timeout(Duration::from_secs(1), lever.pulled())
             .await
@@ -1040,7 +1048,13 @@ mod tests {
         let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
         let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
         let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
-        let _new = waiter(&q, &endpoint, "new", ticket("b", ServiceTier::Flex), tx.clone());
+        let _new = waiter(
+            &q,
+            &endpoint,
+            "new",
+            ticket("b", ServiceTier::Flex),
+            tx.clone(),
+        );
         settle().await;
         let paused = Ticket {
             stage: Stage::Started,
@@ -1060,7 +1074,13 @@ mod tests {
         let (q, endpoint) = queue(1, 1, Duration::from_secs(5));
         let busy = run(&q, &endpoint, ticket("a", ServiceTier::Default)).await;
         let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
-        let _full = waiter(&q, &endpoint, "queued", ticket("b", ServiceTier::Priority), tx.clone());
+        let _full = waiter(
+            &q,
+            &endpoint,
+            "queued",
+            ticket("b", ServiceTier::Priority),
+            tx.clone(),
+        );
         settle().await;
         let resuming = Ticket {
             stage: Stage::Started,

@@ -5,7 +5,7 @@
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::{ChatBody, ChatStream};
 use super::steps;
-use crate::accounts::{Account, Scope};
+use crate::accounts::{Account, Scope, ServiceTier};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
 use crate::error::ApiError;
@@ -43,9 +43,10 @@ pub async fn create(
     account: Arc<Account>,
 ) -> Result<Served, ApiError> {
     // 1. Read and parse (and the `Idempotency-Key`, with the body's print).
-    let body = ex
-        .read_json_body(app.config.max_body_bytes, app.read_timeout())
-        .await?;
+    // Each stage before the generation is boxed, and so freed once done:
+    // this future then stays as small as what an open stream waits on.
+    let read = Box::pin(ex.read_json_body(app.config.max_body_bytes, app.read_timeout()));
+    let body = read.await?;
     let key = idempotent::header(ex)?;
     let req: ChatCompletionRequest = parse::json_body(&body)?;
     // Printed only once the bounded parse accepted the body.
@@ -78,13 +79,15 @@ pub async fn create(
     }
 
     // 3. With a key: claim it, or answer from the first request's record.
-    let mut claim = match idempotent::begin(app, ex, &account, idempotency).await? {
+    let begin = Box::pin(idempotent::begin(app, ex, &account, idempotency));
+    let mut claim = match begin.await? {
         Begin::Run(claim) => claim,
         Begin::Replayed => return Ok(Served::Done),
     };
     let result = generate(app, ex, &account, req, valid, input_estimate, &mut claim).await;
     // Anything but a success frees the key: a retry runs.
-    idempotent::release(claim).await;
+    let release = Box::pin(idempotent::release(claim));
+    release.await;
     result.map(|()| Served::Done)
 }
 
@@ -101,15 +104,15 @@ async fn generate(
 ) -> Result<(), ApiError> {
     let session_id = ex.session_id().map(str::to_owned);
     // 4. Admit under the plan's limits (sets the x-ratelimit-* headers).
-    let reservation = steps::admit(
+    let admit = Box::pin(steps::admit(
         app,
         ex,
         account,
         valid.model,
         input_estimate,
         valid.max_tokens,
-    )
-    .await?;
+    ));
+    let reservation = admit.await?;
 
     // 5. Translate, and drive the generation on a worker of the model's
     //    pool: SSE chunks, or one aggregated body.
@@ -133,25 +136,25 @@ async fn generate(
         // A key's record keeps the reply folded: the events are folded too.
         stream.aggregate = claim.is_some().then(ChatAggregate::default);
         let end = generation.run(reservation, &mut stream).await;
-        stream
-            .end(end, claim, |aggregate| {
-                let mut completion =
-                    aggregate.into_completion(id, valid.model.id, &valid, &format)?;
-                completion.service_tier = tier.as_str();
-                let mut folded = bytes::BytesMut::new();
-                replay::chat_stream(&completion, valid.include_usage, &mut folded);
-                Ok(String::from_utf8_lossy(&folded).into_owned())
-            })
-            .await
+        // The reply's end, boxed as the stages before the generation are:
+        // an open stream's future stays small.
+        Box::pin(stream.end(end, claim, |aggregate| {
+            let mut completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
+            completion.service_tier = tier.as_str();
+            let mut folded = bytes::BytesMut::new();
+            replay::chat_stream(&completion, valid.include_usage, &mut folded);
+            Ok(String::from_utf8_lossy(&folded).into_owned())
+        }))
+        .await
     } else {
         let mut body = ChatBody::new(ex, app.shutdown.clone());
         let end = generation.run(reservation, &mut body).await;
-        body.end(end, claim, |aggregate| {
+        Box::pin(body.end(end, claim, |aggregate| {
             let mut completion = aggregate.into_completion(id, valid.model.id, &valid, &format)?;
             completion.service_tier = tier.as_str();
             serde_json::to_string(&completion)
                 .map_err(|_| ApiError::internal("could not encode the response"))
-        })
+        }))
         .await
     }
 }

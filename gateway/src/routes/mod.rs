@@ -96,21 +96,24 @@ pub async fn dispatch(app: &App, ex: &mut Exchange) -> Result<(), ApiError> {
         ["v1", "openapi.json"] => {
             ex.route = "openapi";
             allow(ex, &[Method::GET, Method::HEAD], &path)?;
-            openapi::serve(ex).await
+            let route = Box::pin(openapi::serve(ex));
+            route.await
         }
         ["v1", "models"] => {
             ex.route = "models.list";
             ex.dialect = models::dialect(ex);
             allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
-            models::list(&app.catalog, ex).await
+            let route = Box::pin(models::list(&app.catalog, ex));
+            route.await
         }
         ["v1", "models", id] => {
             ex.route = "models.retrieve";
             ex.dialect = models::dialect(ex);
             allow(ex, &[Method::GET], &path)?;
             authorize(app, ex, Scope::ModelsRead).await?;
-            models::retrieve(&app.catalog, ex, id).await
+            let route = Box::pin(models::retrieve(&app.catalog, ex, id));
+            route.await
         }
         ["v1", "responses"] => {
             // Responses over WebSocket: the same key check first (a 401

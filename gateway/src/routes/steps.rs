@@ -11,6 +11,8 @@ use crate::generation::Generation;
 use crate::http::{Dialect, Exchange};
 use crate::limits::{Refused, Reservation};
 use http::Method;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// The generation of a foreground request: its deadline starts now, and a
@@ -40,11 +42,19 @@ pub(super) fn generation<'a>(
 /// may check the last one while we used the first). An Anthropic client
 /// may send its key as `x-api-key` instead (checked the same way, when
 /// there is no `Authorization`).
-pub(super) async fn authorize(
-    app: &App,
-    ex: &Exchange,
+///
+/// Boxed: a key's lookup (a store round trip on a miss) is needed once,
+/// and inline it would be part of the dispatcher's state, which lives as
+/// long as the request.
+pub(super) fn authorize<'a>(
+    app: &'a App,
+    ex: &'a Exchange,
     scope: Scope,
-) -> Result<Arc<Account>, ApiError> {
+) -> Pin<Box<dyn Future<Output = Result<Arc<Account>, ApiError>> + Send + 'a>> {
+    Box::pin(authorize_now(app, ex, scope))
+}
+
+async fn authorize_now(app: &App, ex: &Exchange, scope: Scope) -> Result<Arc<Account>, ApiError> {
     let single = |name: &str| {
         let mut values = ex.session.req_header().headers.get_all(name).iter();
         let first = values.next().map(|v| v.as_bytes());

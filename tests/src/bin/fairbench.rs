@@ -217,7 +217,6 @@ impl Arm {
     fn preempts(self) -> bool {
         !matches!(self, Arm::GwTiersOff | Arm::SimTiersOff | Arm::SmgOff)
     }
-
 }
 
 // ---- orgs and their requests ------------------------------------------------
