@@ -5,7 +5,7 @@
 use super::idempotent::{self, Begin, Claim};
 use super::sinks::{ChatBody, ChatStream};
 use super::steps;
-use crate::accounts::{Account, Scope, ServiceTier};
+use crate::accounts::{Account, Scope};
 use crate::api::chat::ChatCompletionRequest;
 use crate::app::App;
 use crate::error::ApiError;
