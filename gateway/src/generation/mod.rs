@@ -231,7 +231,7 @@ impl Generation<'_> {
                         .await
                     {
                         Resumed::Call(next) => {
-                            call = next;
+                            call = *next;
                             continue;
                         }
                         Resumed::Gone => break End::Gone,
@@ -320,7 +320,8 @@ impl Generation<'_> {
 
 /// How a preempted generation's wait to resume ended.
 enum Resumed {
-    Call(WorkerCall),
+    /// Boxed: it is rare, and the driver's state stays small.
+    Call(Box<WorkerCall>),
     /// Its consumer went away (or the drain cut it) while it waited.
     Gone,
     /// It could not resume (no worker took it, the deadline): the failure
@@ -376,7 +377,7 @@ impl Generation<'_> {
                                 delivered_tokens = delivered.tokens(),
                                 "preempted generation resumed"
                             );
-                            Resumed::Call(call)
+                            Resumed::Call(Box::new(call))
                         }
                         Ok(Err(e)) => {
                             moves.failed();
