@@ -61,9 +61,13 @@ async fn flooded_stack(slots: u32, pool_toml: &str) -> (Stack, Keys) {
     wait_until(
         "the gateway to know the pool's capacity",
         Duration::from_secs(5),
+        // The admin listener may not answer yet: asked again.
         || async {
-            let (_, page) = stack.gateway.admin_get("/metrics").await.expect("metrics");
-            page.contains("gateway_worker_load_ratio{model=\"base\"}")
+            stack
+                .gateway
+                .admin_get("/metrics")
+                .await
+                .is_ok_and(|(_, page)| page.contains("gateway_worker_load_ratio{model=\"base\"}"))
         },
     )
     .await;
@@ -190,7 +194,13 @@ async fn a_priority_request_on_a_full_pool_preempts_flex_work_which_resumes_whol
         let (stack, keys) = flooded_stack(2, "").await;
         // References: each request alone, unpreempted.
         let short = story(7, 20);
-        let (isolated, _) = time_to_first_token(&stack, &keys.premium, &short).await;
+        // Its time alone: the slowest of three, so a loaded machine's
+        // noise does not pass for the preemption's cost.
+        let mut isolated = Duration::ZERO;
+        for _ in 0..3 {
+            let (ttft, _) = time_to_first_token(&stack, &keys.premium, &short).await;
+            isolated = isolated.max(ttft);
+        }
         let mut reference = Vec::new();
         for seed in [1, 2] {
             let frames = chat::stream(
