@@ -445,8 +445,11 @@ async fn in_process_idempotency_records_are_bounded_by_bytes() {
     println!(
         "200 idempotency records of about 0.2 MiB in process: resident memory {before} -> {after} MiB"
     );
+    // Kept unbounded, the 200 records hold 40 MiB; the bound keeps 4 MiB,
+    // and the allocator's retained pages under load have measured 6 to 20
+    // MiB on top (2026-11-29).
     assert!(
-        after < before + 16,
+        after < before + 26,
         "resident memory grew from {before} to {after} MiB"
     );
     // The newest is replayed; the oldest was evicted, and runs again.
