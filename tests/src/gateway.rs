@@ -13,6 +13,16 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
+/// A new key of `org` on `plan`, as `[[keys]]` config lines, and its secret.
+pub fn key_on_plan(org: &str, plan: &str) -> (String, String) {
+    let secret = format!("sk-test-{org}-{}", crate::random_hex(8));
+    let toml = format!(
+        "[[keys]]\nsha256 = \"{}\"\norg = \"{org}\"\nname = \"{org}\"\nplan = \"{plan}\"\n",
+        hash_key(&secret)
+    );
+    (toml, secret)
+}
+
 /// An API key the gateway accepts, with the account it belongs to.
 #[derive(Debug, Clone)]
 pub struct TestKey {

@@ -98,7 +98,7 @@ pub use client::{
     assert_envelope, assert_error, chat_body, stream_body, Client, Reply, SseFrame, SseStream,
 };
 pub use fault_proxy::FaultProxy;
-pub use gateway::{gateway_over, hash_key, Gateway, GatewayOpts, TestKey};
+pub use gateway::{gateway_over, hash_key, key_on_plan, Gateway, GatewayOpts, TestKey};
 pub use llama_server::{LlamaServer, LlamaServerOpts};
 pub use redis_scope::RedisScope;
 pub use redis_server::{PersistentRedis, RedisCluster, RedisServer};

@@ -8,23 +8,15 @@
 //! metrics.
 
 use harness::prometheus::sample;
-use harness::{bounded, chat, json, wait_until, GatewayOpts, Stack, Value, WorkerOpts};
+use harness::{
+    bounded, chat, json, key_on_plan, wait_until, GatewayOpts, Stack, Value, WorkerOpts,
+};
 use std::time::{Duration, Instant};
 
 /// Tokens per second of the paced worker: a 300-token reply takes 3 s, one
 /// decode step is 10 ms.
 const PACE: u64 = 100;
 const DECODE_STEP: Duration = Duration::from_millis(1000 / PACE);
-
-/// A key of `org` on `plan`, as config lines, and its secret.
-fn key_on_plan(org: &str, plan: &str) -> (String, String) {
-    let secret = format!("sk-test-{org}-{}", harness::random_hex(8));
-    let toml = format!(
-        "[[keys]]\nsha256 = \"{}\"\norg = \"{org}\"\nname = \"{org}\"\nplan = \"{plan}\"\n",
-        harness::hash_key(&secret)
-    );
-    (toml, secret)
-}
 
 /// The plans of the flood (`flex` at most), the interactive org
 /// (`default`) and the premium one (`priority`).

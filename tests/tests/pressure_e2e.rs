@@ -4,7 +4,9 @@
 //! Asserted from the worker's own counters and load, the gateway's usage
 //! metrics and the stored state read from Redis.
 
-use harness::{chat_body, json, prometheus, wait_until, GatewayOpts, Stack, Value, WorkerOpts};
+use harness::{
+    chat_body, json, key_on_plan, prometheus, wait_until, GatewayOpts, Stack, Value, WorkerOpts,
+};
 use reqwest::Method;
 use std::time::{Duration, Instant};
 
@@ -320,24 +322,18 @@ fn saturated_stack(toml: &str) -> Stack {
         .expect("stack")
 }
 
-/// A key of `org` on `plan`, as config lines, and its secret.
-fn key_on_plan(org: &str, plan: &str) -> (String, String) {
-    let secret = format!("sk-test-{org}-{}", harness::random_hex(8));
-    let toml = format!(
-        "[[keys]]\nsha256 = \"{}\"\norg = \"{org}\"\nname = \"{org}\"\nplan = \"{plan}\"\n",
-        harness::hash_key(&secret)
-    );
-    (toml, secret)
-}
-
 /// Waits until the gateway has the worker's capacity (its first report).
 async fn wait_for_capacity(stack: &Stack) {
     wait_until(
         "the gateway to know the pool's capacity",
         Duration::from_secs(5),
+        // The admin listener may not answer yet: asked again.
         || async {
-            let (_, page) = stack.gateway.admin_get("/metrics").await.expect("metrics");
-            page.contains("gateway_worker_load_ratio{model=\"base\"}")
+            stack
+                .gateway
+                .admin_get("/metrics")
+                .await
+                .is_ok_and(|(_, page)| page.contains("gateway_worker_load_ratio{model=\"base\"}"))
         },
     )
     .await;

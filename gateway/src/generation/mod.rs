@@ -226,10 +226,11 @@ impl Generation<'_> {
                         preemptions,
                         ..ticket.clone()
                     };
-                    match self
-                        .resume(&paused, &failed_on, &delivered, ticket, sink)
-                        .await
-                    {
+                    // Boxed, as a move is: its state is needed only while
+                    // paused, and inline it would be part of every stream's.
+                    let resumed =
+                        Box::pin(self.resume(&paused, &failed_on, &delivered, ticket, sink));
+                    match resumed.await {
                         Resumed::Call(next) => {
                             call = *next;
                             continue;
@@ -237,7 +238,8 @@ impl Generation<'_> {
                         Resumed::Gone => break End::Gone,
                         Resumed::Failed(e) => {
                             relay::count_stream_failure(self.model, &e);
-                            sink.fail(&e).await;
+                            let fail = Box::pin(sink.fail(&e));
+                            fail.await;
                             break End::Failed(e);
                         }
                     }

@@ -292,16 +292,19 @@ async fn pulled(preemption: Option<&Preemption>) {
 /// The call was preempted: stopped on its worker now (the slot it frees
 /// goes to the request that preempted it), its stream dropped. What the
 /// worker generated past the last delivery is discarded and generated
-/// again where the generation resumes: billed to nobody.
-async fn preempted(
-    guard: &CallGuard,
+/// again where the generation resumes: billed to nobody. Boxed as
+/// [`left`] is: the `Cancel` call's state is needed once.
+fn preempted<'a>(
+    guard: &'a CallGuard,
     rest: Streaming<pb::GenerateEvent>,
-    request_id: &str,
+    request_id: &'a str,
     last_output: Option<Instant>,
-) -> Relayed {
-    let _ = guard.cancel(request_id).await;
-    drop(rest);
-    Relayed::Preempted(Paused { last_output })
+) -> Pin<Box<dyn Future<Output = Relayed> + Send + 'a>> {
+    Box::pin(async move {
+        let _ = guard.cancel(request_id).await;
+        drop(rest);
+        Relayed::Preempted(Paused { last_output })
+    })
 }
 
 /// When a generation's output events arrived, for its decode-time metrics.
