@@ -77,6 +77,7 @@ impl App {
                 .as_ref()
                 .map(crate::tls::worker::channel_tls)
                 .transpose()?,
+            redis.clone(),
         )?;
         let idempotency_store =
             crate::idempotency::open(redis.clone(), config.store.idempotency_max_memory_bytes);

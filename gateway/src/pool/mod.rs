@@ -12,6 +12,7 @@ mod endpoint;
 mod failure;
 mod health;
 mod kubernetes;
+mod peers;
 mod preempt;
 mod prefixes;
 mod queue;
@@ -27,6 +28,7 @@ pub use queue::{QueueLimits, Shed, Stage, Ticket};
 
 use crate::config::PoolPolicy;
 use crate::metrics::METRICS;
+use crate::redis::RedisHandle;
 use discovery::Target;
 use inference_proto::v1 as pb;
 use std::collections::HashMap;
@@ -76,15 +78,20 @@ pub struct Pools {
     by_model: HashMap<String, Arc<WorkerPool>>,
     /// The Kubernetes API, when any pool has a `k8s://` target.
     kube: Option<Arc<kubernetes::KubeApi>>,
+    /// With Redis: the store the queues share their order through, and
+    /// this replica's id there.
+    shared: Option<(Arc<RedisHandle>, String)>,
 }
 
 impl Pools {
     /// Pools of `specs`; every call carries `auth`, over TLS with `tls`
-    /// (`[worker_tls]`).
+    /// (`[worker_tls]`). With `redis`, each queue's order holds across the
+    /// replicas sharing it ([`peers`]).
     pub fn new(
         specs: impl IntoIterator<Item = PoolSpec>,
         auth: WorkerAuth,
         tls: Option<ClientTlsConfig>,
+        redis: Option<Arc<RedisHandle>>,
     ) -> anyhow::Result<Self> {
         let specs: Vec<PoolSpec> = specs.into_iter().collect();
         let mut parsed = Vec::with_capacity(specs.len());
@@ -108,6 +115,7 @@ impl Pools {
         let mut by_model = HashMap::new();
         for (spec, targets) in specs.into_iter().zip(parsed) {
             let members = Arc::new(Members::default());
+            let link = redis.is_some().then(|| Arc::new(peers::Link::default()));
             let pool = WorkerPool {
                 model: spec.model.clone(),
                 policy: spec.policy,
@@ -117,7 +125,9 @@ impl Pools {
                     &spec.model,
                     spec.queue,
                     Arc::clone(&members),
+                    link.clone(),
                 )),
+                link,
                 endpoints: members,
                 targets,
                 stall_timeout: spec.stall_timeout,
@@ -129,7 +139,14 @@ impl Pools {
             ))?;
             by_model.insert(spec.model, Arc::new(pool));
         }
-        Ok(Self { by_model, kube })
+        // A random id: a restarted replica is a new peer, its old entry
+        // lapses.
+        let shared = redis.map(|r| (r, format!("{:016x}", rand::random::<u64>())));
+        Ok(Self {
+            by_model,
+            kube,
+            shared,
+        })
     }
 
     pub fn get(&self, model: &str) -> Option<&Arc<WorkerPool>> {
@@ -144,9 +161,36 @@ impl Pools {
         }
     }
 
-    /// Runs discovery and health checks until the process ends. Started once
-    /// per gateway as a background service.
+    /// Runs discovery and health checks, and shares the queues' order with
+    /// the other replicas (with Redis), until the process ends. Started
+    /// once per gateway as a background service.
     pub async fn maintain(&self) {
+        tokio::join!(self.watch(), self.share_order());
+    }
+
+    /// With Redis: each pool's sync task, and the listener of the peers'
+    /// nudges.
+    async fn share_order(&self) {
+        let Some((redis, replica)) = &self.shared else {
+            return;
+        };
+        let mut links = HashMap::new();
+        let mut syncs = Vec::new();
+        for pool in self.by_model.values() {
+            let Some(link) = &pool.link else { continue };
+            links.insert(peers::nudge_channel(redis, &pool.model), Arc::clone(link));
+            let shared = peers::Shared::new(Arc::clone(redis), &pool.model, replica);
+            syncs.push(peers::sync(
+                Arc::clone(&pool.queue),
+                shared,
+                Arc::clone(link),
+            ));
+        }
+        let listen = peers::listen(Arc::clone(redis), replica.clone(), links);
+        tokio::join!(futures::future::join_all(syncs), listen);
+    }
+
+    async fn watch(&self) {
         let mut check = tokio::time::interval(CHECK_INTERVAL);
         let mut resolve = tokio::time::interval(RESOLVE_INTERVAL);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -186,6 +230,8 @@ pub struct WorkerPool {
     endpoints: Arc<Members>,
     /// Requests waiting for a free worker when every one is busy.
     queue: Arc<queue::PoolQueue>,
+    /// With Redis: how the queue's sync task hears of changes.
+    link: Option<Arc<peers::Link>>,
     stall_timeout: Duration,
 }
 
@@ -208,6 +254,11 @@ impl Members {
             Err(poisoned) => poisoned.into_inner(),
         };
         *guard = Arc::new(next);
+    }
+
+    /// Calls this replica has in flight on the pool's workers.
+    fn inflight(&self) -> u32 {
+        self.snapshot().iter().map(|e| e.inflight()).sum()
     }
 
     /// Requests the workers can start now: the free slots of the workers a
@@ -574,6 +625,7 @@ mod tests {
                 },
                 stall_timeout: Duration::from_secs(30),
             }],
+            None,
             None,
             None,
         )

@@ -26,11 +26,13 @@
 //! answered at once (503 `replica_shutdown`): their clients retry on a
 //! peer rather than wait out the grace period here ([`PoolQueue::drain`]).
 //!
-//! Counters are this replica's: each gateway replica orders its own
-//! waiting requests. Capacity is the workers' (what they report, plus what
-//! this replica sent since), so replicas share the pool through it; the
-//! bound on how far their fairness can drift is in ARCHITECTURE.md.
+//! Without Redis, counters are this replica's and it orders its own
+//! waiting requests. With Redis, the order holds for the pool across
+//! replicas ([`super::peers`]): the counters are shared, each replica
+//! publishes its best waiters' ranks and the slots it holds, and a replica
+//! leaves a free slot to a peer whose waiter goes before its own.
 
+use super::peers::{self, Entry, Incoming, Link, Outgoing, PeerView, Rank};
 use super::preempt::{Lever, PreemptPolicy, Preemptible};
 use super::Members;
 use crate::accounts::ServiceTier;
@@ -122,6 +124,8 @@ pub struct PoolQueue {
     /// The pool's workers, whose free slots say how many may go.
     members: Arc<Members>,
     state: Mutex<State>,
+    /// With Redis: the sync task that shares the order with the peers.
+    link: Option<Arc<Link>>,
 }
 
 #[derive(Default)]
@@ -139,6 +143,15 @@ struct State {
     draining: bool,
     /// Running generations a higher tier may preempt.
     preemptible: Preemptible,
+    /// The peers' waiters and slots, as last read (empty without Redis).
+    peers: PeerView,
+    /// Counter changes not yet in the shared counters, per organisation:
+    /// (increment, floor). Only kept with Redis.
+    pending: HashMap<Arc<str>, (f64, f64)>,
+    /// Counters are shared (Redis): keep `pending`.
+    shared: bool,
+    /// The entry last published.
+    published: Option<Entry>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -157,13 +170,44 @@ struct Waiter {
 }
 
 impl PoolQueue {
-    pub fn new(model: &str, limits: QueueLimits, members: Arc<Members>) -> Self {
+    /// A queue; with `link`, its order is shared with the other replicas
+    /// (a [`peers::sync`] task serves the link).
+    pub fn new(
+        model: &str,
+        limits: QueueLimits,
+        members: Arc<Members>,
+        link: Option<Arc<Link>>,
+    ) -> Self {
         Self {
             model: model.to_owned(),
             limits,
             members,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                shared: link.is_some(),
+                ..State::default()
+            }),
+            link,
         }
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The state changed in a way the peers may act on: the sync task
+    /// publishes it (coalesced; never waited for).
+    fn touch(&self) {
+        if let Some(link) = &self.link {
+            link.changed.notify_one();
+        }
+    }
+
+    /// Free worker slots for this replica's waiters: the workers' free
+    /// slots less those the peers hold (as last read).
+    fn free(&self, st: &State, now: Instant) -> u32 {
+        self.members
+            .free_slots()
+            .saturating_sub(st.peers.in_use(now))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -177,9 +221,12 @@ impl PoolQueue {
         let tier = ticket.tier;
         let waiting = {
             let mut st = self.lock();
-            st.activate(&ticket.org);
+            let now = Instant::now();
+            st.activate(&ticket.org, now);
             let nobody_waits = st.waiting.iter().all(VecDeque::is_empty);
-            if nobody_waits && self.members.free_slots() > st.granted {
+            // Peers' waiters that go before this one keep their slots.
+            let ahead = st.peers.better_than(&st.rank(&ticket), now) as u32;
+            if nobody_waits && self.free(&st, now) > st.granted.saturating_add(ahead) {
                 st.charge(
                     &self.model,
                     &ticket.org,
@@ -188,6 +235,7 @@ impl PoolQueue {
                 );
                 st.granted += 1;
                 drop(st);
+                self.touch();
                 self.observe_wait(tier, Duration::ZERO);
                 return Ok(Turn::new(self, ticket));
             }
@@ -224,6 +272,7 @@ impl PoolQueue {
                 grant: tx,
             });
             self.publish_depth(&st);
+            self.touch();
             Waiting {
                 queue: Arc::clone(self),
                 id,
@@ -245,12 +294,22 @@ impl PoolQueue {
         if st.depth() == 0 {
             return;
         }
-        let free = self.members.free_slots();
+        let now = Instant::now();
+        let free = self.free(&st, now);
         let mut changed = false;
-        while free > st.granted {
+        // Slots left to the peers' waiters that go before ours.
+        let mut left = 0u32;
+        while free > st.granted.saturating_add(left) {
             let Some((tier, index)) = st.next_waiter() else {
                 break;
             };
+            if let Some(w) = st.waiting[tier].get(index) {
+                let ahead = st.peers.better_than(&st.rank(&w.ticket), now) as u32;
+                if ahead > left {
+                    left += 1;
+                    continue;
+                }
+            }
             let Some(waiter) = st.waiting[tier].remove(index) else {
                 break;
             };
@@ -272,7 +331,85 @@ impl PoolQueue {
         if changed {
             self.publish_depth(&st);
         }
-        self.preempt(&mut st, free);
+        if left > 0 {
+            if let Some(link) = &self.link {
+                // The peer learns now, not at the next heartbeat.
+                link.deferred
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if changed || left > 0 {
+            self.touch();
+        }
+        // The slots left to peers serve none of ours.
+        self.preempt(&mut st, free.saturating_sub(left));
+    }
+
+    /// What the sync task publishes now: this replica's entry, the counter
+    /// changes to add, and the organisations whose counters it orders by.
+    pub(super) fn outgoing(&self, link: &Link) -> Outgoing {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let ranks = st
+            .waiting
+            .iter()
+            .flatten()
+            .map(|w| st.rank(&w.ticket))
+            .collect();
+        let entry = Entry {
+            in_use: self.members.inflight().saturating_add(st.granted),
+            floor: st.active_floor(),
+            ranks: peers::best_ranks(ranks),
+        };
+        let mut counters: Vec<(Arc<str>, f64, f64)> = std::mem::take(&mut st.pending)
+            .into_iter()
+            .map(|(org, (incr, floor))| (org, incr, floor))
+            .collect();
+        let mut waiting_orgs: Vec<Arc<str>> = Vec::new();
+        for w in st.waiting.iter().flatten() {
+            if waiting_orgs.len() + counters.len() >= peers::MAX_READ_ORGS {
+                break;
+            }
+            let org = &w.ticket.org;
+            if !counters.iter().any(|(o, _, _)| o == org) && !waiting_orgs.contains(org) {
+                waiting_orgs.push(Arc::clone(org));
+            }
+        }
+        counters.extend(waiting_orgs.into_iter().map(|o| (o, 0.0, 0.0)));
+        let deferred = link
+            .deferred
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let changed = st.published.as_ref() != Some(&entry);
+        Outgoing {
+            nudge: deferred || (changed && st.peers.anyone_waits(now)),
+            active: st.orgs.values().any(|o| o.active > 0),
+            entry,
+            counters,
+        }
+    }
+
+    /// What a sync read: the peers' view, and the shared counters (plus
+    /// what was charged here since).
+    pub(super) fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
+        let mut st = self.lock();
+        st.peers = PeerView::from_entries(incoming.peers, now);
+        for (org, shared) in incoming.counters {
+            let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
+            if let Some(o) = st.orgs.get_mut(&org) {
+                o.counter = shared.max(floor) + incr;
+            }
+        }
+        st.published = Some(out.entry);
+    }
+
+    /// A sync failed: its counter changes go with the next one.
+    pub(super) fn unsent(&self, out: Outgoing) {
+        let mut st = self.lock();
+        for (org, incr, floor) in out.counters {
+            let p = st.pending.entry(org).or_default();
+            p.0 += incr;
+            p.1 = p.1.max(floor);
+        }
     }
 
     /// Requests still waiting once free slots went: for those of a higher
@@ -416,20 +553,23 @@ impl State {
 
     /// An organisation's request arrives: one that was idle starts at the
     /// lowest counter among the active ones (no credit for idling).
-    fn activate(&mut self, org: &Arc<str>) {
+    fn activate(&mut self, org: &Arc<str>, now: Instant) {
         if self.orgs.get(org).is_none_or(|o| o.active == 0) {
-            let floor = self
-                .orgs
-                .values()
-                .filter(|o| o.active > 0)
-                .map(|o| o.counter)
-                .min_by(f64::total_cmp);
+            // With peers, their active organisations count too.
+            let floor = match (self.active_floor(), self.peers.floor(now)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if self.orgs.len() >= MAX_REMEMBERED_ORGS {
                 self.orgs.retain(|_, o| o.active > 0);
             }
             let entry = self.orgs.entry(Arc::clone(org)).or_default();
             if let Some(floor) = floor {
                 entry.counter = entry.counter.max(floor);
+                if self.shared {
+                    let p = self.pending.entry(Arc::clone(org)).or_default();
+                    p.1 = p.1.max(floor);
+                }
             }
         }
         if let Some(o) = self.orgs.get_mut(org) {
@@ -448,10 +588,31 @@ impl State {
         }
     }
 
+    /// The lowest counter of the organisations active here.
+    fn active_floor(&self) -> Option<f64> {
+        self.orgs
+            .values()
+            .filter(|o| o.active > 0)
+            .map(|o| o.counter)
+            .min_by(f64::total_cmp)
+    }
+
+    /// A request's place in the pool's order, for the peers.
+    fn rank(&self, t: &Ticket) -> Rank {
+        Rank {
+            tier: t.tier,
+            started: t.stage == Stage::Started,
+            counter: self.orgs.get(&t.org).map_or(0.0, |o| o.counter),
+        }
+    }
+
     fn charge(&mut self, model: &str, org: &Arc<str>, tokens: f64, weight: u32) {
         let weighted = tokens / f64::from(weight.max(1));
         if let Some(o) = self.orgs.get_mut(org) {
             o.counter += weighted;
+        }
+        if self.shared && weighted > 0.0 {
+            self.pending.entry(Arc::clone(org)).or_default().0 += weighted;
         }
         if weighted > 0.0 {
             METRICS
@@ -524,6 +685,7 @@ impl Drop for Waiting {
         st.deactivate(&self.org);
         self.queue.publish_depth(&st);
         drop(st);
+        self.queue.touch();
         if handed_back {
             self.queue.dispatch();
         }
@@ -602,6 +764,8 @@ impl Turn {
             output_tokens as f64 * OUTPUT_WEIGHT,
             self.weight,
         );
+        drop(st);
+        self.queue.touch();
     }
 }
 
@@ -618,6 +782,8 @@ impl Drop for Turn {
         }
         st.deactivate(&self.org);
         drop(st);
+        // Its slot is free: the peers may count it now.
+        self.queue.touch();
         self.queue.dispatch();
     }
 }
@@ -645,7 +811,10 @@ mod tests {
                 max_per_generation: 1,
             },
         };
-        (Arc::new(PoolQueue::new("base", limits, members)), endpoint)
+        (
+            Arc::new(PoolQueue::new("base", limits, members, None)),
+            endpoint,
+        )
     }
 
     fn ticket(org: &str, tier: ServiceTier) -> Ticket {
@@ -1094,5 +1263,118 @@ mod tests {
         drop(slot);
         drop(turn);
         assert_eq!(served.recv().await, Some("queued"));
+    }
+
+    /// As a sync would: the peers' entries read now.
+    fn peers_read(q: &PoolQueue, peers: Vec<Entry>) {
+        let out = Outgoing {
+            entry: Entry::default(),
+            counters: Vec::new(),
+            active: false,
+            nudge: false,
+        };
+        let incoming = Incoming {
+            peers,
+            counters: HashMap::new(),
+        };
+        q.incoming(out, incoming, Instant::now());
+    }
+
+    fn peer(in_use: u32, ranks: &[(ServiceTier, f64)]) -> Entry {
+        Entry {
+            in_use,
+            floor: None,
+            ranks: ranks
+                .iter()
+                .map(|(tier, counter)| Rank {
+                    tier: *tier,
+                    started: false,
+                    counter: *counter,
+                })
+                .collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_free_slot_goes_to_a_peer_whose_waiter_goes_first_and_the_peers_slots_count() {
+        let (q, endpoint) = queue(2, 8, Duration::from_secs(5));
+        // A peer has a priority request waiting: of the two free slots,
+        // one is left to it.
+        peers_read(&q, vec![peer(0, &[(ServiceTier::Priority, 0.0)])]);
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _first = waiter(
+            &q,
+            &endpoint,
+            "first",
+            ticket("a", ServiceTier::Default),
+            tx.clone(),
+        );
+        settle().await;
+        assert_eq!(served.try_recv().ok(), Some("first"));
+        let _second = waiter(
+            &q,
+            &endpoint,
+            "second",
+            ticket("a", ServiceTier::Default),
+            tx.clone(),
+        );
+        settle().await;
+        assert_eq!(q.depth(), 1, "the last free slot is the peer's");
+        // The peer took it: nothing free here.
+        peers_read(&q, vec![peer(1, &[])]);
+        q.dispatch();
+        settle().await;
+        assert_eq!(q.depth(), 1);
+        // The peer's call ended: the slot is this replica's again.
+        peers_read(&q, vec![peer(0, &[])]);
+        q.dispatch();
+        settle().await;
+        assert_eq!(served.try_recv().ok(), Some("second"));
+    }
+
+    #[tokio::test]
+    async fn a_peer_s_worse_waiter_or_a_stale_view_leaves_the_order_local() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let busy = run(&q, &endpoint, ticket("x", ServiceTier::Default)).await;
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _prio = waiter(
+            &q,
+            &endpoint,
+            "prio",
+            ticket("b", ServiceTier::Priority),
+            tx.clone(),
+        );
+        settle().await;
+        // The peer's default waiter, however little served, goes after a
+        // priority one; a flex one of a lower counter too.
+        peers_read(
+            &q,
+            vec![peer(
+                0,
+                &[(ServiceTier::Default, 0.0), (ServiceTier::Flex, 0.0)],
+            )],
+        );
+        let (turn, slot) = busy;
+        drop(slot);
+        drop(turn);
+        settle().await;
+        assert_eq!(served.try_recv().ok(), Some("prio"));
+        // A view that was never refreshed (Redis gone) is not acted on.
+        let stale = PeerView::from_entries(
+            [peer(5, &[(ServiceTier::Priority, 0.0)])],
+            Instant::now() - Duration::from_secs(10),
+        );
+        q.lock().peers = stale;
+        let (tx2, mut served2) = tokio::sync::mpsc::unbounded_channel();
+        let _late = waiter(&q, &endpoint, "late", ticket("c", ServiceTier::Flex), tx2);
+        settle().await;
+        assert_eq!(q.depth(), 1, "behind prio, which holds the slot");
+        drop(_prio);
+        let next = tokio::time::timeout(Duration::from_secs(1), served2.recv()).await;
+        assert_eq!(
+            next.ok().flatten(),
+            Some("late"),
+            "a stale view holds neither slots nor waiters"
+        );
     }
 }
