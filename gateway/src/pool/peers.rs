@@ -15,7 +15,6 @@
 //! the peer dispatches at once. Without a fresh view (Redis slow or gone)
 //! the queue orders what it sees, as a single replica does.
 
-use super::queue::PoolQueue;
 use crate::accounts::ServiceTier;
 use crate::redis::RedisHandle;
 use std::cmp::Ordering;
@@ -284,6 +283,19 @@ impl Shared {
     }
 }
 
+/// What the sync task needs of a pool's queue (`queue::PoolQueue`).
+pub trait SharedOrder: Send + Sync {
+    fn model(&self) -> &str;
+    /// What to publish now (takes the counter changes not yet sent).
+    fn outgoing(&self, link: &Link) -> Outgoing;
+    /// What a sync read.
+    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant);
+    /// A sync failed: keep its counter changes for the next.
+    fn unsent(&self, out: Outgoing);
+    /// Hands out turns with the view just read.
+    fn dispatch(&self);
+}
+
 /// The pub/sub channel a pool's replicas nudge each other on.
 pub fn nudge_channel(redis: &RedisHandle, model: &str) -> String {
     redis.key("poolq", model, ":nudge")
@@ -292,7 +304,7 @@ pub fn nudge_channel(redis: &RedisHandle, model: &str) -> String {
 /// Keeps `queue`'s view of its peers fresh until the process ends: one
 /// script call per change of the queue's state (coalesced), per nudge from
 /// a peer, and per heartbeat; then dispatches with what it read.
-pub async fn sync(queue: Arc<PoolQueue>, shared: Shared, link: Arc<Link>) {
+pub async fn sync<Q: SharedOrder>(queue: Arc<Q>, shared: Shared, link: Arc<Link>) {
     let mut beat = tokio::time::interval(HEARTBEAT);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;

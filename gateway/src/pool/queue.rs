@@ -32,7 +32,7 @@
 //! publishes its best waiters' ranks and the slots it holds, and a replica
 //! leaves a free slot to a peer whose waiter goes before its own.
 
-use super::peers::{self, Entry, Incoming, Link, Outgoing, PeerView, Rank};
+use super::peers::{self, Entry, Incoming, Link, Outgoing, PeerView, Rank, SharedOrder};
 use super::preempt::{Lever, PreemptPolicy, Preemptible};
 use super::Members;
 use crate::accounts::ServiceTier;
@@ -190,10 +190,6 @@ impl PoolQueue {
         }
     }
 
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
     /// The state changed in a way the peers may act on: the sync task
     /// publishes it (coalesced; never waited for).
     fn touch(&self) {
@@ -345,73 +341,6 @@ impl PoolQueue {
         self.preempt(&mut st, free.saturating_sub(left));
     }
 
-    /// What the sync task publishes now: this replica's entry, the counter
-    /// changes to add, and the organisations whose counters it orders by.
-    pub(super) fn outgoing(&self, link: &Link) -> Outgoing {
-        let mut st = self.lock();
-        let now = Instant::now();
-        let ranks = st
-            .waiting
-            .iter()
-            .flatten()
-            .map(|w| st.rank(&w.ticket))
-            .collect();
-        let entry = Entry {
-            in_use: self.members.inflight().saturating_add(st.granted),
-            floor: st.active_floor(),
-            ranks: peers::best_ranks(ranks),
-        };
-        let mut counters: Vec<(Arc<str>, f64, f64)> = std::mem::take(&mut st.pending)
-            .into_iter()
-            .map(|(org, (incr, floor))| (org, incr, floor))
-            .collect();
-        let mut waiting_orgs: Vec<Arc<str>> = Vec::new();
-        for w in st.waiting.iter().flatten() {
-            if waiting_orgs.len() + counters.len() >= peers::MAX_READ_ORGS {
-                break;
-            }
-            let org = &w.ticket.org;
-            if !counters.iter().any(|(o, _, _)| o == org) && !waiting_orgs.contains(org) {
-                waiting_orgs.push(Arc::clone(org));
-            }
-        }
-        counters.extend(waiting_orgs.into_iter().map(|o| (o, 0.0, 0.0)));
-        let deferred = link
-            .deferred
-            .swap(false, std::sync::atomic::Ordering::Relaxed);
-        let changed = st.published.as_ref() != Some(&entry);
-        Outgoing {
-            nudge: deferred || (changed && st.peers.anyone_waits(now)),
-            active: st.orgs.values().any(|o| o.active > 0),
-            entry,
-            counters,
-        }
-    }
-
-    /// What a sync read: the peers' view, and the shared counters (plus
-    /// what was charged here since).
-    pub(super) fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
-        let mut st = self.lock();
-        st.peers = PeerView::from_entries(incoming.peers, now);
-        for (org, shared) in incoming.counters {
-            let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
-            if let Some(o) = st.orgs.get_mut(&org) {
-                o.counter = shared.max(floor) + incr;
-            }
-        }
-        st.published = Some(out.entry);
-    }
-
-    /// A sync failed: its counter changes go with the next one.
-    pub(super) fn unsent(&self, out: Outgoing) {
-        let mut st = self.lock();
-        for (org, incr, floor) in out.counters {
-            let p = st.pending.entry(org).or_default();
-            p.0 += incr;
-            p.1 = p.1.max(floor);
-        }
-    }
-
     /// Requests still waiting once free slots went: for those of a higher
     /// tier than running preemptible work, preempt it (their turns come
     /// when the preempted calls release their slots).
@@ -486,6 +415,83 @@ impl PoolQueue {
                 .queue_depth
                 .with_label_values(&[&self.model, tier.as_str()])
                 .set(st.waiting[tier as usize].len() as i64);
+        }
+    }
+}
+
+impl SharedOrder for PoolQueue {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn dispatch(&self) {
+        PoolQueue::dispatch(self)
+    }
+
+    /// What the sync task publishes now: this replica's entry, the counter
+    /// changes to add, and the organisations whose counters it orders by.
+    fn outgoing(&self, link: &Link) -> Outgoing {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let ranks = st
+            .waiting
+            .iter()
+            .flatten()
+            .map(|w| st.rank(&w.ticket))
+            .collect();
+        let entry = Entry {
+            in_use: self.members.inflight().saturating_add(st.granted),
+            floor: st.active_floor(),
+            ranks: peers::best_ranks(ranks),
+        };
+        let mut counters: Vec<(Arc<str>, f64, f64)> = std::mem::take(&mut st.pending)
+            .into_iter()
+            .map(|(org, (incr, floor))| (org, incr, floor))
+            .collect();
+        let mut waiting_orgs: Vec<Arc<str>> = Vec::new();
+        for w in st.waiting.iter().flatten() {
+            if waiting_orgs.len() + counters.len() >= peers::MAX_READ_ORGS {
+                break;
+            }
+            let org = &w.ticket.org;
+            if !counters.iter().any(|(o, _, _)| o == org) && !waiting_orgs.contains(org) {
+                waiting_orgs.push(Arc::clone(org));
+            }
+        }
+        counters.extend(waiting_orgs.into_iter().map(|o| (o, 0.0, 0.0)));
+        let deferred = link
+            .deferred
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let changed = st.published.as_ref() != Some(&entry);
+        Outgoing {
+            nudge: deferred || (changed && st.peers.anyone_waits(now)),
+            active: st.orgs.values().any(|o| o.active > 0),
+            entry,
+            counters,
+        }
+    }
+
+    /// What a sync read: the peers' view, and the shared counters (plus
+    /// what was charged here since).
+    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
+        let mut st = self.lock();
+        st.peers = PeerView::from_entries(incoming.peers, now);
+        for (org, shared) in incoming.counters {
+            let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
+            if let Some(o) = st.orgs.get_mut(&org) {
+                o.counter = shared.max(floor) + incr;
+            }
+        }
+        st.published = Some(out.entry);
+    }
+
+    /// A sync failed: its counter changes go with the next one.
+    fn unsent(&self, out: Outgoing) {
+        let mut st = self.lock();
+        for (org, incr, floor) in out.counters {
+            let p = st.pending.entry(org).or_default();
+            p.0 += incr;
+            p.1 = p.1.max(floor);
         }
     }
 }
