@@ -315,7 +315,8 @@ pub async fn sync<Q: SharedOrder>(queue: Arc<Q>, shared: Shared, link: Arc<Link>
             _ = beat.tick() => {}
         }
         let out = queue.outgoing(&link);
-        match tokio::time::timeout(SYNC_TIMEOUT, shared.exchange(&out)).await {
+        let result = tokio::time::timeout(SYNC_TIMEOUT, shared.exchange(&out)).await;
+        match result {
             Ok(Ok(incoming)) => {
                 if warned {
                     tracing::info!(model = %queue.model(), "pool order shared across replicas again");
