@@ -3,8 +3,9 @@
 //! ([`Replicas`]). Tier order and the organisations' fair shares hold for
 //! the pool, not per replica, and a replica that dies with slots and
 //! waiters does not starve its peer's requests. Preemption is off
-//! (`max_preemptions = 0`) so only the queue's order shows. Asserted from
-//! when each client got its first token and its reply.
+//! (`max_preemptions = 0`) so only the queue's order shows, except where a
+//! test is about preemption across replicas. Asserted from when each
+//! client got its first token and its reply, and what it read.
 
 use harness::replicas::Replicas;
 use harness::{bounded, json, key_on_plan, wait_until, Client, Gateway, Value, WorkerOpts};
@@ -16,13 +17,18 @@ const PACE: u64 = 100;
 const PLANS: &str = "[plans.standard]\n[plans.premium]\nmax_service_tier = \"priority\"\n";
 
 /// Both replicas with `keys` (config lines) in front of a worker of 2
-/// slots, once both know its capacity.
+/// slots, once both know its capacity; preemption off.
 async fn replicas(keys: &str) -> Replicas {
+    replicas_with(keys, "max_preemptions = 0\n").await
+}
+
+/// As [`replicas`], with `pool` lines in `[models.base]`.
+async fn replicas_with(keys: &str, pool: &str) -> Replicas {
     let worker = WorkerOpts {
         max_concurrency: Some(2),
         ..WorkerOpts::paced(0, PACE)
     };
-    let toml = format!("{keys}{PLANS}[models.base]\nmax_preemptions = 0\n");
+    let toml = format!("{keys}{PLANS}[models.base]\n{pool}");
     let r = Replicas::start(worker, &toml).expect("replicas");
     for gw in [&r.a, &r.b] {
         wait_until(
@@ -49,11 +55,13 @@ fn body(tokens: u32, tier: &str) -> Value {
     })
 }
 
-/// When a request got its first token and when its reply ended.
-#[derive(Debug, Clone, Copy)]
+/// When a request got its first token and when its reply ended, and the
+/// text it read.
+#[derive(Debug, Clone)]
 struct Timed {
     first: Instant,
     done: Instant,
+    text: String,
 }
 
 /// Sends `body` on its own task; its times once read to the end.
@@ -65,6 +73,7 @@ fn send(gw: &Gateway, key: &str, body: Value) -> tokio::task::JoinHandle<Timed> 
             .await
             .expect("stream");
         let mut first = None;
+        let mut read = String::new();
         while let Some(frame) = stream.next_frame().await.expect("frame") {
             if frame.is_done() {
                 continue;
@@ -75,10 +84,12 @@ fn send(gw: &Gateway, key: &str, body: Value) -> tokio::task::JoinHandle<Timed> 
             if first.is_none() && text.is_some_and(|t| !t.is_empty()) {
                 first = Some(Instant::now());
             }
+            read.push_str(text.unwrap_or_default());
         }
         Timed {
             first: first.expect("a first token"),
             done: Instant::now(),
+            text: read,
         }
     })
 }
@@ -236,6 +247,48 @@ async fn a_killed_replica_s_slots_and_waiters_stop_counting_on_its_peer() {
             after < Duration::from_secs(5),
             "the survivor's requests started {after:?} after its peer died\n{}",
             r.logs()
+        );
+    })
+    .await;
+}
+
+/// Preemption across replicas: both slots hold `flex` streams sent to
+/// replica A; a `priority` request sent to replica B, which runs nothing it
+/// could preempt, has A preempt one of them and starts within a fraction
+/// of a second (without it: when a flex stream ends, 3 s later). The
+/// preempted stream reads as the other one does: every token, once.
+#[tokio::test]
+async fn a_priority_request_on_one_replica_preempts_flex_work_running_from_the_other() {
+    bounded(90, async {
+        let (flex_toml, flexer) = key_on_plan("org-flex", "standard");
+        let (prio_toml, premium) = key_on_plan("org-prio", "premium");
+        let r = replicas_with(&format!("{flex_toml}{prio_toml}"), "").await;
+        const FLEX_TOKENS: u32 = 300;
+        let flex: Vec<_> = (0..2)
+            .map(|_| send(&r.a, &flexer, body(FLEX_TOKENS, "flex")))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let sent = Instant::now();
+        let prio = send(&r.b, &premium, body(10, "priority"))
+            .await
+            .expect("priority request");
+        let waited = prio.first.saturating_duration_since(sent);
+        let flex = all(flex).await;
+        assert!(
+            waited < Duration::from_millis(1000),
+            "the priority request's first token came {waited:?} after it was sent\n{}",
+            r.logs()
+        );
+        for f in &flex {
+            let words = f.text.split_whitespace().count() + f.text.matches('.').count();
+            assert_eq!(words, FLEX_TOKENS as usize, "a flex stream read whole: {}", f.text);
+        }
+        let (_, metrics) = r.a.admin_get("/metrics").await.expect("metrics");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("gateway_preemptions_total{") && l.contains("tier=\"flex\"")),
+            "replica A counted the preemption:\n{metrics}"
         );
     })
     .await;

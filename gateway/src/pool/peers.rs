@@ -98,6 +98,10 @@ impl Rank {
 pub struct Entry {
     /// Worker slots it holds or has promised (in flight plus granted).
     pub in_use: u32,
+    /// Its running generations it may preempt (or has, their slots not
+    /// yet free): its own waiters of a higher tier are served by these
+    /// before a peer preempts for them.
+    pub levers: u32,
     /// The lowest counter of its active organisations: where an
     /// organisation that becomes active elsewhere starts.
     pub floor: Option<f64>,
@@ -109,12 +113,18 @@ impl Entry {
     pub fn encode(&self) -> String {
         let floor = self.floor.map_or_else(|| "-".to_owned(), |f| f.to_string());
         let ranks: Vec<String> = self.ranks.iter().map(Rank::encode).collect();
-        format!("{}|{floor}|{}", self.in_use, ranks.join(";"))
+        format!(
+            "{}|{}|{floor}|{}",
+            self.in_use,
+            self.levers,
+            ranks.join(";")
+        )
     }
 
     pub fn decode(s: &str) -> Option<Entry> {
-        let mut parts = s.splitn(3, '|');
+        let mut parts = s.splitn(4, '|');
         let in_use = parts.next()?.parse().ok()?;
+        let levers = parts.next()?.parse().ok()?;
         let floor = match parts.next()? {
             "-" => None,
             f => Some(f.parse().ok()?),
@@ -127,6 +137,7 @@ impl Entry {
             .collect::<Option<Vec<Rank>>>()?;
         Some(Entry {
             in_use,
+            levers,
             floor,
             ranks,
         })
@@ -140,19 +151,39 @@ pub struct PeerView {
     ranks: Vec<Rank>,
     /// Slots the live peers hold.
     in_use: u32,
+    /// The peers' waiters their own levers do not serve, best first, with
+    /// the peer each waits on.
+    unserved: Vec<Rank>,
+    /// Replicas holding levers ordered by id before this one: its place
+    /// among the helpers ([`Self::unserved_tiers`]).
+    helpers_before: usize,
+    /// Peers holding levers.
+    helpers: usize,
     /// The lowest floor of the live peers.
     floor: Option<f64>,
     read_at: Option<Instant>,
 }
 
 impl PeerView {
-    pub fn from_entries(entries: impl IntoIterator<Item = Entry>, read_at: Instant) -> Self {
+    /// This replica's (`me`) view of its peers' entries (by replica id)
+    /// read at `read_at`.
+    pub fn from_entries(
+        me: &str,
+        entries: impl IntoIterator<Item = (String, Entry)>,
+        read_at: Instant,
+    ) -> Self {
         let mut view = PeerView {
             read_at: Some(read_at),
             ..PeerView::default()
         };
-        for e in entries {
+        for (id, e) in entries {
             view.in_use = view.in_use.saturating_add(e.in_use);
+            if e.levers > 0 {
+                view.helpers += 1;
+                view.helpers_before += usize::from(id.as_str() < me);
+            }
+            let own = e.levers as usize;
+            view.unserved.extend(e.ranks.iter().skip(own).copied());
             view.floor = match (view.floor, e.floor) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -160,6 +191,7 @@ impl PeerView {
             view.ranks.extend(e.ranks);
         }
         view.ranks.sort_by(Rank::cmp_order);
+        view.unserved.sort_by(Rank::cmp_order);
         view
     }
 
@@ -195,6 +227,31 @@ impl PeerView {
     pub fn anyone_waits(&self, now: Instant) -> bool {
         self.is_fresh(now) && !self.ranks.is_empty()
     }
+
+    /// Whether a peer runs work it may preempt: a waiter here of a higher
+    /// tier is worth telling it about at once.
+    pub fn anyone_preemptible(&self, now: Instant) -> bool {
+        self.is_fresh(now) && self.helpers > 0
+    }
+
+    /// The tiers (best first) of the peers' waiting requests this replica
+    /// (`me`, holding levers or not) preempts for: those their own
+    /// replica's levers do not serve (a replica serves its own waiters
+    /// first), shared out in turn among the replicas that hold levers,
+    /// ordered by id, so that two helpers do not preempt for one waiter.
+    /// The slot so freed is left to the peer ([`Self::better_than`]).
+    /// Nothing when the view is stale.
+    pub fn unserved_tiers(&self, my_levers: bool, now: Instant) -> Vec<ServiceTier> {
+        if !my_levers || !self.is_fresh(now) {
+            return Vec::new();
+        }
+        self.unserved
+            .iter()
+            .skip(self.helpers_before)
+            .step_by(self.helpers + 1)
+            .map(|r| r.tier)
+            .collect()
+    }
 }
 
 /// Per pool: what the queue tells its sync task, and what Redis has.
@@ -225,7 +282,10 @@ pub struct Outgoing {
 
 /// What one sync read: the live peers' entries and the counters asked for.
 pub struct Incoming {
-    pub peers: Vec<Entry>,
+    /// This replica's id.
+    pub me: Arc<str>,
+    /// (replica id, entry) of each live peer.
+    pub peers: Vec<(String, Entry)>,
     pub counters: HashMap<Arc<str>, f64>,
 }
 
@@ -233,7 +293,7 @@ pub struct Incoming {
 pub struct Shared {
     redis: Arc<RedisHandle>,
     /// This replica's field in the state hash.
-    replica: String,
+    replica: Arc<str>,
     state_key: String,
     counters_key: String,
     channel: String,
@@ -247,7 +307,7 @@ impl Shared {
             counters_key: redis.key("poolq", model, ":vtc"),
             channel: nudge_channel(&redis, model),
             redis,
-            replica: replica.to_owned(),
+            replica: Arc::from(replica),
             script: redis::Script::new(include_str!("sync.lua")),
         }
     }
@@ -256,7 +316,7 @@ impl Shared {
         let mut conn = self.redis.conn().await?;
         let mut inv = self.script.key(&self.state_key);
         inv.key(&self.counters_key)
-            .arg(&self.replica)
+            .arg(&*self.replica)
             .arg(ENTRY_TTL.as_millis() as u64)
             .arg(out.entry.encode())
             .arg(if out.nudge { self.channel.as_str() } else { "" })
@@ -269,9 +329,10 @@ impl Shared {
             inv.arg(&**org).arg(incr.to_string()).arg(floor.to_string());
         }
         let (peers, counters): (Vec<String>, Vec<String>) = inv.invoke_async(&mut conn).await?;
+        // (id, entry) pairs, flat.
         let peers = peers
-            .iter()
-            .filter_map(|p| Entry::decode(p))
+            .chunks_exact(2)
+            .filter_map(|pair| Some((pair[0].clone(), Entry::decode(&pair[1])?)))
             .collect::<Vec<_>>();
         let counters = out
             .counters
@@ -279,7 +340,11 @@ impl Shared {
             .zip(counters)
             .filter_map(|((org, _, _), v)| Some((Arc::clone(org), v.parse().ok()?)))
             .collect();
-        Ok(Incoming { peers, counters })
+        Ok(Incoming {
+            me: Arc::clone(&self.replica),
+            peers,
+            counters,
+        })
     }
 }
 
@@ -421,6 +486,7 @@ mod tests {
         let now = Instant::now();
         let peer = Entry {
             in_use: 1,
+            levers: 0,
             floor: Some(10.0),
             ranks: vec![
                 rank(ServiceTier::Priority, false, 50.0),
@@ -429,10 +495,11 @@ mod tests {
         };
         let other = Entry {
             in_use: 2,
+            levers: 0,
             floor: Some(4.0),
             ranks: vec![rank(ServiceTier::Default, false, 20.0)],
         };
-        let view = PeerView::from_entries([peer, other], now);
+        let view = PeerView::from_entries("a", [("p".into(), peer), ("q".into(), other)], now);
         assert_eq!(view.in_use(now), 3);
         assert_eq!(view.floor(now), Some(4.0));
         // A default request of counter 10: the priority one and the default
@@ -463,6 +530,7 @@ mod tests {
     fn entries_read_back_as_written() {
         let e = Entry {
             in_use: 7,
+            levers: 3,
             floor: Some(12.5),
             ranks: vec![
                 rank(ServiceTier::Priority, true, 0.0),
@@ -472,6 +540,41 @@ mod tests {
         assert_eq!(Entry::decode(&e.encode()), Some(e));
         let empty = Entry::default();
         assert_eq!(Entry::decode(&empty.encode()), Some(empty));
-        assert_eq!(Entry::decode("x|-|"), None);
+        assert_eq!(Entry::decode("x|0|-|"), None);
+        assert_eq!(Entry::decode("1|-|"), None, "an entry without its levers");
+    }
+
+    #[test]
+    fn peers_waiters_their_own_levers_serve_are_not_this_replica_s_to_preempt_for() {
+        let now = Instant::now();
+        let entry = |levers, tiers: &[ServiceTier]| Entry {
+            in_use: 2,
+            levers,
+            floor: None,
+            ranks: tiers.iter().map(|t| rank(*t, false, 0.0)).collect(),
+        };
+        let (prio, default) = (ServiceTier::Priority, ServiceTier::Default);
+        // A peer waits with a priority and a default request and holds one
+        // lever: the default one is this replica's to preempt for, if it
+        // holds a lever itself.
+        let view = PeerView::from_entries("a", [("b".into(), entry(1, &[prio, default]))], now);
+        assert_eq!(view.unserved_tiers(true, now), vec![default]);
+        assert!(view.unserved_tiers(false, now).is_empty());
+        assert!(view.anyone_preemptible(now));
+        // Two replicas with levers ("a", "c") help "b", which has none: its
+        // three waiters alternate between them, best first.
+        let view = |me: &str| {
+            let mut peers = vec![("b".to_owned(), entry(0, &[prio, default, prio]))];
+            let other = if me == "a" { "c" } else { "a" };
+            peers.push((other.to_owned(), entry(2, &[])));
+            PeerView::from_entries(me, peers, now)
+        };
+        assert_eq!(view("a").unserved_tiers(true, now), vec![prio, default]);
+        assert_eq!(view("c").unserved_tiers(true, now), vec![prio]);
+        // A stale view: nothing to preempt for.
+        assert!(view("a")
+            .unserved_tiers(true, now + VIEW_FRESH_FOR)
+            .is_empty());
+        assert!(!PeerView::default().anyone_preemptible(now));
     }
 }

@@ -127,6 +127,26 @@ impl Preemptible {
         }
     }
 
+    /// Running generations that may still be preempted, or were and hold
+    /// their slot until their call ends: what the peers count on this
+    /// replica to serve its own waiters with (`peers::Entry::levers`).
+    pub(super) fn holding(&self) -> u32 {
+        let pullable = self
+            .running
+            .values()
+            .filter(|c| !c.lever.is_pulled() && c.lever.is_resumable())
+            .count();
+        self.pulled
+            .saturating_add(u32::try_from(pullable).unwrap_or(u32::MAX))
+    }
+
+    /// Whether any running generation may still be preempted.
+    pub(super) fn any_pullable(&self) -> bool {
+        self.running
+            .values()
+            .any(|c| !c.lever.is_pulled() && c.lever.is_resumable())
+    }
+
     /// Preempts for `waiting` (the tiers of the requests waiting, best
     /// first) what `free` slots and the generations already pulled do not
     /// serve: for each, the running generation of the lowest tier below

@@ -287,10 +287,13 @@ impl PoolQueue {
     /// capacity may have come free: a call ended, workers reported.
     pub fn dispatch(&self) {
         let mut st = self.lock();
+        let now = Instant::now();
         if st.depth() == 0 {
+            // Peers' waiters may still want this replica's levers.
+            let free = self.free(&st, now);
+            self.preempt(&mut st, free, now);
             return;
         }
-        let now = Instant::now();
         let free = self.free(&st, now);
         let mut changed = false;
         // Slots left to the peers' waiters that go before ours.
@@ -337,29 +340,39 @@ impl PoolQueue {
         if changed || left > 0 {
             self.touch();
         }
-        // The slots left to peers serve none of ours.
-        self.preempt(&mut st, free.saturating_sub(left));
+        // The slots left to peers serve the peers' waiters in `preempt`'s
+        // count, so no lever is pulled for a waiter a slot already serves.
+        self.preempt(&mut st, free, now);
     }
 
     /// Requests still waiting once free slots went: for those of a higher
     /// tier than running preemptible work, preempt it (their turns come
-    /// when the preempted calls release their slots).
-    fn preempt(&self, st: &mut State, free: u32) {
-        if st.depth() == 0 || self.limits.preempt.max_per_generation == 0 {
+    /// when the preempted calls release their slots). With peers, their
+    /// waiters that their own replicas cannot serve count too (this
+    /// replica's share of them, [`PeerView::unserved_tiers`]); the slot
+    /// so freed is left to the peer by `dispatch`.
+    fn preempt(&self, st: &mut State, free: u32, now: Instant) {
+        if self.limits.preempt.max_per_generation == 0 {
             return;
         }
         let free = free.saturating_sub(st.granted);
-        let State {
-            waiting,
-            preemptible,
-            ..
-        } = st;
-        let tiers = ServiceTier::BY_PRECEDENCE
+        let for_peers = st.peers.unserved_tiers(st.preemptible.any_pullable(), now);
+        if st.depth() == 0 && for_peers.is_empty() {
+            return;
+        }
+        let mut tiers: Vec<ServiceTier> = ServiceTier::BY_PRECEDENCE
             .iter()
-            .flat_map(|t| std::iter::repeat_n(*t, waiting[*t as usize].len()));
-        let preempted = preemptible.preempt_for(tiers, free);
+            .flat_map(|t| std::iter::repeat_n(*t, st.waiting[*t as usize].len()))
+            .chain(for_peers)
+            .collect();
+        // Best first, as `preempt_for` takes them.
+        tiers.sort_by(|a, b| b.cmp(a));
+        let preempted = st.preemptible.preempt_for(tiers.into_iter(), free);
         if !preempted.is_empty() {
             tracing::debug!(model = %self.model, preempted = preempted.len(), "preempting for a higher tier");
+            // The peers count this replica's pulled levers as serving
+            // their waiters: tell them.
+            self.touch();
         }
     }
 
@@ -441,6 +454,7 @@ impl SharedOrder for PoolQueue {
             .collect();
         let entry = Entry {
             in_use: self.members.inflight().saturating_add(st.granted),
+            levers: st.preemptible.holding(),
             floor: st.active_floor(),
             ranks: peers::best_ranks(ranks),
         };
@@ -463,8 +477,12 @@ impl SharedOrder for PoolQueue {
             .deferred
             .swap(false, std::sync::atomic::Ordering::Relaxed);
         let changed = st.published.as_ref() != Some(&entry);
+        // A peer acts on a change at once when it has waiters (a slot may
+        // be its) or, for a waiter here, levers it may pull.
+        let peer_acts = st.peers.anyone_waits(now)
+            || (st.peers.anyone_preemptible(now) && !entry.ranks.is_empty());
         Outgoing {
-            nudge: deferred || (changed && st.peers.anyone_waits(now)),
+            nudge: deferred || (changed && peer_acts),
             active: st.orgs.values().any(|o| o.active > 0),
             entry,
             counters,
@@ -475,7 +493,7 @@ impl SharedOrder for PoolQueue {
     /// what was charged here since).
     fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
         let mut st = self.lock();
-        st.peers = PeerView::from_entries(incoming.peers, now);
+        st.peers = PeerView::from_entries(&incoming.me, incoming.peers, now);
         for (org, shared) in incoming.counters {
             let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
             if let Some(o) = st.orgs.get_mut(&org) {
@@ -1271,8 +1289,14 @@ mod tests {
         assert_eq!(served.recv().await, Some("queued"));
     }
 
-    /// As a sync would: the peers' entries read now.
+    /// As a sync would: the peers' entries read now (this replica is "a",
+    /// its peers "b", "c", ... in order).
     fn peers_read(q: &PoolQueue, peers: Vec<Entry>) {
+        let peers = peers
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| (format!("{}", char::from(b'b' + i as u8)), e))
+            .collect();
         let out = Outgoing {
             entry: Entry::default(),
             counters: Vec::new(),
@@ -1280,6 +1304,7 @@ mod tests {
             nudge: false,
         };
         let incoming = Incoming {
+            me: Arc::from("a"),
             peers,
             counters: HashMap::new(),
         };
@@ -1289,6 +1314,7 @@ mod tests {
     fn peer(in_use: u32, ranks: &[(ServiceTier, f64)]) -> Entry {
         Entry {
             in_use,
+            levers: 0,
             floor: None,
             ranks: ranks
                 .iter()
@@ -1367,7 +1393,8 @@ mod tests {
         assert_eq!(served.try_recv().ok(), Some("prio"));
         // A view that was never refreshed (Redis gone) is not acted on.
         let stale = PeerView::from_entries(
-            [peer(5, &[(ServiceTier::Priority, 0.0)])],
+            "a",
+            [("b".to_owned(), peer(5, &[(ServiceTier::Priority, 0.0)]))],
             Instant::now() - Duration::from_secs(10),
         );
         q.lock().peers = stale;
@@ -1382,5 +1409,58 @@ mod tests {
             Some("late"),
             "a stale view holds neither slots nor waiters"
         );
+    }
+
+    #[tokio::test]
+    async fn a_peer_s_priority_waiter_preempts_flex_work_here_and_gets_the_slot_it_frees() {
+        let (q, endpoint) = queue(1, 8, Duration::from_secs(5));
+        let (mut flex, flex_slot) = run(&q, &endpoint, ticket("a", ServiceTier::Flex)).await;
+        let lever = flex.preemptible().expect("flex may be preempted");
+        lever.note(3, true);
+        // A peer with no levers of its own has a priority request waiting
+        // (and holds no slot: the one slot is this replica's flex call).
+        peers_read(&q, vec![peer(0, &[(ServiceTier::Priority, 0.0)])]);
+        q.dispatch();
+        assert!(lever.is_pulled(), "preempted for the peer's waiter");
+        // Read again before the slot frees: the pulled lever covers the
+        // waiter, nothing more is preempted, and this replica now
+        // publishes the lever it holds.
+        // (One more slot for a moment, so that a second flex call runs
+        // beside the peer's waiter.)
+        endpoint.record_check(true, Some((0, 0, 3, false)));
+        let (mut other, _other_slot) = run(&q, &endpoint, ticket("a", ServiceTier::Flex)).await;
+        endpoint.record_check(true, Some((0, 0, 2, false)));
+        let second = other.preemptible().expect("flex");
+        second.note(1, true);
+        peers_read(&q, vec![peer(0, &[(ServiceTier::Priority, 0.0)])]);
+        q.dispatch();
+        assert!(!second.is_pulled(), "one waiter, one preemption");
+        let link = Link::default();
+        assert_eq!(q.outgoing(&link).entry.levers, 2);
+        // The preempted call ends: its slot is left to the peer, even for
+        // the preempted generation waiting here to resume.
+        drop(flex_slot);
+        drop(flex);
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _resume = waiter(
+            &q,
+            &endpoint,
+            "resumed",
+            Ticket {
+                stage: Stage::Started,
+                preemptions: 1,
+                ..ticket("a", ServiceTier::Flex)
+            },
+            tx,
+        );
+        settle().await;
+        assert_eq!(q.depth(), 1, "the free slot is the peer's");
+        assert!(served.try_recv().is_err());
+        // A peer whose own lever serves its waiter: nothing pulled here.
+        let mut own = peer(0, &[(ServiceTier::Priority, 0.0)]);
+        own.levers = 1;
+        peers_read(&q, vec![own]);
+        q.dispatch();
+        assert!(!second.is_pulled());
     }
 }

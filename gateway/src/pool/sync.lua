@@ -5,7 +5,8 @@
 -- ARGV[3]: its entry; ARGV[4]: channel to nudge its peers on, or ""
 -- ARGV[5]: the counters' lifetime (ms) when it has active organisations, or 0
 -- ARGV[6..]: (organisation, increment, floor) triples
--- Returns {peers' live entries, the triples' counters after the update}.
+-- Returns {peers' live (id, entry) pairs, flat; the triples' counters after
+-- the update}.
 -- The clock is Redis's own, so replicas' clocks need not agree.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,6 +25,7 @@ for i = 1, #all, 2 do
       -- waiters no longer count.
       redis.call('HDEL', KEYS[1], id)
     else
+      peers[#peers + 1] = id
       peers[#peers + 1] = string.sub(v, sep + 1)
     end
   end

@@ -45,7 +45,12 @@
 //!   per worker and never queues); `smg-off` with no class allowed to
 //!   preempt;
 //! - `sim-tiers`, `sim-tiers-off`, `sim-vtc`: the gateway arms on the synthetic engine (a
-//!   fixed decode rate, `max_concurrency` = slots), gateway only.
+//!   fixed decode rate, `max_concurrency` = slots), gateway only;
+//! - `gw-tiers-2r`, `sim-tiers-2r`: `gw-tiers` and `sim-tiers` on two
+//!   gateway replicas sharing one Redis (`--redis-url`), A and C calling
+//!   the first, B and D the second: the pool's order and preemption must
+//!   cross replicas (the flood and the interactive requests never meet on
+//!   one replica).
 //!
 //! `--no-queue-config` writes none of #42's settings (tiers, weights, queue)
 //! for a gateway built before them, whose config refuses unknown keys: the
@@ -96,7 +101,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "gw-tiers,gw-tiers-off,gw-vtc,smg,smg-off,sim-tiers,sim-tiers-off,sim-vtc"
+        default_value = "gw-tiers,gw-tiers-off,gw-tiers-2r,gw-vtc,smg,smg-off,sim-tiers,sim-tiers-off,sim-tiers-2r,sim-vtc"
     )]
     arms: Vec<Arm>,
     /// Seed of arrivals and prompts.
@@ -138,6 +143,9 @@ struct Args {
     /// SMG's routing policy (`power_of_two` compares in-flight requests).
     #[arg(long, default_value = "power_of_two")]
     smg_policy: String,
+    /// The Redis the two-replica arms share (a key prefix of their own).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
     /// Write none of #42's gateway settings (tiers, weights, queue), for a
     /// gateway built before them: its arms then show first come, first served.
     #[arg(long)]
@@ -176,6 +184,12 @@ enum Arm {
     SimTiers,
     SimTiersOff,
     SimVtc,
+    /// `gw-tiers` on two replicas.
+    #[value(name = "gw-tiers-2r")]
+    GwTiers2r,
+    /// `sim-tiers` on two replicas.
+    #[value(name = "sim-tiers-2r")]
+    SimTiers2r,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -195,12 +209,18 @@ impl Arm {
             Arm::SimTiers => "gateway, plans with tiers, preemption (simulator)",
             Arm::SimTiersOff => "gateway, plans with tiers, no preemption (simulator)",
             Arm::SimVtc => "gateway, one plan: VTC alone (simulator)",
+            Arm::GwTiers2r => {
+                "gateway x2 replicas (A on one, B on the other), tiers, preemption (llama-server)"
+            }
+            Arm::SimTiers2r => {
+                "gateway x2 replicas (A on one, B on the other), tiers, preemption (simulator)"
+            }
         }
     }
 
     fn engine(self) -> Engine {
         match self {
-            Arm::SimTiers | Arm::SimTiersOff | Arm::SimVtc => Engine::Simulator,
+            Arm::SimTiers | Arm::SimTiersOff | Arm::SimVtc | Arm::SimTiers2r => Engine::Simulator,
             _ => Engine::LlamaServer,
         }
     }
@@ -209,8 +229,21 @@ impl Arm {
     fn tiers(self) -> bool {
         matches!(
             self,
-            Arm::GwTiers | Arm::GwTiersOff | Arm::SimTiers | Arm::SimTiersOff
+            Arm::GwTiers
+                | Arm::GwTiersOff
+                | Arm::SimTiers
+                | Arm::SimTiersOff
+                | Arm::GwTiers2r
+                | Arm::SimTiers2r
         )
+    }
+
+    /// Gateway replicas (sharing a Redis when more than one).
+    fn replicas(self) -> usize {
+        match self {
+            Arm::GwTiers2r | Arm::SimTiers2r => 2,
+            _ => 1,
+        }
     }
 
     /// Arms whose router may preempt running work for a higher tier.
@@ -611,7 +644,7 @@ async fn start_llamas(args: &Args) -> Result<Llamas> {
 struct Stack {
     callers: Vec<(Org, Caller)>,
     workers: Vec<Worker>,
-    _gateway: Option<Gateway>,
+    _gateways: Vec<Gateway>,
     _smg: Option<ProcessGroup>,
 }
 
@@ -718,13 +751,27 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
         "base".into(),
         workers.iter().map(|w| w.addr().to_owned()).collect(),
     );
-    let gateway = Gateway::start(gw)?;
-    wait_until_served(&gateway).await?;
+    if arm.replicas() > 1 {
+        let prefix = format!("fairbench-{}:", harness::random_hex(6));
+        gw.redis = Some((args.redis_url.clone(), prefix));
+    }
+    let mut gateways = Vec::new();
+    for _ in 0..arm.replicas() {
+        let gateway = Gateway::start(gw.clone())?;
+        wait_until_served(&gateway).await?;
+        gateways.push(gateway);
+    }
     let callers = keys
         .iter()
         .map(|(org, key)| {
+            // With two replicas, A and C on the first, B and D on the
+            // second.
+            let on = match org {
+                Org::A | Org::C => 0,
+                Org::B | Org::D => gateways.len() - 1,
+            };
             let caller = Caller {
-                client: Client::new(&gateway.base_url(), Some(key)),
+                client: Client::new(&gateways[on].base_url(), Some(key)),
                 model: "base".into(),
                 service_tier: org.service_tier(arm.tiers()),
                 priority: None,
@@ -735,7 +782,7 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
     Ok(Stack {
         callers,
         workers,
-        _gateway: Some(gateway),
+        _gateways: gateways,
         _smg: None,
     })
 }
@@ -860,8 +907,8 @@ async fn start_smg(args: &Args, llamas: &Llamas, preempts: bool) -> Result<Stack
     Ok(Stack {
         callers,
         workers: Vec::new(),
-        _gateway: None,
         _smg: Some(smg),
+        _gateways: Vec::new(),
     })
 }
 
