@@ -32,8 +32,14 @@
 //! publishes its best waiters' ranks and the slots it holds, and a replica
 //! leaves a free slot to a peer whose waiter goes before its own.
 
-use super::peers::{self, Entry, Incoming, Link, Outgoing, PeerView, Rank, SharedOrder};
-use super::preempt::{Lever, PreemptPolicy, Preemptible};
+mod shared;
+mod turn;
+
+pub use turn::Turn;
+use turn::Waiting;
+
+use super::peers::{self, Entry, Link, PeerView};
+use super::preempt::{PreemptPolicy, Preemptible};
 use super::Members;
 use crate::accounts::ServiceTier;
 use crate::metrics::METRICS;
@@ -432,88 +438,6 @@ impl PoolQueue {
     }
 }
 
-impl SharedOrder for PoolQueue {
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn dispatch(&self) {
-        PoolQueue::dispatch(self)
-    }
-
-    /// What the sync task publishes now: this replica's entry, the counter
-    /// changes to add, and the organisations whose counters it orders by.
-    fn outgoing(&self, link: &Link) -> Outgoing {
-        let mut st = self.lock();
-        let now = Instant::now();
-        let ranks = st
-            .waiting
-            .iter()
-            .flatten()
-            .map(|w| st.rank(&w.ticket))
-            .collect();
-        let entry = Entry {
-            in_use: self.members.inflight().saturating_add(st.granted),
-            levers: st.preemptible.holding(),
-            floor: st.active_floor(),
-            ranks: peers::best_ranks(ranks),
-        };
-        let mut counters: Vec<(Arc<str>, f64, f64)> = std::mem::take(&mut st.pending)
-            .into_iter()
-            .map(|(org, (incr, floor))| (org, incr, floor))
-            .collect();
-        let mut waiting_orgs: Vec<Arc<str>> = Vec::new();
-        for w in st.waiting.iter().flatten() {
-            if waiting_orgs.len() + counters.len() >= peers::MAX_READ_ORGS {
-                break;
-            }
-            let org = &w.ticket.org;
-            if !counters.iter().any(|(o, _, _)| o == org) && !waiting_orgs.contains(org) {
-                waiting_orgs.push(Arc::clone(org));
-            }
-        }
-        counters.extend(waiting_orgs.into_iter().map(|o| (o, 0.0, 0.0)));
-        let deferred = link
-            .deferred
-            .swap(false, std::sync::atomic::Ordering::Relaxed);
-        let changed = st.published.as_ref() != Some(&entry);
-        // A peer acts on a change at once when it has waiters (a slot may
-        // be its) or, for a waiter here, levers it may pull.
-        let peer_acts = st.peers.anyone_waits(now)
-            || (st.peers.anyone_preemptible(now) && !entry.ranks.is_empty());
-        Outgoing {
-            nudge: deferred || (changed && peer_acts),
-            active: st.orgs.values().any(|o| o.active > 0),
-            entry,
-            counters,
-        }
-    }
-
-    /// What a sync read: the peers' view, and the shared counters (plus
-    /// what was charged here since).
-    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
-        let mut st = self.lock();
-        st.peers = PeerView::from_entries(&incoming.me, incoming.peers, now);
-        for (org, shared) in incoming.counters {
-            let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
-            if let Some(o) = st.orgs.get_mut(&org) {
-                o.counter = shared.max(floor) + incr;
-            }
-        }
-        st.published = Some(out.entry);
-    }
-
-    /// A sync failed: its counter changes go with the next one.
-    fn unsent(&self, out: Outgoing) {
-        let mut st = self.lock();
-        for (org, incr, floor) in out.counters {
-            let p = st.pending.entry(org).or_default();
-            p.0 += incr;
-            p.1 = p.1.max(floor);
-        }
-    }
-}
-
 impl State {
     fn depth(&self) -> usize {
         self.waiting.iter().map(VecDeque::len).sum()
@@ -612,24 +536,6 @@ impl State {
         }
     }
 
-    /// The lowest counter of the organisations active here.
-    fn active_floor(&self) -> Option<f64> {
-        self.orgs
-            .values()
-            .filter(|o| o.active > 0)
-            .map(|o| o.counter)
-            .min_by(f64::total_cmp)
-    }
-
-    /// A request's place in the pool's order, for the peers.
-    fn rank(&self, t: &Ticket) -> Rank {
-        Rank {
-            tier: t.tier,
-            started: t.stage == Stage::Started,
-            counter: self.orgs.get(&t.org).map_or(0.0, |o| o.counter),
-        }
-    }
-
     fn charge(&mut self, model: &str, org: &Arc<str>, tokens: f64, weight: u32) {
         let weighted = tokens / f64::from(weight.max(1));
         if let Some(o) = self.orgs.get_mut(org) {
@@ -647,174 +553,10 @@ impl State {
     }
 }
 
-/// A queued request's wait for its turn; leaving (drop) takes it out.
-struct Waiting {
-    queue: Arc<PoolQueue>,
-    id: u64,
-    org: Arc<str>,
-    rx: oneshot::Receiver<Result<(), Shed>>,
-    done: bool,
-}
-
-impl Waiting {
-    async fn wait(mut self, ticket: Ticket, max_wait: Duration) -> Result<Turn, Shed> {
-        // A generation that started waits within its own deadline only.
-        let granted = if ticket.stage == Stage::Started {
-            Ok((&mut self.rx).await)
-        } else {
-            tokio::time::timeout(max_wait, &mut self.rx).await
-        };
-        match granted {
-            Ok(Ok(Ok(()))) => {
-                self.done = true;
-                Ok(Turn::new(&self.queue, ticket))
-            }
-            Ok(Ok(Err(why))) => {
-                self.queue.count_shed(why, &self.org);
-                Err(why)
-            }
-            // Timed out (or the queue dropped the sender, which it does not
-            // do while the waiter is in it).
-            _ => {
-                self.queue.count_shed(Shed::Timeout, &self.org);
-                Err(Shed::Timeout)
-            }
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let mut st = self.queue.lock();
-        let id = self.id;
-        let still_waiting = st.waiting.iter_mut().any(|q| {
-            q.iter()
-                .position(|w| w.id == id)
-                .and_then(|i| q.remove(i))
-                .is_some()
-        });
-        let mut handed_back = false;
-        if !still_waiting {
-            // Granted, but nobody took the turn: hand back what it was
-            // promised, to the next in line.
-            self.rx.close();
-            if matches!(self.rx.try_recv(), Ok(Ok(()))) {
-                st.granted = st.granted.saturating_sub(1);
-                handed_back = true;
-            }
-        }
-        st.deactivate(&self.org);
-        self.queue.publish_depth(&st);
-        drop(st);
-        self.queue.touch();
-        if handed_back {
-            self.queue.dispatch();
-        }
-    }
-}
-
-/// A request's turn to use the pool: held until its call ends. It first
-/// counts as granted capacity, then ([`Turn::started`]) as a worker slot.
-pub struct Turn {
-    queue: Arc<PoolQueue>,
-    id: u64,
-    org: Arc<str>,
-    weight: u32,
-    tier: ServiceTier,
-    preemptions: u32,
-    granted: bool,
-    /// Registered as preemptible ([`Turn::preemptible`]).
-    registered: bool,
-}
-
-/// Turn ids, for the pool's register of preemptible generations.
-static TURN_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-impl Turn {
-    fn new(queue: &Arc<PoolQueue>, ticket: Ticket) -> Self {
-        Self {
-            queue: Arc::clone(queue),
-            id: TURN_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            org: ticket.org,
-            weight: ticket.weight,
-            tier: ticket.tier,
-            preemptions: ticket.preemptions,
-            granted: true,
-            registered: false,
-        }
-    }
-
-    /// The call runs: when the pool's policy lets a higher tier preempt
-    /// it, it is registered with the lever the queue will pull; `None`
-    /// when it may not be preempted (its tier, or its preemptions spent).
-    pub fn preemptible(&mut self) -> Option<Arc<Lever>> {
-        if self.registered
-            || !self
-                .queue
-                .limits
-                .preempt
-                .allows(self.tier, self.preemptions)
-        {
-            return None;
-        }
-        let lever = Arc::new(Lever::default());
-        let mut st = self.queue.lock();
-        st.preemptible
-            .register(self.id, self.tier, Arc::clone(&lever));
-        self.registered = true;
-        Some(lever)
-    }
-
-    /// The request holds a worker slot now: the capacity it was promised
-    /// is counted there.
-    pub fn started(&mut self) {
-        if std::mem::take(&mut self.granted) {
-            let mut st = self.queue.lock();
-            st.granted = st.granted.saturating_sub(1);
-        }
-    }
-
-    /// The request ended having generated `output_tokens`: its service,
-    /// charged to its organisation.
-    pub fn served(&self, output_tokens: u64) {
-        let mut st = self.queue.lock();
-        let model = &self.queue.model;
-        st.charge(
-            model,
-            &self.org,
-            output_tokens as f64 * OUTPUT_WEIGHT,
-            self.weight,
-        );
-        drop(st);
-        self.queue.touch();
-    }
-}
-
-impl Drop for Turn {
-    /// Dropped after the call's worker slot (see `CallGuard`), so the
-    /// next waiter finds it free.
-    fn drop(&mut self) {
-        let mut st = self.queue.lock();
-        if self.granted {
-            st.granted = st.granted.saturating_sub(1);
-        }
-        if self.registered {
-            st.preemptible.remove(self.id);
-        }
-        st.deactivate(&self.org);
-        drop(st);
-        // Its slot is free: the peers may count it now.
-        self.queue.touch();
-        self.queue.dispatch();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::peers::{Incoming, Outgoing, Rank, SharedOrder};
     use crate::pool::WorkerEndpoint;
 
     /// A queue over one worker with `capacity` slots, none in use.
