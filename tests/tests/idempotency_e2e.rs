@@ -400,6 +400,7 @@ async fn a_first_request_that_failed_does_not_pin_the_key() {
         let k = format!("left-{}", harness::random_hex(8));
         let body = json!({"model": "base", "input": "synthetic:reply_tokens=40 synthetic:slow_ms=50 left"});
         let before = started(worker).await;
+        let cancelled_before = worker.counters().await.expect("counters").cancelled;
         let cut = client
             .request(Method::POST, "/responses")
             .header("Idempotency-Key", &k)
@@ -409,10 +410,20 @@ async fn a_first_request_that_failed_does_not_pin_the_key() {
             .await;
         assert!(cut.is_err(), "the client gave up first");
         harness::wait_until("the first to be cancelled", Duration::from_secs(10), || async move {
-            worker.counters().await.unwrap().cancelled > 0
+            worker.counters().await.unwrap().cancelled > cancelled_before
         })
         .await;
-        let r = post(&client, "/responses", &k, &body).await;
+        // Until the gateway has ended the first run its key is held: a
+        // retry meanwhile is told so (409), and runs once it is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let r = loop {
+            let r = post(&client, "/responses", &k, &body).await;
+            if r.status != 409 || std::time::Instant::now() > deadline {
+                break r;
+            }
+            assert_eq!(r.json()["error"]["code"], "idempotency_key_in_use", "{r}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(r.status, 200, "{r}");
         assert_eq!(r.header("idempotent-replayed"), None);
         let r = post(&client, "/responses", &k, &body).await;

@@ -38,7 +38,7 @@ mod turn;
 pub use turn::Turn;
 use turn::Waiting;
 
-use super::peers::{self, Entry, Link, PeerView};
+use super::peers::{Entry, Link, PeerView};
 use super::preempt::{PreemptPolicy, Preemptible};
 use super::Members;
 use crate::accounts::ServiceTier;
@@ -177,7 +177,7 @@ struct Waiter {
 
 impl PoolQueue {
     /// A queue; with `link`, its order is shared with the other replicas
-    /// (a [`peers::sync`] task serves the link).
+    /// (a [`super::peers::sync`] task serves the link).
     pub fn new(
         model: &str,
         limits: QueueLimits,

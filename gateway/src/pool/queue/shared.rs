@@ -1,7 +1,7 @@
 //! The queue's side of the order shared across replicas
 //! ([`crate::pool::peers`]): what it publishes, what it reads back.
 
-use super::{PoolQueue, State, Ticket};
+use super::{PoolQueue, Stage, State, Ticket};
 use crate::pool::peers::{self, Entry, Incoming, Link, Outgoing, PeerView, Rank, SharedOrder};
 use std::sync::Arc;
 use std::time::Instant;
