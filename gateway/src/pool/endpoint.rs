@@ -28,6 +28,13 @@ pub enum Resumes {
     Anything = 2,
 }
 
+/// Milliseconds on the process's monotonic clock (for deadlines kept in
+/// atomics).
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 pub struct WorkerEndpoint {
     addr: String,
     endpoint: Endpoint,
@@ -45,6 +52,10 @@ pub struct WorkerEndpoint {
     /// made, not only when an old one is stuck.
     probe_channel: OnceLock<Channel>,
     inflight: Arc<AtomicU32>,
+    /// Calls the peer replicas have on it, as last read (`peers.rs`), and
+    /// until when that reading holds ([`clock_ms`]).
+    peer_inflight: AtomicU32,
+    peer_inflight_until: AtomicU64,
     /// What its engine holds in its prefix cache.
     prefixes: CachedPrefixes,
     /// How fast its engine prefills and how long it keeps a slot.
@@ -132,6 +143,8 @@ impl WorkerEndpoint {
             channel: OnceLock::new(),
             probe_channel: OnceLock::new(),
             inflight: Arc::new(AtomicU32::new(0)),
+            peer_inflight: AtomicU32::new(0),
+            peer_inflight_until: AtomicU64::new(0),
             prefixes: CachedPrefixes::default(),
             times: EngineTimes::default(),
             running: AtomicU32::new(0),
@@ -233,10 +246,27 @@ impl WorkerEndpoint {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Selection score: our own in-flight requests (fresh) plus the queue
-    /// the worker last reported (includes other gateways' load).
+    /// Selection score: our own in-flight requests (fresh), the peer
+    /// replicas' (as last read, with Redis) and the queue the worker last
+    /// reported (includes other gateways' load).
     pub fn load_score(&self) -> u32 {
-        self.inflight() + self.queued.load(Ordering::Relaxed)
+        self.inflight() + self.peer_inflight() + self.queued.load(Ordering::Relaxed)
+    }
+
+    /// The peer replicas' calls on this worker, read now; the reading
+    /// counts for `valid_for` (then they count as none, as without peers).
+    pub fn record_peer_inflight(&self, calls: u32, valid_for: Duration) {
+        let until = clock_ms().saturating_add(u64::try_from(valid_for.as_millis()).unwrap_or(0));
+        self.peer_inflight.store(calls, Ordering::Relaxed);
+        self.peer_inflight_until.store(until, Ordering::Relaxed);
+    }
+
+    fn peer_inflight(&self) -> u32 {
+        if clock_ms() < self.peer_inflight_until.load(Ordering::Relaxed) {
+            self.peer_inflight.load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 
     /// (running, queued, capacity) as last reported.
@@ -489,6 +519,21 @@ mod tests {
         assert!(e.contains("[worker_tls]"), "{e}");
         let e = worker_uri("https://w:1", false).unwrap_err().to_string();
         assert!(e.contains("needs [worker_tls]"), "{e}");
+    }
+
+    #[test]
+    fn peers_calls_count_as_load_while_their_reading_holds() {
+        let e = WorkerEndpoint::new("127.0.0.1:1", None).unwrap();
+        e.record_check(true, Some((0, 0, 4, false)));
+        let _slot = e.acquire();
+        e.record_peer_inflight(2, Duration::from_secs(5));
+        assert_eq!((e.load_score(), e.free_slots()), (3, Some(1)));
+        e.record_peer_inflight(2, Duration::ZERO);
+        assert_eq!(
+            (e.load_score(), e.free_slots()),
+            (1, Some(3)),
+            "a lapsed reading counts as none"
+        );
     }
 
     #[test]

@@ -256,9 +256,13 @@ impl Members {
         *guard = Arc::new(next);
     }
 
-    /// Calls this replica has in flight on the pool's workers.
-    fn inflight(&self) -> u32 {
-        self.snapshot().iter().map(|e| e.inflight()).sum()
+    /// Calls this replica has in flight, per worker (those with any).
+    fn calls(&self) -> Vec<(String, u32)> {
+        self.snapshot()
+            .iter()
+            .filter(|e| e.inflight() > 0)
+            .map(|e| (e.addr().to_owned(), e.inflight()))
+            .collect()
     }
 
     /// Requests the workers can start now: the free slots of the workers a

@@ -30,7 +30,11 @@ const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A replica's entry lapses this long after its last renewal.
 pub const ENTRY_TTL: Duration = Duration::from_millis(2000);
 /// A view older than this is not trusted: the queue orders locally.
-const VIEW_FRESH_FOR: Duration = Duration::from_millis(1500);
+pub const VIEW_FRESH_FOR: Duration = Duration::from_millis(1500);
+/// A replica with peers grants a slot on a view at most this old (else it
+/// syncs first, one round trip): a busy peer's grants since would not be
+/// in an older one.
+const GRANT_ON_VIEW_FOR: Duration = Duration::from_millis(50);
 /// A sync that takes longer is abandoned (the queue keeps its last view).
 const SYNC_TIMEOUT: Duration = Duration::from_millis(500);
 /// Ranks published per replica: enough for the slots one dispatch fills.
@@ -98,6 +102,9 @@ impl Rank {
 pub struct Entry {
     /// Worker slots it holds or has promised (in flight plus granted).
     pub in_use: u32,
+    /// Its calls in flight per worker (address): a peer routes around
+    /// the workers it fills.
+    pub calls: Vec<(String, u32)>,
     /// Its running generations it may preempt (or has, their slots not
     /// yet free): its own waiters of a higher tier are served by these
     /// before a peer preempts for them.
@@ -113,22 +120,33 @@ impl Entry {
     pub fn encode(&self) -> String {
         let floor = self.floor.map_or_else(|| "-".to_owned(), |f| f.to_string());
         let ranks: Vec<String> = self.ranks.iter().map(Rank::encode).collect();
+        let calls: Vec<String> = self.calls.iter().map(|(a, n)| format!("{a}={n}")).collect();
         format!(
-            "{}|{}|{floor}|{}",
+            "{}|{}|{floor}|{}|{}",
             self.in_use,
             self.levers,
+            calls.join(","),
             ranks.join(";")
         )
     }
 
     pub fn decode(s: &str) -> Option<Entry> {
-        let mut parts = s.splitn(4, '|');
+        let mut parts = s.splitn(5, '|');
         let in_use = parts.next()?.parse().ok()?;
         let levers = parts.next()?.parse().ok()?;
         let floor = match parts.next()? {
             "-" => None,
             f => Some(f.parse().ok()?),
         };
+        let calls = parts
+            .next()?
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let (addr, n) = c.rsplit_once('=')?;
+                Some((addr.to_owned(), n.parse().ok()?))
+            })
+            .collect::<Option<Vec<(String, u32)>>>()?;
         let ranks = parts
             .next()?
             .split(';')
@@ -137,6 +155,7 @@ impl Entry {
             .collect::<Option<Vec<Rank>>>()?;
         Some(Entry {
             in_use,
+            calls,
             levers,
             floor,
             ranks,
@@ -151,6 +170,9 @@ pub struct PeerView {
     ranks: Vec<Rank>,
     /// Slots the live peers hold.
     in_use: u32,
+    /// Their calls in flight, per worker, and in all.
+    calls: HashMap<String, u32>,
+    calls_total: u32,
     /// The peers' waiters their own levers do not serve, best first, with
     /// the peer each waits on.
     unserved: Vec<Rank>,
@@ -159,6 +181,8 @@ pub struct PeerView {
     helpers_before: usize,
     /// Peers holding levers.
     helpers: usize,
+    /// Any live peer at all.
+    has_peers: bool,
     /// The lowest floor of the live peers.
     floor: Option<f64>,
     read_at: Option<Instant>,
@@ -177,7 +201,12 @@ impl PeerView {
             ..PeerView::default()
         };
         for (id, e) in entries {
+            view.has_peers = true;
             view.in_use = view.in_use.saturating_add(e.in_use);
+            for (addr, n) in &e.calls {
+                *view.calls.entry(addr.clone()).or_default() += n;
+                view.calls_total = view.calls_total.saturating_add(*n);
+            }
             if e.levers > 0 {
                 view.helpers += 1;
                 view.helpers_before += usize::from(id.as_str() < me);
@@ -201,6 +230,17 @@ impl PeerView {
             .is_some_and(|t| now.saturating_duration_since(t) < VIEW_FRESH_FOR)
     }
 
+    /// Whether a slot may be granted on this view: it is recent, or it
+    /// showed no peer, or it is past trusting (the replica orders alone).
+    pub fn current_for_grants(&self, now: Instant) -> bool {
+        let Some(read_at) = self.read_at else {
+            return true;
+        };
+        !self.has_peers
+            || !self.is_fresh(now)
+            || now.saturating_duration_since(read_at) < GRANT_ON_VIEW_FOR
+    }
+
     /// Slots the peers hold (0 when the view is stale).
     pub fn in_use(&self, now: Instant) -> u32 {
         if self.is_fresh(now) {
@@ -208,6 +248,17 @@ impl PeerView {
         } else {
             0
         }
+    }
+
+    /// Slots the peers promised to requests not yet on a worker (0 when
+    /// the view is stale): their calls are counted per worker instead.
+    pub fn promised(&self, now: Instant) -> u32 {
+        self.in_use(now).saturating_sub(self.calls_total)
+    }
+
+    /// The peers' calls in flight on the worker at `addr`.
+    pub fn calls_on(&self, addr: &str) -> u32 {
+        self.calls.get(addr).copied().unwrap_or(0)
     }
 
     pub fn floor(&self, now: Instant) -> Option<f64> {
@@ -486,6 +537,7 @@ mod tests {
         let now = Instant::now();
         let peer = Entry {
             in_use: 1,
+            calls: Vec::new(),
             levers: 0,
             floor: Some(10.0),
             ranks: vec![
@@ -495,6 +547,7 @@ mod tests {
         };
         let other = Entry {
             in_use: 2,
+            calls: Vec::new(),
             levers: 0,
             floor: Some(4.0),
             ranks: vec![rank(ServiceTier::Default, false, 20.0)],
@@ -524,12 +577,21 @@ mod tests {
         );
         assert_eq!(view.in_use(later), 0);
         assert!(!PeerView::default().is_fresh(now));
+        // Granted on only while recent, or once past trusting; a view
+        // without peers always.
+        assert!(view.current_for_grants(now));
+        assert!(!view.current_for_grants(now + GRANT_ON_VIEW_FOR));
+        assert!(view.current_for_grants(later));
+        let alone = PeerView::from_entries("a", [], now);
+        assert!(alone.current_for_grants(now + GRANT_ON_VIEW_FOR));
+        assert!(PeerView::default().current_for_grants(now));
     }
 
     #[test]
     fn entries_read_back_as_written() {
         let e = Entry {
             in_use: 7,
+            calls: vec![("http://10.0.0.7:9000".into(), 4), ("w2:50051".into(), 2)],
             levers: 3,
             floor: Some(12.5),
             ranks: vec![
@@ -540,8 +602,13 @@ mod tests {
         assert_eq!(Entry::decode(&e.encode()), Some(e));
         let empty = Entry::default();
         assert_eq!(Entry::decode(&empty.encode()), Some(empty));
-        assert_eq!(Entry::decode("x|0|-|"), None);
+        assert_eq!(Entry::decode("x|0|-||"), None);
         assert_eq!(Entry::decode("1|-|"), None, "an entry without its levers");
+        assert_eq!(
+            Entry::decode("1|0|-|w1|"),
+            None,
+            "a worker without its count"
+        );
     }
 
     #[test]
@@ -549,6 +616,7 @@ mod tests {
         let now = Instant::now();
         let entry = |levers, tiers: &[ServiceTier]| Entry {
             in_use: 2,
+            calls: Vec::new(),
             levers,
             floor: None,
             ranks: tiers.iter().map(|t| rank(*t, false, 0.0)).collect(),
@@ -576,5 +644,34 @@ mod tests {
             .unserved_tiers(true, now + VIEW_FRESH_FOR)
             .is_empty());
         assert!(!PeerView::default().anyone_preemptible(now));
+    }
+
+    #[test]
+    fn the_peers_calls_are_counted_per_worker_and_their_promises_apart() {
+        let now = Instant::now();
+        let peer = |calls: Vec<(&str, u32)>, in_use| Entry {
+            in_use,
+            calls: calls.into_iter().map(|(a, n)| (a.to_owned(), n)).collect(),
+            ..Entry::default()
+        };
+        let view = PeerView::from_entries(
+            "a",
+            [
+                ("b".into(), peer(vec![("w1", 2), ("w2", 1)], 4)),
+                ("c".into(), peer(vec![("w1", 1)], 1)),
+            ],
+            now,
+        );
+        assert_eq!(
+            (
+                view.calls_on("w1"),
+                view.calls_on("w2"),
+                view.calls_on("w3")
+            ),
+            (3, 1, 0)
+        );
+        assert_eq!(view.in_use(now), 5);
+        assert_eq!(view.promised(now), 1, "b granted one not yet on a worker");
+        assert_eq!(view.promised(now + VIEW_FRESH_FOR), 0);
     }
 }

@@ -745,6 +745,8 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
     let keys = org_keys();
     let mut gw = GatewayOpts {
         extra_toml: gateway_toml(arm.tiers(), arm.preempts(), args, &keys),
+        // The gateways' log filter, to see why a figure is what it is.
+        rust_log: std::env::var("FAIRBENCH_GATEWAY_LOG").ok(),
         ..GatewayOpts::default()
     };
     gw.workers.insert(

@@ -204,12 +204,25 @@ impl PoolQueue {
         }
     }
 
+    /// Whether the view of the peers is current enough to grant on (always
+    /// without Redis). A view a heartbeat old may miss what a busy peer
+    /// granted since, and a request sent on it would wait in a worker's
+    /// own queue where nothing preempts for it: the queue asks for a sync
+    /// first, whose dispatch grants. A view past trusting (Redis away) is
+    /// set aside: the replica orders alone.
+    fn view_current(&self, st: &State, now: Instant) -> bool {
+        self.link.is_none() || st.peers.current_for_grants(now)
+    }
+
     /// Free worker slots for this replica's waiters: the workers' free
     /// slots less those the peers hold (as last read).
     fn free(&self, st: &State, now: Instant) -> u32 {
+        // The peers' calls are in the workers' free slots already (each
+        // worker's load counts them, `incoming`); what they promised to
+        // requests not yet on a worker is not.
         self.members
             .free_slots()
-            .saturating_sub(st.peers.in_use(now))
+            .saturating_sub(st.peers.promised(now))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -228,7 +241,10 @@ impl PoolQueue {
             let nobody_waits = st.waiting.iter().all(VecDeque::is_empty);
             // Peers' waiters that go before this one keep their slots.
             let ahead = st.peers.better_than(&st.rank(&ticket), now) as u32;
-            if nobody_waits && self.free(&st, now) > st.granted.saturating_add(ahead) {
+            if nobody_waits
+                && self.view_current(&st, now)
+                && self.free(&st, now) > st.granted.saturating_add(ahead)
+            {
                 st.charge(
                     &self.model,
                     &ticket.org,
@@ -294,6 +310,12 @@ impl PoolQueue {
     pub fn dispatch(&self) {
         let mut st = self.lock();
         let now = Instant::now();
+        if !self.view_current(&st, now) {
+            // The sync this asks for dispatches with what it reads.
+            drop(st);
+            self.touch();
+            return;
+        }
         if st.depth() == 0 {
             // Peers' waiters may still want this replica's levers.
             let free = self.free(&st, now);
@@ -1056,6 +1078,7 @@ mod tests {
     fn peer(in_use: u32, ranks: &[(ServiceTier, f64)]) -> Entry {
         Entry {
             in_use,
+            calls: Vec::new(),
             levers: 0,
             floor: None,
             ranks: ranks

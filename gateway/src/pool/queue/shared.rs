@@ -26,8 +26,11 @@ impl SharedOrder for PoolQueue {
             .flatten()
             .map(|w| st.rank(&w.ticket))
             .collect();
+        let calls = self.members.calls();
+        let in_flight: u32 = calls.iter().map(|(_, n)| n).sum();
         let entry = Entry {
-            in_use: self.members.inflight().saturating_add(st.granted),
+            in_use: in_flight.saturating_add(st.granted),
+            calls,
             levers: st.preemptible.holding(),
             floor: st.active_floor(),
             ranks: peers::best_ranks(ranks),
@@ -68,6 +71,11 @@ impl SharedOrder for PoolQueue {
     fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
         let mut st = self.lock();
         st.peers = PeerView::from_entries(&incoming.me, incoming.peers, now);
+        // Each worker's load counts the peers' calls on it, for as long as
+        // the view is trusted: routing and free slots see them.
+        for e in self.members.snapshot().iter() {
+            e.record_peer_inflight(st.peers.calls_on(e.addr()), peers::VIEW_FRESH_FOR);
+        }
         for (org, shared) in incoming.counters {
             let (incr, floor) = st.pending.get(&org).copied().unwrap_or_default();
             if let Some(o) = st.orgs.get_mut(&org) {

@@ -71,10 +71,10 @@ impl Drop for Waiting {
         st.deactivate(&self.org);
         self.queue.publish_depth(&st);
         drop(st);
-        self.queue.touch();
         if handed_back {
             self.queue.dispatch();
         }
+        self.queue.touch();
     }
 }
 
@@ -168,8 +168,10 @@ impl Drop for Turn {
         }
         st.deactivate(&self.org);
         drop(st);
-        // Its slot is free: the peers may count it now.
-        self.queue.touch();
+        // Its slot goes to the next waiter first, then the peers hear of
+        // the change: published between the two, the dip would tell an
+        // idle peer a slot is free that is already promised here.
         self.queue.dispatch();
+        self.queue.touch();
     }
 }
