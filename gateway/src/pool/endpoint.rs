@@ -262,8 +262,11 @@ impl WorkerEndpoint {
     }
 
     fn peer_inflight(&self) -> u32 {
-        if clock_ms() < self.peer_inflight_until.load(Ordering::Relaxed) {
-            self.peer_inflight.load(Ordering::Relaxed)
+        // Read on every routing decision: without peers (or none of their
+        // calls here) no clock is read.
+        let calls = self.peer_inflight.load(Ordering::Relaxed);
+        if calls > 0 && clock_ms() < self.peer_inflight_until.load(Ordering::Relaxed) {
+            calls
         } else {
             0
         }
