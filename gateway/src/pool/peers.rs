@@ -285,6 +285,12 @@ impl PeerView {
         self.is_fresh(now) && self.helpers > 0
     }
 
+    /// Whether a peer acts at once on this replica's new `entry`: it has
+    /// waiters (a slot may be its) or, for a waiter here, levers to pull.
+    pub fn acts_on(&self, entry: &Entry, now: Instant) -> bool {
+        self.anyone_waits(now) || (self.anyone_preemptible(now) && !entry.ranks.is_empty())
+    }
+
     /// The tiers (best first) of the peers' waiting requests this replica
     /// (`me`, holding levers or not) preempts for: those their own
     /// replica's levers do not serve (a replica serves its own waiters
@@ -329,6 +335,8 @@ pub struct Outgoing {
     pub active: bool,
     /// Tell the peers (pub/sub) to look now.
     pub nudge: bool,
+    /// The entry differs from the one last published.
+    pub changed: bool,
 }
 
 /// What one sync read: the live peers' entries and the counters asked for.
@@ -361,6 +369,16 @@ impl Shared {
             replica: Arc::from(replica),
             script: redis::Script::new(include_str!("sync.lua")),
         }
+    }
+
+    /// Tells the peers to look now, outside a sync.
+    async fn nudge(&self) -> redis::RedisResult<()> {
+        let mut conn = self.redis.conn().await?;
+        redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg(&*self.replica)
+            .query_async(&mut conn)
+            .await
     }
 
     async fn exchange(&self, out: &Outgoing) -> redis::RedisResult<Incoming> {
@@ -404,8 +422,9 @@ pub trait SharedOrder: Send + Sync {
     fn model(&self) -> &str;
     /// What to publish now (takes the counter changes not yet sent).
     fn outgoing(&self, link: &Link) -> Outgoing;
-    /// What a sync read.
-    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant);
+    /// What a sync read; true when the peers should be nudged now (the
+    /// view just read shows one that acts on this replica's change).
+    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) -> bool;
     /// A sync failed: keep its counter changes for the next.
     fn unsent(&self, out: Outgoing);
     /// Hands out turns with the view just read.
@@ -438,7 +457,12 @@ pub async fn sync<Q: SharedOrder>(queue: Arc<Q>, shared: Shared, link: Arc<Link>
                     tracing::info!(model = %queue.model(), "pool order shared across replicas again");
                     warned = false;
                 }
-                queue.incoming(out, incoming, Instant::now());
+                if queue.incoming(out, incoming, Instant::now()) {
+                    let nudged = tokio::time::timeout(SYNC_TIMEOUT, shared.nudge()).await;
+                    if !matches!(nudged, Ok(Ok(()))) {
+                        crate::metrics::redis_error("pool_queue", "nudge");
+                    }
+                }
             }
             failed => {
                 crate::metrics::redis_error("pool_queue", "sync");

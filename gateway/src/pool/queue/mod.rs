@@ -1066,6 +1066,7 @@ mod tests {
             counters: Vec::new(),
             active: false,
             nudge: false,
+            changed: false,
         };
         let incoming = Incoming {
             me: Arc::from("a"),

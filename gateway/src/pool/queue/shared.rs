@@ -54,12 +54,9 @@ impl SharedOrder for PoolQueue {
             .deferred
             .swap(false, std::sync::atomic::Ordering::Relaxed);
         let changed = st.published.as_ref() != Some(&entry);
-        // A peer acts on a change at once when it has waiters (a slot may
-        // be its) or, for a waiter here, levers it may pull.
-        let peer_acts = st.peers.anyone_waits(now)
-            || (st.peers.anyone_preemptible(now) && !entry.ranks.is_empty());
         Outgoing {
-            nudge: deferred || (changed && peer_acts),
+            nudge: deferred || (changed && st.peers.acts_on(&entry, now)),
+            changed,
             active: st.orgs.values().any(|o| o.active > 0),
             entry,
             counters,
@@ -68,9 +65,12 @@ impl SharedOrder for PoolQueue {
 
     /// What a sync read: the peers' view, and the shared counters (plus
     /// what was charged here since).
-    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) {
+    fn incoming(&self, out: Outgoing, incoming: Incoming, now: Instant) -> bool {
         let mut st = self.lock();
         st.peers = PeerView::from_entries(&incoming.me, incoming.peers, now);
+        // The nudge was decided on the view before this one: a peer that
+        // only now shows waiters or levers hears of the change too.
+        let nudge_now = !out.nudge && out.changed && st.peers.acts_on(&out.entry, now);
         // Each worker's load counts the peers' calls on it, for as long as
         // the view is trusted: routing and free slots see them.
         for e in self.members.snapshot().iter() {
@@ -83,6 +83,7 @@ impl SharedOrder for PoolQueue {
             }
         }
         st.published = Some(out.entry);
+        nudge_now
     }
 
     /// A sync failed: its counter changes go with the next one.

@@ -126,7 +126,11 @@ impl Turn {
         let mut st = self.queue.lock();
         st.preemptible
             .register(self.id, self.tier, Arc::clone(&lever));
+        drop(st);
         self.registered = true;
+        // The peers count this replica's levers before preempting for
+        // their own waiters: publish it now, not at the next heartbeat.
+        self.queue.touch();
         Some(lever)
     }
 
