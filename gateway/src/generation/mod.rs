@@ -96,6 +96,13 @@ pub trait Sink {
     /// The generation failed after its first event: deliver what is
     /// pending, then the failure, in band.
     fn fail(&mut self, e: &ApiError) -> impl Future<Output = ()> + Send;
+    /// Whether the generation stopped because this replica cut it (the
+    /// drain's grace period ran out) rather than because its consumer
+    /// left: the output its worker generated past the last delivery is
+    /// then billed to nobody.
+    fn cut_by_replica(&self) -> bool {
+        false
+    }
     /// The consumer went away after the generation started; `delivered`
     /// is everything it was given, which a continuation elsewhere would
     /// resume from (a background run handed to another replica). Borrowed:

@@ -179,7 +179,15 @@ async fn relay_events<S: Sink>(
             return Relayed::Ended(End::Finished(f));
         }
         if delivery.is_err() {
-            return left(guard, rest, request_id, delivered, served_before).await;
+            return left(
+                guard,
+                rest,
+                request_id,
+                delivered,
+                served_before,
+                sink.cut_by_replica(),
+            )
+            .await;
         }
         // The deadline first: with events always ready (a slow consumer
         // behind a fast worker) a later branch would never be polled.
@@ -210,7 +218,8 @@ async fn relay_events<S: Sink>(
                     return preempted(guard, rest, request_id, decode.last).await;
                 }
                 _ = sink.gone() => {
-                    return left(guard, rest, request_id, delivered, served_before).await;
+                    let cut = sink.cut_by_replica();
+                    return left(guard, rest, request_id, delivered, served_before, cut).await;
                 }
                 _ = &mut keep_alive, if keep_alive_every.is_some() => {
                     let every = keep_alive_every.unwrap_or(stall_timeout);
@@ -219,7 +228,8 @@ async fn relay_events<S: Sink>(
                     if now >= due {
                         let sent = Box::pin(sink.keep_alive());
                         if sent.await.is_err() {
-                            return left(guard, rest, request_id, delivered, served_before).await;
+                            let cut = sink.cut_by_replica();
+                            return left(guard, rest, request_id, delivered, served_before, cut).await;
                         }
                         last_keep_alive = now;
                         keep_alive.as_mut().reset(now + every);
@@ -247,15 +257,20 @@ async fn relay_events<S: Sink>(
 /// held back or had in flight is billed too, not only what was relayed.
 /// Boxed: the `Cancel` call's state is needed once, at the end, and inline
 /// it would be part of every open stream's relay.
+/// A generation this replica cut (its drain) rather than its consumer
+/// leaving (`cut`) bills only what was delivered: its client did not
+/// choose to forgo the rest.
 fn left<'a>(
     guard: &'a CallGuard,
     rest: Streaming<pb::GenerateEvent>,
     request_id: &'a str,
     delivered: &'a mut Delivered,
     served_before: u64,
+    cut: bool,
 ) -> Pin<Box<dyn Future<Output = Relayed> + Send + 'a>> {
     Box::pin(async move {
-        if let Some(generated) = guard.cancel(request_id).await {
+        let generated = guard.cancel(request_id).await;
+        if let (Some(generated), false) = (generated, cut) {
             let relayed = delivered.tokens() - served_before;
             delivered.left_behind(u64::from(generated), relayed);
         }

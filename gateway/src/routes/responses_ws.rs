@@ -500,6 +500,10 @@ impl Sink for WsEvents<'_, '_> {
         gone_or_cut(busy(self.ws), &mut self.cut).await
     }
 
+    fn cut_by_replica(&self) -> bool {
+        self.cut.happened()
+    }
+
     async fn gone_while_starting(&mut self) {
         gone_or_cut(busy(self.ws), &mut self.cut).await
     }

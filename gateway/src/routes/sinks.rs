@@ -258,6 +258,10 @@ impl<E: StreamEncoder> Sink for EncodedStream<'_, E> {
         gone_or_cut(self.reply.client_gone(), &mut self.cut).await
     }
 
+    fn cut_by_replica(&self) -> bool {
+        self.cut.happened()
+    }
+
     fn keep_alive_period(&self) -> Option<Duration> {
         E::KEEP_ALIVE
     }
@@ -368,6 +372,10 @@ impl<A: Fold> Sink for FoldedBody<'_, A> {
         gone_or_cut(self.ex.client_gone(), &mut self.cut).await
     }
 
+    fn cut_by_replica(&self) -> bool {
+        self.cut.happened()
+    }
+
     async fn gone_while_starting(&mut self) {
         gone_or_cut(self.ex.client_gone(), &mut self.cut).await
     }
@@ -463,6 +471,10 @@ impl Sink for ResponseEvents<'_> {
 
     async fn gone(&mut self) {
         gone_or_cut(self.reply.client_gone(), &mut self.cut).await
+    }
+
+    fn cut_by_replica(&self) -> bool {
+        self.cut.happened()
     }
 
     async fn gone_while_starting(&mut self) {

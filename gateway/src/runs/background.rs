@@ -286,6 +286,10 @@ impl Sink for RunWriter {
         }
     }
 
+    fn cut_by_replica(&self) -> bool {
+        self.stop == Stop::Cut
+    }
+
     /// The pool's queue keeps it on a drain: [`Sink::gone_while_starting`]
     /// hands it over, or it waits when no peer could take it.
     fn hands_over_on_drain(&self) -> bool {
