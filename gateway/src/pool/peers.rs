@@ -32,9 +32,13 @@ pub const ENTRY_TTL: Duration = Duration::from_millis(2000);
 /// A view older than this is not trusted: the queue orders locally.
 pub const VIEW_FRESH_FOR: Duration = Duration::from_millis(1500);
 /// A replica with peers grants a slot on a view at most this old (else it
-/// syncs first, one round trip): a busy peer's grants since would not be
-/// in an older one.
-const GRANT_ON_VIEW_FOR: Duration = Duration::from_millis(50);
+/// syncs first, one round trip): a peer's grants since would not be in an
+/// older one, and a peer that takes a slot it saw free does not nudge. At
+/// 50 ms a replica granted on a view that missed a peer's grant into the
+/// same freed slot, and its request waited in the worker's own queue
+/// (where nothing preempts for it) for a generation to end: a 0.4 s tail
+/// on two replicas. A sync takes about a millisecond.
+const GRANT_ON_VIEW_FOR: Duration = Duration::from_millis(3);
 /// A sync that takes longer is abandoned (the queue keeps its last view).
 const SYNC_TIMEOUT: Duration = Duration::from_millis(500);
 /// Ranks published per replica: enough for the slots one dispatch fills.

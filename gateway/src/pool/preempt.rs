@@ -94,6 +94,8 @@ impl Lever {
 /// A running generation that may be preempted.
 struct Candidate {
     tier: ServiceTier,
+    /// Times it was preempted before.
+    preemptions: u32,
     since: Instant,
     lever: Arc<Lever>,
 }
@@ -107,11 +109,18 @@ pub(super) struct Preemptible {
 }
 
 impl Preemptible {
-    pub(super) fn register(&mut self, id: u64, tier: ServiceTier, lever: Arc<Lever>) {
+    pub(super) fn register(
+        &mut self,
+        id: u64,
+        tier: ServiceTier,
+        preemptions: u32,
+        lever: Arc<Lever>,
+    ) {
         self.running.insert(
             id,
             Candidate {
                 tier,
+                preemptions,
                 since: Instant::now(),
                 lever,
             },
@@ -150,8 +159,11 @@ impl Preemptible {
     /// Preempts for `waiting` (the tiers of the requests waiting, best
     /// first) what `free` slots and the generations already pulled do not
     /// serve: for each, the running generation of the lowest tier below
-    /// it, of those the one that delivered least, then the newest. Returns
-    /// the tiers of those it preempted.
+    /// it, of those the one preempted least often (a generation spends its
+    /// preemptions, and one that has none left can no longer make room: a
+    /// burst of higher-tier requests then finds every slot held), then the
+    /// one that delivered least, then the newest. Returns the tiers of
+    /// those it preempted.
     pub(super) fn preempt_for(
         &mut self,
         waiting: impl Iterator<Item = ServiceTier>,
@@ -171,6 +183,7 @@ impl Preemptible {
                 .min_by(|a, b| {
                     a.tier
                         .cmp(&b.tier)
+                        .then_with(|| a.preemptions.cmp(&b.preemptions))
                         .then_with(|| {
                             let d = |c: &Candidate| c.lever.delivered.load(Ordering::Relaxed);
                             d(a).cmp(&d(b))
@@ -204,9 +217,9 @@ mod tests {
     fn the_lowest_tier_that_delivered_least_goes_first() {
         let mut p = Preemptible::default();
         let (a, b, c) = (lever(50), lever(5), lever(1));
-        p.register(1, ServiceTier::Flex, Arc::clone(&a));
-        p.register(2, ServiceTier::Flex, Arc::clone(&b));
-        p.register(3, ServiceTier::Default, Arc::clone(&c));
+        p.register(1, ServiceTier::Flex, 0, Arc::clone(&a));
+        p.register(2, ServiceTier::Flex, 0, Arc::clone(&b));
+        p.register(3, ServiceTier::Default, 0, Arc::clone(&c));
         let got = p.preempt_for([ServiceTier::Priority].into_iter(), 0);
         assert_eq!(got, vec![ServiceTier::Flex]);
         assert!(b.is_pulled() && !a.is_pulled() && !c.is_pulled());
@@ -224,8 +237,8 @@ mod tests {
         let mut p = Preemptible::default();
         let stuck = Arc::new(Lever::default());
         stuck.note(3, false);
-        p.register(1, ServiceTier::Flex, Arc::clone(&stuck));
-        p.register(2, ServiceTier::Default, lever(0));
+        p.register(1, ServiceTier::Flex, 0, Arc::clone(&stuck));
+        p.register(2, ServiceTier::Default, 0, lever(0));
         assert!(p
             .preempt_for([ServiceTier::Default].into_iter(), 0)
             .is_empty());

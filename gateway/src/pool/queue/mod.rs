@@ -395,7 +395,14 @@ impl PoolQueue {
             .collect();
         // Best first, as `preempt_for` takes them.
         tiers.sort_by(|a, b| b.cmp(a));
+        let best = tiers.first().copied();
         let preempted = st.preemptible.preempt_for(tiers.into_iter(), free);
+        if preempted.is_empty() && best > Some(ServiceTier::Flex) {
+            // Why a higher tier waits: no generation below it may be
+            // preempted now (its tier, its preemptions spent, or no output
+            // yet to resume from).
+            tracing::debug!(model = %self.model, ?best, free, pullable = st.preemptible.holding(), "a higher tier waits and nothing may be preempted");
+        }
         if !preempted.is_empty() {
             tracing::debug!(model = %self.model, preempted = preempted.len(), "preempting for a higher tier");
             // The peers count this replica's pulled levers as serving

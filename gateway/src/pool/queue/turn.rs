@@ -125,13 +125,22 @@ impl Turn {
         let lever = Arc::new(Lever::default());
         let mut st = self.queue.lock();
         st.preemptible
-            .register(self.id, self.tier, Arc::clone(&lever));
+            .register(self.id, self.tier, self.preemptions, Arc::clone(&lever));
         drop(st);
         self.registered = true;
         // The peers count this replica's levers before preempting for
         // their own waiters: publish it now, not at the next heartbeat.
         self.queue.touch();
         Some(lever)
+    }
+
+    /// The registered generation has noted what it delivered (its first
+    /// event): a higher tier already waiting may preempt it now rather than
+    /// at the queue's next change.
+    pub fn offer(&self) {
+        if self.registered {
+            self.queue.dispatch();
+        }
     }
 
     /// The request holds a worker slot now: the capacity it was promised
