@@ -7,7 +7,10 @@
 //!   same pool with batch requests offered at `--flood-factor` (10×) its
 //!   capacity (A's plan allows `flex` and A asks for it; B's allows and asks
 //!   for `priority`). Figures: B's TTFT (first content delta) p50 / p99
-//!   isolated and under the flood, and p99 under flood ÷ p99 isolated.
+//!   isolated and under the flood, and p99 under flood ÷ p99 isolated;
+//!   and the floor: B's TTFT p99 while A keeps every slot but one busy
+//!   (closed loop, nothing queued), where slots share compute (two
+//!   llama-servers on two cores) the best a preempting router can do.
 //! - `equal`: two orgs on the same plan (C and D), both backlogged: each
 //!   keeps `--backlog-factor` × the pool's slots requests outstanding (more
 //!   than the pool runs), C with long requests, D with short ones, so first
@@ -56,6 +59,10 @@
 //! for a gateway built before them, whose config refuses unknown keys: the
 //! gateway arms then show first come, first served.
 //!
+//! `FAIRBENCH_GATEWAY_LOG` and `FAIRBENCH_WORKER_LOG` set the processes'
+//! log filters (kept with `IGW_KEEP_LOGS=1`); the B requests slow under
+//! the flood are printed with the time they were sent.
+//!
 //! ```text
 //! LLAMA_SERVER=$(bash scripts/llama-server.sh) \
 //!   cargo run --release -p tests --bin fairbench -- --engines 2 --slots 2 --duration-secs 60
@@ -92,6 +99,18 @@ struct Args {
     /// Context tokens per slot (llama-server).
     #[arg(long, default_value_t = 2048)]
     n_ctx: u32,
+    /// llama-server's host-memory prompt cache (`--cache-ram`, MiB): a
+    /// slot's KV cells are saved there when another request takes the
+    /// slot, and a later prompt with their prefix loads them back, so a
+    /// preempted generation that resumes on its engine prefills only what
+    /// it lacks. 0: a slot's own cells are the only cache.
+    #[arg(long, default_value_t = 0)]
+    cache_ram_mib: u32,
+    /// The gateway's workers leave the choice of slot to llama-server
+    /// (`--upstream-no-slot-pinning`): only a slot the engine picks itself
+    /// consults its host prompt cache.
+    #[arg(long)]
+    no_slot_pinning: bool,
     /// Seconds of each measured phase: B isolated, B under the flood, the
     /// equal orgs (each after a warm-up of a fifth of it, 2 to 10 s).
     #[arg(long, default_value_t = 60)]
@@ -375,6 +394,10 @@ struct Caller {
     service_tier: Option<&'static str>,
     /// SMG's `x-smg-priority`.
     priority: Option<&'static str>,
+    /// Content deltas this org received, finished replies or not: its
+    /// output tokens delivered (one per delta on llama-server and the
+    /// paced simulator), which a flood's end does not cut off.
+    delivered: Arc<AtomicU64>,
 }
 
 impl Caller {
@@ -404,6 +427,8 @@ impl Caller {
 /// A reply that streamed to its end.
 #[derive(Debug, Clone)]
 struct Served {
+    /// When it was sent, on the wall clock (to find it in the logs).
+    sent_at: std::time::SystemTime,
     /// Until the first content delta.
     ttft: Duration,
     /// When each content delta arrived.
@@ -430,6 +455,7 @@ type Outcome = Result<Served, Refused>;
 
 async fn send(caller: &Caller, prompt: String, max_tokens: u32, patience: Duration) -> Outcome {
     let started = Instant::now();
+    let sent_at = std::time::SystemTime::now();
     let mut stream = match caller
         .client
         .open_stream(caller.request(prompt, max_tokens))
@@ -459,6 +485,7 @@ async fn send(caller: &Caller, prompt: String, max_tokens: u32, patience: Durati
                     .is_some_and(|c| !c.is_empty())
                 {
                     chunks.push(Instant::now());
+                    caller.delivered.fetch_add(1, Ordering::Relaxed);
                 }
                 if choice["finish_reason"].is_string() {
                     finished.get_or_insert(Instant::now());
@@ -481,6 +508,7 @@ async fn send(caller: &Caller, prompt: String, max_tokens: u32, patience: Durati
         .unwrap_or_else(Instant::now);
     let tokens = |key: &str| usage.as_ref().and_then(|u| u[key].as_u64());
     Ok(Served {
+        sent_at,
         ttft: first - started,
         prompt_tokens: tokens("prompt_tokens").unwrap_or(0),
         completion_tokens: tokens("completion_tokens").unwrap_or(chunks.len() as u64),
@@ -617,9 +645,8 @@ async fn start_llamas(args: &Args) -> Result<Llamas> {
         Some(f) => f.clone(),
         None => harness::model::model_file()?,
     };
-    // Host prompt cache off: a slot's KV cells are the only cache.
     let opts = LlamaServerOpts {
-        extra_args: vec!["--cache-ram".into(), "0".into()],
+        extra_args: vec!["--cache-ram".into(), args.cache_ram_mib.to_string()],
         ..LlamaServerOpts::new(args.n_ctx, args.slots)
     };
     let mut servers = Vec::new();
@@ -736,10 +763,16 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
             }
         };
         // The capacity the worker reports: the gateway queues past it.
-        let opts = WorkerOpts {
+        let mut opts = WorkerOpts {
             max_concurrency: Some(args.slots),
             ..opts
         };
+        if let Ok(filter) = std::env::var("FAIRBENCH_WORKER_LOG") {
+            opts.env.push(("RUST_LOG".into(), filter));
+        }
+        if args.no_slot_pinning && arm.engine() == Engine::LlamaServer {
+            opts.extra_args.push("--upstream-no-slot-pinning".into());
+        }
         workers.push(Worker::start("base", opts)?);
     }
     let keys = org_keys();
@@ -777,6 +810,7 @@ async fn start_gateway(arm: Arm, args: &Args, llamas: Option<&Llamas>) -> Result
                 model: "base".into(),
                 service_tier: org.service_tier(arm.tiers()),
                 priority: None,
+                delivered: Arc::default(),
             };
             (*org, caller)
         })
@@ -902,6 +936,7 @@ async fn start_smg(args: &Args, llamas: &Llamas, preempts: bool) -> Result<Stack
                 model: llamas.model_id.clone(),
                 service_tier: None,
                 priority: Some(org.smg_class()),
+                delivered: Arc::default(),
             };
             (*org, caller)
         })
@@ -1078,10 +1113,17 @@ async fn closed_loop_rate(args: &Args, llamas: &Llamas, shape: &Shape) -> Result
 
 struct FloodFigures {
     isolated: Vec<Outcome>,
+    /// B while A keeps every slot but one busy and nothing queued: the
+    /// floor of B's TTFT where slots share compute (A's decoding slows
+    /// B's prefill), which preemption cannot go below.
+    floor: Vec<Outcome>,
     flooded: Vec<Outcome>,
     flood: Vec<Outcome>,
     /// How long A flooded: its completed tokens per second are over it.
     flood_secs: f64,
+    /// A's output tokens delivered while it flooded, its unfinished
+    /// replies' (preempted, or cut by the flood's end) included.
+    flood_delivered: u64,
 }
 
 /// B alone, then B while A floods.
@@ -1105,10 +1147,27 @@ async fn run_flood(
     .finish(args.grace())
     .await;
     wait_idle(stack, llamas).await?;
+    let floor = {
+        let until = Instant::now() + args.warmup() + args.phase();
+        let busy = args.total_slots().saturating_sub(1);
+        let a_busy = Load::closed(a.clone(), shapes.batch.clone(), busy, until, patience);
+        tokio::time::sleep(args.warmup()).await;
+        let b_floor = Load::open(
+            b.clone(),
+            shapes.interactive.clone(),
+            b_rate,
+            Instant::now() + args.phase(),
+            patience,
+        );
+        let (b_floor, _) = tokio::join!(b_floor.finish(args.grace()), a_busy.finish(args.grace()));
+        b_floor
+    };
+    wait_idle(stack, llamas).await?;
     // A floods until B's last request has ended.
     let flood_started = Instant::now();
+    let a_delivered_before = a.delivered.load(Ordering::Relaxed);
     let flood = Load::open(
-        a,
+        a.clone(),
         shapes.batch.clone(),
         args.flood_factor * cap.batch_rps,
         Instant::now() + args.warmup() + args.phase() + args.grace(),
@@ -1125,13 +1184,32 @@ async fn run_flood(
     .finish(args.grace())
     .await;
     let flood = flood.abort();
+    // The slow ones, to find in the logs (`FAIRBENCH_GATEWAY_LOG`).
+    let (_, isolated_p99, _, _) = ttft_summary(&isolated);
+    for s in flooded.iter().flatten() {
+        if s.ttft > isolated_p99 * 3 / 2 {
+            let at = s
+                .sent_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!(
+                "slow under the flood: B sent at {}.{:03} (unix s), TTFT {:.3} s",
+                at.as_secs(),
+                at.subsec_millis(),
+                s.ttft.as_secs_f64()
+            );
+        }
+    }
     let flood_secs = flood_started.elapsed().as_secs_f64();
+    let flood_delivered = a.delivered.load(Ordering::Relaxed) - a_delivered_before;
     wait_idle(stack, llamas).await?;
     Ok(FloodFigures {
         isolated,
+        floor,
         flooded,
         flood,
         flood_secs,
+        flood_delivered,
     })
 }
 
@@ -1300,11 +1378,15 @@ fn flood_row(arm: Arm, f: &FloodFigures) -> String {
     let secs = |d: Duration| d.as_secs_f64();
     let (i50, i99, i_ok, i_bad) = ttft_summary(&f.isolated);
     let (f50, f99, f_ok, f_bad) = ttft_summary(&f.flooded);
-    let ratio = if i99.is_zero() {
-        f64::NAN
-    } else {
-        secs(f99) / secs(i99)
+    let (_, floor99, _, _) = ttft_summary(&f.floor);
+    let over = |base: Duration| {
+        if base.is_zero() {
+            f64::NAN
+        } else {
+            secs(f99) / secs(base)
+        }
     };
+    let (ratio, over_floor) = (over(i99), over(floor99));
     let a_served = f.flood.iter().filter(|o| o.is_ok()).count();
     let a_tokens: u64 = f
         .flood
@@ -1313,13 +1395,15 @@ fn flood_row(arm: Arm, f: &FloodFigures) -> String {
         .map(|s| s.completion_tokens)
         .sum();
     format!(
-        "| {} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {ratio:.2}x | {i_ok} / {i_bad} | {f_ok} / {f_bad} | {a_served} served, {:.1} tok/s; refused: {} | {}; {} |",
+        "| {} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {ratio:.2}x | {:.3} s | {over_floor:.2}x | {i_ok} / {i_bad} | {f_ok} / {f_bad} | {a_served} served, {:.1} tok/s ({:.1} delivered); refused: {} | {}; {} |",
         arm.label(),
         secs(i50),
         secs(i99),
         secs(f50),
         secs(f99),
+        secs(floor99),
         a_tokens as f64 / f.flood_secs.max(f64::EPSILON),
+        f.flood_delivered as f64 / f.flood_secs.max(f64::EPSILON),
         refusals(&f.flood),
         tiers(&f.flooded),
         tiers(&f.flood),
@@ -1406,9 +1490,10 @@ async fn run_arm(
 async fn main() -> Result<()> {
     let args = Args::parse();
     println!(
-        "fairbench: {} engines x {} slots; phases of {} s after {} s of warm-up; queue {} deep, {} s timeout; load average at start {}",
+        "fairbench: {} engines x {} slots, host prompt cache {} MiB; phases of {} s after {} s of warm-up; queue {} deep, {} s timeout; load average at start {}",
         args.engines,
         args.slots,
+        args.cache_ram_mib,
         args.duration_secs,
         args.warmup().as_secs(),
         args.queue_depth,
@@ -1455,8 +1540,8 @@ async fn main() -> Result<()> {
         args.interactive_share * 100.0,
         args.flood_factor,
     );
-    println!("| arm | B TTFT p50 isolated | B TTFT p99 isolated | B TTFT p50 under flood | B TTFT p99 under flood | p99 flood / isolated | B served / refused, isolated | B served / refused, flood | A | tiers served B; A |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| arm | B TTFT p50 isolated | B TTFT p99 isolated | B TTFT p50 under flood | B TTFT p99 under flood | p99 flood / isolated | B TTFT p99, A on all slots but one (floor) | p99 flood / floor | B served / refused, isolated | B served / refused, flood | A | tiers served B; A |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in &flood_rows {
         println!("{row}");
     }
