@@ -30,9 +30,10 @@
 //!
 //! Arms:
 //! - `gw-tiers`: this gateway over `--engines` llama.cpp `llama-server`s
-//!   (`--slots` slots, one thread, host prompt cache off, each behind an
-//!   `upstream` worker reporting `--slots` as its capacity), plans with a
-//!   tier ceiling per org, queue bound and timeout on the pool;
+//!   (`--slots` slots, one thread, host prompt cache of `--cache-ram-mib`,
+//!   0 by default, each behind an `upstream` worker reporting `--slots` as
+//!   its capacity), plans with a tier ceiling per org, queue bound and
+//!   timeout on the pool;
 //! - `gw-tiers-off`: the same with preemption off (`max_preemptions = 0`):
 //!   with it on (the default), B's request finding every slot on A's
 //!   `flex` work preempts one, which resumes when a slot frees; A's
