@@ -463,6 +463,73 @@ async fn a_draining_replica_answers_its_queued_requests_at_once() {
     .await;
 }
 
+/// A non-streamed reply still generating when the grace period runs out
+/// got nothing to its client but a 503 to retry: nothing of it is billed
+/// (the tokens folded so far never left the replica). A stream cut at the
+/// same moment is billed what its client got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_drain_cut_is_billed_nothing_and_a_cut_stream_what_it_delivered() {
+    bounded(90, async {
+        let r = Replicas::start(WorkerOpts::default(), DRAIN).expect("replicas");
+        let org = r.a.keys()[0].org.clone();
+        let a = r.a.client();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let body = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.post_json(
+                    "/chat/completions",
+                    &harness::chat_body("base", &format!("body {LONG}")),
+                )
+                .await
+            }
+        });
+        let stream = tokio::spawn({
+            let a = a.clone();
+            async move {
+                let s = a
+                    .stream(
+                        "/chat/completions",
+                        &stream_body("base", &format!("stream {LONG}")),
+                    )
+                    .await?;
+                s.collect().await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        r.a.signal(libc::SIGTERM);
+
+        let reply = body.await.expect("task").expect("reply");
+        harness::assert_error(&reply, 503, "replica_shutdown");
+        let frames = stream.await.expect("task").expect("a stream ended in band");
+        let streamed = chat_tokens(&frames);
+        assert!(streamed > 0, "the stream had delivered output");
+
+        let rows = eventually(
+            Duration::from_secs(10),
+            "the cut stream settled",
+            || r.logs(),
+            || {
+                let rows = r.usage(&org).ok()?;
+                let requests: u64 = rows.iter().filter_map(|r| r["requests"].as_u64()).sum();
+                (requests >= 1).then_some(rows)
+            },
+        )
+        .await;
+        // Settled together at the cut: give the body's settlement its moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rows = r.usage(&org).unwrap_or(rows);
+        let sum = |field: &str| -> u64 { rows.iter().filter_map(|r| r[field].as_u64()).sum() };
+        assert_eq!(sum("requests"), 1, "only the stream is billed: {rows:?}");
+        assert_eq!(
+            sum("output_tokens"),
+            streamed,
+            "the stream's delivered output, none of the body's: {rows:?}"
+        );
+    })
+    .await;
+}
+
 /// A background run handed over mid-generation continues the request that
 /// was admitted: the peer runs it although the org is at its requests-per-
 /// minute limit, and the usage shows one request with one input.

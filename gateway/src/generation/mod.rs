@@ -103,6 +103,12 @@ pub trait Sink {
     fn cut_by_replica(&self) -> bool {
         false
     }
+    /// Whether the consumer gets the output only at the end, in one body:
+    /// cut by this replica before then, its client got nothing but an
+    /// error to retry, and is billed nothing.
+    fn answers_at_end(&self) -> bool {
+        false
+    }
     /// The consumer went away after the generation started; `delivered`
     /// is everything it was given, which a continuation elsewhere would
     /// resume from (a background run handed to another replica). Borrowed:
@@ -265,11 +271,13 @@ impl Generation<'_> {
             }
         };
         reservation.observe_output(delivered.billable_tokens().saturating_sub(delivered_before));
+        let withdrawn = matches!(end, End::Gone) && sink.cut_by_replica() && sink.answers_at_end();
         match &end {
             End::Finished(f) => {
                 let usage = billable(f.usage.unwrap_or_default(), continued);
                 reservation.settle(Outcome::Finished(&usage)).await;
             }
+            _ if withdrawn => reservation.settle(Outcome::NotRun).await,
             _ => reservation.settle(Outcome::Abandoned).await,
         }
         if matches!(end, End::Gone) {

@@ -14,8 +14,10 @@ use std::sync::Arc;
 pub enum Outcome<'a> {
     /// The worker finished and reported usage.
     Finished(&'a pb::Usage),
-    /// Nothing ran on a worker (no capacity, rejected before generating):
-    /// the reservation is released and nothing is billed.
+    /// Nothing ran on a worker (no capacity, rejected before generating),
+    /// or nothing of what ran reached the client (a body the replica's
+    /// drain cut before its end: the client retries elsewhere): the
+    /// reservation is released and nothing is billed.
     NotRun,
     /// The client went away or the worker failed mid-way: billed as the
     /// input estimate plus the output relayed so far.

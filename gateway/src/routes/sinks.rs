@@ -354,6 +354,10 @@ impl<A: Fold> FoldedBody<'_, A> {
 }
 
 impl<A: Fold> Sink for FoldedBody<'_, A> {
+    fn answers_at_end(&self) -> bool {
+        true
+    }
+
     fn event(&mut self, event: pb::GenerateEvent) {
         self.cut.observe(&event);
         self.aggregate.push(event);
