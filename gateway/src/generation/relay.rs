@@ -131,9 +131,6 @@ async fn relay_events<S: Sink>(
         finished
     };
     let mut finished = take(first, sink, &mut decode);
-    if preemption.is_some() && finished.is_none() {
-        guard.offer_preemptible();
-    }
     let mut batched = 1;
     // One timer for the whole relay rather than one registered per event;
     // the same for the stall timeout.
@@ -257,12 +254,11 @@ async fn relay_events<S: Sink>(
 /// The consumer went away mid-generation. The worker is told to stop
 /// while the stream is still open (dropped first, the worker would stop on
 /// its own with nobody to tell), and says what it generated: the output it
-/// held back or had in flight is billed too, not only what was relayed.
-/// Boxed: the `Cancel` call's state is needed once, at the end, and inline
-/// it would be part of every open stream's relay.
-/// A generation this replica cut (its drain) rather than its consumer
-/// leaving (`cut`) bills only what was delivered: its client did not
-/// choose to forgo the rest.
+/// held back or had in flight is billed too, not only what was relayed;
+/// a generation this replica cut (its drain, `cut`) bills only what was
+/// delivered: its client did not choose to forgo the rest. Boxed: the
+/// `Cancel` call's state is needed once, at the end, and inline it would
+/// be part of every open stream's relay.
 fn left<'a>(
     guard: &'a CallGuard,
     rest: Streaming<pb::GenerateEvent>,

@@ -210,8 +210,6 @@ pub trait ResponseSink: Sink {
     /// Takes the encoded frames into the pending output (the next
     /// delivery's, or the held end's).
     fn take_frames(&mut self);
-    /// Whether the drain's grace period cut the generation.
-    fn cut(&self) -> bool;
     /// Sends what is pending (the held end); `Err` when the client left.
     fn release(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
 
@@ -280,7 +278,7 @@ impl Run {
         };
         let end = generation.run(admitted.reservation, sink).await;
         let ended = match end {
-            End::Gone if sink.cut() => {
+            End::Gone if sink.cut_by_replica() => {
                 if sink.encoder().next_seq() == 0 {
                     Ended::NotStarted(ApiError::replica_shutdown())
                 } else {

@@ -457,10 +457,6 @@ impl ResponseSink for WsEvents<'_, '_> {
         }
     }
 
-    fn cut(&self) -> bool {
-        self.cut.happened()
-    }
-
     /// The held end stays queued: the connection's loop flushes it after
     /// the response (and notices a client gone meanwhile).
     async fn release(&mut self) -> Result<(), Gone> {

@@ -433,10 +433,6 @@ impl ResponseSink for ResponseEvents<'_> {
         }
     }
 
-    fn cut(&self) -> bool {
-        self.cut.happened()
-    }
-
     async fn release(&mut self) -> Result<(), Gone> {
         Ok(self.reply.write().await?)
     }
