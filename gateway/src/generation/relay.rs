@@ -131,6 +131,9 @@ async fn relay_events<S: Sink>(
         finished
     };
     let mut finished = take(first, sink, &mut decode);
+    if preemption.is_some() && finished.is_none() {
+        guard.offer_preemptible();
+    }
     let mut batched = 1;
     // One timer for the whole relay rather than one registered per event;
     // the same for the stall timeout.

@@ -122,6 +122,11 @@ impl CallGuard {
         self.turn.preemptible()
     }
 
+    /// The preemptible call noted its first event: see `Turn::offer`.
+    pub fn offer_preemptible(&self) {
+        self.turn.offer();
+    }
+
     /// Whether the worker's engine continues any generation, not only a
     /// text answer (see `WorkerEndpoint::resumes_any`).
     pub fn resumes_any(&self) -> bool {

@@ -134,6 +134,15 @@ impl Turn {
         Some(lever)
     }
 
+    /// The registered generation has noted what it delivered (its first
+    /// event): a higher tier already waiting may preempt it now rather than
+    /// at the queue's next change.
+    pub fn offer(&self) {
+        if self.registered {
+            self.queue.dispatch();
+        }
+    }
+
     /// The request holds a worker slot now: the capacity it was promised
     /// is counted there.
     pub fn started(&mut self) {
